@@ -1,0 +1,40 @@
+# Two commands matter: `make run` (main job on built-in defaults) and `make test` (whole suite).
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_CORE := $(VENV)/.core
+STAMP_DEV := $(VENV)/.dev
+
+.PHONY: run test lint plan bench clean
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3)"; exit 2; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP_CORE): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[plot]'
+	@touch $@
+
+$(STAMP_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[plot,runtime,dev]'
+	-@bash scripts/install_mooncake.sh $(BIN)/pip
+	@touch $@ $(STAMP_CORE)
+
+run: $(STAMP_CORE)
+	$(BIN)/dualpath run
+
+test: $(STAMP_DEV)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP_DEV)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+plan: $(STAMP_CORE)
+	$(BIN)/dualpath plan
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

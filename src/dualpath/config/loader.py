@@ -1,0 +1,148 @@
+"""Load a Config from TOML or a dict, apply ``--set a.b=value`` overrides, dump as JSON.
+
+Every mistake (unknown key, unparsable value, value out of range) is a ``ValueError`` whose
+message names the key; the CLI prints it as one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dualpath.config.presets import DEFAULT_PRESET, HARDWARE_PRESETS, MODEL_PRESETS, preset
+from dualpath.config.root import Config
+
+_SECTION_PRESETS: dict[str, Mapping[str, Any]] = {
+    "hardware": HARDWARE_PRESETS,
+    "model": MODEL_PRESETS,
+}
+_SECTIONS = ("hardware", "model", "cluster", "scheduler", "workload")
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def dump_json(config: Config) -> str:
+    """The resolved config, stable key order, for ``config.json`` of each run."""
+    return json.dumps(to_dict(config), indent=2, sort_keys=True)
+
+
+def _coerce(key: str, default: Any, value: Any) -> Any:
+    """Convert ``value`` (from TOML or a ``--set`` string) to the type of ``default``."""
+    kind = type(default)
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            number = float(value) if isinstance(value, str) else value
+            if isinstance(number, float) and not number.is_integer():
+                raise ValueError
+            return int(number)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key}={value!r} is invalid: must be a {kind.__name__}"
+        ) from None
+    raise ValueError(f"{key} cannot be set (type {kind.__name__})")
+
+
+def _update_section(section: str, base: Any, values: Mapping[str, Any]) -> Any:
+    values = dict(values)
+    if "preset" in values:
+        table = _SECTION_PRESETS.get(section)
+        name = values.pop("preset")
+        if table is None:
+            raise ValueError(f"{section}.preset is unknown: only hardware and model have presets")
+        if name not in table:
+            raise ValueError(
+                f"{section}.preset={name!r} is invalid: must be one of {', '.join(sorted(table))}"
+            )
+        base = table[name]
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    changes: dict[str, Any] = {}
+    for key in sorted(values):
+        if key not in fields:
+            raise ValueError(
+                f"unknown config key {section}.{key!s} (known: {', '.join(sorted(fields))})"
+            )
+        changes[key] = _coerce(f"{section}.{key}", getattr(base, key), values[key])
+    return dataclasses.replace(base, **changes)
+
+
+def from_dict(data: Mapping[str, Any], base: Config | None = None) -> Config:
+    """Build a Config: start from ``data['preset']`` (or ``base``), then apply each section."""
+    data = dict(data)
+    if "preset" in data:
+        config = preset(str(data.pop("preset")))
+    else:
+        config = base if base is not None else preset(DEFAULT_PRESET)
+    changes: dict[str, Any] = {}
+    if "name" in data:
+        changes["name"] = str(data.pop("name"))
+    for key in sorted(data):
+        if key not in _SECTIONS:
+            raise ValueError(f"unknown config section {key!r} (known: {', '.join(_SECTIONS)})")
+        value = data[key]
+        if isinstance(value, str) and key in _SECTION_PRESETS:
+            value = {"preset": value}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"config section {key!r} must be a table of key = value")
+        changes[key] = _update_section(key, getattr(config, key), value)
+    return dataclasses.replace(config, **changes)
+
+
+def load_toml(path: str | Path, base: Config | None = None) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValueError(f"config file {str(p)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    return from_dict(data, base)
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ValueError(f"--set {text!r} is invalid: must look like section.key=value")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
+    """Apply ``section.key=value`` (or ``model=NAME`` / ``hardware=NAME``) overrides in order."""
+    for text in overrides:
+        key, value = parse_override(text)
+        parts = key.split(".")
+        if len(parts) == 1 and parts[0] in _SECTION_PRESETS:
+            config = from_dict({parts[0]: {"preset": value}}, config)
+        elif len(parts) == 2:
+            config = from_dict({parts[0]: {parts[1]: value}}, config)
+        else:
+            raise ValueError(f"--set {text!r} is invalid: must look like section.key=value")
+    return config

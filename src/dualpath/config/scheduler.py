@@ -1,0 +1,51 @@
+"""Scheduler parameters (SPEC §7, §13.3–4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpath.config.checks import one_of, positive, require
+
+POLICY_NAMES = ("basic", "dpl", "dualpath")
+ENGINE_CHOICES = ("round_robin", "least_loaded")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """α and β are given as seconds of work and converted to tokens from hardware and model,
+    unless ``alpha_tokens`` / ``beta_tokens`` are set (0 = derive)."""
+
+    policy: str = "dualpath"
+    alpha_read_s: float = 3.0  # α: tokens the node's SNIC reads in this many seconds
+    beta_prefill_s: float = 5.0  # β: tokens one PE GPU prefills in this many seconds
+    alpha_tokens: int = 0  # explicit α (0 = derive from alpha_read_s)
+    beta_tokens: int = 0  # explicit β (0 = derive from beta_prefill_s)
+    mean_hit_ratio: float = 0.987  # hit ratio at which β is derived (SPEC §13.4)
+    compute_quota_s: float = 0.3  # predicted attention time per PE forward pass
+    z_factor: float = 1.05  # Z = z_factor × mean DE tokens (SPEC §7.1)
+    block_tokens: int = 64
+    split_reads: bool = False  # beyond the paper: read one request from both sides
+    basic_engine_choice: str = "round_robin"  # Basic / DPL engine choice
+    record_decisions: bool = False  # keep a decision trace (JSONL-able)
+
+    def __post_init__(self) -> None:
+        one_of("scheduler.policy", self.policy, POLICY_NAMES)
+        one_of("scheduler.basic_engine_choice", self.basic_engine_choice, ENGINE_CHOICES)
+        positive("scheduler.alpha_read_s", self.alpha_read_s)
+        positive("scheduler.beta_prefill_s", self.beta_prefill_s)
+        require(self.alpha_tokens >= 0, "scheduler.alpha_tokens", self.alpha_tokens, ">= 0")
+        require(self.beta_tokens >= 0, "scheduler.beta_tokens", self.beta_tokens, ">= 0")
+        require(
+            0 <= self.mean_hit_ratio < 1,
+            "scheduler.mean_hit_ratio",
+            self.mean_hit_ratio,
+            "in [0, 1)",
+        )
+        positive("scheduler.compute_quota_s", self.compute_quota_s)
+        require(self.z_factor >= 1.0, "scheduler.z_factor", self.z_factor, ">= 1.0")
+        require(
+            isinstance(self.block_tokens, int) and self.block_tokens >= 1,
+            "scheduler.block_tokens",
+            self.block_tokens,
+            "an integer >= 1",
+        )
