@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, StrEnum
 
 
-class EngineKind(str, Enum):
+class EngineKind(StrEnum):
     """A prefill engine (PE) or a decode engine (DE)."""
 
     PE = "pe"
     DE = "de"
 
 
-class ReadSide(str, Enum):
+class ReadSide(StrEnum):
     """Which node's storage NIC reads a request's hit KV (SPEC §4)."""
 
     PE = "pe"  # classic path: storage → PE buffer
@@ -20,7 +20,7 @@ class ReadSide(str, Enum):
     NONE = "none"  # nothing to read (no hits, or the Oracle)
 
 
-class AttentionKind(str, Enum):
+class AttentionKind(StrEnum):
     """Attention families the cost model knows (SPEC §10)."""
 
     GQA = "gqa"  # dense grouped-query attention (Qwen2.5)

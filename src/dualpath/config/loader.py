@@ -63,9 +63,7 @@ def _coerce(key: str, default: Any, value: Any) -> Any:
         if kind is str:
             return str(value)
     except (TypeError, ValueError):
-        raise ValueError(
-            f"{key}={value!r} is invalid: must be a {kind.__name__}"
-        ) from None
+        raise ValueError(f"{key}={value!r} is invalid: must be a {kind.__name__}") from None
     raise ValueError(f"{key} cannot be set (type {kind.__name__})")
 
 

@@ -7,6 +7,7 @@ Numbers come from SPEC §2, §10, §13. Where the SPEC is silent the value is ma
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from dualpath.config.cluster import ClusterConfig
 from dualpath.config.hardware import HardwareConfig
@@ -152,7 +153,7 @@ HARDWARE_PRESETS: dict[str, HardwareConfig] = {
 }
 
 
-def _setup(name: str, model: ModelConfig, p: int, d: int, ep: bool, **hw: float) -> Config:
+def _setup(name: str, model: ModelConfig, p: int, d: int, ep: bool, **hw: Any) -> Config:
     return Config(
         name=name,
         hardware=replace(HOPPER, **hw) if hw else HOPPER,

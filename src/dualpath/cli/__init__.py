@@ -1,0 +1,1 @@
+"""Command-line interface: imports everything, imported by nothing."""

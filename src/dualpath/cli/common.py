@@ -1,0 +1,33 @@
+"""Shared CLI plumbing: config arguments, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+
+from dualpath.config import DEFAULT_PRESET, Config, apply_overrides, load_toml, preset
+
+
+def add_config_args(parser: argparse.ArgumentParser, default_preset: str = DEFAULT_PRESET) -> None:
+    parser.add_argument(
+        "--preset",
+        default=default_preset,
+        help=f"cluster preset (default: {default_preset}; `dualpath presets` lists them)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML file applied on top of the preset")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one field, e.g. --set hardware.snic_per_node=2 (repeatable; "
+        "--set model=qwen32b swaps a whole model preset)",
+    )
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """Preset → TOML file → --set overrides, in that order. ValueError on any mistake."""
+    config = preset(args.preset)
+    if getattr(args, "config", None):
+        config = load_toml(args.config, base=config)
+    return apply_overrides(config, args.overrides)

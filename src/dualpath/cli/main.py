@@ -1,0 +1,106 @@
+"""`dualpath` entry point: subcommands, one-line errors (exit 2) for user mistakes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from dualpath import __version__
+from dualpath.cli.common import add_config_args, build_config
+from dualpath.cli.plan_cmd import add_plan_parser
+from dualpath.config import CLUSTER_PRESETS, dump_json
+
+# Subcommands provided by optional layers: (module, function that adds the parser).
+_OPTIONAL = (
+    ("dualpath.cli.sim_cmd", "add_sim_parser"),
+    ("dualpath.cli.sim_cmd", "add_sweep_parser"),
+    ("dualpath.cli.runtime_cmd", "add_bench_parser"),
+)
+
+
+class UserError(Exception):
+    """A mistake in the user's input: printed as one line, exit code 2."""
+
+
+def _add_config_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="print the resolved config as JSON")
+    add_config_args(p)
+    p.set_defaults(func=lambda a: print(dump_json(build_config(a))) or 0)
+
+
+def _add_presets_parser(sub: argparse._SubParsersAction) -> None:
+    def run(_: argparse.Namespace) -> int:
+        for name in sorted(CLUSTER_PRESETS):
+            c = CLUSTER_PRESETS[name]
+            print(
+                f"{name:<14} model={c.model.name:<8} hardware={c.hardware.name:<13} {c.cluster.label}"
+            )
+        return 0
+
+    p = sub.add_parser("presets", help="list cluster presets")
+    p.set_defaults(func=run)
+
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="the main job on built-in defaults (what `make run` does)")
+    p.add_argument("--out", default="runs/default", help="output folder (default: runs/default)")
+    p.set_defaults(func=_run_main_job)
+
+
+def _run_main_job(args: argparse.Namespace) -> int:
+    try:
+        sim = importlib.import_module("dualpath.cli.sim_cmd")
+    except ImportError:
+        sim = None
+    if sim is not None and hasattr(sim, "run_default"):
+        return int(sim.run_default(args.out))
+    from dualpath.cli.plan_cmd import format_report
+    from dualpath.config import preset
+    from dualpath.models.planner import plan
+
+    config = preset()
+    print(format_report(plan(config), config.name))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dualpath",
+        description="DualPath: dual-path KV-cache loading for agentic LLM inference.",
+    )
+    parser.add_argument("--version", action="version", version=f"dualpath {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run_parser(sub)
+    add_plan_parser(sub)
+    for module_name, adder in _OPTIONAL:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, adder):
+            getattr(module, adder)(sub)
+    _add_config_parser(sub)
+    _add_presets_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, UserError) as exc:
+        print(f"dualpath: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dualpath: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Simulator settings (issue 4): which systems to run, traffic manager, fidelity knobs, output.
+
+Frozen and validated like every config section; the simulator reads it, never writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpath.config.checks import non_negative, positive, require
+
+SYSTEM_NAMES = ("basic", "layer", "dpl", "dualpath", "oracle")
+
+
+def parse_systems(text: str) -> tuple[str, ...]:
+    """'basic, dualpath,oracle' → ('basic', 'dualpath', 'oracle'); ValueError on unknown names."""
+    names = tuple(part.strip().lower() for part in str(text).split(",") if part.strip())
+    require(len(names) > 0, "sim.systems", text, "a comma-separated list of systems")
+    for name in names:
+        require(name in SYSTEM_NAMES, "sim.systems", name, "one of " + ", ".join(SYSTEM_NAMES))
+    require(len(set(names)) == len(names), "sim.systems", text, "a list without repeats")
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Knobs of the discrete-event simulator (docs/simulator.md explains each).
+
+    ``systems``: comma-separated subset of ``SYSTEM_NAMES`` (a string so that
+    ``--set sim.systems=basic,dualpath`` works). ``pull_interval_s``: group leaders pull work
+    from the scheduler at most this often (a pull happens only when something changed).
+    ``reads_per_node``: storage reads a node serves at once (FIFO). ``per_layer``: simulate
+    every layer's transfers explicitly instead of the exact pipeline aggregation (slow, for
+    checks). ``decode_macro_steps``: decode steps computed per event at most (1 = one event per
+    step). ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
+    """
+
+    systems: str = "basic,dualpath,oracle"
+    traffic_manager: bool = True
+    low_floor: float = 0.01  # low-priority share of a busy CNIC (weighted round robin, SPEC §6)
+    pull_interval_s: float = 0.01
+    reads_per_node: int = 1
+    per_layer: bool = False
+    decode_macro_steps: int = 64
+    collectives: bool = True
+    persistence: bool = True
+    max_sim_s: float = 0.0
+    out_dir: str = ""  # "" = runs/<deterministic name from the config>
+
+    def __post_init__(self) -> None:
+        parse_systems(self.systems)
+        require(0 < self.low_floor < 1, "sim.low_floor", self.low_floor, "in (0, 1)")
+        non_negative("sim.pull_interval_s", self.pull_interval_s)
+        require(
+            isinstance(self.reads_per_node, int) and self.reads_per_node >= 1,
+            "sim.reads_per_node",
+            self.reads_per_node,
+            "an integer >= 1",
+        )
+        require(
+            isinstance(self.decode_macro_steps, int) and self.decode_macro_steps >= 1,
+            "sim.decode_macro_steps",
+            self.decode_macro_steps,
+            "an integer >= 1",
+        )
+        non_negative("sim.max_sim_s", self.max_sim_s)
+        if self.max_sim_s:
+            positive("sim.max_sim_s", self.max_sim_s)
+
+    @property
+    def system_list(self) -> tuple[str, ...]:
+        return parse_systems(self.systems)

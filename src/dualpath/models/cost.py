@@ -1,0 +1,246 @@
+"""Cost model: KV bytes, prefill FLOPs and time, decode step roofline, collective bytes.
+
+Pure functions of (ModelConfig, HardwareConfig, sizes). Units are in the names. The
+efficiency factors come from the hardware config (named calibration constants,
+docs/calibration.md); nothing here is fitted to the paper's speedups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dualpath.config.hardware import HardwareConfig
+from dualpath.config.model import ModelConfig
+from dualpath.types import AttentionKind
+
+# Node-limited routing (DeepSeek-V3): a token's experts span at most this many nodes.
+MAX_ROUTED_NODES = 4
+
+
+# ---------------------------------------------------------------- bytes (SPEC §3)
+def kv_bytes_per_token(model: ModelConfig) -> int:
+    """KV bytes of one token over all layers (one row of a Full Block)."""
+    return model.kv_bytes_per_token
+
+
+def layer_block_bytes(model: ModelConfig, block_tokens: int) -> int:
+    """One layer's KV for ``block_tokens`` tokens, shape [1, tokens, bytes]."""
+    return model.kv_bytes_per_token_per_layer * block_tokens
+
+
+def full_block_bytes(model: ModelConfig, block_tokens: int) -> int:
+    """All layers for the same tokens, layer-major: ``num_layers`` Layer Blocks."""
+    return model.kv_bytes_per_token * block_tokens
+
+
+# ---------------------------------------------------------------- parameters
+def moe_layers(model: ModelConfig) -> int:
+    return model.num_layers - model.num_dense_layers if model.is_moe else 0
+
+
+def expert_params(model: ModelConfig) -> float:
+    """Parameters of one routed expert (gate, up, down projections)."""
+    return 3.0 * model.hidden_size * model.moe_intermediate_size
+
+
+def routed_params_total(model: ModelConfig) -> float:
+    return expert_params(model) * model.num_routed_experts * moe_layers(model)
+
+
+def routed_params_active(model: ModelConfig) -> float:
+    return expert_params(model) * model.experts_per_token * moe_layers(model)
+
+
+def replicated_params(model: ModelConfig) -> float:
+    """Parameters every GPU of a data-parallel-attention EP group holds (all but routed experts)."""
+    return max(model.total_params - routed_params_total(model), 0.0)
+
+
+# ---------------------------------------------------------------- FLOPs
+def linear_flops(model: ModelConfig, new_tokens: int) -> float:
+    """GEMM FLOPs of computing ``new_tokens`` tokens: 2 × active parameters per token."""
+    return 2.0 * model.active_params * new_tokens
+
+
+def _causal_pairs(cached: int, new: int) -> float:
+    """Σ_{i=1..new} (cached + i): query–key pairs of ``new`` tokens after ``cached`` tokens."""
+    return new * cached + new * (new + 1) / 2.0
+
+
+def _capped_pairs(cached: int, new: int, cap: int) -> float:
+    """Σ_{i=1..new} min(cached + i, cap): pairs when each query attends at most ``cap`` keys."""
+    if new <= 0:
+        return 0.0
+    # queries i with cached + i <= cap see cached + i keys; the rest see cap keys
+    n_under = max(0, min(new, cap - cached))
+    under = n_under * cached + n_under * (n_under + 1) / 2.0
+    return under + (new - n_under) * float(cap)
+
+
+def _attention_flops_per_pair_per_layer(model: ModelConfig) -> float:
+    kind = model.attention_kind
+    if kind is AttentionKind.GQA:  # QKᵀ and AV over head_dim, per query head
+        return 4.0 * model.num_heads * model.head_dim
+    # MLA with absorbed projections: QKᵀ over latent + rope, AV over the latent
+    latent = model.kv_lora_rank
+    return 2.0 * model.num_heads * (latent + model.qk_rope_dim) + 2.0 * model.num_heads * latent
+
+
+def _indexer_flops_per_pair_per_layer(model: ModelConfig) -> float:
+    return 2.0 * model.indexer_heads * model.indexer_head_dim
+
+
+def attention_main_flops(model: ModelConfig, cached_tokens: int, new_tokens: int) -> float:
+    """Core attention FLOPs over all layers (sparse models attend ``sparse_topk`` keys)."""
+    if model.attention_kind is AttentionKind.MLA_SPARSE:
+        pairs = _capped_pairs(cached_tokens, new_tokens, model.sparse_topk)
+    else:
+        pairs = _causal_pairs(cached_tokens, new_tokens)
+    return pairs * _attention_flops_per_pair_per_layer(model) * model.num_layers
+
+
+def indexer_flops(model: ModelConfig, cached_tokens: int, new_tokens: int) -> float:
+    """Lightning-indexer FLOPs (sparse models): every query scores every earlier key."""
+    if model.attention_kind is not AttentionKind.MLA_SPARSE:
+        return 0.0
+    pairs = _causal_pairs(cached_tokens, new_tokens)
+    return pairs * _indexer_flops_per_pair_per_layer(model) * model.num_layers
+
+
+def attention_flops(model: ModelConfig, cached_tokens: int, new_tokens: int) -> float:
+    """All attention FLOPs of ``new_tokens`` queries after ``cached_tokens`` keys, all layers."""
+    return attention_main_flops(model, cached_tokens, new_tokens) + indexer_flops(
+        model, cached_tokens, new_tokens
+    )
+
+
+def prefill_flops(model: ModelConfig, cached_tokens: int, new_tokens: int) -> float:
+    return linear_flops(model, new_tokens) + attention_flops(model, cached_tokens, new_tokens)
+
+
+def cache_compute_ratio_gb_per_pflop(
+    model: ModelConfig, context_tokens: int, append_tokens: int
+) -> float:
+    """SPEC §10: GB of hit KV per PFLOP of prefill for one turn (hit = context, new = append)."""
+    hit_gb = context_tokens * kv_bytes_per_token(model) / 1e9
+    pflop = prefill_flops(model, context_tokens, append_tokens) / 1e15
+    return hit_gb / pflop
+
+
+# ---------------------------------------------------------------- seconds
+def _linear_peak_flops(model: ModelConfig, hw: HardwareConfig) -> float:
+    return hw.gpu_fp8_flops if model.compute_dtype == "fp8" else hw.gpu_bf16_flops
+
+
+def linear_time_s(model: ModelConfig, hw: HardwareConfig, tokens: float) -> float:
+    """GEMM time of ``tokens`` tokens on one GPU (EP group: group tokens / group size)."""
+    return linear_flops(model, 1) * tokens / (_linear_peak_flops(model, hw) * hw.linear_mfu)
+
+
+def attention_time_s(
+    model: ModelConfig, hw: HardwareConfig, pairs: Sequence[tuple[int, int]]
+) -> float:
+    """SPEC §7.2 predictor: attention time of one GPU's batch of ``(cached, bsz)`` pairs.
+
+    Core attention runs at the BF16 peak, the sparse indexer at the FP8 peak, both scaled by
+    ``hw.attention_mfu``.
+    """
+    main = 0.0
+    index = 0.0
+    for cached, bsz in pairs:
+        main += attention_main_flops(model, cached, bsz)
+        index += indexer_flops(model, cached, bsz)
+    eff = hw.attention_mfu
+    return main / (hw.gpu_bf16_flops * eff) + index / (hw.gpu_fp8_flops * eff)
+
+
+def prefill_time_s(
+    model: ModelConfig, hw: HardwareConfig, pairs: Sequence[tuple[int, int]]
+) -> float:
+    """Linear + attention time of one GPU's batch (data parallel, no collectives)."""
+    tokens = sum(bsz for _, bsz in pairs)
+    return linear_time_s(model, hw, tokens) + attention_time_s(model, hw, pairs)
+
+
+def prefill_tokens_per_s(
+    model: ModelConfig, hw: HardwareConfig, prompt_tokens: int, hit_ratio: float
+) -> float:
+    """Prompt tokens (cached + new) per second one GPU prefills at ``hit_ratio`` (for β)."""
+    if prompt_tokens <= 0:
+        raise ValueError(f"prompt_tokens={prompt_tokens} is invalid: must be > 0")
+    if not 0.0 <= hit_ratio < 1.0:
+        raise ValueError(f"hit_ratio={hit_ratio} is invalid: must be in [0, 1)")
+    new = max(1, round(prompt_tokens * (1.0 - hit_ratio)))
+    return prompt_tokens / prefill_time_s(model, hw, [(prompt_tokens - new, new)])
+
+
+def weight_bytes_per_gpu(model: ModelConfig, num_gpus: int) -> float:
+    """Weights one GPU holds: replicated part + its share of the routed experts (EP)."""
+    if num_gpus < 1:
+        raise ValueError(f"num_gpus={num_gpus} is invalid: must be >= 1")
+    params = replicated_params(model) + routed_params_total(model) / num_gpus
+    return params * model.weight_dtype_bytes
+
+
+def kv_capacity_tokens(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> int:
+    """KV tokens that fit in one GPU's HBM after weights and the activation reserve."""
+    free = hw.hbm_bytes - weight_bytes_per_gpu(model, num_gpus) - hw.activation_reserve_bytes
+    return max(0, int(free // kv_bytes_per_token(model)))
+
+
+def _decode_kv_read_bytes(model: ModelConfig, batch_size: int, context_tokens: int) -> float:
+    """KV bytes one decode step reads for a batch holding ``context_tokens`` tokens in total."""
+    per_token = kv_bytes_per_token(model)
+    if model.attention_kind is not AttentionKind.MLA_SPARSE or batch_size == 0:
+        return float(context_tokens) * per_token
+    mean_ctx = context_tokens / batch_size
+    attended = batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
+    index_keys = float(context_tokens) * model.indexer_head_dim * model.num_layers  # FP8 keys
+    return attended + index_keys
+
+
+def decode_step_time_s(
+    model: ModelConfig,
+    hw: HardwareConfig,
+    batch_size: int,
+    context_tokens: int,
+    num_gpus: int = 1,
+) -> float:
+    """Roofline of one decode step of one GPU: max(HBM bytes / bandwidth, FLOPs / peak) + overhead.
+
+    Bytes: the weights a step touches (replicated part + the GPU's expert share; with EP a
+    decode batch touches all local experts) and the KV the batch attends. FLOPs: 2 × active
+    params per request plus one query's attention per request.
+    """
+    if batch_size <= 0:
+        return 0.0
+    weight_bytes = weight_bytes_per_gpu(model, num_gpus)
+    kv_bytes = _decode_kv_read_bytes(model, batch_size, context_tokens)
+    mean_ctx = context_tokens // batch_size
+    flops = linear_flops(model, batch_size) + batch_size * attention_flops(model, mean_ctx, 1)
+    memory_s = (weight_bytes + kv_bytes) / (hw.hbm_bytes_per_s * hw.hbm_efficiency)
+    compute_s = flops / (_linear_peak_flops(model, hw) * hw.linear_mfu)
+    return max(memory_s, compute_s) + hw.decode_step_overhead_s
+
+
+def moe_collective_bytes(
+    model: ModelConfig, tokens: int, ep_size: int, gpus_per_node: int = 8
+) -> float:
+    """Bytes one GPU sends over its CNIC (and receives, symmetric) for MoE dispatch + combine of
+    ``tokens`` tokens in one forward pass (SPEC §13.8).
+
+    Intra-node traffic rides NVLink; only traffic to other nodes crosses the CNIC. A token's
+    ``experts_per_token`` experts land on E[distinct remote nodes] = (N−1)(1 − (1 − 1/N)^k) of
+    the N = ep_size / gpus_per_node nodes (uniform routing), capped by node-limited routing;
+    each remote node receives the token once (FP8 dispatch) and returns it once (BF16 combine).
+    """
+    if not model.is_moe or ep_size <= 1 or tokens <= 0:
+        return 0.0
+    nodes = max(1, ep_size // gpus_per_node)
+    if nodes <= 1:
+        return 0.0
+    k = model.experts_per_token
+    remote = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    remote = min(remote, float(MAX_ROUTED_NODES))
+    per_token_layer = remote * model.hidden_size * (1 + 2)  # FP8 out + BF16 back
+    return tokens * moe_layers(model) * per_token_layer

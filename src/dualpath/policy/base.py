@@ -1,0 +1,58 @@
+"""The interface both shells drive: a Policy object per cluster (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dualpath.policy.commands import Assign, ForwardBatch
+from dualpath.policy.view import ClusterView, RequestInfo
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPrefill:
+    """A request waiting in a PE's local queue whose hit KV is ready: ``cached`` tokens have KV,
+    ``new`` tokens remain to be computed (after earlier chunks, ``cached`` grows)."""
+
+    request_id: int
+    cached: int
+    new: int
+
+
+class Policy(Protocol):
+    """Inter-engine scheduling (``submit`` + ``schedule``) and intra-engine batching
+    (``plan_forward``). Deterministic: same calls in the same order ⇒ same decisions."""
+
+    name: str
+
+    def submit(self, request: RequestInfo, now: float) -> None:
+        """Append ``request`` to the global FIFO queue. ValueError on a bad request."""
+        ...
+
+    def schedule(self, view: ClusterView, now: float) -> list[Assign]:
+        """One scheduling round: every PE group leader pulls, then every DE group leader
+        (in group-id order). Returns fully assigned requests (PE, DE and read side fixed)."""
+        ...
+
+    def plan_forward(
+        self,
+        engine_id: int,
+        queue: Sequence[PendingPrefill],
+        now: float,
+        kv_budget_tokens: int | None = None,
+    ) -> ForwardBatch:
+        """Pack the next forward pass of PE ``engine_id`` from the FIFO ``queue``.
+
+        ``kv_budget_tokens`` (non-layerwise systems): at most this many cached + new tokens
+        may be resident in HBM for the batch."""
+        ...
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet fully assigned."""
+        ...
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decision trace so far (empty unless ``scheduler.record_decisions``)."""
+        ...

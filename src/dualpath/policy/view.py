@@ -1,0 +1,93 @@
+"""What the scheduler sees: requests, engine and node states reported at a pull."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpath.types import EngineKind
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """One turn of one agent, as submitted to the scheduler.
+
+    ``hit_tokens`` is the prefix whose KV is on storage (a multiple of the block size);
+    the remaining ``prompt_tokens - hit_tokens`` are computed. ``output_tokens`` is the
+    forced generation length (the DE reserves HBM for prompt + output).
+    """
+
+    request_id: int
+    prompt_tokens: int
+    hit_tokens: int
+    output_tokens: int
+    arrival_s: float = 0.0
+    agent_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens <= 0:
+            raise ValueError(
+                f"request {self.request_id}: prompt_tokens={self.prompt_tokens} is invalid: must be > 0"
+            )
+        if not 0 <= self.hit_tokens <= self.prompt_tokens:
+            raise ValueError(
+                f"request {self.request_id}: hit_tokens={self.hit_tokens} is invalid: "
+                f"must be in 0..prompt_tokens ({self.prompt_tokens})"
+            )
+        if self.output_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id}: output_tokens={self.output_tokens} is invalid: must be >= 1"
+            )
+
+    @property
+    def new_tokens(self) -> int:
+        return self.prompt_tokens - self.hit_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """An engine's report at a pull (SPEC §7.1): ``seq`` = seq_e, ``tokens`` = tok_e.
+
+    ``free_hbm_tokens`` (DEs): KV tokens that still fit in the engine's free HBM.
+    """
+
+    engine_id: int
+    node_id: int
+    group_id: int
+    kind: EngineKind
+    seq: int = 0
+    tokens: int = 0
+    free_hbm_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.seq < 0 or self.tokens < 0 or self.free_hbm_tokens < 0:
+            raise ValueError(
+                f"engine {self.engine_id}: impossible state seq={self.seq}, tokens={self.tokens}, "
+                f"free_hbm_tokens={self.free_hbm_tokens}: all must be >= 0"
+            )
+        if self.seq == 0 and self.tokens > 0:
+            raise ValueError(
+                f"engine {self.engine_id}: impossible state tokens={self.tokens} with seq=0"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node's storage read queue, in hit tokens waiting to be read (``read_q``)."""
+
+    node_id: int
+    kind: EngineKind
+    read_queue_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.read_queue_tokens < 0:
+            raise ValueError(
+                f"node {self.node_id}: read_queue_tokens={self.read_queue_tokens} is invalid: must be >= 0"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Everything reported at one pull. Tuples are sorted by id (the shell's duty)."""
+
+    engines: tuple[EngineState, ...]
+    nodes: tuple[NodeState, ...]

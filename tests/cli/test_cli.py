@@ -1,0 +1,56 @@
+"""The CLI: planner report, JSON, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dualpath.cli.main import main
+
+
+def test_plan_default_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--preset", "ds660b-2p4d"]) == 0
+    out = capsys.readouterr().out
+    assert "1/7 ≤ P/D ≤ 7/2" in out
+    assert "(P+D)/P = 3.00×" in out
+
+
+def test_plan_two_snics_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--preset", "ds27b-1p1d", "--set", "hardware.snic_per_node=2", "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["range"]["upper_binding"] == "DE DRAM"
+    assert data["range"]["lower"] == pytest.approx(1 / 3)
+    assert data["in_range"] is True
+
+
+def test_plan_warns_outside_range(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--P", "1", "--D", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "WARNING" in captured.out
+    assert "outside bottleneck-free range" in captured.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--set", "cluster.num_prefill_nodes=-1"],
+        ["plan", "--preset", "nope"],
+        ["plan", "--set", "hardware.cnic_bytes_per_s=fast"],
+        ["plan", "--config", "/nonexistent.toml"],
+    ],
+)
+def test_user_errors_are_one_line_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dualpath: error: ")
+    assert len(err.splitlines()) == 1
+
+
+def test_config_dump(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--preset", "qwen32b-1p2d"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["name"] == "qwen32b"

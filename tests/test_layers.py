@@ -1,0 +1,83 @@
+"""STYLE §2: imports point down the layer stack only; sim and runtime never import each other;
+the policy core touches no clock, sockets, processes or torch."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "dualpath"
+
+RANK = {
+    "types": 0,
+    "units": 0,
+    "config": 1,
+    "models": 2,
+    "workload": 2,
+    "metrics": 2,
+    "policy": 3,
+    "sim": 4,
+    "runtime": 4,
+    "cli": 5,
+}
+POLICY_FORBIDDEN = {"time", "datetime", "socket", "torch", "multiprocessing", "threading", "zmq"}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "dualpath":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py"))
+
+
+def _own_layer(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 else rel.stem
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_down(path: Path) -> None:
+    own = _own_layer(path)
+    if own == "__init__":
+        return
+    assert own in RANK, f"{path}: layer {own!r} is not in the layer table (STYLE §2)"
+    for module in _imports(path):
+        target = _layer(module)
+        if target is None or target == "__init__":
+            continue
+        assert target in RANK, f"{path} imports unknown layer {module}"
+        assert RANK[target] <= RANK[own], f"{path} ({own}) imports {module} ({target}): points up"
+        assert {own, target} != {"sim", "runtime"}, (
+            f"{path}: sim and runtime never import each other"
+        )
+
+
+def test_policy_is_pure() -> None:
+    for path in sorted((SRC / "policy").rglob("*.py")):
+        for module in _imports(path):
+            assert module.split(".")[0] not in POLICY_FORBIDDEN, f"{path} imports {module}"
+
+
+def test_layer_table_catches_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself must fail on a bad import (guards against a vacuous test)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from dualpath.sim.events import EventLoop\n")
+    assert "dualpath.sim.events" in _imports(bad)
+    assert RANK[_layer("dualpath.sim.events") or ""] > RANK["policy"]
