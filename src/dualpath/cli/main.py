@@ -17,6 +17,7 @@ _OPTIONAL = (
     ("dualpath.cli.sim_cmd", "add_sim_parser"),
     ("dualpath.cli.sim_cmd", "add_sweep_parser"),
     ("dualpath.cli.runtime_cmd", "add_bench_parser"),
+    ("dualpath.cli.figures_cmd", "add_figures_parser"),
 )
 
 

@@ -1,0 +1,146 @@
+"""The timeline of one served turn, as both shells record it, and its latency metrics.
+
+Owns the metric definitions (SPEC §9, issue 5); validates, never clamps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from enum import Enum
+
+from dualpath.config.checks import require
+
+# Timeline fields in the order they must be non-decreasing.
+TIMELINE_FIELDS = (
+    "arrival_s",
+    "scheduled_s",
+    "read_start_s",
+    "read_done_s",
+    "prefill_start_s",
+    "first_token_s",
+    "second_token_s",
+    "finish_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """What happened to one turn (request), times in seconds from the run's start.
+
+    arrival_s: the turn is submitted; scheduled_s: the scheduler assigned PE and DE;
+    read_start_s / read_done_s: its hit KV read from storage into a buffer (equal when nothing
+    is read); prefill_start_s: its first forward pass starts; first_token_s: prefill ends,
+    the PE produced token 1; second_token_s: the DE's first decode step produced token 2
+    (equal to first_token_s when output_tokens == 1); finish_s: the last token is out.
+    The timeline must be non-decreasing in that order.
+    """
+
+    agent_id: int
+    turn_index: int
+    request_id: int
+    arrival_s: float
+    scheduled_s: float
+    read_start_s: float
+    read_done_s: float
+    prefill_start_s: float
+    first_token_s: float
+    second_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    hit_tokens: int
+    output_tokens: int
+    read_side: str
+
+    def __post_init__(self) -> None:
+        # fast path first: shells create one record per turn (hundreds of thousands per run)
+        if not (
+            0
+            <= self.arrival_s
+            <= self.scheduled_s
+            <= self.read_start_s
+            <= self.read_done_s
+            <= self.prefill_start_s
+            <= self.first_token_s
+            <= self.second_token_s
+            <= self.finish_s
+        ):
+            self._reject_timeline()
+        require(
+            min(self.agent_id, self.turn_index, self.request_id) >= 0,
+            "TurnRecord.agent_id/turn_index/request_id",
+            (self.agent_id, self.turn_index, self.request_id),
+            ">= 0",
+        )
+        require(self.prompt_tokens >= 1, "TurnRecord.prompt_tokens", self.prompt_tokens, ">= 1")
+        require(
+            0 <= self.hit_tokens <= self.prompt_tokens,
+            "TurnRecord.hit_tokens",
+            self.hit_tokens,
+            f"in [0, prompt_tokens={self.prompt_tokens}]",
+        )
+        require(self.output_tokens >= 1, "TurnRecord.output_tokens", self.output_tokens, ">= 1")
+        if isinstance(self.read_side, Enum):  # e.g. types.ReadSide: keep its plain value
+            object.__setattr__(self, "read_side", str(self.read_side.value))
+        require(
+            isinstance(self.read_side, str) and bool(self.read_side),
+            "TurnRecord.read_side",
+            self.read_side,
+            "a non-empty string (e.g. 'pe', 'de', 'none')",
+        )
+        if self.output_tokens == 1:
+            require(
+                self.second_token_s == self.first_token_s,
+                "TurnRecord.second_token_s",
+                self.second_token_s,
+                f"== first_token_s={self.first_token_s} when output_tokens == 1",
+            )
+
+    def _reject_timeline(self) -> None:
+        """Raise the ValueError naming the first out-of-order timestamp (NaN included)."""
+        require(self.arrival_s >= 0, "TurnRecord.arrival_s", self.arrival_s, ">= 0")
+        for earlier, later in itertools.pairwise(TIMELINE_FIELDS):
+            value, bound = getattr(self, later), getattr(self, earlier)
+            require(
+                value >= bound,
+                f"TurnRecord.{later}",
+                value,
+                f">= {earlier}={bound} (request {self.request_id})",
+            )
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: first_token_s - arrival_s."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def ttst_s(self) -> float | None:
+        """Time to second token (first decode step after hand-off); None if output_tokens < 2."""
+        return self.second_token_s - self.arrival_s if self.output_tokens >= 2 else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per later token: (finish - second) / (output - 2); None if output <= 2."""
+        if self.output_tokens <= 2:
+            return None
+        return (self.finish_s - self.second_token_s) / (self.output_tokens - 2)
+
+    @property
+    def queue_s(self) -> float:
+        """TTFT component: waiting for the scheduler (scheduled_s - arrival_s)."""
+        return self.scheduled_s - self.arrival_s
+
+    @property
+    def alloc_s(self) -> float:
+        """TTFT component: assigned, waiting for buffer/read slot (read_start_s - scheduled_s)."""
+        return self.read_start_s - self.scheduled_s
+
+    @property
+    def read_s(self) -> float:
+        """TTFT component: reading hit KV from storage (read_done_s - read_start_s)."""
+        return self.read_done_s - self.read_start_s
+
+    @property
+    def prefill_s(self) -> float:
+        """TTFT component: read done → first token, incl. waiting for a forward pass."""
+        return self.first_token_s - self.read_done_s

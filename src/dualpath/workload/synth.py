@@ -1,0 +1,148 @@
+"""Seeded synthesiser of agentic trajectories matching SPEC §9's per-MAL statistics.
+
+Owns the generative model and its calibrated constants; draws only from an injected
+``random.Random``. See docs/workload.md for the model and the columns it matches.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from dualpath.config.checks import require
+from dualpath.config.workload import WorkloadConfig
+from dualpath.units import parse_tokens
+from dualpath.workload.trajectory import Trajectory, Turn
+
+# Shape constants of the model (log-space standard deviations), chosen for plausibility,
+# not fitted: tool outputs are heavy-tailed, tool calls less so, tasks differ in verbosity.
+FIRST_APPEND_SIGMA = 0.35  # system prompt + task
+PLANNED_TURNS_SIGMA = 0.5  # turns the task would take if the context never ran out
+APPEND_SIGMA = 1.0  # tool output per turn
+GEN_SIGMA = 0.6  # generated tool call per turn
+VERBOSITY_SIGMA = 0.3  # per-trajectory factor on appends and generations
+# Room kept below the MAL for the random round prepended to replicated agents.
+REPLICA_ROUND_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class MalTarget:
+    """One row of SPEC §9's table (per trajectory; append, gen and context per turn)."""
+
+    turns: float
+    append_tokens: float
+    gen_tokens: float
+    total_tokens: float
+    context_tokens: float
+
+
+SPEC_TABLE: Mapping[str, MalTarget] = MappingProxyType(
+    {
+        "32k": MalTarget(60, 608, 148, 28_639, 17_183),
+        "48k": MalTarget(106, 474, 172, 42_607, 25_120),
+        "64k": MalTarget(157, 429, 176, 55_958, 32_721),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SynthParams:
+    """Means of the generative model's distributions (see ``base_turns``)."""
+
+    first_append_mean_tokens: float
+    planned_turns_mean: float
+    append_mean_tokens: float
+    gen_mean_tokens: float
+
+    def __post_init__(self) -> None:
+        for name in (
+            "first_append_mean_tokens",
+            "planned_turns_mean",
+            "append_mean_tokens",
+            "gen_mean_tokens",
+        ):
+            value = getattr(self, name)
+            require(value >= 1, f"SynthParams.{name}", value, ">= 1")
+
+
+# Calibrated by dualpath.workload.calibrate (20,000 trajectories, seed 12345) so that the
+# mean turns, total tokens and turn-weighted context match SPEC_TABLE; append:gen keeps the
+# table's ratio. Re-run calibrate after changing the model.
+CALIBRATED: Mapping[str, SynthParams] = MappingProxyType(
+    {
+        "32k": SynthParams(5_240, 90, 343, 83),
+        "48k": SynthParams(6_527, 152, 267, 97),
+        "64k": SynthParams(7_788, 219, 230, 95),
+    }
+)
+
+
+def mal_tokens(mal: str) -> int:
+    """'64k' → 65536: the maximum agent context length in tokens."""
+    return parse_tokens(mal.lower())
+
+
+def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
+    """A lognormal draw with the given arithmetic mean."""
+    return math.exp(rng.gauss(math.log(mean) - sigma * sigma / 2, sigma))
+
+
+def base_turns(rng: random.Random, params: SynthParams, cap_tokens: int) -> tuple[Turn, ...]:
+    """One trajectory: a large first append, then lognormal appends and generations.
+
+    The task plans a lognormal number of turns; the rollout stops earlier when the next turn
+    would push the context (prompt + generation) past ``cap_tokens`` (truncation at the MAL).
+    """
+    verbosity = _lognormal(rng, 1.0, VERBOSITY_SIGMA)
+    planned = max(2, round(_lognormal(rng, params.planned_turns_mean, PLANNED_TURNS_SIGMA)))
+    first = round(_lognormal(rng, params.first_append_mean_tokens, FIRST_APPEND_SIGMA))
+    first = min(max(1, first), cap_tokens // 2)
+    gen_mu = math.log(params.gen_mean_tokens * verbosity) - GEN_SIGMA * GEN_SIGMA / 2
+    app_mu = math.log(params.append_mean_tokens * verbosity) - APPEND_SIGMA * APPEND_SIGMA / 2
+    gauss, exp = rng.gauss, math.exp
+    gen = min(max(1, round(exp(gauss(gen_mu, GEN_SIGMA)))), cap_tokens - first)
+    turns = [Turn(first, gen)]
+    context = first + gen
+    while len(turns) < planned:
+        append = max(1, round(exp(gauss(app_mu, APPEND_SIGMA))))
+        gen = max(1, round(exp(gauss(gen_mu, GEN_SIGMA))))
+        if context + append + gen > cap_tokens:
+            break
+        turns.append(Turn(append, gen))
+        context += append + gen
+    return tuple(turns)
+
+
+def synthesize_base(
+    rng: random.Random, params: SynthParams, cap_tokens: int, num_trajectories: int
+) -> list[tuple[Turn, ...]]:
+    """``num_trajectories`` independent trajectories' turns, in draw order."""
+    return [base_turns(rng, params, cap_tokens) for _ in range(num_trajectories)]
+
+
+def replica_round(rng: random.Random) -> Turn:
+    """The random-token round prepended to a replicated agent (SPEC §9): gen = 1."""
+    return Turn(rng.randint(1, REPLICA_ROUND_MAX_TOKENS - 1), 1)
+
+
+def synthesize(cfg: WorkloadConfig, block_tokens: int) -> list[Trajectory]:
+    """``cfg.num_agents`` trajectories of MAL ``cfg.mal``, agent ids 0..n-1, seeded by ``cfg.seed``.
+
+    ``cfg.num_base_trajectories`` base trajectories are drawn; agent k < base uses base k as
+    is; agent k >= base reuses base ``k % base`` with one random round prepended (append drawn
+    in [1, 255], gen 1) so no two agents share a prefix. Every trajectory's context stays
+    <= the MAL. The trajectories do not depend on ``block_tokens`` (validated only).
+    """
+    require(block_tokens >= 1, "block_tokens", block_tokens, ">= 1")
+    mal = cfg.mal.lower()
+    rng = random.Random(cfg.seed)
+    num_base = min(cfg.num_base_trajectories, cfg.num_agents)
+    cap = mal_tokens(mal) - REPLICA_ROUND_MAX_TOKENS
+    bases = synthesize_base(rng, CALIBRATED[mal], cap, num_base)
+    out = [Trajectory(k, turns) for k, turns in enumerate(bases)]
+    for k in range(num_base, cfg.num_agents):
+        out.append(Trajectory(k, (replica_round(rng), *bases[k % num_base])))
+    return out

@@ -1,0 +1,231 @@
+"""Every figure function writes a readable PNG (labelled axes, legend) from small inputs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualpath.cli import figures_cmd, plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+OFFLINE = [
+    {"model": m, "mal": mal, "agents": n, "system": s, "jct_s": 100.0 * k}
+    for m in ("DS 27B", "DS 660B")
+    for mal in ("32K", "64K")
+    for n in (512, 1024)
+    for s, k in (("Basic", 1.8), ("DualPath", 1.0), ("Oracle", 0.9))
+]
+PD = [
+    {"pd": pd, "system": s, "jct_s": v}
+    for pd, b, d in (("1P1D", 10.0, 6.0), ("1P2D", 10.0, 4.0), ("2P1D", 6.0, 4.0))
+    for s, v in (("Basic", b), ("DualPath", d))
+]
+LATENCY = [
+    {"system": s, "aps": a, "ttft_s": t, "ttst_s": 0.2, "tpot_s": None if a > 0.3 else 0.03}
+    for s, k in (("Basic", 2.0), ("DualPath", 1.0))
+    for a, t in ((0.1, 1.0 * k), (0.2, 2.0 * k), (0.4, 30.0 * k))
+]
+BREAKDOWN = [
+    {"system": s, "aps": a, "queue_s": q * a, "alloc_s": 0.1, "read_s": 0.8, "prefill_s": 0.5}
+    for s, q in (("Basic", 10.0), ("DualPath", 0.5))
+    for a in (0.1, 0.2)
+]
+ABLATION = [
+    {"system": s, "jct_s": v}
+    for s, v in (("Basic", 10.0), ("+Layer", 9.0), ("+DPL", 6.5), ("+Sched", 5.5))
+]
+SERIES = {"DualPath": [(0.0, 1.05), (5.0, 1.1)], "Round robin": [(0.0, 1.6), (5.0, 1.4)]}
+
+
+def assert_png(info: plots.FigureInfo) -> None:
+    data = info.path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert info.title
+    for ax in info.axes:
+        assert ax.xlabel and ax.ylabel and ax.legend, ax
+        assert "(" in ax.ylabel or "max/avg" in ax.ylabel  # a unit or a ratio
+
+
+def test_offline_jct(tmp_path: Path) -> None:
+    info = plots.plot_offline_jct(OFFLINE, tmp_path / "offline.png")
+    assert_png(info)
+    assert [ax.title.split()[:2] for ax in info.axes] == [["DS", "27B"], ["DS", "660B"]]
+    assert info.axes[0].ylabel == "JCT (s)"
+    assert info.axes[0].legend == ("Basic", "DualPath", "Oracle")
+
+
+def test_pd_sweep(tmp_path: Path) -> None:
+    info = plots.plot_pd_sweep(PD, tmp_path / "pd.png")
+    assert_png(info)
+    assert info.axes[0].legend == ("Basic", "DualPath")
+
+
+def test_latency_vs_aps_has_slo_lines(tmp_path: Path) -> None:
+    info = plots.plot_latency_vs_aps(LATENCY, tmp_path / "lat.png", slo_ttft_s=4.0)
+    assert_png(info)
+    assert [ax.ylabel for ax in info.axes] == ["TTFT (s)", "TTST (s)", "TPOT (ms)"]
+    assert "SLO 4 s" in info.axes[0].legend and "SLO 50 ms" in info.axes[2].legend
+    assert all(ax.xlabel == "load (agents/s, APS)" for ax in info.axes)
+
+
+def test_latency_rows_per_model(tmp_path: Path) -> None:
+    rows = [{**r, "model": m} for m in ("A", "B") for r in LATENCY]
+    info = plots.plot_latency_vs_aps(rows, tmp_path / "lat2.png")
+    assert len(info.axes) == 6 and info.axes[3].title == "B TTFT"
+
+
+def test_ttft_breakdown(tmp_path: Path) -> None:
+    info = plots.plot_ttft_breakdown(BREAKDOWN, tmp_path / "bd.png")
+    assert_png(info)
+    assert [ax.title for ax in info.axes] == ["Basic", "DualPath"]
+    assert info.axes[0].legend == ("queue", "alloc", "read", "prefill")
+
+
+def test_ablation(tmp_path: Path) -> None:
+    info = plots.plot_ablation(ABLATION, tmp_path / "ab.png")
+    assert_png(info)
+    assert "speedup over Basic" in info.axes[0].legend[0]
+
+
+@pytest.mark.parametrize("fn", [plots.plot_snic_balance, plots.plot_attention_balance])
+def test_balance_series(tmp_path: Path, fn: plots.SeriesPlot) -> None:
+    info = fn(SERIES, tmp_path / "bal.png")
+    assert_png(info)
+    assert info.axes[0].xlabel == "time (s)"
+    assert info.axes[0].legend[:2] == ("DualPath", "Round robin")
+
+
+def test_missing_key_is_a_one_line_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="row 0 lacks jct_s"):
+        plots.plot_ablation([{"system": "Basic"}], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="no rows"):
+        plots.plot_pd_sweep([], tmp_path / "x.png")
+
+
+def test_report_md(tmp_path: Path) -> None:
+    sections = [
+        plots.ReportSection("Ablation", "ab.png", "Lower is better.", ABLATION),
+        plots.ReportSection("Empty", None, "nothing", []),
+    ]
+    text = plots.write_report_md(sections, tmp_path / "report.md").read_text()
+    assert "## Ablation" in text and "![Ablation](ab.png)" in text
+    assert "| system | jct_s |" in text and "| +DPL | 6.5 |" in text
+    assert plots.format_cell(None) == "-" and plots.format_cell(1 / 3) == "0.3333"
+
+
+def test_import_does_not_load_matplotlib() -> None:
+    code = "import sys, dualpath.cli.plots; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+class FakeData:
+    """A FigureData provider from the synthetic inputs above (capacity included)."""
+
+    def offline_jct(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in OFFLINE]
+
+    def pd_sweep(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in PD]
+
+    def online_latency(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in LATENCY]
+
+    def capacity(self) -> list[dict[str, Any]]:
+        return [
+            {"setting": "DS 27B 1P1D", "system": "Basic", "capacity_aps": 0.3},
+            {"setting": "DS 27B 1P1D", "system": "DualPath", "capacity_aps": 0.5},
+        ]
+
+    def ttft_breakdown(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in BREAKDOWN]
+
+    def ablation(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in ABLATION]
+
+    def snic_balance(self) -> dict[str, list[list[float]]]:
+        return {k: [list(p) for p in v] for k, v in SERIES.items()}
+
+    def attention_balance(self) -> dict[str, list[list[float]]]:
+        return {}  # unavailable: skipped
+
+    def meta(self) -> dict[str, Any]:
+        return {"title": "Test report", "slo_ttft_s": 4.0, "notes": "synthetic numbers"}
+
+
+def test_make_report_and_replot_from_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    figures_cmd.add_figures_parser(parser.add_subparsers())
+    args = parser.parse_args(["figures", "--out", str(tmp_path / "a")])
+    assert figures_cmd.run_figures(args, data=FakeData()) == 0
+    printed = capsys.readouterr().out.split()
+    pngs = sorted(p.name for p in (tmp_path / "a").glob("*.png"))
+    assert pngs == sorted(
+        f"{n}.png"
+        for n in (
+            "offline_jct",
+            "pd_sweep",
+            "online_latency",
+            "ttft_breakdown",
+            "ablation",
+            "snic_balance",
+        )
+    )
+    assert printed[-1].endswith("report.md")
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert report.startswith("# Test report")
+    assert "DualPath/Basic = 1.67×" in report
+    assert "## Attention balance\n\n(no data)" in report
+    assert "| model | mal | agents | Basic jct_s | DualPath jct_s | Oracle jct_s |" in report
+    # re-plot from the saved data: same report
+    again = parser.parse_args(
+        ["figures", "--out", str(tmp_path / "b"), "--from", str(tmp_path / "a" / "data")]
+    )
+    assert figures_cmd.run_figures(again) == 0
+    assert (tmp_path / "b" / "report.md").read_text() == report
+
+
+def test_pivot_and_tables() -> None:
+    table = figures_cmd.pivot(PD, ("pd",))
+    assert table[1] == {
+        "pd": "1P2D",
+        "Basic jct_s": 10.0,
+        "DualPath jct_s": 4.0,
+        "speedup DualPath": 2.5,
+    }
+    assert figures_cmd.ablation_table(ABLATION)[2]["speedup"] == pytest.approx(10 / 6.5)
+    rows = figures_cmd.series_table({"x": [[0.0, 1.0], [1.0, 2.0]]})
+    assert rows == [{"series": "x", "mean max/avg": 1.5, "peak max/avg": 2.0, "samples": 2}]
+
+
+def test_json_provider_errors(tmp_path: Path) -> None:
+    (tmp_path / "pd_sweep.json").write_text("{not json")
+    (tmp_path / "ablation.json").write_text('{"a": 1}')
+    data = figures_cmd.JsonFigureData(tmp_path)
+    assert data.offline_jct() == [] and data.snic_balance() == {}
+    with pytest.raises(ValueError, match=r"cannot read .*pd_sweep\.json"):
+        data.pd_sweep()
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        data.ablation()
+    args = argparse.Namespace(data_dir=str(tmp_path / "missing"), quick=False, out=str(tmp_path))
+    with pytest.raises(ValueError, match="not a folder"):
+        figures_cmd.resolve_provider(args)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec(figures_cmd.SIM_PROVIDER_MODULE) is not None,
+    reason="the simulator-backed provider is wired",
+)
+def test_without_simulator_provider_asks_for_from(tmp_path: Path) -> None:
+    args = argparse.Namespace(data_dir=None, quick=True, out=str(tmp_path))
+    with pytest.raises(ValueError, match="--from DIR"):
+        figures_cmd.resolve_provider(args)
