@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dualpath.config.checks import one_of, positive, require
 
-POLICY_NAMES = ("basic", "dpl", "dualpath")
+POLICY_NAMES = ("basic", "layer", "dpl", "dualpath")
 ENGINE_CHOICES = ("round_robin", "least_loaded")
 
 

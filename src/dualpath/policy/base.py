@@ -19,12 +19,20 @@ class PendingPrefill:
     cached: int
     new: int
 
+    def __post_init__(self) -> None:
+        if self.cached < 0 or self.new < 0:
+            raise ValueError(
+                f"request {self.request_id}: cached={self.cached}, new={self.new} is invalid: "
+                "both must be >= 0"
+            )
+
 
 class Policy(Protocol):
     """Inter-engine scheduling (``submit`` + ``schedule``) and intra-engine batching
     (``plan_forward``). Deterministic: same calls in the same order ⇒ same decisions."""
 
     name: str
+    layerwise: bool  # SPEC §8: False ⇒ the shell passes kv_budget_tokens to plan_forward
 
     def submit(self, request: RequestInfo, now: float) -> None:
         """Append ``request`` to the global FIFO queue. ValueError on a bad request."""

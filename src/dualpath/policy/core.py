@@ -1,0 +1,154 @@
+"""The policy object both shells drive (SPEC §7): queues, rounds, and the three rules wired.
+
+Owns the global FIFO queue, requests that hold a PE while waiting for a DE, and the decision
+trace. Deterministic: no clock (``now`` is an argument), no randomness, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dualpath.policy.base import PendingPrefill
+from dualpath.policy.commands import Assign, ForwardBatch
+from dualpath.policy.decode import DecodeRule, Held, Placed
+from dualpath.policy.intra import GroupForwardPlan, Predictor, pack_forward, plan_group
+from dualpath.policy.params import PolicyParams
+from dualpath.policy.prefill import PrefillRule
+from dualpath.policy.side import SideRule
+from dualpath.policy.state import RoundState, validate_view
+from dualpath.policy.trace import DecisionTrace
+from dualpath.policy.view import ClusterView, RequestInfo
+
+
+class PolicyCore:
+    """One policy instance per cluster; implements ``dualpath.policy.base.Policy``.
+
+    A round (``schedule``): every PE group pulls from the global queue (group-id order), then
+    every DE group pulls; a request that got a PE but no DE keeps its PE (its tokens count in
+    that PE's tok_e / seq_e in later rounds) and waits in the DE queue. Only requests with PE,
+    DE and read side fixed come back, as ``Assign``s, in decision order.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        params: PolicyParams,
+        prefill: PrefillRule,
+        decode: DecodeRule,
+        side: SideRule,
+        predict: Predictor,
+        layerwise: bool,
+    ) -> None:
+        self.name = name
+        self.params = params
+        self.layerwise = layerwise
+        self._prefill = prefill
+        self._decode = decode
+        self._side = side
+        self._predict = predict
+        self._queue: deque[RequestInfo] = deque()
+        self._de_queue: deque[Held] = deque()
+        self._holds: dict[int, list[int]] = {}  # PE id → [tokens, requests] held for it
+        self._ids: set[int] = set()  # request ids submitted and not yet assigned
+        self._trace = DecisionTrace(params.record_decisions)
+
+    @property
+    def alpha_tokens(self) -> int:
+        return self.params.alpha_tokens
+
+    @property
+    def beta_tokens(self) -> int:
+        return self.params.beta_tokens
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._ids)
+
+    @property
+    def num_holding_pe(self) -> int:
+        """Requests that have a PE and wait for a DE."""
+        return len(self._ids) - len(self._queue)
+
+    def submit(self, request: RequestInfo, now: float) -> None:
+        if not isinstance(request, RequestInfo):
+            raise ValueError(f"submit: expected a RequestInfo, got {type(request).__name__}")
+        rid = request.request_id
+        if isinstance(rid, bool) or not isinstance(rid, int) or rid < 0:
+            raise ValueError(f"submit: request_id={rid!r} is invalid: must be an integer >= 0")
+        if rid in self._ids:
+            raise ValueError(f"submit: request {rid} is already waiting: ids must be unique")
+        self._ids.add(rid)
+        self._queue.append(request)
+
+    def submit_many(self, requests: Iterable[RequestInfo], now: float) -> None:
+        for r in requests:
+            self.submit(r, now)
+
+    def schedule(self, view: ClusterView, now: float) -> list[Assign]:
+        holds = {pe: h[1] for pe, h in self._holds.items()}
+        validate_view(view, holds, self._decode.queued_by_group())
+        st = RoundState(view, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
+        held: list[tuple[RequestInfo, int]] = []
+        for gid in st.pe_group_ids:  # every PE group leader pulls, in group-id order
+            self._prefill.pull(gid, st.pe_groups[gid], st, self._queue, held, now, self._trace)
+        for r, pe in held:
+            h = self._holds.setdefault(pe, [0, 0])
+            h[0] += r.prompt_tokens
+            h[1] += 1
+        self._de_queue.extend(held)
+        placed: list[Placed] = []
+        self._decode.round(st, self._de_queue, placed, now, self._trace)
+        return [self._finish(r, pe, de, st, now) for r, pe, de in placed]
+
+    def _finish(self, r: RequestInfo, pe: int, de: int, st: RoundState, now: float) -> Assign:
+        plan = self._side.choose(r, pe, de, st)
+        h = self._holds[pe]
+        h[0] -= r.prompt_tokens
+        h[1] -= 1
+        if not h[1]:
+            del self._holds[pe]
+        self._ids.discard(r.request_id)
+        if self._trace.enabled:
+            pe_node, de_node = st.node[pe], st.node[de]
+            self._trace.add(
+                "side",
+                now,
+                request=r.request_id,
+                rule=self._side.rule,
+                pe=pe,
+                de=de,
+                pe_node=pe_node,
+                de_node=de_node,
+                hit_tokens=r.hit_tokens,
+                pe_read_q_before=st.read_q[pe_node] - plan.pe_tokens,
+                de_read_q_before=st.read_q[de_node] - plan.de_tokens,
+                side=plan.side.value,
+                pe_read_tokens=plan.pe_tokens,
+                de_read_tokens=plan.de_tokens,
+            )
+        return Assign(r.request_id, pe, de, plan.side, plan.pe_tokens, plan.de_tokens)
+
+    def plan_forward(
+        self,
+        engine_id: int,
+        queue: Sequence[PendingPrefill],
+        now: float,
+        kv_budget_tokens: int | None = None,
+    ) -> ForwardBatch:
+        return pack_forward(
+            engine_id, queue, self._predict, self.params.compute_quota_s, kv_budget_tokens
+        )
+
+    def plan_group(
+        self,
+        queues: Mapping[int, Sequence[PendingPrefill]],
+        now: float,
+        kv_budget_tokens: int | None = None,
+    ) -> GroupForwardPlan:
+        """Every PE of an EP group plans its next pass; per-GPU predictions and bubble ratio."""
+        return plan_group(lambda e, q: self.plan_forward(e, q, now, kv_budget_tokens), queues)
+
+    def decisions(self) -> list[dict[str, Any]]:
+        return list(self._trace.records)

@@ -1,0 +1,80 @@
+"""Build a policy by name from config (SPEC §11): ``basic``, ``layer``, ``dpl``, ``dualpath``.
+
+| name     | PE choice            | DE choice              | read side          | quota | layerwise |
+|----------|----------------------|------------------------|--------------------|-------|-----------|
+| basic    | round robin / least  | round robin / least    | PE only            | no    | no        |
+| layer    | as basic             | as basic               | PE only            | no    | yes       |
+| dpl      | round robin / least  | round robin / least    | alternate PE, DE   | no    | yes       |
+| dualpath | α/β categories       | groups, R, Z (§7.1)    | shorter read queue | yes   | yes       |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+
+from dualpath.config import Config
+from dualpath.models import cost
+from dualpath.policy.core import PolicyCore
+from dualpath.policy.decode import DecodeRule, SimpleDecode
+from dualpath.policy.decode_dualpath import DualPathDecode
+from dualpath.policy.intra import Predictor
+from dualpath.policy.params import PolicyParams, params_from_config
+from dualpath.policy.prefill import CategoryPrefill, PrefillRule, RoundRobinPrefill
+from dualpath.policy.side import SideRule
+
+POLICY_NAMES = ("basic", "layer", "dpl", "dualpath")
+
+
+def _baseline_prefill(params: PolicyParams, choice: str) -> PrefillRule:
+    if choice == "least_loaded":
+        return CategoryPrefill(params.alpha_tokens, params.beta_tokens, use_alpha=False)
+    return RoundRobinPrefill(params.beta_tokens)
+
+
+def build_policy(
+    name: str,
+    params: PolicyParams,
+    predict: Predictor,
+    engine_choice: str = "round_robin",
+) -> PolicyCore:
+    """Wire the rules of policy ``name`` around ``params`` (no config needed; tests use this).
+
+    ``engine_choice`` ("round_robin" | "least_loaded") applies to the baselines only. The
+    baselines never use a compute quota (SPEC §13.7): ``params.compute_quota_s`` is ignored.
+    """
+    if name not in POLICY_NAMES:
+        raise ValueError(f"policy={name!r} is invalid: must be one of {', '.join(POLICY_NAMES)}")
+    if engine_choice not in ("round_robin", "least_loaded"):
+        raise ValueError(
+            f"engine_choice={engine_choice!r} is invalid: must be round_robin or least_loaded"
+        )
+    if name == "dualpath":
+        prefill: PrefillRule = CategoryPrefill(params.alpha_tokens, params.beta_tokens, True)
+        decode: DecodeRule = DualPathDecode(params.z_factor)
+        side = SideRule("dualpath", params.alpha_tokens, params.block_tokens, params.split_reads)
+        return PolicyCore(name, params, prefill, decode, side, predict, layerwise=True)
+    no_quota = replace(params, compute_quota_s=None)
+    prefill = _baseline_prefill(params, engine_choice)
+    decode = SimpleDecode(engine_choice)
+    rule = "round_robin" if name == "dpl" else "pe"
+    side = SideRule(rule, params.alpha_tokens, params.block_tokens, split=False)
+    return PolicyCore(name, no_quota, prefill, decode, side, predict, layerwise=name != "basic")
+
+
+def attention_predictor(config: Config) -> Callable[[Sequence[tuple[int, int]]], float]:
+    """SPEC §7.2's profiled predictor: the cost model's attention time on one GPU."""
+    return partial(cost.attention_time_s, config.model, config.hardware)
+
+
+def make_policy(config: Config) -> PolicyCore:
+    """The policy named by ``config.scheduler.policy``, α and β derived unless given.
+
+    Returns a ``PolicyCore`` (satisfies ``Policy``; also exposes ``alpha_tokens``,
+    ``beta_tokens``, ``params``, ``plan_group``)."""
+    sched = config.scheduler
+    params = params_from_config(config, compute_quota=sched.policy == "dualpath")
+    return build_policy(
+        sched.policy, params, attention_predictor(config), sched.basic_engine_choice
+    )

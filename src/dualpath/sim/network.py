@@ -1,0 +1,509 @@
+"""Fluid network: flows over paths of capacity resources at max-min fair rates (SPEC §6).
+
+Owns resources (capacity, bytes carried, busy time) and flows (remaining bytes, rate,
+completion). Rates change only when a flow starts or ends, and are recomputed only for the
+connected component touched. Knows nothing of engines, KV blocks or policies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from collections.abc import Callable, Sequence
+
+from dualpath.sim.events import Event, EventLoop
+from dualpath.types import TrafficClass
+
+DONE_REL = 1e-9  # a flow is done once remaining <= DONE_REL * size
+SETTLE_PRIORITY = 2**62  # rate recomputation runs after every other event of its instant
+
+
+class FluidNetwork:
+    """Resources with capacities (bytes/s) shared by flows, each a path of resources.
+
+    Rates: max-min fair by progressive filling; a per-flow ``max_rate_bytes_per_s`` acts as a
+    private link. With ``traffic_manager`` (SPEC §6, work-conserving WRR), on every resource
+    that carries both classes HIGH may use at most ``(1 - low_floor)`` of capacity; HIGH is
+    filled first (max-min among HIGH), then LOW max-min on what is left, so LOW gets at least
+    ``low_floor`` of such a resource plus whatever HIGH leaves idle. (Approximation: HIGH is
+    held to its share even when the LOW flows there are bottlenecked below ``low_floor``.)
+    Without it, one class, plain max-min on full capacities. A resource listed k times in a
+    path carries that flow k times (e.g. half-duplex DRAM read and written by one transfer).
+
+    Timing: starts, cancels and completions mark resources dirty; rates are recomputed once
+    per instant (a loop event at ``SETTLE_PRIORITY``, or earlier on any query), which is exact
+    since no time passes in between. Completions are fired by one loop event (``priority``,
+    label ``net.done``); flows finishing at the same instant get ``on_done()`` in order of
+    (finish time, flow id). Zero-size flows complete at ``now`` through the loop too.
+    """
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        traffic_manager: bool = True,
+        low_floor: float = 0.01,
+        priority: int = 0,
+    ) -> None:
+        if not 0.0 <= low_floor < 1.0:
+            raise ValueError(f"low_floor={low_floor!r} is invalid: must be in [0, 1)")
+        self._loop = loop
+        self._tm = bool(traffic_manager)
+        self._floor = float(low_floor)
+        self._priority = priority
+        # resources, indexed by resource id
+        self._cap: list[float] = []
+        self._names: dict[str, int] = {}
+        self._members: tuple[list[dict[int, int]], list[dict[int, int]]] = ([], [])
+        self._rate: list[float] = []  # settled total rate through each resource
+        self._carried: list[float] = []
+        self._last_s: list[float] = []
+        self._busy_s: list[float] = []
+        self._scratch: list[float] = []
+        self._rmark: list[int] = []
+        # flows, indexed by slot; slots are reused, flow ids are not
+        self._f_id: list[int] = []
+        self._f_path: list[tuple[int, ...]] = []
+        self._f_cls: list[int] = []
+        self._f_size: list[float] = []
+        self._f_rem: list[float] = []  # remaining bytes at time _f_t
+        self._f_t: list[float] = []
+        self._f_rate: list[float] = []
+        self._f_cap: list[float] = []
+        self._f_done: list[Callable[[], object] | None] = []
+        self._f_ver: list[int] = []  # bumps invalidate finish-heap entries
+        self._f_mark: list[int] = []
+        self._f_new: list[float] = []
+        self._free: list[int] = []
+        self._slot_of: dict[int, int] = {}
+        self._next_id = 0
+        self._finish: list[tuple[float, int, int, int]] = []  # (finish_s, flow id, slot, ver)
+        self._timer: Event | None = None
+        self._timer_s = math.nan
+        self._dirty: dict[int, None] = {}
+        self._settle_ev: Event | None = None
+        self._epoch = 0
+        self._num_capped = 0  # live flows with a finite rate cap
+        self._num_settles = 0
+        self._num_settled_flows = 0
+
+    # -- resources -------------------------------------------------------------------------
+
+    def add_resource(self, name: str, capacity_bytes_per_s: float) -> int:
+        """Add a resource; returns its id (0, 1, 2, ... in order of addition)."""
+        if not isinstance(name, str) or not name or name in self._names:
+            raise ValueError(f"resource name={name!r} is invalid: must be a new non-empty str")
+        if not 0.0 < capacity_bytes_per_s < math.inf:
+            raise ValueError(
+                f"resource {name!r} capacity_bytes_per_s={capacity_bytes_per_s!r} is invalid:"
+                " must be finite and > 0"
+            )
+        rid = len(self._cap)
+        self._names[name] = rid
+        self._cap.append(float(capacity_bytes_per_s))
+        for lst in (*self._members,):
+            lst.append({})
+        self._rate.append(0.0)
+        self._carried.append(0.0)
+        self._last_s.append(self._loop.now)
+        self._busy_s.append(0.0)
+        self._scratch.append(0.0)
+        self._rmark.append(-1)
+        return rid
+
+    @property
+    def num_resources(self) -> int:
+        return len(self._cap)
+
+    def resource_id(self, name: str) -> int:
+        if name not in self._names:
+            raise ValueError(f"unknown resource name {name!r}")
+        return self._names[name]
+
+    def capacity(self, resource_id: int) -> float:
+        """Capacity in bytes/s."""
+        return self._cap[self._check_rid(resource_id)]
+
+    def bytes_carried(self, resource_id: int) -> float:
+        """Bytes the resource has carried up to ``now`` (a flow crossing it k times counts k
+        times)."""
+        r = self._check_rid(resource_id)
+        self._settle()
+        return self._carried[r] + self._rate[r] * (self._loop.now - self._last_s[r])
+
+    def busy_time_s(self, resource_id: int) -> float:
+        """Seconds up to ``now`` during which the resource carried a positive rate."""
+        r = self._check_rid(resource_id)
+        self._settle()
+        busy = self._rate[r] > 0.0
+        return self._busy_s[r] + (self._loop.now - self._last_s[r] if busy else 0.0)
+
+    def _check_rid(self, resource_id: int) -> int:
+        r = operator.index(resource_id)
+        if not 0 <= r < len(self._cap):
+            raise ValueError(f"resource_id={resource_id!r} is invalid: have {len(self._cap)}")
+        return r
+
+    # -- flows -----------------------------------------------------------------------------
+
+    def start_flow(
+        self,
+        path: Sequence[int],
+        size_bytes: float,
+        klass: TrafficClass,
+        on_done: Callable[[], object],
+        max_rate_bytes_per_s: float = math.inf,
+    ) -> int:
+        """Start moving ``size_bytes`` across every resource of ``path``; ``on_done()`` runs
+        (from the loop) when the last byte arrives. Returns the flow id."""
+        rids = tuple(self._check_rid(r) for r in path)
+        if not rids:
+            raise ValueError("flow path is empty: it must name at least one resource")
+        if not 0.0 <= size_bytes < math.inf:
+            raise ValueError(f"flow size_bytes={size_bytes!r} is invalid: must be finite, >= 0")
+        if not isinstance(klass, TrafficClass):
+            raise ValueError(f"flow klass={klass!r} is invalid: must be a TrafficClass")
+        if not max_rate_bytes_per_s > 0.0:
+            raise ValueError(
+                f"flow max_rate_bytes_per_s={max_rate_bytes_per_s!r} is invalid: must be > 0"
+            )
+        fid = self._next_id
+        self._next_id = fid + 1
+        slot = self._alloc()
+        now = self._loop.now
+        self._f_id[slot] = fid
+        self._f_cls[slot] = int(klass)
+        self._f_size[slot] = float(size_bytes)
+        self._f_rem[slot] = float(size_bytes)
+        self._f_t[slot] = now
+        self._f_rate[slot] = -1.0  # not yet rated: forces a finish-heap entry at settle
+        self._f_cap[slot] = float(max_rate_bytes_per_s)
+        if max_rate_bytes_per_s < math.inf:
+            self._num_capped += 1
+        self._f_done[slot] = on_done
+        self._slot_of[fid] = slot
+        if size_bytes == 0.0:
+            self._f_path[slot] = ()
+            self._f_ver[slot] += 1
+            heapq.heappush(self._finish, (now, fid, slot, self._f_ver[slot]))
+            self._arm()
+            return fid
+        self._f_path[slot] = rids
+        members = self._members[int(klass) if self._tm else 0]
+        for r in rids:
+            m = members[r]
+            m[slot] = m.get(slot, 0) + 1
+        self._mark_dirty(rids)
+        return fid
+
+    def cancel_flow(self, flow_id: int) -> float:
+        """Stop a flow without calling ``on_done``; returns the bytes it had left (0.0 if it
+        already finished or was cancelled)."""
+        slot = self._slot(flow_id)
+        if slot < 0:
+            return 0.0
+        left = self._remaining(slot, self._loop.now)
+        self._detach(slot)
+        self._release(slot)
+        return left
+
+    def rate_bytes_per_s(self, flow_id: int) -> float:
+        """Current rate of a flow (0.0 once it finished or was cancelled)."""
+        slot = self._slot(flow_id)
+        if slot < 0:
+            return 0.0
+        self._settle()
+        return max(self._f_rate[slot], 0.0)
+
+    def remaining_bytes(self, flow_id: int) -> float:
+        slot = self._slot(flow_id)
+        return 0.0 if slot < 0 else self._remaining(slot, self._loop.now)
+
+    @property
+    def num_active_flows(self) -> int:
+        return len(self._slot_of)
+
+    @property
+    def num_settles(self) -> int:
+        """Rate recomputations so far (at most one per instant unless queries force more)."""
+        return self._num_settles
+
+    @property
+    def num_settled_flows(self) -> int:
+        """Sum over recomputations of the flows re-rated (mean component size × settles)."""
+        return self._num_settled_flows
+
+    def _slot(self, flow_id: int) -> int:
+        fid = operator.index(flow_id)
+        if not 0 <= fid < self._next_id:
+            raise ValueError(f"flow_id={flow_id!r} is invalid: no such flow")
+        return self._slot_of.get(fid, -1)
+
+    def _remaining(self, slot: int, now: float) -> float:
+        left = self._f_rem[slot] - max(self._f_rate[slot], 0.0) * (now - self._f_t[slot])
+        return left if left > 0.0 else 0.0
+
+    def _alloc(self) -> int:
+        if self._free:
+            return self._free.pop()
+        for lst in (self._f_id, self._f_cls, self._f_ver, self._f_mark):
+            lst.append(-1)
+        for vals in (self._f_size, self._f_rem, self._f_t, self._f_rate, self._f_cap):
+            vals.append(0.0)
+        self._f_new.append(0.0)
+        self._f_path.append(())
+        self._f_done.append(None)
+        return len(self._f_id) - 1
+
+    def _detach(self, slot: int) -> None:
+        path = self._f_path[slot]
+        members = self._members[self._f_cls[slot] if self._tm else 0]
+        for r in path:
+            members[r].pop(slot, None)
+        self._mark_dirty(path)
+
+    def _release(self, slot: int) -> None:
+        del self._slot_of[self._f_id[slot]]
+        if self._f_cap[slot] < math.inf:
+            self._num_capped -= 1
+        self._f_ver[slot] += 1
+        self._f_done[slot] = None
+        self._f_path[slot] = ()
+        self._free.append(slot)
+
+    # -- recomputation ---------------------------------------------------------------------
+
+    def _mark_dirty(self, path: tuple[int, ...]) -> None:
+        if not path:
+            return
+        dirty = self._dirty
+        for r in path:
+            dirty[r] = None
+        if self._settle_ev is None:
+            self._settle_ev = self._loop.at(
+                self._loop.now, self._settle, SETTLE_PRIORITY, "net.settle"
+            )
+
+    def _settle(self) -> None:
+        """Recompute rates of every flow in the components of the dirty resources."""
+        event = self._settle_ev
+        if event is not None:
+            self._settle_ev = None
+            self._loop.cancel(event)  # a no-op when it is the event running now
+        if not self._dirty:
+            return
+        self._num_settles += 1
+        now = self._loop.now
+        res, flows = self._component()
+        self._num_settled_flows += len(flows)
+        self._account(res, now)
+        self._assign_rates(res, flows)
+        self._reschedule(flows, now)
+        self._arm()
+
+    def _component(self) -> tuple[list[int], list[int]]:
+        """Resources and flows reachable from the dirty resources through shared resources."""
+        self._epoch += 1
+        epoch = self._epoch
+        res = list(self._dirty)
+        self._dirty = {}
+        rmark, fmark, paths = self._rmark, self._f_mark, self._f_path
+        for r in res:
+            rmark[r] = epoch
+        flows: list[int] = []
+        m0, m1 = self._members
+        i = 0
+        while i < len(res):
+            r = res[i]
+            i += 1
+            for m in (m0[r], m1[r]):
+                for s in m:
+                    if fmark[s] != epoch:
+                        fmark[s] = epoch
+                        flows.append(s)
+                        for r2 in paths[s]:
+                            if rmark[r2] != epoch:
+                                rmark[r2] = epoch
+                                res.append(r2)
+        return res, flows
+
+    def _account(self, res: list[int], now: float) -> None:
+        last, busy, rate, carried = self._last_s, self._busy_s, self._rate, self._carried
+        for r in res:
+            dt = now - last[r]
+            if dt > 0.0:
+                x = rate[r]
+                if x > 0.0:
+                    carried[r] += x * dt
+                    busy[r] += dt
+                last[r] = now
+
+    def _assign_rates(self, res: list[int], flows: list[int]) -> None:
+        """New rates into ``_f_new``; resource rate sums = capacity minus what is left."""
+        cap, avail, new, rate = self._cap, self._scratch, self._f_new, self._rate
+        m0, m1 = self._members
+        args = (self._f_path, self._f_cap if self._num_capped else None, self._f_id, new, avail)
+        if not self._tm:
+            for r in res:
+                avail[r] = cap[r]
+            fill_max_min(flows, m0, res, *args)
+        else:
+            cls = self._f_cls
+            high = [s for s in flows if not cls[s]]
+            if len(high) == len(flows):  # no LOW here: HIGH alone gets full capacities
+                for r in res:
+                    avail[r] = cap[r]
+                fill_max_min(high, m0, res, *args)
+            else:
+                high_share = 1.0 - self._floor
+                for r in res:
+                    avail[r] = cap[r] * high_share if m0[r] and m1[r] else cap[r]
+                fill_max_min(high, m0, res, *args)
+                for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
+                    left = avail[r] + (cap[r] - cap[r] * high_share if m0[r] and m1[r] else 0.0)
+                    avail[r] = left if left > 0.0 else 0.0
+                fill_max_min([s for s in flows if cls[s]], m1, res, *args)
+        for r in res:
+            used = cap[r] - avail[r]
+            rate[r] = used if used > 0.0 else 0.0
+
+    def _reschedule(self, flows: list[int], now: float) -> None:
+        """Flows whose rate changed: bring remaining bytes to ``now`` at the old rate and
+        push a new finish entry. Unchanged flows keep their (still exact) entry."""
+        new, rate, rem, ft, ver = self._f_new, self._f_rate, self._f_rem, self._f_t, self._f_ver
+        fids, fin, push = self._f_id, self._finish, heapq.heappush
+        for s in flows:
+            x = new[s]
+            old = rate[s]
+            if x == old:
+                continue
+            if old > 0.0:
+                left = rem[s] - old * (now - ft[s])
+                rem[s] = left if left > 0.0 else 0.0
+            ft[s] = now
+            rate[s] = x
+            v = ver[s] + 1
+            ver[s] = v
+            if x > 0.0:
+                push(fin, (now + rem[s] / x, fids[s], s, v))
+        if len(fin) > 4 * len(self._slot_of) + 1024:  # drop stale entries now and then
+            fin[:] = [e for e in fin if ver[e[2]] == e[3]]
+            heapq.heapify(fin)
+
+    def _arm(self) -> None:
+        """Keep one loop event at the earliest pending finish time."""
+        fin, ver = self._finish, self._f_ver
+        while fin and ver[fin[0][2]] != fin[0][3]:
+            heapq.heappop(fin)
+        if not fin:
+            if self._timer is not None:
+                self._loop.cancel(self._timer)
+                self._timer = None
+            return
+        t = max(fin[0][0], self._loop.now)
+        if self._timer is not None:
+            if self._timer_s == t:
+                return
+            self._loop.cancel(self._timer)
+        self._timer = self._loop.at(t, self._on_timer, self._priority, "net.done")
+        self._timer_s = t
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self._loop.now
+        fin, ver, size = self._finish, self._f_ver, self._f_size
+        done: list[Callable[[], object]] = []
+        while fin:
+            t, _, s, v = fin[0]
+            if ver[s] != v:
+                heapq.heappop(fin)
+                continue
+            if t > now and self._remaining(s, now) > DONE_REL * size[s]:
+                break
+            heapq.heappop(fin)
+            callback = self._f_done[s]
+            if callback is not None:  # always, for a live entry
+                done.append(callback)
+            self._detach(s)
+            self._release(s)
+        for callback in done:
+            callback()
+        self._settle()
+        self._arm()
+
+
+def fill_max_min(
+    flows: list[int],
+    members: list[dict[int, int]],
+    res: list[int],
+    paths: list[tuple[int, ...]],
+    max_rates: list[float] | None,
+    flow_ids: list[int],
+    out: list[float],
+    avail: list[float],
+) -> None:
+    """Max-min fair rates by progressive filling, written to ``out[slot]``.
+
+    ``flows`` are slots of one class; ``members[r]`` maps slot -> multiplicity for that class;
+    ``res`` holds every resource those flows use; ``avail[r]`` is the capacity left for them
+    and is decremented by what they take. All unfrozen flows share one rising level; a
+    resource saturates at level ``avail / unfrozen count`` (never decreasing as flows freeze
+    below it), so a heap of those levels, refreshed lazily when an entry reaches the top,
+    yields bottlenecks in order. Cost: O(I) for I (flow, resource) incidences plus the heap
+    refreshes. A rate cap freezes its flow at the cap (ties: by flow id).
+    """
+    if not flows:
+        return
+    cnt: dict[int, int] = {}
+    heap: list[tuple[float, int]] = []
+    for r in res:
+        m = members[r]
+        if m:
+            n = sum(m.values())
+            cnt[r] = n
+            a = avail[r]
+            heap.append(((a if a > 0.0 else 0.0) / n, r))
+    heapq.heapify(heap)
+    capped = []
+    if max_rates is not None:
+        capped = sorted((max_rates[s], flow_ids[s], s) for s in flows if max_rates[s] < math.inf)
+    for s in flows:
+        out[s] = -1.0  # unfrozen
+    num_left = len(flows)
+    ci, nc = 0, len(capped)
+    pop, replace = heapq.heappop, heapq.heapreplace
+    while num_left:
+        level, r = math.inf, -1
+        while heap:  # lazy increase-key: refresh the top until it is current
+            key, r = heap[0]
+            n = cnt[r]
+            if n <= 0:
+                pop(heap)
+                continue
+            a = avail[r]
+            level = (a if a > 0.0 else 0.0) / n
+            if level > key:
+                replace(heap, (level, r))
+                continue
+            break
+        while ci < nc and out[capped[ci][2]] >= 0.0:
+            ci += 1
+        cap_level = capped[ci][0] if ci < nc else math.inf
+        if heap and level < cap_level:
+            pop(heap)
+            batch = [s for s in members[r] if out[s] < 0.0]
+        elif ci < nc:
+            level = cap_level
+            batch = [capped[ci][2]]
+            ci += 1
+        else:  # unreachable: every flow crosses at least one resource
+            break
+        for s in batch:
+            out[s] = level
+            num_left -= 1
+            for r2 in paths[s]:
+                avail[r2] -= level
+                cnt[r2] -= 1
+    for s in flows:  # only if the loop broke early, which it cannot
+        if out[s] < 0.0:
+            out[s] = 0.0

@@ -1,0 +1,8 @@
+"""Make the policy test kit (view builders, a literal reference scheduler) importable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

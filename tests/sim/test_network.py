@@ -1,0 +1,381 @@
+"""FluidNetwork: hand-computed sharing cases, traffic manager, timing, conservation."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualpath.sim.events import EventLoop
+from dualpath.sim.network import FluidNetwork
+from dualpath.types import TrafficClass
+
+HIGH, LOW = TrafficClass.HIGH, TrafficClass.LOW
+
+
+class Harness:
+    """A loop, a network and a record of completion times by name."""
+
+    def __init__(self, traffic_manager: bool = True, low_floor: float = 0.01) -> None:
+        self.loop = EventLoop()
+        self.net = FluidNetwork(self.loop, traffic_manager=traffic_manager, low_floor=low_floor)
+        self.done: dict[str, float] = {}
+        self.order: list[str] = []
+
+    def link(self, name: str, capacity: float) -> int:
+        return self.net.add_resource(name, capacity)
+
+    def flow(
+        self,
+        name: str,
+        path: list[int],
+        size: float,
+        klass: TrafficClass = LOW,
+        cap: float = math.inf,
+    ) -> int:
+        def on_done() -> None:
+            assert name not in self.done, f"{name} completed twice"
+            self.done[name] = self.loop.now
+            self.order.append(name)
+
+        return self.net.start_flow(path, size, klass, on_done, cap)
+
+    def rates(self, *flows: int) -> list[float]:
+        return [self.net.rate_bytes_per_s(f) for f in flows]
+
+
+def test_single_flow_runs_at_capacity() -> None:
+    h = Harness()
+    link = h.link("L", 50.0)
+    f = h.flow("a", [link], 100.0)
+    assert h.rates(f) == [50.0]
+    h.loop.run()
+    assert h.done == {"a": pytest.approx(2.0)}
+    assert h.net.bytes_carried(link) == pytest.approx(100.0)
+    assert h.net.busy_time_s(link) == pytest.approx(2.0)
+    assert h.net.num_active_flows == 0 and h.rates(f) == [0.0]
+
+
+def test_two_flows_share_one_link_equally() -> None:
+    h = Harness()
+    link = h.link("L", 50.0)
+    a, b = h.flow("a", [link], 100.0), h.flow("b", [link], 100.0)
+    assert h.rates(a, b) == [25.0, 25.0]
+    h.loop.run()
+    assert h.done == {"a": pytest.approx(4.0), "b": pytest.approx(4.0)}
+    assert h.order == ["a", "b"]  # same instant: by flow id
+
+
+def test_classic_max_min_three_links() -> None:
+    # L1 = 10 carries A and B; L2 = 4 carries B and C. L2 binds first: B = C = 2, A = 8.
+    h = Harness()
+    l1, l2 = h.link("L1", 10.0), h.link("L2", 4.0)
+    a, b, c = h.flow("a", [l1], 100.0), h.flow("b", [l1, l2], 100.0), h.flow("c", [l2], 100.0)
+    assert h.rates(a, b, c) == pytest.approx([8.0, 2.0, 2.0])
+    h.loop.run()
+    # A: 100/8 = 12.5 s. Then B, C still share L2 at 2 each: 75 B left -> 12.5 + 37.5 = 50.
+    assert h.done == pytest.approx({"a": 12.5, "b": 50.0, "c": 50.0})
+    assert h.net.bytes_carried(l1) == pytest.approx(200.0)
+    assert h.net.bytes_carried(l2) == pytest.approx(200.0)
+
+
+def test_rate_cap_is_honoured_and_leftover_redistributed() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+    a = h.flow("a", [link], 100.0, cap=2.0)
+    b, c = h.flow("b", [link], 100.0), h.flow("c", [link], 100.0)
+    assert h.rates(a, b, c) == pytest.approx([2.0, 4.0, 4.0])
+    big_cap = h.flow("d", [link], 100.0, cap=50.0)  # cap above fair share: no effect
+    assert h.rates(a, b, c, big_cap) == pytest.approx([2.0, 8 / 3, 8 / 3, 8 / 3])
+
+
+def test_repeated_resource_counts_twice() -> None:
+    h = Harness()
+    dram, nic = h.link("dram", 100.0), h.link("nic", 80.0)
+    a = h.flow("a", [dram, nic, dram], 30.0)  # reads and writes the same half-duplex DRAM
+    assert h.rates(a) == [50.0]
+    h.loop.run()
+    assert h.net.bytes_carried(dram) == pytest.approx(60.0)
+    assert h.net.bytes_carried(nic) == pytest.approx(30.0)
+
+
+def test_traffic_manager_low_gets_floor_when_high_saturates() -> None:
+    h = Harness(traffic_manager=True, low_floor=0.01)
+    link = h.link("L", 100.0)
+    hi1, hi2 = h.flow("h1", [link], 1e6, HIGH), h.flow("h2", [link], 1e6, HIGH)
+    lo1, lo2 = h.flow("l1", [link], 1e6, LOW), h.flow("l2", [link], 1e6, LOW)
+    assert h.rates(hi1, hi2, lo1, lo2) == pytest.approx([49.5, 49.5, 0.5, 0.5])
+
+
+def test_traffic_manager_low_takes_all_when_high_idle() -> None:
+    h = Harness(traffic_manager=True)
+    link = h.link("L", 100.0)
+    hi = h.flow("h", [link], 99.0, HIGH)
+    lo = h.flow("l", [link], 1000.0, LOW)
+    assert h.rates(hi, lo) == pytest.approx([99.0, 1.0])
+    h.loop.run()
+    # HIGH done at 1 s (99 B at 99 B/s); LOW moved 1 B, then 999 B at 100 B/s.
+    assert h.done == pytest.approx({"h": 1.0, "l": 1.0 + 999.0 / 100.0})
+
+
+def test_traffic_manager_low_takes_what_bottlenecked_high_leaves() -> None:
+    h = Harness(traffic_manager=True)
+    shared, narrow = h.link("shared", 100.0), h.link("narrow", 30.0)
+    hi = h.flow("h", [shared, narrow], 1e6, HIGH)
+    lo = h.flow("l", [shared], 1e6, LOW)
+    capped_hi = h.flow("hc", [shared], 1e6, HIGH, cap=10.0)
+    assert h.rates(hi, lo, capped_hi) == pytest.approx([30.0, 60.0, 10.0])
+
+
+def test_without_traffic_manager_classes_share_fairly() -> None:
+    h = Harness(traffic_manager=False)
+    link = h.link("L", 100.0)
+    hi, lo = h.flow("h", [link], 1e6, HIGH), h.flow("l", [link], 1e6, LOW)
+    assert h.rates(hi, lo) == pytest.approx([50.0, 50.0])
+
+
+def test_completion_time_exact_when_sharing_changes_mid_flow() -> None:
+    h = Harness()
+    link = h.link("L", 50.0)
+    h.flow("a", [link], 100.0)
+    h.loop.at(1.0, lambda: h.flow("b", [link], 100.0))
+    h.loop.run()
+    # a: 50 B in [0,1], then 25 B/s for its last 50 B -> 3.0. b: 50 B by 3.0, then 50 B/s -> 4.0.
+    assert h.done == pytest.approx({"a": 3.0, "b": 4.0})
+    assert h.net.bytes_carried(link) == pytest.approx(200.0)
+    assert h.net.busy_time_s(link) == pytest.approx(4.0)
+
+
+def test_cancel_flow_stops_it_and_speeds_up_the_rest() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+    a = h.flow("a", [link], 100.0)
+    h.flow("b", [link], 100.0)
+    left: list[float] = []
+    h.loop.at(4.0, lambda: left.append(h.net.cancel_flow(a)))
+    h.loop.run()
+    assert left == pytest.approx([80.0])  # 5 B/s for 4 s
+    assert "a" not in h.done
+    assert h.done == pytest.approx({"b": 4.0 + 80.0 / 10.0})
+    assert h.net.bytes_carried(link) == pytest.approx(120.0)
+    assert h.net.cancel_flow(a) == 0.0  # already gone: no-op
+    with pytest.raises(ValueError, match="flow_id"):
+        h.net.cancel_flow(999)
+
+
+def test_queries_mid_flow_extrapolate_to_now() -> None:
+    h = Harness()
+    link = h.link("L", 50.0)
+    assert h.net.resource_id("L") == link and h.net.capacity(link) == 50.0
+    f = h.flow("a", [link], 100.0)
+    h.loop.run(until_s=1.5)
+    assert h.net.remaining_bytes(f) == pytest.approx(25.0)
+    assert h.net.bytes_carried(link) == pytest.approx(75.0)
+    assert h.net.busy_time_s(link) == pytest.approx(1.5)
+    h.loop.run(until_s=10.0)
+    assert h.net.busy_time_s(link) == pytest.approx(2.0)
+    assert h.net.remaining_bytes(f) == 0.0
+
+
+def test_flow_ids_stay_unique_when_slots_are_reused() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+    a = h.flow("a", [link], 10.0)
+    h.loop.run()
+    b = h.flow("b", [link], 10.0)  # reuses a's slot
+    assert b != a
+    assert h.net.cancel_flow(a) == 0.0  # stale id: no effect on b
+    assert h.rates(b) == [10.0]
+    h.loop.run()
+    assert h.done == pytest.approx({"a": 1.0, "b": 2.0})
+
+
+def test_zero_size_flow_completes_now_through_the_loop() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+    h.loop.at(2.0, lambda: h.flow("z", [link], 0.0))
+    h.loop.run(until_s=1.0)
+    assert h.done == {}
+    h.loop.run()
+    assert h.done == {"z": 2.0}
+    assert h.net.bytes_carried(link) == 0.0
+
+
+def test_flow_started_synchronously_is_not_completed_synchronously() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+    h.flow("z", [link], 0.0)
+    h.flow("a", [link], 10.0)
+    assert h.done == {}
+    h.loop.run()
+    assert h.done == pytest.approx({"z": 0.0, "a": 1.0})
+
+
+def test_burst_of_starts_is_recomputed_once_per_instant() -> None:
+    h = Harness()
+    links = [h.link(f"L{i}", 10.0) for i in range(4)]
+    for i in range(20):
+        h.flow(f"f{i}", [links[i % 4], links[(i + 1) % 4]], 10.0)
+    h.loop.run()
+    assert len(h.done) == 20
+    assert h.net.num_settles <= 1 + len(set(h.done.values()))
+
+
+def test_on_done_may_start_flows() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+
+    def chain() -> None:
+        h.done["first"] = h.loop.now
+        h.flow("second", [link], 20.0)
+
+    h.net.start_flow([link], 10.0, LOW, chain)
+    h.loop.run()
+    assert h.done == pytest.approx({"first": 1.0, "second": 3.0})
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda n, r: n.start_flow([], 1.0, LOW, lambda: None), "empty"),
+        (lambda n, r: n.start_flow([r + 5], 1.0, LOW, lambda: None), "resource_id"),
+        (lambda n, r: n.start_flow([r], -1.0, LOW, lambda: None), "size_bytes"),
+        (lambda n, r: n.start_flow([r], math.nan, LOW, lambda: None), "size_bytes"),
+        (lambda n, r: n.start_flow([r], 1.0, 1, lambda: None), "klass"),
+        (lambda n, r: n.start_flow([r], 1.0, LOW, lambda: None, 0.0), "max_rate"),
+        (lambda n, r: n.add_resource("L", 1.0), "name"),
+        (lambda n, r: n.add_resource("M", 0.0), "capacity"),
+        (lambda n, r: n.add_resource("M", math.inf), "capacity"),
+    ],
+)
+def test_bad_input_is_a_value_error(call, match: str) -> None:
+    net = FluidNetwork(EventLoop())
+    rid = net.add_resource("L", 10.0)
+    with pytest.raises(ValueError, match=match):
+        call(net, rid)
+
+
+def test_bad_low_floor_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="low_floor"):
+        FluidNetwork(EventLoop(), low_floor=1.0)
+
+
+def _random_run(seed: int, traffic_manager: bool) -> tuple[Harness, dict[str, tuple], list[int]]:
+    rng = random.Random(seed)
+    h = Harness(traffic_manager=traffic_manager)
+    links = [h.link(f"L{i}", rng.uniform(5.0, 50.0)) for i in range(12)]
+    specs: dict[str, tuple] = {}
+    for i in range(150):
+        path = rng.sample(links, rng.randint(1, 3))
+        size = rng.choice([0.0, rng.uniform(1.0, 400.0)])
+        klass = rng.choice([HIGH, LOW])
+        cap = rng.choice([math.inf, rng.uniform(1.0, 20.0)])
+        specs[f"f{i}"] = (path, size, klass)
+        h.loop.at(
+            rng.uniform(0.0, 30.0),
+            lambda i=i, a=(path, size, klass, cap): h.flow(f"f{i}", a[0], a[1], a[2], a[3]),
+        )
+    h.loop.run()
+    return h, specs, links
+
+
+@pytest.mark.parametrize("traffic_manager", [True, False])
+def test_conservation_every_flow_once_and_bytes_match(traffic_manager: bool) -> None:
+    h, specs, links = _random_run(7, traffic_manager)
+    assert sorted(h.done) == sorted(specs)
+    for r in links:
+        want = sum(size for path, size, _ in specs.values() if r in path)
+        assert h.net.bytes_carried(r) == pytest.approx(want, rel=1e-9, abs=1e-6)
+    assert h.net.num_active_flows == 0
+
+
+def test_determinism_same_inputs_same_digest() -> None:
+    a, _, _ = _random_run(3, True)
+    b, _, _ = _random_run(3, True)
+    c, _, _ = _random_run(4, True)
+    assert a.loop.log_digest() == b.loop.log_digest() != c.loop.log_digest()
+    assert a.done == b.done and a.order == b.order
+
+
+FlowSpec = tuple[int, list[int], TrafficClass, float]  # id, path, class, rate cap
+
+
+def _assert_max_min(
+    net: FluidNetwork, flows: list[FlowSpec], caps: dict[int, float], tm: bool, floor: float
+) -> None:
+    """Feasible, and every flow is capped or has a bottleneck: a full resource (for its
+    class) where no flow of its class is faster (the max-min characterisation). With the
+    traffic manager, HIGH sees (1 - floor) of each resource that also carries LOW."""
+    rate = {f: net.rate_bytes_per_s(f) for f, *_ in flows}
+    klass_of = {f: (k if tm else LOW) for f, _, k, _ in flows}
+    tol = 1e-9 * max(caps.values())
+
+    def limit_for(r: int, klass: TrafficClass, on_r: list[int]) -> float:
+        mixed = tm and {klass_of[g] for g in on_r} == {HIGH, LOW}
+        return caps[r] * (1.0 - floor) if klass == HIGH and mixed else caps[r]
+
+    for r in caps:
+        on_r = [f for f, p, _, _ in flows if r in p]
+        assert sum(rate[f] for f in on_r) <= caps[r] + tol
+        high = [f for f in on_r if klass_of[f] == HIGH]
+        assert sum(rate[f] for f in high) <= limit_for(r, HIGH, on_r) + tol
+    for f, path, _, cap in flows:
+        klass = klass_of[f]
+        if rate[f] >= cap - tol:
+            continue
+        bottlenecked = False
+        for r in path:
+            on_r = [g for g, p, _, _ in flows if r in p]
+            same = [rate[g] for g in on_r if klass_of[g] == klass]
+            used = sum(rate[g] for g in on_r if klass_of[g] == HIGH or klass == LOW)
+            if used >= limit_for(r, klass, on_r) - tol and rate[f] >= max(same) - tol:
+                bottlenecked = True
+        assert bottlenecked, (f, rate)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.data(),
+    st.lists(st.floats(1.0, 100.0), min_size=1, max_size=5),
+    st.booleans(),
+)
+def test_rates_are_max_min_fair(data: st.DataObject, caps: list[float], tm: bool) -> None:
+    h = Harness(traffic_manager=tm, low_floor=0.05)
+    links = [h.link(f"L{i}", c) for i, c in enumerate(caps)]
+    flows: list[FlowSpec] = []
+    for _ in range(data.draw(st.integers(1, 8))):
+        path = data.draw(st.lists(st.sampled_from(links), min_size=1, max_size=3, unique=True))
+        klass = data.draw(st.sampled_from([HIGH, LOW]))
+        cap = data.draw(st.sampled_from([math.inf, 3.0, 30.0]))
+        flows.append((h.flow("x", path, 1e9, klass, cap), path, klass, cap))
+    _assert_max_min(h.net, flows, dict(zip(links, caps, strict=True)), tm, 0.05)
+
+
+@pytest.mark.parametrize("traffic_manager", [True, False])
+def test_incremental_rates_stay_max_min_under_churn(traffic_manager: bool) -> None:
+    """Rates recomputed per component at every start/finish equal a global max-min solve."""
+    rng = random.Random(11)
+    h = Harness(traffic_manager=traffic_manager, low_floor=0.05)
+    links = [h.link(f"L{i}", rng.uniform(5.0, 50.0)) for i in range(10)]
+    caps = {r: h.net.capacity(r) for r in links}
+    live: dict[int, FlowSpec] = {}
+
+    def start(i: int) -> None:
+        path = rng.sample(links, rng.randint(1, 3))
+        klass = rng.choice([HIGH, LOW])
+        cap = rng.choice([math.inf, math.inf, rng.uniform(1.0, 10.0)])
+        fid = h.net.start_flow(path, rng.uniform(1.0, 200.0), klass, lambda: live.pop(fid), cap)
+        live[fid] = (fid, path, klass, cap)
+
+    for i in range(120):
+        h.loop.at(rng.uniform(0.0, 20.0), lambda i=i: start(i))
+    checks = 0
+    for t in range(1, 40):
+        h.loop.run(until_s=t * 0.5)
+        if live:
+            _assert_max_min(h.net, list(live.values()), caps, traffic_manager, 0.05)
+            checks += 1
+    assert checks > 10
