@@ -13,6 +13,7 @@ from dualpath.config.presets import (
 )
 from dualpath.config.root import Config
 from dualpath.config.scheduler import SchedulerConfig
+from dualpath.config.sim import SimConfig
 from dualpath.config.workload import WorkloadConfig
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "HardwareConfig",
     "ModelConfig",
     "SchedulerConfig",
+    "SimConfig",
     "WorkloadConfig",
     "apply_overrides",
     "dump_json",

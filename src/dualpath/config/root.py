@@ -8,6 +8,7 @@ from dualpath.config.cluster import ClusterConfig
 from dualpath.config.hardware import HardwareConfig
 from dualpath.config.model import ModelConfig
 from dualpath.config.scheduler import SchedulerConfig
+from dualpath.config.sim import SimConfig
 from dualpath.config.workload import WorkloadConfig
 
 
@@ -19,3 +20,4 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    sim: SimConfig = field(default_factory=SimConfig)

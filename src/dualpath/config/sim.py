@@ -26,13 +26,14 @@ def parse_systems(text: str) -> tuple[str, ...]:
 class SimConfig:
     """Knobs of the discrete-event simulator (docs/simulator.md explains each).
 
-    ``systems``: comma-separated subset of ``SYSTEM_NAMES`` (a string so that
-    ``--set sim.systems=basic,dualpath`` works). ``pull_interval_s``: group leaders pull work
-    from the scheduler at most this often (a pull happens only when something changed).
-    ``reads_per_node``: storage reads a node serves at once (FIFO). ``per_layer``: simulate
-    every layer's transfers explicitly instead of the exact pipeline aggregation (slow, for
-    checks). ``decode_macro_steps``: decode steps computed per event at most (1 = one event per
-    step). ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
+        ``systems``: comma-separated subset of ``SYSTEM_NAMES`` (a string so that
+        ``--set sim.systems=basic,dualpath`` works). ``pull_interval_s``: group leaders pull work
+        from the scheduler at most this often (a pull happens only when something changed).
+        ``reads_per_node``: storage reads a node serves at once (FIFO). ``rail_matched``: KV
+    between a PE and a DE buffer uses the DE node's CNIC on the PE's rail (else the DE's own). ``per_layer``: simulate
+        every layer's transfers explicitly instead of the exact pipeline aggregation (slow, for
+        checks). ``decode_macro_steps``: decode steps computed per event at most (1 = one event per
+        step). ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
     """
 
     systems: str = "basic,dualpath,oracle"
@@ -40,10 +41,12 @@ class SimConfig:
     low_floor: float = 0.01  # low-priority share of a busy CNIC (weighted round robin, SPEC §6)
     pull_interval_s: float = 0.01
     reads_per_node: int = 1
+    rail_matched: bool = True  # DE-buffer KV crosses the DE node's CNIC on the PE's rail
     per_layer: bool = False
     decode_macro_steps: int = 64
     collectives: bool = True
     persistence: bool = True
+    persist_interval_s: float = 1.0  # a decode node starts a persistence write at most this often
     max_sim_s: float = 0.0
     out_dir: str = ""  # "" = runs/<deterministic name from the config>
 
@@ -64,6 +67,7 @@ class SimConfig:
             "an integer >= 1",
         )
         non_negative("sim.max_sim_s", self.max_sim_s)
+        non_negative("sim.persist_interval_s", self.persist_interval_s)
         if self.max_sim_s:
             positive("sim.max_sim_s", self.max_sim_s)
 

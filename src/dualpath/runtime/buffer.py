@@ -1,0 +1,124 @@
+"""PE / DE buffers (SPEC §2): fixed-capacity shared memory cut into Full-Block slots.
+
+Any process of the node (storage worker, engines, the scheduler on this host) attaches by
+name and allocates under one lock. Full ⇒ ``alloc`` returns None and the caller retries
+later (backpressure, nothing is dropped); ``alloc_wait`` waits with a sleeping backoff.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+PAGE_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """Name and geometry of one node's buffer; picklable, sent to every process of the node."""
+
+    name: str
+    num_slots: int
+    slot_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.num_slots < 1:
+            raise ValueError(f"buffer {self.name}: num_slots={self.num_slots} must be >= 1")
+        if self.slot_bytes < 1:
+            raise ValueError(f"buffer {self.name}: slot_bytes={self.slot_bytes} must be >= 1")
+
+    @property
+    def stride_bytes(self) -> int:
+        """Slot stride, page-aligned so O_DIRECT storage reads land in a slot directly."""
+        return -(-self.slot_bytes // PAGE_BYTES) * PAGE_BYTES
+
+    @property
+    def data_bytes(self) -> int:
+        return self.num_slots * self.stride_bytes
+
+
+class SlotBuffer:
+    """A shared-memory buffer of ``num_slots`` slots; the bitmap lives after the data."""
+
+    def __init__(self, spec: BufferSpec, lock: Any, shm: SharedMemory, owner: bool) -> None:
+        self.spec = spec
+        self._lock = lock
+        self._shm = shm
+        self._owner = owner
+        buf = shm.buf
+        assert buf is not None
+        self.data = buf[: spec.data_bytes]
+        self._used = buf[spec.data_bytes : spec.data_bytes + spec.num_slots]
+
+    @classmethod
+    def create(cls, spec: BufferSpec, lock: Any) -> SlotBuffer:
+        shm = SharedMemory(name=spec.name, create=True, size=spec.data_bytes + spec.num_slots)
+        return cls(spec, lock, shm, owner=True)
+
+    @classmethod
+    def attach(cls, spec: BufferSpec, lock: Any) -> SlotBuffer:
+        shm = SharedMemory(name=spec.name)
+        return cls(spec, lock, shm, owner=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SlotBuffer.attach, (self.spec, self._lock))
+
+    def slot(self, index: int) -> memoryview:
+        """The bytes of slot ``index`` (``slot_bytes`` long)."""
+        start = index * self.spec.stride_bytes
+        return self.data[start : start + self.spec.slot_bytes]
+
+    def offset(self, index: int) -> int:
+        """Byte offset of slot ``index`` inside the region (for transports)."""
+        return index * self.spec.stride_bytes
+
+    def alloc(self, num_slots: int) -> list[int] | None:
+        """Reserve ``num_slots`` slots (lowest free first) or None if they do not all fit."""
+        if num_slots > self.spec.num_slots:
+            raise ValueError(
+                f"buffer {self.spec.name}: {num_slots} slots requested, capacity is "
+                f"{self.spec.num_slots}: raise the buffer size"
+            )
+        if num_slots == 0:
+            return []
+        with self._lock:
+            free = [i for i in range(self.spec.num_slots) if not self._used[i]]
+            if len(free) < num_slots:
+                return None
+            got = free[:num_slots]
+            for i in got:
+                self._used[i] = 1
+        return got
+
+    def alloc_wait(self, num_slots: int, timeout_s: float, poll_s: float = 0.002) -> list[int]:
+        """``alloc`` with a sleeping retry; TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.alloc(num_slots)
+            if got is not None:
+                return got
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"buffer {self.spec.name}: no {num_slots} free slots")
+            time.sleep(poll_s)
+
+    def free(self, slots: list[int]) -> None:
+        with self._lock:
+            for i in slots:
+                if not self._used[i]:
+                    raise ValueError(f"buffer {self.spec.name}: slot {i} freed twice")
+                self._used[i] = 0
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return self.spec.num_slots - sum(self._used)
+
+    def close(self) -> None:
+        """Detach; the creator also unlinks the segment."""
+        self.data.release()
+        self._used.release()
+        self._shm.close()
+        if self._owner:
+            self._shm.unlink()

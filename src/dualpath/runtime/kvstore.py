@@ -1,0 +1,177 @@
+"""Persistent KV store (SPEC §2–§3): file-backed Full Blocks addressed by the prefix hash chain.
+
+One file per Full Block: a 4 KiB header (magic, version, layers, tokens, row bytes, payload
+bytes, crc32 of the payload) then the layer-major payload ``[layers, tokens, row_bytes]``, so
+a Layer Block is a contiguous slice. Writes are atomic (temporary file + ``os.replace``); reads
+verify the checksum and raise ``BlockMissing`` / ``BlockCorrupt`` (callers recompute). Owns no
+pacing: the node's storage worker puts reads and writes through its SNIC pacer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"DPKV"
+VERSION = 1
+HEADER_BYTES = 4096  # page-aligned payload: O_DIRECT reads land straight in a buffer slot
+_HEADER = struct.Struct("<4sHIIIQI")
+DEFAULT_ROOT = "./.dualpath/kv"
+
+
+class KVStoreError(Exception):
+    """A block cannot be used; the caller recomputes its tokens."""
+
+
+class BlockMissing(KVStoreError):
+    pass
+
+
+class BlockCorrupt(KVStoreError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    """Shape of one Full Block: ``num_layers × block_tokens × row_bytes`` bytes."""
+
+    num_layers: int
+    block_tokens: int
+    row_bytes: int  # KV bytes of one token in one layer
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "block_tokens", "row_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: must be >= 1")
+
+    @property
+    def layer_block_bytes(self) -> int:
+        return self.block_tokens * self.row_bytes
+
+    @property
+    def full_block_bytes(self) -> int:
+        return self.num_layers * self.layer_block_bytes
+
+    def layer_offset(self, layer: int, token_in_block: int = 0) -> int:
+        """Byte offset of (layer, token) inside a Full Block."""
+        return layer * self.layer_block_bytes + token_in_block * self.row_bytes
+
+
+def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str) -> list[str]:
+    """Hash-chain keys of every *full* block of ``tokens`` (a trailing partial block has none).
+
+    key_i = blake2b(key_{i-1} ‖ token ids of block i); key_{-1} = blake2b(namespace)."""
+    parent = hashlib.blake2b(namespace.encode(), digest_size=16).digest()
+    keys: list[str] = []
+    for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
+        chunk = struct.pack(f"<{block_tokens}i", *tokens[start : start + block_tokens])
+        parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
+        keys.append(parent.hex())
+    return keys
+
+
+class KVStore:
+    """Full Blocks under ``root`` (a local directory or a shared file-system mount)."""
+
+    def __init__(self, root: str | Path, layout: BlockLayout, direct_io: bool = False) -> None:
+        self.root = Path(root)
+        self.layout = layout
+        self.direct_io = direct_io
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.kvb"
+
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def lookup(self, keys: Sequence[str]) -> int:
+        """Hit tokens: how many leading blocks of the chain are persisted, in tokens."""
+        hits = 0
+        for key in keys:
+            if not self.has(key):
+                break
+            hits += 1
+        return hits * self.layout.block_tokens
+
+    def _header(self, crc: int) -> bytes:
+        lay = self.layout
+        head = _HEADER.pack(
+            MAGIC, VERSION, lay.num_layers, lay.block_tokens, lay.row_bytes,
+            lay.full_block_bytes, crc,
+        )  # fmt: skip
+        return head.ljust(HEADER_BYTES, b"\0")
+
+    def write_block(self, key: str, payload: memoryview | bytes) -> bool:
+        """Persist one Full Block atomically; False if it already exists (content-addressed)."""
+        if len(payload) != self.layout.full_block_bytes:
+            raise ValueError(
+                f"payload of {len(payload)} bytes is invalid: must be {self.layout.full_block_bytes}"
+            )
+        final = self.path(key)
+        if final.is_file():
+            return False
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(self._header(zlib.crc32(payload)))
+            f.write(payload)
+        os.replace(tmp, final)
+        return True
+
+    def read_block(self, key: str, out: memoryview) -> None:
+        """Read and verify one Full Block into ``out`` (exactly ``full_block_bytes``)."""
+        lay = self.layout
+        if len(out) != lay.full_block_bytes:
+            raise ValueError(f"out of {len(out)} bytes is invalid: must be {lay.full_block_bytes}")
+        path = self.path(key)
+        try:
+            fd = self._open(path)
+        except FileNotFoundError:
+            raise BlockMissing(f"block {key} is not in the store ({path})") from None
+        try:
+            head = self._read_header_direct(fd) if self.direct_io else os.pread(fd, HEADER_BYTES, 0)
+            got = os.preadv(fd, [out], HEADER_BYTES)  # O_DIRECT: ``out`` must be page-aligned
+            if not self.direct_io:  # keep the page cache out of storage measurements
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        self._verify(key, head, got, out)
+
+    def _open(self, path: Path) -> int:
+        if self.direct_io and hasattr(os, "O_DIRECT"):
+            try:
+                return os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as err:
+                if isinstance(err, FileNotFoundError):
+                    raise
+                self.direct_io = False  # file system without O_DIRECT (tmpfs): fall back
+        return os.open(path, os.O_RDONLY)
+
+    @staticmethod
+    def _read_header_direct(fd: int) -> bytes:
+        import mmap
+
+        page = mmap.mmap(-1, HEADER_BYTES)
+        try:
+            os.preadv(fd, [page], 0)
+            return bytes(page[:HEADER_BYTES])
+        finally:
+            page.close()
+
+    def _verify(self, key: str, head: bytes, got: int, out: memoryview) -> None:
+        lay = self.layout
+        if len(head) < _HEADER.size:
+            raise BlockCorrupt(f"block {key}: truncated header")
+        magic, version, layers, tokens, row, size, crc = _HEADER.unpack_from(head)
+        expect = (MAGIC, VERSION, lay.num_layers, lay.block_tokens, lay.row_bytes)
+        if (magic, version, layers, tokens, row) != expect:
+            raise BlockCorrupt(f"block {key}: header {(magic, version, layers, tokens, row)}")
+        if size != lay.full_block_bytes or got != size:
+            raise BlockCorrupt(f"block {key}: {got} payload bytes, expected {size}")
+        if zlib.crc32(out) != crc:
+            raise BlockCorrupt(f"block {key}: checksum mismatch")

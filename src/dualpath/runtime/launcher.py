@@ -1,0 +1,156 @@
+"""Spawns and supervises the runtime's processes; owns the node buffers' lifetime.
+
+Per node: one buffer (PE or DE buffer, shared memory) and one storage worker; per emulated
+GPU: one engine process. Readiness acks at start; ``respawn`` replaces a dead engine with a
+fresh incarnation (new inbox); ``close`` stops everything (StopMsg, join, then terminate /
+kill stragglers) and unlinks the buffers, so no process or segment outlives the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from dualpath.config import Config
+from dualpath.runtime.buffer import BufferSpec, SlotBuffer
+from dualpath.runtime.engine import engine_main
+from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.kvstore import BlockLayout
+from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.storage import storage_main
+from dualpath.runtime.topology import Topology
+from dualpath.runtime.transport.base import RegionHandle
+
+JOIN_TIMEOUT_S = 10.0
+
+
+class RuntimeFailure(Exception):
+    """A runtime process failed; the message names it."""
+
+
+def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> int:
+    if options.buffer_slots:
+        return options.buffer_slots
+    m = config.model
+    full = BlockLayout(m.num_layers, config.scheduler.block_tokens, m.kv_bytes_per_token_per_layer)
+    size = config.hardware.pe_buffer_bytes if node_is_pe else config.hardware.de_buffer_bytes
+    return max(1, int(size // full.full_block_bytes))
+
+
+class Launcher:
+    def __init__(self, config: Config, options: RuntimeOptions) -> None:
+        self.config = config
+        self.options = options
+        self.topology = Topology.from_config(config)
+        self.ctx = mp.get_context("spawn")
+        self.buffers: list[SlotBuffer] = []
+        self.procs: dict[str, Any] = {}
+        self.engine_inbox: dict[int, Any] = {}
+        self.results: Any = self.ctx.Queue()
+        self.env: ProcEnv | None = None
+
+    def start(self) -> ProcEnv:
+        topo, cfg = self.topology, self.config
+        layout = BlockLayout(cfg.model.num_layers, cfg.scheduler.block_tokens,
+                             cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
+        tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        specs, locks = [], []
+        for node in range(topo.num_nodes):
+            slots = buffer_slots(cfg, self.options, topo.node_kind(node).value == "pe")
+            spec = BufferSpec(f"{tag}-n{node}", slots, layout.full_block_bytes)
+            lock = self.ctx.Lock()
+            self.buffers.append(SlotBuffer.create(spec, lock))
+            specs.append(spec)
+            locks.append(lock)
+        storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
+        env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
+                      storage_inboxes, time.monotonic(), os.getpid())  # fmt: skip
+        self.env = env
+        for node in range(topo.num_nodes):
+            self._spawn(f"storage@node{node}", storage_main, (env, node, storage_inboxes[node]))
+        regions = self._await_ready(set(self.procs))
+        env = replace(
+            env, regions=tuple(regions[f"storage@node{n}"] for n in range(topo.num_nodes))
+        )
+        self.env = env
+        for e in topo.engine_ids:
+            self._spawn_engine(e, first=True)
+        self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
+        return env
+
+    def _spawn(self, name: str, target: Any, args: tuple[Any, ...]) -> None:
+        proc = self.ctx.Process(target=target, args=args, name=name, daemon=True)
+        proc.start()
+        self.procs[name] = proc
+
+    def _spawn_engine(self, engine: int, first: bool) -> None:
+        assert self.env is not None
+        faults = self.options.faults
+        crash_at = faults.crash_at_message if first and faults.crash_engine == engine else -1
+        inbox = self.ctx.Queue()
+        self.engine_inbox[engine] = inbox
+        name = self.topology.engine_name(engine)
+        self._spawn(name, engine_main, (self.env, engine, inbox, crash_at))
+
+    def _await_ready(self, names: set[str]) -> dict[str, RegionHandle]:
+        """Wait for every ``names`` ack; returns the regions they announced."""
+        regions: dict[str, RegionHandle] = {}
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        waiting = set(names)
+        while waiting:
+            try:
+                msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeFailure(f"not ready in time: {', '.join(sorted(waiting))}") from None
+            if isinstance(msg, ErrorMsg):
+                raise RuntimeFailure(f"{msg.who} failed to start: {msg.text}")
+            if isinstance(msg, ReadyMsg):
+                waiting.discard(msg.who)
+                if msg.region is not None:
+                    regions[msg.who] = msg.region
+        return regions
+
+    def respawn(self, engine: int) -> None:
+        """Replace a dead engine; its readiness ack arrives on the results queue later."""
+        name = self.topology.engine_name(engine)
+        old = self.procs.pop(name)
+        old.join(timeout=1.0)
+        self._spawn_engine(engine, first=False)
+
+    def dead_engines(self) -> list[int]:
+        return [e for e in self.topology.engine_ids
+                if not self.procs[self.topology.engine_name(e)].is_alive()]  # fmt: skip
+
+    def dead_workers(self) -> list[str]:
+        return [
+            n for n, p in sorted(self.procs.items()) if n.startswith("storage") and not p.is_alive()
+        ]
+
+    def close(self) -> None:
+        if self.env is not None:
+            for inbox in self.env.storage_inboxes:
+                inbox.put(StopMsg())
+        for inbox in self.engine_inbox.values():
+            inbox.put(StopMsg())
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for proc in self.procs.values():
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for buf in self.buffers:
+            buf.close()
+        self.buffers.clear()
+
+    def pids(self) -> list[int]:
+        return sorted(p.pid for p in self.procs.values() if p.pid is not None)

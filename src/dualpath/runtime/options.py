@@ -1,0 +1,55 @@
+"""Runtime-only options (what the config does not cover): system, KV root, transport, faults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SYSTEMS = ("basic", "layer", "dpl", "dualpath", "oracle")
+TRANSPORTS = ("shm", "mooncake")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """Fault injection for tests: engine ``crash_engine`` exits abruptly when it receives its
+    ``crash_at_message``-th work message (first incarnation only). -1 = no fault."""
+
+    crash_engine: int = -1
+    crash_at_message: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    """``system``: policy name, or ``oracle`` (= dualpath with KV traffic unpaced: storage reads,
+    buffer loads and PD transfers take no emulated NIC time). ``kv_root``: the KV store root
+    (on a cluster, a shared file-system mount). ``buffer_slots``: Full-Block slots per node
+    buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``)."""
+
+    system: str = "dualpath"
+    kv_root: str = "./.dualpath/kv"
+    transport: str = "shm"
+    buffer_slots: int = 0
+    weight_seed: int = 0
+    direct_io: bool = False
+    ready_timeout_s: float = 120.0
+    request_timeout_s: float = 300.0
+    faults: FaultPlan = FaultPlan()
+
+    def __post_init__(self) -> None:
+        if self.system not in SYSTEMS:
+            raise ValueError(
+                f"system={self.system!r} is invalid: must be one of {', '.join(SYSTEMS)}"
+            )
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"transport={self.transport!r} is invalid: must be one of {', '.join(TRANSPORTS)}"
+            )
+        if self.buffer_slots < 0:
+            raise ValueError(f"buffer_slots={self.buffer_slots} is invalid: must be >= 0")
+
+    @property
+    def policy_name(self) -> str:
+        return "dualpath" if self.system == "oracle" else self.system
+
+    @property
+    def paced_kv(self) -> bool:
+        return self.system != "oracle"

@@ -1,0 +1,129 @@
+"""Scheduler-side bookkeeping: one request (turn) in flight, one agent, one run's result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dualpath.metrics import TurnRecord
+from dualpath.policy.commands import Assign
+from dualpath.types import ReadSide
+
+if TYPE_CHECKING:
+    from dualpath.runtime.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class Req:
+    """Mutable state of one submitted turn (owned by the scheduler process only)."""
+
+    rid: int
+    agent: int
+    turn: int
+    tokens: tuple[int, ...]
+    output_tokens: int
+    keys: tuple[str, ...]
+    hit: int
+    arrival_s: float
+    assign: Assign | None = None
+    phase: str = "queued"  # queued → alloc → reading → prefill → decode → done | aborted
+    read_side: ReadSide = ReadSide.NONE
+    read_node: int = -1
+    cached: int = 0  # hit tokens whose blocks were read and verified
+    pe_slots: list[int] = field(default_factory=list)
+    de_slots: list[int] = field(default_factory=list)
+    first_token: int = -1
+    scheduled_s: float = 0.0
+    read_start_s: float = 0.0
+    read_done_s: float = 0.0
+    prefill_start_s: float = 0.0
+    first_token_s: float = 0.0
+
+    def record(self, second_token_s: float, finish_s: float) -> TurnRecord:
+        second = max(second_token_s, self.first_token_s)
+        return TurnRecord(
+            agent_id=self.agent, turn_index=self.turn, request_id=self.rid,
+            arrival_s=self.arrival_s, scheduled_s=self.scheduled_s,
+            read_start_s=self.read_start_s, read_done_s=self.read_done_s,
+            prefill_start_s=self.prefill_start_s, first_token_s=self.first_token_s,
+            second_token_s=second, finish_s=max(finish_s, second),
+            prompt_tokens=len(self.tokens), hit_tokens=self.cached,
+            output_tokens=self.output_tokens, read_side=self.read_side.value,
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class AgentState:
+    """An agent's script (token ids appended per turn, tokens to generate per turn) and its
+    progress: the context grows by each turn's append and real greedy output."""
+
+    agent_id: int
+    appends: tuple[tuple[int, ...], ...]
+    outputs: tuple[int, ...]
+    context: tuple[int, ...] = ()
+    turn: int = 0
+    generated: list[tuple[int, ...]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.turn >= len(self.appends)
+
+    def next_turn(self) -> tuple[tuple[int, ...], int] | None:
+        if self.finished:
+            return None
+        return self.appends[self.turn], self.outputs[self.turn]
+
+    def finish_turn(self, prompt: tuple[int, ...], output: tuple[int, ...]) -> None:
+        self.context = (*prompt, *output)
+        self.generated.append(output)
+        self.turn += 1
+
+
+def _union_s(windows: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(windows):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Records (for ``dualpath.metrics.summarize``), outputs, bytes per path, SNIC use."""
+
+    records: tuple[TurnRecord, ...]
+    outputs: dict[int, tuple[tuple[int, ...], ...]]  # agent → generated tokens per turn
+    bytes_by_path: dict[str, int]
+    snic_busy_utilisation: float  # bytes read / (SNIC rate × time each SNIC had reads); NaN: n/a
+    snic_aggregate_utilisation: float  # bytes read / (all SNICs' rate × time any read ran)
+    requeued: int
+    alloc_stalls: int
+    wall_s: float
+
+    @classmethod
+    def build(cls, sched: Scheduler, start_s: float, end_s: float) -> RunResult:
+        c = sched.counters
+        rate = sched.env.config.hardware.snic_total_bytes_per_s
+        read = c.pe_read_bytes + c.de_read_bytes
+        busy = sum(_union_s(w) for w in c.read_windows.values())
+        span = _union_s([x for w in c.read_windows.values() for x in w])
+        nodes = sched.topo.num_nodes
+        paced = sched.env.options.paced_kv  # the Oracle's reads take no SNIC time: no figure
+        nan = float("nan")
+        paths: dict[str, Any] = {
+            "pe_read": c.pe_read_bytes, "de_read": c.de_read_bytes,
+            "layer_blocks_to_pe": c.layer_in_bytes, "pe_to_de_buffer": c.pd_bytes,
+            "de_buffer_to_hbm": c.h2d_bytes,
+            "persisted": c.persisted_blocks * sched.env.layout.full_block_bytes,
+        }  # fmt: skip
+        return cls(
+            records=tuple(sorted(sched.records, key=lambda r: r.request_id)),
+            outputs={a: tuple(s.generated) for a, s in sorted(sched.agents.items())},
+            bytes_by_path=paths,
+            snic_busy_utilisation=read / (rate * busy) if busy > 0 and paced else nan,
+            snic_aggregate_utilisation=read / (rate * nodes * span) if span > 0 and paced else nan,
+            requeued=c.requeued,
+            alloc_stalls=c.alloc_stalls,
+            wall_s=end_s - start_s,
+        )

@@ -1,0 +1,395 @@
+"""The scheduler process: hosts the policy core and drives every turn through the processes.
+
+Turn life: submit (hit tokens from the KV store's hash chain) → policy ``schedule`` (PE, DE,
+read side) → buffer slots (wait if full: backpressure) → storage read into the PE or DE
+buffer → PE layerwise prefill → DE load, decode, persist → next turn of the agent.
+It keeps seq_e / tok_e / read_q / free HBM for the view (SPEC §13.4) and re-queues the
+requests of an engine process that dies. The clock is read only through ``self.now``.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualpath.models import cost
+from dualpath.policy import ClusterView, EngineState, NodeState, RequestInfo
+from dualpath.policy.base import Policy
+from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.kvstore import KVStore, block_keys
+from dualpath.runtime.launcher import Launcher, RuntimeFailure
+from dualpath.runtime.messages import (
+    DecodeDoneMsg,
+    DecodeMsg,
+    ErrorMsg,
+    LoadedMsg,
+    PersistedMsg,
+    PrefillDoneMsg,
+    PrefillMsg,
+    ReadDoneMsg,
+    ReadMsg,
+    ReadyMsg,
+)
+from dualpath.runtime.requests import AgentState, Req, RunResult
+from dualpath.types import ReadSide
+
+IDLE_WAIT_S = 0.005
+
+
+@dataclass(slots=True)
+class _Load:
+    seq: int = 0
+    tokens: int = 0
+    reserved: int = 0  # DEs: prompt + output tokens of their requests (HBM reservation)
+
+
+@dataclass(slots=True)
+class _Counters:
+    pe_read_bytes: int = 0
+    de_read_bytes: int = 0
+    layer_in_bytes: int = 0
+    pd_bytes: int = 0
+    h2d_bytes: int = 0
+    persisted_blocks: int = 0
+    requeued: int = 0
+    alloc_stalls: int = 0  # times a request found its buffer full and waited
+    read_windows: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, launcher: Launcher, env: ProcEnv, policy: Policy) -> None:
+        self.launcher = launcher
+        self.env = env
+        self.policy = policy
+        self.topo = env.topology
+        self.store: KVStore = env.store()
+        self.block = env.block_tokens
+        self.layerwise = bool(getattr(policy, "layerwise", True))
+        self.hbm_tokens = cost.kv_capacity_tokens(env.config.model, env.config.hardware, 1)
+        self.loads = {e: _Load() for e in self.topo.engine_ids}
+        self.read_q = [0] * self.topo.num_nodes
+        self.reqs: dict[int, Req] = {}
+        self.agents: dict[int, AgentState] = {}
+        self.alloc_wait: list[int] = []
+        self.next_rid = 0
+        self.counters = _Counters()
+        self.records: list[Any] = []
+        self.on_turn: Any = None
+        # every policy input and decision, in order, for replay through a fresh policy (tests)
+        self.policy_log: list[tuple[str, Any, float, Any]] = []
+        self.durable: set[str] = set()  # block keys the storage workers acknowledged
+        self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
+
+    def now(self) -> float:
+        return self.env.clock.now()
+
+    # ------------------------------------------------------------------ submission
+    def add_agent(self, agent: AgentState) -> None:
+        self.agents[agent.agent_id] = agent
+
+    def submit_turn(
+        self,
+        agent_id: int,
+        append: tuple[int, ...],
+        output_tokens: int,
+        arrival_s: float | None = None,
+    ) -> Req:
+        """Build and submit the next turn of ``agent_id`` (arrived at ``arrival_s``, default
+        now); ValueError on a bad request."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise ValueError(f"request for agent {agent_id} is invalid: unknown agent")
+        if not append:
+            raise ValueError(f"request for agent {agent_id} is invalid: empty prompt append")
+        if output_tokens < 1:
+            raise ValueError(
+                f"request for agent {agent_id}: output_tokens={output_tokens} must be >= 1"
+            )
+        vocab = self.env.config.model.vocab_size
+        if any(not 0 <= t < vocab for t in append):
+            raise ValueError(f"request for agent {agent_id}: token ids must be in 0..{vocab - 1}")
+        tokens = (*agent.context, *append)
+        limit = self.env.config.model.max_context_tokens
+        if len(tokens) + output_tokens > limit:
+            raise ValueError(
+                f"request for agent {agent_id} is invalid: {len(tokens)} prompt + {output_tokens} "
+                f"output tokens exceed the model's context limit of {limit}"
+            )
+        keys = block_keys(tokens, self.block, self.env.namespace)
+        hit = min(self.store.lookup(keys), (len(tokens) - 1) // self.block * self.block)
+        arrival = self.now() if arrival_s is None else arrival_s
+        req = Req(self.next_rid, agent_id, agent.turn, tokens, output_tokens, tuple(keys), hit,
+                  arrival)  # fmt: skip
+        self.next_rid += 1
+        self.reqs[req.rid] = req
+        info = RequestInfo(req.rid, len(tokens), hit, output_tokens, req.arrival_s, agent_id)
+        self.policy.submit(info, req.arrival_s)
+        self.policy_log.append(("submit", info, req.arrival_s, None))
+        return req
+
+    # ------------------------------------------------------------------ view and scheduling
+    def view(self) -> ClusterView:
+        engines = []
+        for e in self.topo.engine_ids:
+            ld = self.loads[e]
+            free = 0 if self.topo.is_pe(e) else max(0, self.hbm_tokens - ld.reserved)
+            engines.append(EngineState(e, self.topo.node_of(e), self.topo.group_of(e),
+                                       self.topo.kind_of(e), ld.seq, ld.tokens, free))  # fmt: skip
+        nodes = tuple(NodeState(n, self.topo.node_kind(n), self.read_q[n])
+                      for n in range(self.topo.num_nodes))  # fmt: skip
+        return ClusterView(tuple(engines), nodes)
+
+    def schedule(self) -> None:
+        if not self.policy.num_waiting:
+            return
+        now = self.now()
+        view = self.view()
+        assigns = self.policy.schedule(view, now)
+        self.policy_log.append(("schedule", view, now, tuple(assigns)))
+        for a in assigns:
+            req = self.reqs[a.request_id]
+            req.assign, req.scheduled_s, req.phase = a, now, "alloc"
+            pe, de = self.loads[a.pe], self.loads[a.de]
+            pe.seq, pe.tokens = pe.seq + 1, pe.tokens + len(req.tokens)
+            de.seq, de.tokens = de.seq + 1, de.tokens + len(req.tokens)
+            de.reserved += len(req.tokens) + req.output_tokens
+            side = a.read_side if req.hit else ReadSide.NONE
+            req.read_side = side
+            if side is not ReadSide.NONE:
+                req.read_node = self.topo.node_of(a.pe if side is ReadSide.PE else a.de)
+                self.read_q[req.read_node] += req.hit
+            self.alloc_wait.append(req.rid)
+
+    def try_alloc(self) -> None:
+        """Give waiting requests their buffer slots, FIFO; a request that does not fit waits."""
+        still: list[int] = []
+        for rid in self.alloc_wait:
+            req = self.reqs[rid]
+            if req.phase != "alloc":
+                continue
+            if not self._alloc(req):
+                self.counters.alloc_stalls += 1
+                still.append(rid)
+                continue
+            self._start_read(req)
+        self.alloc_wait = still
+
+    def _alloc(self, req: Req) -> bool:
+        a = req.assign
+        assert a is not None
+        de_buf = self.launcher.buffers[self.topo.node_of(a.de)]
+        need = -(-len(req.tokens) // self.block)
+        # keep one slot per DE of the node free for its persists, so a DE never waits on
+        # slots that only its own next request would release
+        if need + self.topo.gpus_per_node > de_buf.spec.num_slots:
+            raise ValueError(
+                f"request {req.rid}: {need} DE buffer slots (+{self.topo.gpus_per_node} for "
+                f"persists) can never fit a buffer of {de_buf.spec.num_slots}: raise the buffer size"
+            )
+        if de_buf.num_free < need + self.topo.gpus_per_node:
+            return False
+        de_slots = de_buf.alloc(need)
+        if de_slots is None:
+            return False
+        pe_slots: list[int] = []
+        if req.read_side is ReadSide.PE:
+            got = self.launcher.buffers[self.topo.node_of(a.pe)].alloc(req.hit // self.block)
+            if got is None:
+                de_buf.free(de_slots)
+                return False
+            pe_slots = got
+        req.de_slots, req.pe_slots = de_slots, pe_slots
+        return True
+
+    def _start_read(self, req: Req) -> None:
+        a = req.assign
+        assert a is not None
+        req.read_start_s = self.now()
+        if req.read_side is ReadSide.NONE:
+            self._read_done(req, req.hit // self.block, req.read_start_s)
+            return
+        req.phase = "reading"
+        slots = req.pe_slots if req.read_side is ReadSide.PE else req.de_slots
+        nblocks = req.hit // self.block
+        self.env.storage_inboxes[req.read_node].put(
+            ReadMsg(req.rid, req.keys[:nblocks], tuple(slots[:nblocks]))
+        )
+
+    def _read_done(self, req: Req, num_ok: int, done_s: float) -> None:
+        a = req.assign
+        assert a is not None
+        req.read_done_s = max(done_s, req.read_start_s)
+        req.cached = num_ok * self.block
+        if req.read_side is not ReadSide.NONE:
+            self.read_q[req.read_node] -= req.hit
+            nbytes = num_ok * self.env.layout.full_block_bytes
+            if req.read_side is ReadSide.PE:
+                self.counters.pe_read_bytes += nbytes
+            else:
+                self.counters.de_read_bytes += nbytes
+        on_pe = req.read_side is ReadSide.PE
+        src_node = self.topo.node_of(a.pe if on_pe else a.de)
+        req.phase = "prefill"
+        self.launcher.engine_inbox[a.pe].put(PrefillMsg(
+            req.rid, req.tokens, req.cached, src_node,
+            tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(a.de),
+            tuple(req.de_slots), 0 if on_pe or req.read_side is ReadSide.NONE else req.cached,
+            self.layerwise,
+        ))  # fmt: skip
+
+    # ------------------------------------------------------------------ results
+    def on_message(self, msg: Any) -> None:
+        if isinstance(msg, ErrorMsg):
+            raise RuntimeFailure(f"{msg.who}: {msg.text}")
+        if isinstance(msg, ReadyMsg):
+            return
+        if isinstance(msg, PersistedMsg):
+            self._persisted(msg.key)
+            return
+        req = self.reqs.get(msg.request_id)
+        if req is None or req.phase in ("aborted", "done"):
+            if req is not None and isinstance(msg, (ReadDoneMsg, PrefillDoneMsg)):
+                self._free_slots(req)  # the last writer of an aborted request is done
+            return
+        if isinstance(msg, ReadDoneMsg):
+            self.counters.read_windows.setdefault(msg.node_id, []).append((msg.start_s, msg.done_s))
+            self._read_done(req, msg.num_ok, msg.done_s)
+        elif isinstance(msg, PrefillDoneMsg):
+            self._prefill_done(req, msg)
+        elif isinstance(msg, LoadedMsg):
+            self.launcher.buffers[self.topo.node_of(req.assign.de)].free(req.de_slots)  # type: ignore[union-attr]
+            req.de_slots = []
+        elif isinstance(msg, DecodeDoneMsg):
+            self._decode_done(req, msg)
+
+    def _prefill_done(self, req: Req, msg: PrefillDoneMsg) -> None:
+        a = req.assign
+        assert a is not None
+        req.prefill_start_s, req.first_token_s = max(msg.start_s, req.read_done_s), msg.done_s
+        req.first_token = msg.first_token
+        self.counters.layer_in_bytes += msg.bytes_in
+        self.counters.pd_bytes += msg.bytes_out
+        if req.pe_slots:
+            self.launcher.buffers[self.topo.node_of(a.pe)].free(req.pe_slots)
+            req.pe_slots = []
+        pe = self.loads[a.pe]
+        pe.seq, pe.tokens = pe.seq - 1, pe.tokens - len(req.tokens)
+        req.phase = "decode"
+        self.launcher.engine_inbox[a.de].put(DecodeMsg(
+            req.rid, req.tokens, msg.first_token, req.output_tokens, tuple(req.de_slots),
+            req.cached // self.block,
+        ))  # fmt: skip
+
+    def _decode_done(self, req: Req, msg: DecodeDoneMsg) -> None:
+        a = req.assign
+        assert a is not None
+        de = self.loads[a.de]
+        de.seq, de.tokens = de.seq - 1, de.tokens - len(req.tokens)
+        de.reserved -= len(req.tokens) + req.output_tokens
+        self.counters.h2d_bytes += msg.bytes_in
+        self.counters.persisted_blocks += len(msg.persisted_keys)
+        req.phase = "done"
+        record = req.record(msg.second_token_s, msg.finish_s)
+        self.records.append(record)
+        agent = self.agents[req.agent]
+        agent.finish_turn(req.tokens, msg.output)
+        if self.on_turn is not None:
+            self.on_turn(record)
+        nxt = agent.next_turn()
+        if nxt is None:
+            return
+        # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
+        # are durable, so its hits are what SPEC §9 says the previous turn persisted
+        pending = {k for k in msg.persisted_keys if k not in self.durable}
+        if pending:
+            self.unpersisted[agent.agent_id] = (pending, msg.finish_s)
+        else:
+            self.submit_turn(agent.agent_id, *nxt, arrival_s=msg.finish_s)
+
+    def _persisted(self, key: str) -> None:
+        self.durable.add(key)
+        for agent_id in sorted(self.unpersisted):
+            pending, arrival_s = self.unpersisted[agent_id]
+            pending.discard(key)
+            if not pending:
+                del self.unpersisted[agent_id]
+                nxt = self.agents[agent_id].next_turn()
+                assert nxt is not None
+                self.submit_turn(agent_id, *nxt, arrival_s=arrival_s)
+
+    # ------------------------------------------------------------------ faults
+    def _free_slots(self, req: Req) -> None:
+        a = req.assign
+        if a is None:
+            return
+        if req.pe_slots:
+            self.launcher.buffers[self.topo.node_of(a.pe)].free(req.pe_slots)
+        if req.de_slots:
+            self.launcher.buffers[self.topo.node_of(a.de)].free(req.de_slots)
+        req.pe_slots, req.de_slots = [], []
+
+    def recover(self) -> None:
+        """Respawn dead engines; re-queue every unfinished request that depended on one.
+
+        A dead PE matters until its prefill is done, a dead DE until decode is done. Slots
+        that a live process may still write (an in-flight read or prefill) are freed when it
+        reports back, never earlier."""
+        if self.launcher.dead_workers():
+            raise RuntimeFailure(f"storage worker died: {self.launcher.dead_workers()}")
+        for e in self.launcher.dead_engines():
+            self.launcher.respawn(e)
+            for req in sorted(self.reqs.values(), key=lambda r: r.rid):
+                a = req.assign
+                if a is None or req.phase in ("done", "aborted", "queued"):
+                    continue
+                pe_lost = a.pe == e and req.phase in ("alloc", "reading", "prefill")
+                if not (pe_lost or a.de == e):
+                    continue
+                in_flight = req.phase == "reading" or (req.phase == "prefill" and a.pe != e)
+                self._abort(req, free_now=not in_flight)
+                self.counters.requeued += 1
+                append = req.tokens[len(self.agents[req.agent].context) :]
+                self.submit_turn(req.agent, append, req.output_tokens)
+
+    def _abort(self, req: Req, free_now: bool) -> None:
+        a = req.assign
+        assert a is not None
+        phase = req.phase
+        req.phase = "aborted"
+        if phase in ("alloc", "reading") and req.read_side is not ReadSide.NONE:
+            self.read_q[req.read_node] -= req.hit
+        if phase in ("alloc", "reading", "prefill"):
+            pe = self.loads[a.pe]
+            pe.seq, pe.tokens = pe.seq - 1, pe.tokens - len(req.tokens)
+        de = self.loads[a.de]
+        de.seq, de.tokens = de.seq - 1, de.tokens - len(req.tokens)
+        de.reserved -= len(req.tokens) + req.output_tokens
+        if free_now:
+            self._free_slots(req)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> RunResult:
+        start = self.now()
+        last_progress = start
+        timeout_s = self.env.options.request_timeout_s
+        while any(not a.finished for a in self.agents.values()):
+            self.recover()
+            self.schedule()
+            self.try_alloc()
+            try:
+                msg = self.launcher.results.get(timeout=IDLE_WAIT_S)
+            except queue.Empty:
+                if self.now() - last_progress > timeout_s:
+                    raise RuntimeFailure(
+                        f"no progress for {timeout_s:g} s: the run is stuck"
+                    ) from None
+                continue
+            last_progress = self.now()
+            self.on_message(msg)
+            while True:  # drain what else has arrived before the next round
+                try:
+                    self.on_message(self.launcher.results.get_nowait())
+                except queue.Empty:
+                    break
+        return RunResult.build(self, start, self.now())

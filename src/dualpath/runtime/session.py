@@ -1,0 +1,74 @@
+"""The runtime's entry point: start the processes, run agents to completion, shut down.
+
+    with LocalRuntime(config, RuntimeOptions(system="dualpath")) as rt:
+        result = rt.run(agent_scripts(...))
+
+Ctrl-C or any failure stops every process and removes the shared-memory buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from types import TracebackType
+
+from dualpath.config import Config
+from dualpath.metrics import TurnRecord
+from dualpath.policy import make_policy
+from dualpath.runtime.launcher import Launcher
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState, RunResult
+from dualpath.runtime.scheduler import Scheduler
+
+
+class LocalRuntime:
+    """Processes on this host emulating the cluster of ``config`` (SPEC §2)."""
+
+    def __init__(self, config: Config, options: RuntimeOptions) -> None:
+        sched = replace(config.scheduler, policy=options.policy_name)
+        self.config = replace(config, scheduler=sched)
+        self.options = options
+        self.launcher = Launcher(self.config, options)
+        self._scheduler: Scheduler | None = None
+
+    def __enter__(self) -> LocalRuntime:
+        try:
+            env = self.launcher.start()
+        except BaseException:
+            self.launcher.close()
+            raise
+        self._scheduler = Scheduler(self.launcher, env, make_policy(self.config))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.launcher.close()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            raise RuntimeError("LocalRuntime is not started: use it as a context manager")
+        return self._scheduler
+
+    def run(
+        self,
+        agents: Sequence[AgentState],
+        on_turn: Callable[[TurnRecord], None] | None = None,
+    ) -> RunResult:
+        """Serve every agent's turns to the end (offline: all agents start together)."""
+        sched = self.scheduler
+        sched.on_turn = on_turn
+        for agent in agents:
+            sched.add_agent(agent)
+        for agent in agents:
+            first = agent.next_turn()
+            if first is not None:
+                sched.submit_turn(agent.agent_id, *first)
+        return sched.run()
+
+    def pids(self) -> list[int]:
+        return self.launcher.pids()

@@ -1,0 +1,116 @@
+"""A node's storage reader/writer process: KV store ↔ this node's buffer, through its SNIC.
+
+Reads (``ReadMsg``) run FIFO, two blocks in flight to keep the SNIC's read direction busy;
+writes (``PersistMsg``) run on their own thread over the SNIC's write direction (SPEC §13.5).
+A missing or corrupt block ends the readable prefix; a corrupt file is removed so that the
+recomputed block gets persisted again.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dualpath.runtime.buffer import SlotBuffer
+from dualpath.runtime.env import ProcEnv, child_setup
+from dualpath.runtime.kvstore import BlockCorrupt, KVStore, KVStoreError
+from dualpath.runtime.messages import (
+    ErrorMsg,
+    PersistedMsg,
+    PersistMsg,
+    ReadDoneMsg,
+    ReadMsg,
+    ReadyMsg,
+    StopMsg,
+)
+from dualpath.runtime.pacer import Pacer
+from dualpath.runtime.transport import make_transport
+
+POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
+
+
+class StorageWorker:
+    def __init__(self, env: ProcEnv, node: int) -> None:
+        self.env = env
+        self.node = node
+        self.name = f"storage@node{node}"
+        self.buffer: SlotBuffer = env.attach_buffer(node)
+        self.store: KVStore = env.store()
+        rate = env.config.hardware.snic_total_bytes_per_s
+        now = env.clock.now  # the process's one clock
+        self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
+        self.snic_write = Pacer(rate, f"node{node}.snic.write", clock=now)
+        self.paced = env.options.paced_kv
+        self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
+        self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
+        # the node buffer as a transport region: the peer side of every engine's transfers
+        self.transport = make_transport(env.options.transport)
+        self.region = self.transport.register(self.buffer.spec.name, self.buffer.data)
+
+    def _read_one(self, key: str, slot: int) -> bool:
+        if self.paced:
+            self.snic_read.transfer(self.store.layout.full_block_bytes)
+        try:
+            self.store.read_block(key, self.buffer.slot(slot))
+        except BlockCorrupt:
+            self.store.path(key).unlink(missing_ok=True)
+            return False
+        except KVStoreError:
+            return False
+        return True
+
+    def handle_read(self, msg: ReadMsg) -> None:
+        clock = self.env.clock
+        start = clock.now()
+        oks = list(self.readers.map(self._read_one, msg.keys, msg.slots))
+        num_ok = oks.index(False) if False in oks else len(oks)
+        self.env.results.put(ReadDoneMsg(msg.request_id, self.node, num_ok, start, clock.now()))
+
+    def _write_loop(self) -> None:
+        while (msg := self.writes.get()) is not None:
+            if self.paced:
+                self.snic_write.transfer(self.store.layout.full_block_bytes)
+            try:
+                self.store.write_block(msg.key, self.buffer.slot(msg.slot))
+            except Exception as err:  # e.g. an unwritable KV root: fail the run, loudly
+                self.env.results.put(ErrorMsg(self.name, f"persist failed: {err}"))
+                continue
+            finally:
+                self.buffer.free([msg.slot])
+            self.env.results.put(PersistedMsg(msg.key))
+
+    def serve(self, inbox: Any) -> None:
+        writer = threading.Thread(target=self._write_loop, name="persist", daemon=True)
+        writer.start()
+        self.env.results.put(ReadyMsg(self.name, os.getpid(), self.region))
+        try:
+            while self.env.parent_alive():
+                try:
+                    msg = inbox.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if isinstance(msg, StopMsg):
+                    break
+                if isinstance(msg, ReadMsg):
+                    self.handle_read(msg)
+                elif isinstance(msg, PersistMsg):
+                    self.writes.put(msg)
+        finally:
+            self.writes.put(None)
+            writer.join()
+            self.readers.shutdown()
+            self.transport.close()
+            self.buffer.close()
+
+
+def storage_main(env: ProcEnv, node: int, inbox: Any) -> None:
+    """Process entry point of node ``node``'s storage worker."""
+    child_setup()
+    try:
+        StorageWorker(env, node).serve(inbox)
+    except Exception as err:  # report, then exit non-zero: the scheduler shuts the run down
+        env.results.put(ErrorMsg(f"storage@node{node}", f"{type(err).__name__}: {err}"))
+        raise

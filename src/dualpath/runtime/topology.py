@@ -1,0 +1,69 @@
+"""Engine and node ids of the emulated cluster (same layout as the simulator's, SPEC §2).
+
+Prefill nodes are ``0..P-1``, decode nodes ``P..P+D-1``; engine ``e`` lives on node ``e // g``.
+Group ids: an EP group takes the id of its first node; otherwise each node is a group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpath.config import Config
+from dualpath.types import EngineKind
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    gpus_per_node: int
+    num_prefill_nodes: int
+    num_decode_nodes: int
+    prefill_ep: bool
+    decode_ep: bool
+
+    @classmethod
+    def from_config(cls, config: Config) -> Topology:
+        cl = config.cluster
+        return cls(
+            config.hardware.gpus_per_node,
+            cl.num_prefill_nodes,
+            cl.num_decode_nodes,
+            cl.prefill_ep,
+            cl.decode_ep,
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_prefill_nodes + self.num_decode_nodes
+
+    @property
+    def pe_ids(self) -> tuple[int, ...]:
+        return tuple(range(self.num_prefill_nodes * self.gpus_per_node))
+
+    @property
+    def de_ids(self) -> tuple[int, ...]:
+        return tuple(range(len(self.pe_ids), self.num_nodes * self.gpus_per_node))
+
+    @property
+    def engine_ids(self) -> tuple[int, ...]:
+        return self.pe_ids + self.de_ids
+
+    def node_of(self, engine: int) -> int:
+        return engine // self.gpus_per_node
+
+    def is_pe(self, engine: int) -> bool:
+        return engine < len(self.pe_ids)
+
+    def kind_of(self, engine: int) -> EngineKind:
+        return EngineKind.PE if self.is_pe(engine) else EngineKind.DE
+
+    def node_kind(self, node: int) -> EngineKind:
+        return EngineKind.PE if node < self.num_prefill_nodes else EngineKind.DE
+
+    def group_of(self, engine: int) -> int:
+        node = self.node_of(engine)
+        if self.is_pe(engine):
+            return 0 if self.prefill_ep else node
+        return self.num_prefill_nodes if self.decode_ep else node
+
+    def engine_name(self, engine: int) -> str:
+        return f"{self.kind_of(engine).value}{engine}@node{self.node_of(engine)}"

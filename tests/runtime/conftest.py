@@ -1,0 +1,70 @@
+"""Shared helpers for runtime tests: a small 1P1D config and reference (recomputed) outputs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+from dualpath.config import Config, preset
+from dualpath.runtime.requests import AgentState
+
+pytest.importorskip("torch")
+
+
+def small_config(gpus_per_node: int = 1, snic_bytes_per_s: float = 400e6) -> Config:
+    cfg = preset("tiny-1p1d")
+    hw = replace(cfg.hardware, gpus_per_node=gpus_per_node, snic_bytes_per_s=snic_bytes_per_s)
+    return replace(cfg, hardware=hw)
+
+
+def reference_outputs(
+    cfg: Config, agents: list[AgentState], seed: int = 0
+) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """Recompute from scratch: each turn's greedy tokens over the whole prompt."""
+    import torch
+
+    from dualpath.runtime.model import TinyTransformer
+
+    torch.set_num_threads(1)
+    model = TinyTransformer(cfg.model, seed=seed)
+    out: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for a in agents:
+        context: tuple[int, ...] = ()
+        turns = []
+        for append, n in zip(a.appends, a.outputs, strict=True):
+            prompt = (*context, *append)
+            gen, _ = model.generate(prompt, n)
+            turns.append(tuple(gen))
+            context = (*prompt, *gen)
+        out[a.agent_id] = tuple(turns)
+    return out
+
+
+def assert_no_processes(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie of an already-joined child cannot exist: joined processes are reaped
+        raise AssertionError(f"process {pid} outlived the runtime")
+
+
+def replay_policy_log(config: Config, log: list) -> int:  # type: ignore[type-arg]
+    """Feed a runtime's recorded policy inputs to a fresh policy; assert equal decisions.
+
+    Returns the number of assignments compared (STYLE §1: one policy core, two shells)."""
+    from dualpath.policy import make_policy
+
+    policy = make_policy(config)
+    compared = 0
+    for kind, arg, now, decided in log:
+        if kind == "submit":
+            policy.submit(arg, now)
+        else:
+            again = tuple(policy.schedule(arg, now))
+            assert again == decided
+            compared += len(again)
+    return compared

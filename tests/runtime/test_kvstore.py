@@ -1,0 +1,88 @@
+"""KV store: hash-chain addressing, atomic persisted Full Blocks, checksum-detected damage."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import pytest
+
+from dualpath.runtime.kvstore import (
+    HEADER_BYTES,
+    BlockCorrupt,
+    BlockLayout,
+    BlockMissing,
+    KVStore,
+    block_keys,
+)
+
+LAYOUT = BlockLayout(num_layers=4, block_tokens=8, row_bytes=16)
+
+
+def _payload(fill: int) -> bytes:
+    return bytes((fill + i) % 256 for i in range(LAYOUT.full_block_bytes))
+
+
+def test_keys_are_a_prefix_chain() -> None:
+    a = block_keys(list(range(20)), 8, "ns")
+    b = block_keys([*range(16), 99, 98], 8, "ns")
+    assert len(a) == 2 and len(b) == 2  # trailing partial block has no key
+    assert a == b  # same first 16 tokens ⇒ same keys
+    assert block_keys([1, *range(1, 16)], 8, "ns")[1] != a[1]  # parent changes the child
+    assert block_keys(list(range(16)), 8, "other") != a  # namespaces are disjoint
+
+
+def test_layer_block_is_a_contiguous_slice() -> None:
+    assert LAYOUT.full_block_bytes == 4 * 8 * 16
+    assert LAYOUT.layer_offset(2, 3) == 2 * 8 * 16 + 3 * 16
+
+
+def test_write_read_lookup_and_restart(tmp_path: Path) -> None:
+    store = KVStore(tmp_path, LAYOUT)
+    keys = block_keys(list(range(24)), 8, "ns")
+    assert store.lookup(keys) == 0
+    assert store.write_block(keys[0], _payload(1))
+    assert store.write_block(keys[1], _payload(2))
+    assert not store.write_block(keys[1], _payload(2))  # already there
+    assert store.lookup(keys) == 16
+    restarted = KVStore(tmp_path, LAYOUT)  # a new process finds what was persisted
+    out = bytearray(LAYOUT.full_block_bytes)
+    restarted.read_block(keys[1], memoryview(out))
+    assert bytes(out) == _payload(2)
+    assert not list(tmp_path.rglob("*.tmp"))  # atomic: no temporaries left behind
+
+
+def test_missing_and_corrupt_blocks_are_detected(tmp_path: Path) -> None:
+    store = KVStore(tmp_path, LAYOUT)
+    key = block_keys(list(range(8)), 8, "ns")[0]
+    out = memoryview(bytearray(LAYOUT.full_block_bytes))
+    with pytest.raises(BlockMissing):
+        store.read_block(key, out)
+    store.write_block(key, _payload(3))
+    raw = bytearray(store.path(key).read_bytes())
+    raw[HEADER_BYTES + 100] ^= 0xFF  # flip one payload byte
+    store.path(key).write_bytes(bytes(raw))
+    with pytest.raises(BlockCorrupt, match="checksum"):
+        store.read_block(key, out)
+    store.path(key).write_bytes(bytes(raw[: HEADER_BYTES + 10]))  # truncated
+    with pytest.raises(BlockCorrupt):
+        store.read_block(key, out)
+
+
+def test_direct_io_reads_into_aligned_memory(tmp_path: Path) -> None:
+    layout = BlockLayout(num_layers=2, block_tokens=64, row_bytes=64)  # 8 KiB: 512-aligned
+    store = KVStore(tmp_path, layout, direct_io=True)
+    key = block_keys(list(range(64)), 64, "ns")[0]
+    data = bytes(i % 251 for i in range(layout.full_block_bytes))
+    store.write_block(key, data)
+    page = mmap.mmap(-1, layout.full_block_bytes)  # page-aligned like a shared-memory slot
+    store.read_block(key, memoryview(page))
+    assert bytes(page) == data
+
+
+def test_bad_sizes_are_rejected(tmp_path: Path) -> None:
+    store = KVStore(tmp_path, LAYOUT)
+    with pytest.raises(ValueError, match="payload"):
+        store.write_block("ab" * 16, b"x")
+    with pytest.raises(ValueError, match="block_tokens"):
+        BlockLayout(4, 0, 16)

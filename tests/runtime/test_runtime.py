@@ -1,0 +1,159 @@
+"""A real multi-process 1P1D run on the tiny model: both load paths, restart, faults."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dualpath.runtime.env import kv_namespace
+from dualpath.runtime.kvstore import BlockLayout, KVStore, block_keys
+from dualpath.runtime.launcher import RuntimeFailure
+from dualpath.runtime.options import FaultPlan, RuntimeOptions
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.workload import persisted_tokens
+
+from .conftest import assert_no_processes, reference_outputs, replay_policy_log, small_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.runtime]
+
+
+def _agents(num_agents: int, num_turns: int, seed: int = 0) -> list[AgentState]:
+    cfg = small_config()
+    wl = replace(cfg.workload, num_agents=num_agents, seed=seed)
+    trajs = small_trajectories(wl, 64, num_turns=num_turns, token_scale=0.15, max_gen_tokens=6)
+    return agent_scripts(trajs, cfg.model.vocab_size, seed)
+
+
+def _fresh(agents: list[AgentState]) -> list[AgentState]:
+    return [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
+
+
+def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path) -> None:
+    cfg = small_config()
+    agents = _agents(3, 3)
+    want = reference_outputs(cfg, agents)
+    opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path))  # alternates PE / DE reads
+    with LocalRuntime(cfg, opts) as rt:
+        first = rt.run(_fresh(agents))
+        pids = rt.pids()
+        sched = rt.scheduler
+        with pytest.raises(ValueError, match="unknown agent"):
+            sched.submit_turn(99, (1, 2), 1)
+        with pytest.raises(ValueError, match="empty prompt"):
+            sched.submit_turn(0, (), 1)
+        with pytest.raises(ValueError, match="context limit"):
+            sched.submit_turn(0, (1,) * cfg.model.max_context_tokens, 1)
+    assert_no_processes(pids)
+    assert first.outputs == want
+    prev = {(r.agent_id, r.turn_index): r for r in first.records}
+    for r in first.records:  # hits are exactly what the previous turn persisted (SPEC §3, §9)
+        before = prev.get((r.agent_id, r.turn_index - 1))
+        done = persisted_tokens(before.prompt_tokens + before.output_tokens, 64) if before else 0
+        assert r.hit_tokens == min(done, (r.prompt_tokens - 1) // 64 * 64)
+    sides = {r.read_side for r in first.records if r.hit_tokens}
+    assert sides == {"pe", "de"}  # both load paths carried hit KV
+    assert first.bytes_by_path["pe_read"] > 0 and first.bytes_by_path["de_read"] > 0
+    # damage the store: flip a byte of agent 0's first block, delete agent 1's second block
+    ns = kv_namespace(cfg, opts.weight_seed)
+    store = KVStore(
+        tmp_path, BlockLayout(cfg.model.num_layers, 64, cfg.model.kv_bytes_per_token_per_layer)
+    )
+    corrupt = block_keys(agents[0].appends[0], 64, ns)[0]
+    missing = block_keys(agents[1].appends[0], 64, ns)[1]
+    raw = bytearray(store.path(corrupt).read_bytes())
+    raw[-1] ^= 0xFF
+    store.path(corrupt).write_bytes(bytes(raw))
+    store.path(missing).unlink()
+    with LocalRuntime(cfg, replace(opts, system="basic")) as rt:  # restart: store persisted
+        again = rt.run(_fresh(agents))
+    assert again.outputs == want  # damaged blocks were recomputed, never used
+    by_turn = {(r.agent_id, r.turn_index): r for r in again.records}
+    assert by_turn[(0, 0)].hit_tokens == 0  # corrupt first block: nothing usable
+    assert by_turn[(1, 0)].hit_tokens == 64  # chain stops at the missing second block
+    assert by_turn[(2, 0)].hit_tokens > 0  # a restart finds the first run's blocks
+    out = memoryview(bytearray(store.layout.full_block_bytes))
+    store.read_block(corrupt, out)  # recomputed and persisted again, now valid
+    store.read_block(missing, out)
+    assert all(r.read_side in ("pe", "none") for r in again.records)
+
+
+@pytest.mark.parametrize("crash_engine", [0, 2], ids=["pe", "de"])
+def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_engine: int) -> None:
+    cfg = small_config(gpus_per_node=2)  # the default shape: 2 engines per node
+    agents = _agents(2, 2, seed=1)
+    want = reference_outputs(cfg, agents)
+    faults = FaultPlan(crash_engine=crash_engine, crash_at_message=1)
+    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path), faults=faults)) as rt:
+        assert rt.scheduler.topo.kind_of(crash_engine).value == ("pe" if crash_engine < 2 else "de")
+        result = rt.run(_fresh(agents))
+        pids = rt.pids()
+        log, resolved = rt.scheduler.policy_log, rt.config
+    assert_no_processes(pids)
+    assert result.requeued >= 1
+    assert result.outputs == want
+    assert len(result.records) == 4  # every turn finished exactly once
+    assert replay_policy_log(resolved, log) >= 4 + result.requeued  # same decisions on replay
+
+
+def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> None:
+    cfg = small_config()
+    agents = _agents(3, 2, seed=2)
+    want = reference_outputs(cfg, agents)
+    longest = max(len(a.appends[0]) + len(a.appends[1]) + a.outputs[0] for a in agents)
+    slots = -(-longest // 64) + 1  # room for one request at a time plus one persist slot
+    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path), buffer_slots=slots)) as rt:
+        result = rt.run(_fresh(agents))
+    assert result.outputs == want
+    assert len(result.records) == 6
+    assert result.alloc_stalls > 0  # requests waited for DE buffer space
+
+
+def test_failure_inside_the_run_stops_every_process(tmp_path: Path) -> None:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        LocalRuntime(small_config(), RuntimeOptions(kv_root=str(tmp_path))) as rt,
+    ):
+        pids = rt.pids()
+        raise KeyboardInterrupt
+    assert_no_processes(pids)
+
+
+def test_a_failing_process_fails_the_run_and_stops_everything(tmp_path: Path) -> None:
+    root = tmp_path / "not-a-directory"
+    root.write_text("x")  # persisting under it fails in the storage worker
+    with LocalRuntime(small_config(), RuntimeOptions(kv_root=str(root))) as rt:
+        pids = rt.pids()
+        with pytest.raises(RuntimeFailure, match="persist failed"):
+            rt.run(_fresh(_agents(1, 2)))
+    assert_no_processes(pids)
+
+
+def test_bad_options_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="system='fast'"):
+        RuntimeOptions(system="fast")
+    with pytest.raises(ValueError, match="transport='rdma'"):
+        RuntimeOptions(transport="rdma")
+
+
+@pytest.mark.mooncake
+def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
+    try:
+        from dualpath.runtime.transport.mooncake import load_engine_class
+
+        load_engine_class()
+    except ImportError as err:
+        pytest.skip(f"Mooncake Transfer Engine not importable: {err}")
+    cfg = small_config()
+    agents = _agents(2, 2, seed=3)
+    want = reference_outputs(cfg, agents)
+    opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="mooncake")
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+        pids = rt.pids()
+    assert_no_processes(pids)
+    assert result.outputs == want
+    assert result.bytes_by_path["pe_to_de_buffer"] > 0

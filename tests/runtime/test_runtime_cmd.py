@@ -1,0 +1,84 @@
+"""`dualpath bench --runtime local`: argument errors and one small real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dualpath.cli.main import main
+
+pytest.importorskip("torch")
+
+
+def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--runtime", "cluster"]) == 2
+    assert "--runtime 'cluster' is invalid" in capsys.readouterr().err
+    assert main(["bench", "--systems", "basic,turbo", "--agents", "1", "--turns", "1"]) == 2
+    assert "system='turbo' is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_small_bench_run_reports_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    rc = main([
+        "bench", "--runtime", "local", "--agents", "2", "--turns", "2", "--systems", "basic,oracle",
+        "--token-scale", "0.1", "--max-gen", "3", "--kv-root", str(tmp_path / "kv"),
+        "--no-progress", "--json", str(out), "--set", "hardware.gpus_per_node=1",
+    ])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "oracle" in text and "SNIC utilisation" in text and "JCT basic / oracle" in text
+    data = json.loads(out.read_text())
+    assert data["basic"]["num_turns"] == data["oracle"]["num_turns"] == 4
+    assert data["basic"]["bytes_by_path"]["persisted"] > 0
+    assert data["basic"]["bytes_by_path"]["de_read"] == 0  # Basic reads on the PE side only
+    assert data["oracle"]["snic_aggregate_utilisation"] is None  # unpaced: no figure
+    assert not list((tmp_path / "kv").iterdir())  # per-system stores are removed
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    """SIGINT to the CLI mid-run: exit 130 and no process of the run survives."""
+    tag = f"dualpath-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "DUALPATH_TEST_TAG": tag}
+    cmd = [sys.executable, "-m", "dualpath.cli.main", "bench", "--agents", "4", "--turns", "6",
+           "--systems", "basic", "--kv-root", str(tmp_path), "--set", "hardware.gpus_per_node=1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(_tagged(tag)) < 5 and time.monotonic() < deadline:  # parent + 4 children
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    deadline = time.monotonic() + 10
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _tagged(tag) == []
+
+
+def _tagged(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries ``tag``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if tag.encode() in environ and state != "Z":
+            found.append(int(entry.name))
+    return sorted(found)

@@ -1,0 +1,70 @@
+"""Small runtime pieces: ids, HIGH traffic sizes, workload scripts, options."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dualpath.config import preset
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState, _union_s
+from dualpath.runtime.topology import Topology
+from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.types import EngineKind
+
+
+def test_topology_matches_the_simulator_layout() -> None:
+    topo = Topology.from_config(preset("tiny-1p1d"))
+    assert topo.pe_ids == (0, 1) and topo.de_ids == (2, 3)
+    assert [topo.node_of(e) for e in topo.engine_ids] == [0, 0, 1, 1]
+    assert topo.kind_of(2) is EngineKind.DE and topo.node_kind(0) is EngineKind.PE
+    assert [topo.group_of(e) for e in topo.engine_ids] == [0, 0, 1, 1]  # no EP: node groups
+    ep = Topology.from_config(preset("ds27b-1p1d"))
+    assert ep.group_of(3) == 0 and ep.group_of(8) == 1  # EP group id = its first node
+
+
+def test_collective_traffic_size() -> None:
+    pytest.importorskip("torch")
+    from dualpath.runtime.env import ProcEnv
+    from dualpath.runtime.prefill import collective_bytes_per_layer
+
+    cfg = preset("tiny-1p1d")
+    env = ProcEnv(cfg, RuntimeOptions(), Topology.from_config(cfg), (), (), None, (), 0.0, 0)
+    assert collective_bytes_per_layer(env, 100) == 100 * cfg.model.hidden_size * 4
+
+
+def test_agent_scripts_are_seeded_and_in_vocab() -> None:
+    cfg = preset("tiny-1p1d")
+    wl = replace(cfg.workload, num_agents=3)
+    trajs = small_trajectories(wl, 64, num_turns=4, token_scale=0.1, max_gen_tokens=5)
+    assert all(len(t.turns) == 4 and max(x.gen_tokens for x in t.turns) <= 5 for t in trajs)
+    a = agent_scripts(trajs, 1024, seed=1)
+    b = agent_scripts(trajs, 1024, seed=1)
+    assert [x.appends for x in a] == [x.appends for x in b]
+    assert a[0].appends != agent_scripts(trajs, 1024, seed=2)[0].appends
+    assert all(0 <= tok < 1024 for ag in a for ap in ag.appends for tok in ap)
+    with pytest.raises(ValueError, match="num_turns"):
+        small_trajectories(wl, 64, num_turns=0)
+
+
+def test_agent_state_grows_its_context() -> None:
+    agent = AgentState(0, ((1, 2), (3,)), (2, 1))
+    assert agent.next_turn() == ((1, 2), 2)
+    agent.finish_turn((1, 2), (7, 8))
+    assert agent.context == (1, 2, 7, 8) and agent.next_turn() == ((3,), 1)
+    agent.finish_turn((1, 2, 7, 8, 3), (9,))
+    assert agent.finished and agent.next_turn() is None
+
+
+def test_union_of_read_windows() -> None:
+    assert _union_s([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
+    assert _union_s([]) == 0.0
+
+
+def test_options_derive_policy_and_pacing() -> None:
+    assert RuntimeOptions(system="oracle").policy_name == "dualpath"
+    assert not RuntimeOptions(system="oracle").paced_kv
+    assert RuntimeOptions(system="basic").paced_kv
+    with pytest.raises(ValueError, match="buffer_slots"):
+        RuntimeOptions(buffer_slots=-1)
