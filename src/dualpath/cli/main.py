@@ -18,6 +18,11 @@ _OPTIONAL = (
     ("dualpath.cli.sim_cmd", "add_sweep_parser"),
     ("dualpath.cli.runtime_cmd", "add_bench_parser"),
     ("dualpath.cli.figures_cmd", "add_figures_parser"),
+    ("dualpath.cli.online_cmd", "add_online_parser"),
+    ("dualpath.cli.online_cmd", "add_capacity_parser"),
+    ("dualpath.cli.online_cmd", "add_ablation_parser"),
+    ("dualpath.cli.online_cmd", "add_replay_parser"),
+    ("dualpath.cli.online_cmd", "add_trace_parser"),
 )
 
 

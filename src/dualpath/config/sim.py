@@ -26,14 +26,16 @@ def parse_systems(text: str) -> tuple[str, ...]:
 class SimConfig:
     """Knobs of the discrete-event simulator (docs/simulator.md explains each).
 
-        ``systems``: comma-separated subset of ``SYSTEM_NAMES`` (a string so that
-        ``--set sim.systems=basic,dualpath`` works). ``pull_interval_s``: group leaders pull work
-        from the scheduler at most this often (a pull happens only when something changed).
-        ``reads_per_node``: storage reads a node serves at once (FIFO). ``rail_matched``: KV
-    between a PE and a DE buffer uses the DE node's CNIC on the PE's rail (else the DE's own). ``per_layer``: simulate
-        every layer's transfers explicitly instead of the exact pipeline aggregation (slow, for
-        checks). ``decode_macro_steps``: decode steps computed per event at most (1 = one event per
-        step). ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
+    ``systems``: comma-separated subset of ``SYSTEM_NAMES`` (a string, so that
+    ``--set sim.systems=basic,dualpath`` works). ``pull_interval_s``: group leaders pull
+    work at most this often (a pull happens only when something changed).
+    ``reads_per_node``: storage reads a node serves at once (FIFO). ``rail_matched``: KV
+    between a PE and a DE buffer crosses the DE node's CNIC on the PE's rail (else the DE's
+    own). ``per_layer``: simulate every layer's transfers explicitly instead of the exact
+    pipeline aggregation (slow; for checks). ``decode_macro_steps``: decode steps computed per
+    event at most (1 = one event per step). ``persist_interval_s``: a decode node starts a
+    persistence write at most this often (writes gate nothing; batching saves flows).
+    ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
     """
 
     systems: str = "basic,dualpath,oracle"

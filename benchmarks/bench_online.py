@@ -1,0 +1,125 @@
+"""Online capacity benchmark (SPEC §12): DualPath/Basic capacity ratios on DS 27B 1P1D and
+DS 660B 2P4D, and TTST/TPOT of both systems at a common APS.
+
+    .venv/bin/python benchmarks/bench_online.py [--quick] [--workers 2] [--out runs/bench_online.json]
+
+Each capacity probe is one seeded online run (Poisson arrivals, 32K MAL, stop rule with a
+60 s window and 180 s lookback, 900 s horizon; SLO mean TTFT ≤ 4 s, mean TPOT ≤ 50 ms).
+Prints progress per probe (wall time included) and a final table; nothing is tuned to the
+paper's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from dualpath.config import apply_overrides, preset
+from dualpath.sim.online import OnlineResult, OnlineSettings, run_online
+from dualpath.sim.studies import capacity
+
+# (preset, first bracket lo, hi): the bracket grows/shrinks by itself if wrong.
+SETTINGS = (("ds660b-2p4d", 4.0, 16.0), ("ds27b-1p1d", 2.0, 8.0))
+SYSTEMS = ("basic", "dualpath")
+
+
+def _settings(quick: bool) -> OnlineSettings:
+    if quick:
+        return OnlineSettings(aps=1.0, horizon_s=300.0, window_s=30.0, lookback_s=90.0)
+    return OnlineSettings(aps=1.0, horizon_s=900.0, window_s=60.0, lookback_s=180.0)
+
+
+def _config(name: str):  # type: ignore[no-untyped-def]
+    return apply_overrides(preset(name), ["workload.mal=32k", "workload.seed=1"])
+
+
+def _capacity_job(name: str, system: str, lo: float, hi: float, quick: bool) -> dict:
+    t0 = time.time()
+
+    def hook(sys_name: str, aps: float, r: OnlineResult) -> None:
+        print(
+            f"  {name} {sys_name:<8} aps={aps:7.3f} {'PASS' if r.passed else 'fail'} "
+            f"stop={r.stop_reason}@{r.stopped_at_s:.0f}s ttft={r.slo_check.ttft_s:.3f}s "
+            f"tpot={r.slo_check.tpot_s * 1e3:.1f}ms agents={r.num_agents} "
+            f"wall={time.time() - t0:.0f}s",
+            flush=True,
+        )
+
+    res = capacity(
+        _config(name), system, _settings(quick), lo, hi, rel_tol=0.1, max_iter=9, on_probe=hook
+    )
+    return {"setting": name, "system": system, "wall_s": time.time() - t0, **res.to_dict()}
+
+
+def _latency_job(name: str, system: str, aps: float, quick: bool) -> dict:
+    r = run_online(_config(name), system, dataclasses.replace(_settings(quick), aps=aps))
+    s = r.summary
+    return {
+        "setting": name,
+        "system": system,
+        "aps": aps,
+        "stop": r.stop_reason,
+        "ttft_mean_s": s.ttft.mean,
+        "ttst_mean_s": s.ttst.mean,
+        "ttst_p90_s": s.ttst.p90,
+        "tpot_mean_s": s.tpot.mean,
+        "tpot_p90_s": s.tpot.p90,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default="runs/bench_online.json")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    with ProcessPoolExecutor(args.workers) as pool:
+        futs = [
+            pool.submit(_capacity_job, name, system, lo, hi, args.quick)
+            for name, lo, hi in SETTINGS
+            for system in SYSTEMS
+        ]
+        caps = [f.result() for f in futs]
+        common = {}
+        for name, _, _ in SETTINGS:
+            basic = next(c for c in caps if c["setting"] == name and c["system"] == "basic")
+            common[name] = round(0.8 * basic["capacity_aps"], 3)
+        lat_futs = [
+            pool.submit(_latency_job, name, system, common[name], args.quick)
+            for name, _, _ in SETTINGS
+            for system in SYSTEMS
+        ]
+        lats = [f.result() for f in lat_futs]
+    print("\nsetting        system    capacity_aps  upper_aps  probes  wall_s")
+    for c in caps:
+        print(
+            f"{c['setting']:<14} {c['system']:<8} {c['capacity_aps']:12.3f} "
+            f"{c['upper_aps'] or float('inf'):10.3f} {len(c['probes']):7d} {c['wall_s']:7.0f}"
+        )
+    ratios = {}
+    for name, _, _ in SETTINGS:
+        by = {c["system"]: c["capacity_aps"] for c in caps if c["setting"] == name}
+        ratios[name] = by["dualpath"] / by["basic"] if by["basic"] > 0 else float("nan")
+        print(f"capacity ratio DualPath/Basic {name}: {ratios[name]:.2f}x")
+    print("\nsetting        system    aps     TTFT mean  TTST mean  TTST p90  TPOT mean  TPOT p90")
+    for r in lats:
+        print(
+            f"{r['setting']:<14} {r['system']:<8} {r['aps']:6.2f} {r['ttft_mean_s']:9.3f}s "
+            f"{r['ttst_mean_s']:9.3f}s {r['ttst_p90_s']:8.3f}s {r['tpot_mean_s'] * 1e3:8.2f}ms "
+            f"{r['tpot_p90_s'] * 1e3:7.2f}ms"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"capacity": caps, "latency": lats, "ratios": ratios}, indent=1))
+    print(f"\nwrote {out}; total wall {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

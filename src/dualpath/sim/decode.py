@@ -1,0 +1,139 @@
+"""DE groups: one decode batch per DE, all DEs of an EP group stepping in lockstep (SPEC §7, §13).
+
+Requests join at the next step boundary after their H2D; each step produces one token per
+resident request; a request leaves after its last token. Steps are computed in macro-steps of
+up to ``macro_steps`` steps per event (cut short when a request joins), which gives exactly the
+step-by-step timeline: every step's duration is the same function of the same batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+
+from dualpath.config import HardwareConfig, ModelConfig
+from dualpath.sim.events import Event, EventLoop
+from dualpath.sim.request import Req
+from dualpath.sim.steptime import step_time_fn
+
+
+class DecodeGroup:
+    """``members`` DE ids; ``num_gpus`` = EP size the weights are sharded over (1 without EP).
+
+    A step lasts the slowest member's ``cost.decode_step_time_s`` (lockstep MoE); members with
+    no resident request wait. Context of a resident request = prompt + tokens generated so far
+    (the first token, produced by the PE, counts from the join).
+    """
+
+    def __init__(
+        self,
+        members: tuple[int, ...],
+        *,
+        loop: EventLoop,
+        model: ModelConfig,
+        hw: HardwareConfig,
+        num_gpus: int,
+        macro_steps: int,
+        on_finish: Callable[[Req], None],
+    ) -> None:
+        self.members = members
+        self.loop = loop
+        self.model = model
+        self.hw = hw
+        self.num_gpus = num_gpus
+        self.macro_steps = macro_steps
+        self.on_finish = on_finish
+        self.step_time_s = step_time_fn(model, hw, num_gpus)
+        self.index = {de: i for i, de in enumerate(members)}
+        n = len(members)
+        self.batch = [0] * n  # resident requests per DE
+        self.context = [0] * n  # Σ context tokens of residents, at the last boundary
+        self.generated = [0] * n  # Σ tokens generated for residents, at the last boundary
+        self.heap: list[tuple[int, int, Req]] = []  # (finish step, request id, request)
+        self.pending: list[Req] = []
+        self.step = 0  # steps completed at the last boundary
+        self.times: list[float] = []  # end times of the steps of the current interval
+        self.event: Event | None = None
+        self.running = False
+        self.interval_start_s = 0.0
+        self.num_steps = 0
+        self.busy_s = [0.0] * n  # time each DE spent in steps with a resident request
+
+    # ------------------------------------------------------------------ queries
+    def generated_now(self, de: int) -> int:
+        """Tokens generated so far by ``de``'s residents, counting steps completed by now."""
+        i = self.index[de]
+        done = bisect_right(self.times, self.loop.now) if self.times else 0
+        return self.generated[i] + self.batch[i] * done
+
+    # ------------------------------------------------------------------ joins
+    def join(self, req: Req) -> None:
+        """``req``'s KV is in DE HBM: it joins the batch at the next step boundary."""
+        self.pending.append(req)
+        now = self.loop.now
+        if not self.running:
+            self.running = True
+            self.times = []
+            self.event = self.loop.at(now, self._boundary, 1, "de_boundary")
+            return
+        j = bisect_left(self.times, now)  # the step in progress ends at times[j]
+        if j < len(self.times) - 1:
+            assert self.event is not None
+            self.loop.cancel(self.event)
+            del self.times[j + 1 :]
+            self.event = self.loop.at(self.times[j], self._boundary, 0, "de_boundary")
+
+    # ------------------------------------------------------------------ boundaries
+    def _boundary(self) -> None:
+        now = self.loop.now
+        steps = len(self.times)
+        batch, context, generated = self.batch, self.context, self.generated
+        if steps:
+            span = now - self.interval_start_s
+            for i, b in enumerate(batch):
+                if b:
+                    context[i] += b * steps
+                    generated[i] += b * steps
+                    self.busy_s[i] += span
+            self.step += steps
+            self.num_steps += steps
+        self.times = []
+        heap = self.heap
+        while heap and heap[0][0] <= self.step:
+            _, _, req = heapq.heappop(heap)
+            i = self.index[req.de]
+            batch[i] -= 1
+            context[i] -= req.prompt_tokens + req.output_tokens
+            generated[i] -= req.output_tokens
+            req.finish_s = now
+            self.on_finish(req)
+        joined = self.pending
+        self.pending = []
+        for req in joined:
+            i = self.index[req.de]
+            batch[i] += 1
+            context[i] += req.prompt_tokens + 1
+            generated[i] += 1
+            heapq.heappush(heap, (self.step + req.output_tokens - 1, req.request_id, req))
+        if not heap:
+            self.running = False
+            self.event = None
+            return
+        self._plan_interval(heap[0][0] - self.step)
+        for req in joined:
+            req.second_token_s = self.times[0]
+        self.event = self.loop.at(self.times[-1], self._boundary, 0, "de_boundary")
+
+    def _plan_interval(self, until_next_finish: int) -> None:
+        """Step end times of the next ``min(until_next_finish, macro_steps)`` steps."""
+        step_time = self.step_time_s
+        active = [
+            (b, c, i) for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True)) if b
+        ]
+        t = self.interval_start_s = self.loop.now
+        times = self.times
+        for j in range(min(until_next_finish, self.macro_steps)):
+            dur = max([step_time(b, c + b * j) for b, c, _ in active])
+            t += dur
+            times.append(t)

@@ -1,0 +1,90 @@
+"""One node's storage read queue and its PE/DE buffer (SPEC §2, §4, §13.4–5).
+
+Reads are served FIFO, ``reads_per_node`` at a time, as Full Blocks over the node's SNIC into
+its buffer. A read starts only when its bytes fit in the buffer (backpressure; an empty buffer
+always admits one read, so a request larger than the buffer cannot deadlock). Buffer bytes are
+released by the shell when the KV leaves the buffer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+
+from dualpath.sim.request import Req
+from dualpath.sim.transfers import Transfers
+
+
+class NodeIO:
+    """``read_queue_tokens`` is SPEC §13.4's ``read_q``: hit tokens queued or being read."""
+
+    def __init__(
+        self,
+        node_id: int,
+        path_kind: str,
+        read_path: tuple[int, ...],
+        buffer_capacity_bytes: float,
+        reads_at_once: int,
+        transfers: Transfers,
+        on_read_done: Callable[[Req, int], None],
+    ) -> None:
+        self.node_id = node_id
+        self.path_kind = path_kind
+        self.read_path = read_path
+        self.buffer_capacity_bytes = buffer_capacity_bytes
+        self.reads_at_once = reads_at_once
+        self.transfers = transfers
+        self.on_read_done = on_read_done
+        self.queue: deque[tuple[Req, int, float]] = deque()
+        self.read_queue_tokens = 0
+        self.in_flight = 0
+        self.buffer_used_bytes = 0.0
+        self.buffer_peak_bytes = 0.0
+        self.bytes_read = 0.0
+
+    def enqueue(self, req: Req, tokens: int, size_bytes: float) -> None:
+        """Queue a read of ``tokens`` hit tokens (``size_bytes`` of Full Blocks) for ``req``."""
+        self.queue.append((req, tokens, size_bytes))
+        self.read_queue_tokens += tokens
+        self.pump()
+
+    def hold(self, size_bytes: float) -> None:
+        """Put bytes into the buffer that did not come from storage (PE → DE KV sends)."""
+        self.buffer_used_bytes += size_bytes
+        if self.buffer_used_bytes > self.buffer_peak_bytes:
+            self.buffer_peak_bytes = self.buffer_used_bytes
+
+    def release(self, size_bytes: float) -> None:
+        self.buffer_used_bytes -= size_bytes
+        if self.buffer_used_bytes < 1e-6:
+            self.buffer_used_bytes = 0.0
+        self.pump()
+
+    def pump(self) -> None:
+        """Start queued reads, in FIFO order, while slots and buffer space allow."""
+        queue = self.queue
+        while queue and self.in_flight < self.reads_at_once:
+            req, tokens, size = queue[0]
+            if self.buffer_used_bytes > 0 and self.buffer_used_bytes + size > (
+                self.buffer_capacity_bytes
+            ):
+                return  # backpressure: the head waits for buffer space (FIFO)
+            queue.popleft()
+            self.in_flight += 1
+            self.hold(size)
+            if req.read_start_s < 0:
+                req.read_start_s = self.transfers.loop.now
+            self.bytes_read += size
+            self.transfers.start(
+                self.path_kind,
+                self.read_path,
+                size,
+                partial(self._done, req, tokens),
+            )
+
+    def _done(self, req: Req, tokens: int) -> None:
+        self.in_flight -= 1
+        self.read_queue_tokens -= tokens
+        self.on_read_done(req, self.node_id)
+        self.pump()

@@ -1,0 +1,203 @@
+"""PE groups: lockstep forward passes with layerwise KV loads and sends (SPEC §4, §7.2, §8).
+
+A group (all PEs of an EP group, or one PE without EP) runs one forward pass at a time. Each
+GPU's batch comes from ``policy.plan_forward``; the slowest GPU's attention sets the pace
+(bubbles are real), expert/linear time follows the group's total tokens, and the MoE
+dispatch/combine is one high-priority flow over the group's CNICs. KV loads and sends are
+fluid flows; their layer pipelining is aggregated exactly (``passes.py``) or, with
+``per_layer``, simulated layer by layer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from dualpath.config import HardwareConfig, ModelConfig
+from dualpath.models import cost
+from dualpath.policy.base import PendingPrefill, Policy
+from dualpath.policy.commands import Chunk
+from dualpath.sim.events import EventLoop
+from dualpath.sim.node_io import NodeIO
+from dualpath.sim.passes import AggregatePass, PassPlan, PerLayerPass
+from dualpath.sim.request import Req
+from dualpath.sim.topology import Topology
+from dualpath.sim.transfers import Transfers
+
+
+class PrefillGroup:
+    def __init__(
+        self,
+        members: tuple[int, ...],
+        *,
+        loop: EventLoop,
+        policy: Policy,
+        topo: Topology,
+        transfers: Transfers,
+        node_ios: list[NodeIO],
+        reqs: dict[int, Req],
+        model: ModelConfig,
+        hw: HardwareConfig,
+        layerwise: bool,
+        per_layer: bool,
+        collectives: bool,
+        on_prefill_done: Callable[[Req], None],
+    ) -> None:
+        self.members = members
+        self.loop = loop
+        self.policy = policy
+        self.topo = topo
+        self.transfers = transfers
+        self.node_ios = node_ios
+        self.reqs = reqs
+        self.model = model
+        self.hw = hw
+        self.layerwise = layerwise
+        self.per_layer = per_layer and layerwise
+        self.collectives = collectives and len(members) > 1
+        self.on_prefill_done = on_prefill_done
+        self.kv_per_token = cost.kv_bytes_per_token(model)
+        # Without layerwise prefill the batch's whole KV must fit in one GPU's HBM.
+        self.kv_budget_tokens = (
+            None if layerwise else cost.kv_capacity_tokens(model, hw, len(members))
+        )
+        self.queues: dict[int, deque[Req]] = {pe: deque() for pe in members}
+        self.busy = False
+        self.kicked = False
+        self.num_passes = 0
+        self.busy_s: dict[int, float] = dict.fromkeys(members, 0.0)  # GPU compute time
+        self.pass_s = 0.0  # wall time of all passes (incl. transfer stalls)
+        self._batches: list[tuple[int, tuple[Chunk, ...]]] = []
+        self._pass_start = 0.0
+        self._aggregate: AggregatePass | None = None
+        self.collective_s = 0.0  # how long the collectives took (aggregate passes)
+        self.collective_ideal_s = 0.0  # ... at the full CNIC rate
+
+    # ------------------------------------------------------------------ intake
+    def add_ready(self, req: Req) -> None:
+        """``req``'s hit KV is in a buffer: it joins its PE's local FIFO queue."""
+        self.queues[req.pe].append(req)
+        self.kick()
+
+    def kick(self) -> None:
+        # Start at the current instant, after every same-time event (priority 1), so that
+        # reads finishing together join one batch.
+        if not self.busy and not self.kicked:
+            self.kicked = True
+            self.loop.at(self.loop.now, self._start_pass, 1, "pe_pass")
+
+    # ------------------------------------------------------------------ planning
+    def _plan_batches(self) -> list[tuple[int, tuple[Chunk, ...]]]:
+        now = self.loop.now
+        out = []
+        for pe in self.members:
+            queue = self.queues[pe]
+            if not queue:
+                continue
+            pending = [
+                PendingPrefill(r.request_id, r.cached_tokens, r.remaining_new_tokens) for r in queue
+            ]
+            batch = self.policy.plan_forward(pe, pending, now, self.kv_budget_tokens)
+            if batch.chunks:
+                out.append((pe, batch.chunks))
+        return out
+
+    def _make_plan(self, batches: list[tuple[int, tuple[Chunk, ...]]]) -> PassPlan:
+        model, hw, topo, kvpt = self.model, self.hw, self.topo, self.kv_per_token
+        size = len(self.members)
+        total_new = 0
+        attention: dict[int, float] = {}
+        loads: dict[tuple[int, ...], list] = {}
+        sends: dict[tuple[int, ...], list] = {}
+        for pe, chunks in batches:
+            attention[pe] = cost.attention_time_s(model, hw, [(c.cached, c.new) for c in chunks])
+            for c in chunks:
+                total_new += c.new
+                req = self.reqs[c.request_id]
+                first = c.cached == req.hit_tokens
+                from_pe = req.pe_read_tokens
+                from_de = c.cached - from_pe  # DE-side hits and earlier chunks (in the DE buffer)
+                if from_pe:
+                    path = topo.pe_load_path(pe)
+                    loads.setdefault(path, ["pe_buffer_to_pe_hbm", 0.0])[1] += from_pe * kvpt
+                if from_de:
+                    path = topo.de_load_path(req.de, pe)
+                    loads.setdefault(path, ["de_buffer_to_pe_hbm", 0.0])[1] += from_de * kvpt
+                # Sent to the DE buffer: this chunk's new KV, plus the PE-side hits once.
+                send_bytes = (c.new + (from_pe if first else 0)) * kvpt
+                path = topo.send_path(pe, req.de)
+                sends.setdefault(path, ["pe_hbm_to_de_buffer", 0.0])[1] += send_bytes
+                req.de_buffer_bytes += send_bytes
+                self.node_ios[topo.node_of(req.de)].hold(send_bytes)
+        linear = cost.linear_time_s(model, hw, total_new / size)
+        for pe in self.members:
+            self.busy_s[pe] += attention.get(pe, 0.0) + linear
+        plan = PassPlan(max(attention.values()) + linear)
+        plan.loads = [(k, p, b) for p, (k, b) in sorted(loads.items())]
+        plan.sends = [(k, p, b) for p, (k, b) in sorted(sends.items())]
+        if self.collectives:
+            per_gpu = cost.moe_collective_bytes(
+                model, round(total_new / size), size, hw.gpus_per_node
+            )
+            if per_gpu > 0:
+                plan.collective = ("collectives", topo.collective_path(self.members), per_gpu)
+        return plan
+
+    # ------------------------------------------------------------------ running a pass
+    def _start_pass(self) -> None:
+        self.kicked = False
+        if self.busy:
+            return
+        batches = self._plan_batches()
+        if not batches:
+            if any(self.queues[pe] for pe in self.members):
+                raise RuntimeError(
+                    f"PE group {self.members[0]}: queued requests but plan_forward returned an "
+                    "empty batch (a request larger than the HBM KV budget?)"
+                )
+            return
+        self.busy = True
+        now = self.loop.now
+        for _, chunks in batches:
+            for c in chunks:
+                req = self.reqs[c.request_id]
+                if req.prefill_start_s < 0:
+                    req.prefill_start_s = now
+        self._batches = batches
+        self._pass_start = now
+        plan = self._make_plan(batches)
+        layers = self.model.num_layers
+        if self.per_layer:
+            PerLayerPass(self.loop, self.transfers, layers, plan, self._end_pass).start()
+        else:
+            agg = AggregatePass(
+                self.loop, self.transfers, layers, plan, self.layerwise, self._end_pass
+            )
+            self._aggregate = agg
+            agg.start()
+        if plan.collective:
+            self.collective_ideal_s += plan.collective[2] / self.hw.cnic_bytes_per_s
+
+    def _end_pass(self) -> None:
+        batches = self._batches
+        self._batches = []
+        self.num_passes += 1
+        self.pass_s += self.loop.now - self._pass_start
+        if self._aggregate is not None:
+            self.collective_s += self._aggregate.collective_s
+            self._aggregate = None
+        done: list[Req] = []
+        for pe, chunks in batches:
+            queue = self.queues[pe]
+            for c in chunks:
+                req = self.reqs[c.request_id]
+                req.cached_tokens += c.new
+                req.remaining_new_tokens -= c.new
+                if req.remaining_new_tokens <= 0:
+                    queue.remove(req)
+                    done.append(req)
+        self.busy = False
+        for req in done:
+            self.on_prefill_done(req)
+        if any(self.queues[pe] for pe in self.members):
+            self.kick()

@@ -1,0 +1,68 @@
+"""Fast evaluation of ``cost.decode_step_time_s`` for one (model, hardware, EP size).
+
+The decode loop evaluates the step time of every DE at every step; the cost model's generic
+function re-derives constants on each call. ``StepTime`` hoists them and re-states the same
+formula; at construction it checks itself against the cost model on a grid of points and
+falls back to the cost model if any differs (so a cost-model change can never go unnoticed
+into a wrong result; ``tests/sim/test_steptime.py`` flags it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dualpath.config import HardwareConfig, ModelConfig
+from dualpath.models import cost
+from dualpath.types import AttentionKind
+
+_CHECK_BATCHES = (1, 2, 3, 7, 16, 33, 64, 200)
+_CHECK_MEAN_CONTEXTS = (1, 63, 500, 1023, 1024, 2047, 2048, 2049, 5000, 32_000, 131_072)
+_REL_TOL = 1e-12
+
+
+def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[int, int], float]:
+    sparse = model.attention_kind is AttentionKind.MLA_SPARSE
+    per_token = float(cost.kv_bytes_per_token(model))
+    topk = float(model.sparse_topk)
+    index_per_token = float(model.indexer_head_dim * model.num_layers)
+    weight_bytes = cost.weight_bytes_per_gpu(model, num_gpus)
+    bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
+    peak = (hw.gpu_fp8_flops if model.compute_dtype == "fp8" else hw.gpu_bf16_flops) * hw.linear_mfu
+    linear_per_token = cost.linear_flops(model, 1)
+    overhead = hw.decode_step_overhead_s
+    main_per_pair = cost.attention_main_flops(model, 0, 1)  # one query, one key: all layers
+    index_per_pair = cost.indexer_flops(model, 0, 1)
+    cap = model.sparse_topk
+
+    def step_time_s(batch: int, context: int) -> float:
+        if batch <= 0:
+            return 0.0
+        if sparse:
+            kv = batch * min(context / batch, topk) * per_token + float(context) * index_per_token
+        else:
+            kv = float(context) * per_token
+        mean = context // batch
+        main_pairs = (mean + 1.0 if mean < cap else float(cap)) if sparse else mean + 1.0
+        attention = main_pairs * main_per_pair + (mean + 1.0) * index_per_pair
+        flops = linear_per_token * batch + batch * attention
+        memory_s = (weight_bytes + kv) / bandwidth
+        compute_s = flops / peak
+        return max(memory_s, compute_s) + overhead
+
+    return step_time_s
+
+
+def step_time_fn(
+    model: ModelConfig, hw: HardwareConfig, num_gpus: int
+) -> Callable[[int, int], float]:
+    """``f(batch, context_tokens)`` equal to ``cost.decode_step_time_s(model, hw, batch,
+    context_tokens, num_gpus)``: the fast form when it matches on the check grid, else the
+    cost model itself."""
+    fast = _fast(model, hw, num_gpus)
+    for b in _CHECK_BATCHES:
+        for m in _CHECK_MEAN_CONTEXTS:
+            ref = cost.decode_step_time_s(model, hw, b, b * m + b // 2, num_gpus)
+            got = fast(b, b * m + b // 2)
+            if abs(got - ref) > _REL_TOL * abs(ref):
+                return lambda b, c: cost.decode_step_time_s(model, hw, b, c, num_gpus)
+    return fast

@@ -1,0 +1,101 @@
+"""`dualpath online | capacity | ablation | replay | trace`: wiring, output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dualpath.cli.main import main
+from dualpath.cli.online_cmd import DEFAULT_TRACE
+
+FAST = ["--preset", "ds27b-1p1d", "--mal", "32k", "--set", "workload.num_base_trajectories=8"]
+
+
+def test_online_prints_a_row_per_system(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["online", *FAST, "--aps", "1", "--horizon-s", "15", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "basic" in out and "dualpath" in out and "ttft_s" in out
+    rows = json.loads((tmp_path / "online.json").read_text())
+    assert [r["system"] for r in rows] == ["basic", "dualpath"]
+    assert all(r["ttft_s"] > 0 for r in rows)
+
+
+def test_capacity_prints_the_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "capacity",
+        *FAST,
+        "--horizon-s",
+        "20",
+        "--window-s",
+        "5",
+        "--lookback-s",
+        "5",
+        "--lo",
+        "0.5",
+        "--hi",
+        "1",
+        "--max-probes",
+        "2",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "DualPath/Basic capacity ratio" in out
+    rows = json.loads((tmp_path / "capacity.json").read_text())
+    assert {r["system"] for r in rows} == {"basic", "dualpath"}
+    assert all(len(r["probes"]) == 2 for r in rows)
+
+
+def test_trace_writes_a_chrome_trace(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    assert main(["trace", *FAST, "--horizon-s", "5", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert any(e["ph"] == "X" for e in doc["traceEvents"])
+
+
+def test_replay_skips_clearly_or_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = DEFAULT_TRACE / "mooncake_synthetic_trace.jsonl"
+    if not trace.is_file():
+        pytest.skip(f"Mooncake trace not found at {trace}")
+    argv = [
+        "replay",
+        *FAST,
+        "--trace-name",
+        "mooncake_synthetic_trace.jsonl",
+        "--speedup",
+        "1,4",
+        "--horizon-s",
+        "5",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "replay.json").read_text())
+    assert [(r["system"], r["speedup"]) for r in rows] == [
+        ("basic", 1.0),
+        ("dualpath", 1.0),
+        ("basic", 4.0),
+        ("dualpath", 4.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["online", *FAST, "--aps", "-1"], "aps"),
+        (["online", *FAST, "--aps", "1", "--systems", "nope"], "sim.systems"),
+        (["replay", *FAST, "--trace-file", "/nonexistent.jsonl"], "trace"),
+        (["capacity", *FAST, "--lo", "2", "--hi", "1"], "--hi"),
+    ],
+)
+def test_user_mistakes_are_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dualpath: error:") and needle in err and "\n" not in err

@@ -1,0 +1,106 @@
+"""Decode groups: step timing, lockstep, and macro-steps equal to step-by-step."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualpath.config import preset
+from dualpath.config.sim import SimConfig
+from dualpath.models import cost
+from dualpath.sim.decode import DecodeGroup
+from dualpath.sim.events import EventLoop
+from dualpath.sim.request import Req
+from dualpath.sim.runner import simulate
+from dualpath.sim.steptime import step_time_fn
+
+from .conftest import small_config
+
+
+def _group(
+    macro: int, members: tuple[int, ...] = (10, 11)
+) -> tuple[EventLoop, DecodeGroup, list[Req]]:
+    c = preset("ds27b-1p1d")
+    loop = EventLoop()
+    done: list[Req] = []
+    group = DecodeGroup(
+        members,
+        loop=loop,
+        model=c.model,
+        hw=c.hardware,
+        num_gpus=len(members),
+        macro_steps=macro,
+        on_finish=done.append,
+    )
+    return loop, group, done
+
+
+def _req(rid: int, de: int, prompt: int, output: int) -> Req:
+    r = Req(rid, rid, 0, prompt, 0, output, 0.0)
+    r.de = de
+    return r
+
+
+@pytest.mark.parametrize("macro", [1, 4, 64])
+def test_single_request_steps(macro: int) -> None:
+    loop, group, done = _group(macro)
+    c = preset("ds27b-1p1d")
+    req = _req(0, 10, 1000, 6)
+    loop.at(1.0, lambda: group.join(req))
+    loop.run()
+    # tokens 2..6 come from 5 decode steps; context = prompt + 1 at the first step
+    steps = [cost.decode_step_time_s(c.model, c.hardware, 1, 1001 + j, 2) for j in range(5)]
+    assert done == [req]
+    assert req.second_token_s == pytest.approx(1.0 + steps[0], rel=1e-12)
+    assert req.finish_s == pytest.approx(1.0 + sum(steps), rel=1e-12)
+    assert group.num_steps == 5
+    assert group.batch == [0, 0] and group.context == [0, 0] and group.generated == [0, 0]
+
+
+@pytest.mark.parametrize("macro", [1, 3, 64])
+def test_lockstep_slowest_de_sets_pace_and_join_waits_for_boundary(macro: int) -> None:
+    loop, group, done = _group(macro)
+    f = step_time_fn(preset("ds27b-1p1d").model, preset("ds27b-1p1d").hardware, 2)
+    big = _req(0, 10, 100_000, 4)
+    small = _req(1, 11, 100, 3)
+    loop.at(0.0, lambda: group.join(big))
+    join_s = f(1, 100_001) * 1.5  # mid second step
+    loop.at(join_s, lambda: group.join(small))
+    loop.run()
+    s1 = f(1, 100_001)
+    s2 = f(1, 100_002)
+    # the small request joins at the end of step 2; steps 3, 4 run both DEs in lockstep
+    s3 = max(f(1, 100_003), f(1, 101))
+    s4 = f(1, 102)  # big finished after step 3 (3 decode steps)
+    assert big.finish_s == pytest.approx(s1 + s2 + s3, rel=1e-12)
+    assert small.second_token_s == pytest.approx(s1 + s2 + s3, rel=1e-12)
+    assert small.finish_s == pytest.approx(s1 + s2 + s3 + s4, rel=1e-12)
+    assert [r.request_id for r in done] == [0, 1]
+
+
+def test_macro_steps_equal_step_by_step_end_to_end() -> None:
+    config = small_config("ds27b-1p1d", 8, "32k")
+    step = simulate(config, "dualpath", SimConfig(decode_macro_steps=1))
+    macro = simulate(config, "dualpath", SimConfig(decode_macro_steps=64))
+    assert macro.records == step.records
+    assert macro.jct_s == step.jct_s
+    assert macro.counters["decode_steps"] == step.counters["decode_steps"]
+    assert macro.counters["events"] < step.counters["events"]
+
+
+def test_steptime_matches_cost_model() -> None:
+    for name in ("ds660b-2p4d", "ds27b-1p1d", "qwen32b-1p2d", "tiny-1p1d"):
+        c = preset(name)
+        for gpus in (1, 8, 32):
+            f = step_time_fn(c.model, c.hardware, gpus)
+            for batch in (1, 5, 28, 64, 300):
+                for mean in (0, 10, 1023, 1024, 2047, 2048, 4096, 40_000):
+                    ctx = batch * mean + batch // 3 + 1
+                    ref = cost.decode_step_time_s(c.model, c.hardware, batch, ctx, gpus)
+                    assert f(batch, ctx) == pytest.approx(ref, rel=1e-12), (name, batch, ctx)
+
+
+def test_steptime_falls_back_when_cost_model_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = preset("ds27b-1p1d")
+    monkeypatch.setattr(cost, "decode_step_time_s", lambda model, hw, b, ctx, gpus=1: 0.125 * b)
+    f = step_time_fn(c.model, c.hardware, 8)
+    assert f(4, 4000) == 0.5  # the (changed) cost model itself, not the stale fast form
