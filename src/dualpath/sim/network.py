@@ -13,10 +13,12 @@ import operator
 from collections.abc import Callable, Sequence
 
 from dualpath.sim.events import Event, EventLoop
+from dualpath.sim.maxmin import fill_max_min
 from dualpath.types import TrafficClass
 
 DONE_REL = 1e-9  # a flow is done once remaining <= DONE_REL * size
 SETTLE_PRIORITY = 2**62  # rate recomputation runs after every other event of its instant
+SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
 
 
 class FluidNetwork:
@@ -33,9 +35,12 @@ class FluidNetwork:
 
     Timing: starts, cancels and completions mark resources dirty; rates are recomputed once
     per instant (a loop event at ``SETTLE_PRIORITY``, or earlier on any query), which is exact
-    since no time passes in between. Completions are fired by one loop event (``priority``,
-    label ``net.done``); flows finishing at the same instant get ``on_done()`` in order of
-    (finish time, flow id). Zero-size flows complete at ``now`` through the loop too.
+    since no time passes in between. Skipped as exactly redundant: a capped flow starting or
+    ending on resources that stay clearly unsaturated (it runs at its cap, nobody else's rate
+    moves), and, within a recomputation, capped flows at their cap on such resources.
+    Completions are fired by one loop event (``priority``, label ``net.done``); flows
+    finishing at the same instant get ``on_done()`` in order of (finish time, flow id).
+    Zero-size flows complete at ``now`` through the loop too.
     """
 
     def __init__(
@@ -55,6 +60,8 @@ class FluidNetwork:
         self._cap: list[float] = []
         self._names: dict[str, int] = {}
         self._members: tuple[list[dict[int, int]], list[dict[int, int]]] = ([], [])
+        self._tot: tuple[list[int], list[int]] = ([], [])  # sum of multiplicities in _members
+        self._cnt: list[int] = []  # scratch for fill_max_min
         self._rate: list[float] = []  # settled total rate through each resource
         self._carried: list[float] = []
         self._last_s: list[float] = []
@@ -84,6 +91,8 @@ class FluidNetwork:
         self._settle_ev: Event | None = None
         self._epoch = 0
         self._num_capped = 0  # live flows with a finite rate cap
+        self._slack_limit = (1.0 - (self._floor if self._tm else 0.0)) * (1.0 - SLACK_REL)
+        self._rearm = False  # a flow changed without a recomputation: re-arm at settle
         self._num_settles = 0
         self._num_settled_flows = 0
 
@@ -103,6 +112,8 @@ class FluidNetwork:
         self._cap.append(float(capacity_bytes_per_s))
         for lst in (*self._members,):
             lst.append({})
+        for tot in (*self._tot, self._cnt):
+            tot.append(0)
         self._rate.append(0.0)
         self._carried.append(0.0)
         self._last_s.append(self._loop.now)
@@ -189,11 +200,22 @@ class FluidNetwork:
             self._arm()
             return fid
         self._f_path[slot] = rids
-        members = self._members[int(klass) if self._tm else 0]
+        k = int(klass) if self._tm else 0
+        members, tot = self._members[k], self._tot[k]
         for r in rids:
             m = members[r]
             m[slot] = m.get(slot, 0) + 1
-        self._mark_dirty(rids)
+            tot[r] += 1
+        cap = self._f_cap[slot]
+        if cap < math.inf and self._unsaturated(rids, cap):
+            self._f_rate[slot] = cap
+            self._f_ver[slot] += 1
+            heapq.heappush(
+                self._finish, (now + self._f_size[slot] / cap, fid, slot, self._f_ver[slot])
+            )
+            self._shift_rates(rids, cap)
+        else:
+            self._mark_dirty(rids)
         return fid
 
     def cancel_flow(self, flow_id: int) -> float:
@@ -257,10 +279,17 @@ class FluidNetwork:
 
     def _detach(self, slot: int) -> None:
         path = self._f_path[slot]
-        members = self._members[self._f_cls[slot] if self._tm else 0]
+        k = self._f_cls[slot] if self._tm else 0
+        members, tot = self._members[k], self._tot[k]
         for r in path:
-            members[r].pop(slot, None)
-        self._mark_dirty(path)
+            tot[r] -= members[r].pop(slot, 0)
+        x = self._f_rate[slot]
+        if not path:
+            return
+        if x >= 0.0 and self._unsaturated(path, 0.0):
+            self._shift_rates(path, -x)
+        else:
+            self._mark_dirty(path)
 
     def _release(self, slot: int) -> None:
         del self._slot_of[self._f_id[slot]]
@@ -273,9 +302,29 @@ class FluidNetwork:
 
     # -- recomputation ---------------------------------------------------------------------
 
+    def _unsaturated(self, path: tuple[int, ...], add_rate: float) -> bool:
+        """Whether every resource of ``path``, carrying ``add_rate`` more per crossing, stays
+        clearly below its HIGH share. Then it is a bottleneck neither before nor after a flow
+        that crosses only such resources (and, when starting, runs at its cap ``add_rate``)
+        starts or ends: every other flow's progressive filling runs the same operations on
+        its bottlenecks, so its rate is exactly what a recomputation would give."""
+        cap, rate, lim = self._cap, self._rate, self._slack_limit
+        return all(rate[r] + add_rate * path.count(r) <= cap[r] * lim for r in path)
+
+    def _shift_rates(self, path: tuple[int, ...], delta: float) -> None:
+        """A flow at rate ``|delta|`` started (+) or ended (-) without a recomputation:
+        account resources at their old rates, then adjust them."""
+        self._account(list(path), self._loop.now)
+        rate, t0, t1 = self._rate, *self._tot
+        for r in path:
+            left = rate[r] + delta
+            rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
+        self._rearm = True
+        self._mark_dirty(())
+
     def _mark_dirty(self, path: tuple[int, ...]) -> None:
-        if not path:
-            return
+        """Mark ``path`` for recomputation; an empty path (from a flow that changed without
+        one) only makes sure the settle event of this instant is scheduled."""
         dirty = self._dirty
         for r in path:
             dirty[r] = None
@@ -291,26 +340,42 @@ class FluidNetwork:
             self._settle_ev = None
             self._loop.cancel(event)  # a no-op when it is the event running now
         if not self._dirty:
+            if self._rearm:
+                self._rearm = False
+                self._arm()
             return
+        self._rearm = False
         self._num_settles += 1
         now = self._loop.now
-        res, flows = self._component()
-        self._num_settled_flows += len(flows)
+        dirty = list(self._dirty)
+        self._dirty = {}
+        res, flows, pinned = self._component(dirty, True)
         self._account(res, now)
-        self._assign_rates(res, flows)
+        if not self._assign_rates(res, flows, pinned):
+            res, flows, pinned = self._component(dirty, False)
+            self._account(res, now)
+            self._assign_rates(res, flows, pinned)
+        self._num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
 
-    def _component(self) -> tuple[list[int], list[int]]:
-        """Resources and flows reachable from the dirty resources through shared resources."""
+    def _component(self, dirty: list[int], pin: bool) -> tuple[list[int], list[int], list[int]]:
+        """Resources and flows reachable from the dirty resources through shared resources.
+        With ``pin``, flows running at their rate cap are not followed (they are returned
+        apart, as pinned): ``_assign_rates`` keeps them at their cap if all their resources
+        stay clearly unsaturated, which leaves every other rate exactly as a recomputation
+        of the whole component would (see ``_unsaturated``)."""
         self._epoch += 1
         epoch = self._epoch
-        res = list(self._dirty)
-        self._dirty = {}
+        res = list(dirty)
         rmark, fmark, paths = self._rmark, self._f_mark, self._f_path
+        fcap, frate = self._f_cap, self._f_rate
+        cap, rate, lim = self._cap, self._rate, self._slack_limit
         for r in res:
             rmark[r] = epoch
         flows: list[int] = []
+        pinned: list[int] = []
+        pin = pin and self._num_capped > 0
         m0, m1 = self._members
         i = 0
         while i < len(res):
@@ -320,12 +385,19 @@ class FluidNetwork:
                 for s in m:
                     if fmark[s] != epoch:
                         fmark[s] = epoch
+                        if pin and frate[s] == fcap[s]:
+                            for r2 in paths[s]:  # a guess; _assign_rates checks after
+                                if rate[r2] > cap[r2] * lim:
+                                    break
+                            else:
+                                pinned.append(s)
+                                continue
                         flows.append(s)
                         for r2 in paths[s]:
                             if rmark[r2] != epoch:
                                 rmark[r2] = epoch
                                 res.append(r2)
-        return res, flows
+        return res, flows, pinned
 
     def _account(self, res: list[int], now: float) -> None:
         last, busy, rate, carried = self._last_s, self._busy_s, self._rate, self._carried
@@ -338,34 +410,58 @@ class FluidNetwork:
                     busy[r] += dt
                 last[r] = now
 
-    def _assign_rates(self, res: list[int], flows: list[int]) -> None:
-        """New rates into ``_f_new``; resource rate sums = capacity minus what is left."""
-        cap, avail, new, rate = self._cap, self._scratch, self._f_new, self._rate
+    def _assign_rates(self, res: list[int], flows: list[int], pinned: list[int]) -> bool:
+        """New rates into ``_f_new``; resource rate sums = capacity minus what is left.
+        Pinned flows keep their rate; False (redo without pinning) if one of their resources
+        is no longer clearly unsaturated."""
+        cap, avail, new, rate, cnt = self._cap, self._scratch, self._f_new, self._rate, self._cnt
         m0, m1 = self._members
+        t0, t1 = self._tot
         args = (self._f_path, self._f_cap if self._num_capped else None, self._f_id, new, avail)
-        if not self._tm:
+        cls = self._f_cls
+        high = [s for s in flows if not cls[s]] if self._tm else flows
+        pin_high = [s for s in pinned if not cls[s]] if self._tm else pinned
+        if len(high) == len(flows) and len(pin_high) == len(pinned):  # one class here
             for r in res:
                 avail[r] = cap[r]
-            fill_max_min(flows, m0, res, *args)
+                cnt[r] = t0[r]
+            self._pin(pinned)
+            fill_max_min(high, m0, res, *args, cnt)
         else:
-            cls = self._f_cls
-            high = [s for s in flows if not cls[s]]
-            if len(high) == len(flows):  # no LOW here: HIGH alone gets full capacities
-                for r in res:
-                    avail[r] = cap[r]
-                fill_max_min(high, m0, res, *args)
-            else:
-                high_share = 1.0 - self._floor
-                for r in res:
-                    avail[r] = cap[r] * high_share if m0[r] and m1[r] else cap[r]
-                fill_max_min(high, m0, res, *args)
-                for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
-                    left = avail[r] + (cap[r] - cap[r] * high_share if m0[r] and m1[r] else 0.0)
-                    avail[r] = left if left > 0.0 else 0.0
-                fill_max_min([s for s in flows if cls[s]], m1, res, *args)
+            high_share = 1.0 - self._floor
+            for r in res:
+                avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
+                cnt[r] = t0[r]
+            self._pin(pin_high)
+            fill_max_min(high, m0, res, *args, cnt)
+            for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
+                left = avail[r] + (cap[r] - cap[r] * high_share if t0[r] and t1[r] else 0.0)
+                avail[r] = left if left > 0.0 else 0.0
+                cnt[r] = t1[r]
+            self._pin([s for s in pinned if cls[s]])
+            fill_max_min([s for s in flows if cls[s]], m1, res, *args, cnt)
         for r in res:
             used = cap[r] - avail[r]
             rate[r] = used if used > 0.0 else 0.0
+        paths, lim = self._f_path, self._slack_limit
+        for s in pinned:
+            for r in paths[s]:
+                if rate[r] > cap[r] * lim:
+                    return False
+        return True
+
+    def _pin(self, pinned: list[int]) -> None:
+        """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take
+        that rate off the resources being recomputed, before filling."""
+        avail, cnt, rmark, epoch = self._scratch, self._cnt, self._rmark, self._epoch
+        rate, new, paths = self._f_rate, self._f_new, self._f_path
+        for s in pinned:
+            x = rate[s]
+            new[s] = x
+            for r in paths[s]:
+                if rmark[r] == epoch:
+                    avail[r] -= x
+                    cnt[r] -= 1
 
     def _reschedule(self, flows: list[int], now: float) -> None:
         """Flows whose rate changed: bring remaining bytes to ``now`` at the old rate and
@@ -430,80 +526,3 @@ class FluidNetwork:
             callback()
         self._settle()
         self._arm()
-
-
-def fill_max_min(
-    flows: list[int],
-    members: list[dict[int, int]],
-    res: list[int],
-    paths: list[tuple[int, ...]],
-    max_rates: list[float] | None,
-    flow_ids: list[int],
-    out: list[float],
-    avail: list[float],
-) -> None:
-    """Max-min fair rates by progressive filling, written to ``out[slot]``.
-
-    ``flows`` are slots of one class; ``members[r]`` maps slot -> multiplicity for that class;
-    ``res`` holds every resource those flows use; ``avail[r]`` is the capacity left for them
-    and is decremented by what they take. All unfrozen flows share one rising level; a
-    resource saturates at level ``avail / unfrozen count`` (never decreasing as flows freeze
-    below it), so a heap of those levels, refreshed lazily when an entry reaches the top,
-    yields bottlenecks in order. Cost: O(I) for I (flow, resource) incidences plus the heap
-    refreshes. A rate cap freezes its flow at the cap (ties: by flow id).
-    """
-    if not flows:
-        return
-    cnt: dict[int, int] = {}
-    heap: list[tuple[float, int]] = []
-    for r in res:
-        m = members[r]
-        if m:
-            n = sum(m.values())
-            cnt[r] = n
-            a = avail[r]
-            heap.append(((a if a > 0.0 else 0.0) / n, r))
-    heapq.heapify(heap)
-    capped = []
-    if max_rates is not None:
-        capped = sorted((max_rates[s], flow_ids[s], s) for s in flows if max_rates[s] < math.inf)
-    for s in flows:
-        out[s] = -1.0  # unfrozen
-    num_left = len(flows)
-    ci, nc = 0, len(capped)
-    pop, replace = heapq.heappop, heapq.heapreplace
-    while num_left:
-        level, r = math.inf, -1
-        while heap:  # lazy increase-key: refresh the top until it is current
-            key, r = heap[0]
-            n = cnt[r]
-            if n <= 0:
-                pop(heap)
-                continue
-            a = avail[r]
-            level = (a if a > 0.0 else 0.0) / n
-            if level > key:
-                replace(heap, (level, r))
-                continue
-            break
-        while ci < nc and out[capped[ci][2]] >= 0.0:
-            ci += 1
-        cap_level = capped[ci][0] if ci < nc else math.inf
-        if heap and level < cap_level:
-            pop(heap)
-            batch = [s for s in members[r] if out[s] < 0.0]
-        elif ci < nc:
-            level = cap_level
-            batch = [capped[ci][2]]
-            ci += 1
-        else:  # unreachable: every flow crosses at least one resource
-            break
-        for s in batch:
-            out[s] = level
-            num_left -= 1
-            for r2 in paths[s]:
-                avail[r2] -= level
-                cnt[r2] -= 1
-    for s in flows:  # only if the loop broke early, which it cannot
-        if out[s] < 0.0:
-            out[s] = 0.0
