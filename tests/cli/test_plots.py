@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -218,14 +217,4 @@ def test_json_provider_errors(tmp_path: Path) -> None:
         data.ablation()
     args = argparse.Namespace(data_dir=str(tmp_path / "missing"), quick=False, out=str(tmp_path))
     with pytest.raises(ValueError, match="not a folder"):
-        figures_cmd.resolve_provider(args)
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec(figures_cmd.SIM_PROVIDER_MODULE) is not None,
-    reason="the simulator-backed provider is wired",
-)
-def test_without_simulator_provider_asks_for_from(tmp_path: Path) -> None:
-    args = argparse.Namespace(data_dir=None, quick=True, out=str(tmp_path))
-    with pytest.raises(ValueError, match="--from DIR"):
         figures_cmd.resolve_provider(args)
