@@ -40,19 +40,20 @@ class RoundState:
         self.read_q: dict[int, int] = {n.node_id: n.read_queue_tokens for n in view.nodes}
         pe_groups: dict[int, list[int]] = {}
         de_groups: dict[int, list[int]] = {}
+        tok, seq, free, node, pe = self.tok, self.seq, self.free, self.node, EngineKind.PE
         for e in view.engines:
             eid = e.engine_id
-            self.tok[eid] = e.tokens
-            self.seq[eid] = e.seq
-            self.node[eid] = e.node_id
-            if e.kind is EngineKind.PE:
+            tok[eid] = e.tokens
+            seq[eid] = e.seq
+            node[eid] = e.node_id
+            if e.kind is pe:
                 pe_groups.setdefault(e.group_id, []).append(eid)
             else:
-                self.free[eid] = e.free_hbm_tokens
+                free[eid] = e.free_hbm_tokens
                 de_groups.setdefault(e.group_id, []).append(eid)
-        for pe, (tokens, count) in pe_holds.items():
-            self.tok[pe] += tokens
-            self.seq[pe] += count
+        for held, (tokens, count) in pe_holds.items():
+            tok[held] += tokens
+            seq[held] += count
         self.pe_group_ids = sorted(pe_groups)
         self.de_group_ids = sorted(de_groups)
         self.pe_groups = pe_groups
@@ -87,11 +88,13 @@ def validate_view(
     de_group_ids: set[int] = set()
     last = -1
     kinds: dict[int, EngineKind] = {}
+    de = EngineKind.DE
     for e in view.engines:
         _check_engine(e, last, nodes)
         last = e.engine_id
-        kinds[e.engine_id] = e.kind
-        if e.kind is EngineKind.DE:
+        kind = e.kind
+        kinds[last] = kind
+        if kind is de:
             de_group_ids.add(e.group_id)
     for pe, count in sorted(held_pes.items()):
         if count and kinds.get(pe) is not EngineKind.PE:
@@ -110,19 +113,40 @@ def validate_view(
 def _check_engine(e: EngineState, last: int, nodes: Mapping[int, NodeState]) -> None:
     if not isinstance(e, EngineState):
         raise ValueError(f"view.engines: {e!r} is not an EngineState")
+    eid, nid, gid = e.engine_id, e.node_id, e.group_id
+    seq, tokens, free = e.seq, e.tokens, e.free_hbm_tokens
+    int_ = int
+    if not (  # fast path: plain ints >= 0 pass; anything else is checked field by field
+        type(eid) is int_
+        and eid >= 0
+        and type(nid) is int_
+        and nid >= 0
+        and type(gid) is int_
+        and gid >= 0
+        and type(seq) is int_
+        and seq >= 0
+        and type(tokens) is int_
+        and tokens >= 0
+        and type(free) is int_
+        and free >= 0
+    ):
+        _check_counts(e)
+    if eid <= last:
+        raise ValueError(f"view.engines: engine ids must be unique and sorted, got {eid}")
+    node = nodes.get(nid)
+    if node is None:
+        raise ValueError(f"engine {eid}: node_id={nid} is not in view.nodes")
+    if node.kind is not e.kind:
+        raise ValueError(
+            f"engine {eid}: kind={e.kind.value} on node {nid} of kind "
+            f"{node.kind.value}: engine and node kinds must match"
+        )
+
+
+def _check_counts(e: EngineState) -> None:
     for name in ("engine_id", "node_id", "group_id", "seq", "tokens", "free_hbm_tokens"):
         value = getattr(e, name)
         if not _is_count(value):
             raise ValueError(
                 f"engine {e.engine_id}: {name}={value!r} is invalid: must be an integer >= 0"
             )
-    if e.engine_id <= last:
-        raise ValueError(f"view.engines: engine ids must be unique and sorted, got {e.engine_id}")
-    node = nodes.get(e.node_id)
-    if node is None:
-        raise ValueError(f"engine {e.engine_id}: node_id={e.node_id} is not in view.nodes")
-    if node.kind is not e.kind:
-        raise ValueError(
-            f"engine {e.engine_id}: kind={e.kind.value} on node {e.node_id} of kind "
-            f"{node.kind.value}: engine and node kinds must match"
-        )

@@ -208,17 +208,23 @@ class Cluster:
             key = (seq[e], tok[e], 0)
             if cache[e][0] != key:
                 cache[e] = (key, EngineState(e, topo.node_of(e), topo.group_of(e), _PE, *key))
+        hbm, reserved, group_of = self.hbm_capacity_tokens, self.reserved, self.decode_group_of
         for e in topo.de_ids:
-            tokens = tok[e] + self.decode_group_of[e].generated_now(e) if seq[e] else 0
-            key = (seq[e], tokens, max(0, self.hbm_capacity_tokens - self.reserved[e]))
+            num = seq[e]
+            tokens = tok[e] + group_of[e].generated_now(e) if num else 0
+            free = hbm - reserved[e]
+            key = (num, tokens, free if free > 0 else 0)
             if cache[e][0] != key:
                 cache[e] = (key, EngineState(e, topo.node_of(e), topo.group_of(e), _DE, *key))
+        node_cache = self._node_cache
         nodes = []
         for n in self.node_ios:
             q = n.read_queue_tokens
-            if self._node_cache[n.node_id].read_queue_tokens != q:
-                self._node_cache[n.node_id] = NodeState(n.node_id, topo.kind_of_node(n.node_id), q)
-            nodes.append(self._node_cache[n.node_id])
+            nid = n.node_id
+            state = node_cache[nid]
+            if state.read_queue_tokens != q:
+                state = node_cache[nid] = NodeState(nid, topo.kind_of_node(nid), q)
+            nodes.append(state)
         return ClusterView(tuple(state for _, state in cache), tuple(nodes))
 
     # ------------------------------------------------------------------ lifecycle

@@ -167,7 +167,8 @@ class FluidNetwork:
     ) -> int:
         """Start moving ``size_bytes`` across every resource of ``path``; ``on_done()`` runs
         (from the loop) when the last byte arrives. Returns the flow id."""
-        rids = tuple(self._check_rid(r) for r in path)
+        num_res, check = len(self._cap), self._check_rid
+        rids = tuple(r if type(r) is int and 0 <= r < num_res else check(r) for r in path)
         if not rids:
             raise ValueError("flow path is empty: it must name at least one resource")
         if not 0.0 <= size_bytes < math.inf:
@@ -377,10 +378,8 @@ class FluidNetwork:
         pinned: list[int] = []
         pin = pin and self._num_capped > 0
         m0, m1 = self._members
-        i = 0
-        while i < len(res):
-            r = res[i]
-            i += 1
+        add_res, add_flow, add_pinned = res.append, flows.append, pinned.append
+        for r in res:  # grows while iterated: a breadth-first walk
             for m in (m0[r], m1[r]):
                 for s in m:
                     if fmark[s] != epoch:
@@ -390,13 +389,13 @@ class FluidNetwork:
                                 if rate[r2] > cap[r2] * lim:
                                     break
                             else:
-                                pinned.append(s)
+                                add_pinned(s)
                                 continue
-                        flows.append(s)
+                        add_flow(s)
                         for r2 in paths[s]:
                             if rmark[r2] != epoch:
                                 rmark[r2] = epoch
-                                res.append(r2)
+                                add_res(r2)
         return res, flows, pinned
 
     def _account(self, res: list[int], now: float) -> None:
