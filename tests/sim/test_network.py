@@ -433,8 +433,6 @@ def test_fill_max_min_directly_with_counts_and_caps() -> None:
     avail = [10.0, 8.0]
     cnt = [3, 2]
     out = [0.0, 0.0, 0.0]
-    fill_max_min(
-        [0, 1, 2], members, [0, 1], paths, [math.inf, math.inf, 1.0], [0, 1, 2], out, avail, cnt
-    )
+    fill_max_min([0, 1, 2], [(1.0, 2, 2)], members, [0, 1], paths, out, avail, cnt)
     assert out == [5.0, 4.0, 1.0]
     assert avail == [0.0, 0.0]

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from dualpath.config.checks import one_of, positive, require
 from dualpath.types import AttentionKind
 
+_KIND_OF = {k.value: k for k in AttentionKind}
+
 _ATTENTION_KINDS = tuple(k.value for k in AttentionKind)
 
 
@@ -95,7 +97,7 @@ class ModelConfig:
 
     @property
     def attention_kind(self) -> AttentionKind:
-        return AttentionKind(self.attention)
+        return _KIND_OF[self.attention]  # a dict look-up: hot in the cost model
 
     @property
     def is_moe(self) -> bool:

@@ -9,18 +9,18 @@ import math
 
 def fill_max_min(
     flows: list[int],
+    capped: list[tuple[float, int, int]],
     members: list[dict[int, int]],
     res: list[int],
     paths: list[tuple[int, ...]],
-    max_rates: list[float] | None,
-    flow_ids: list[int],
     out: list[float],
     avail: list[float],
     cnt: list[int],
 ) -> None:
     """Max-min fair rates by progressive filling, written to ``out[slot]``.
 
-    ``flows`` are slots of one class; ``members[r]`` maps slot -> multiplicity for that class;
+    ``flows`` are slots of one class; ``capped`` lists ``(rate cap, flow id, slot)`` for
+    those of them with a finite cap, sorted; ``members[r]`` maps slot -> multiplicity for that class;
     ``res`` holds every resource those flows use; ``avail[r]`` is the capacity left for them
     and is decremented by what they take; ``cnt[r]`` holds, for each ``r`` in ``res``, the
     number of (flow, crossing) pairs of this class through ``r`` (the sum of ``members[r]``'s
@@ -39,9 +39,6 @@ def fill_max_min(
             a = avail[r]
             heap.append(((a if a > 0.0 else 0.0) / n, r))
     heapq.heapify(heap)
-    capped = []
-    if max_rates is not None:
-        capped = sorted((max_rates[s], flow_ids[s], s) for s in flows if max_rates[s] < math.inf)
     for s in flows:
         out[s] = -1.0  # unfrozen
     num_left = len(flows)

@@ -95,6 +95,7 @@ class FluidNetwork:
         self._rearm = False  # a flow changed without a recomputation: re-arm at settle
         self._num_settles = 0
         self._num_settled_flows = 0
+        self._num_fallbacks = 0  # local settles redone over the whole component
 
     # -- resources -------------------------------------------------------------------------
 
@@ -350,22 +351,37 @@ class FluidNetwork:
         now = self._loop.now
         dirty = list(self._dirty)
         self._dirty = {}
-        res, flows, pinned = self._component(dirty, True)
+        res, edge, flows, pinned = self._component(dirty, True)
         self._account(res, now)
-        if not self._assign_rates(res, flows, pinned):
-            res, flows, pinned = self._component(dirty, False)
+        self._account(edge, now)
+        if not self._assign_rates(res, edge, flows, pinned):
+            self._num_fallbacks += 1
+            res, edge, flows, pinned = self._component(dirty, False)
             self._account(res, now)
-            self._assign_rates(res, flows, pinned)
+            self._assign_rates(res, edge, flows, pinned)
         self._num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
 
-    def _component(self, dirty: list[int], pin: bool) -> tuple[list[int], list[int], list[int]]:
-        """Resources and flows reachable from the dirty resources through shared resources.
-        With ``pin``, flows running at their rate cap are not followed (they are returned
-        apart, as pinned): ``_assign_rates`` keeps them at their cap if all their resources
-        stay clearly unsaturated, which leaves every other rate exactly as a recomputation
-        of the whole component would (see ``_unsaturated``)."""
+    def _component(
+        self, dirty: list[int], local: bool
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The flows whose rates a change on the dirty resources can move, and the resources
+        they cross: ``(res, edge, flows, pinned)``.
+
+        Walks breadth-first from the dirty resources through shared resources. With
+        ``local``, the walk does not pass through a resource that is clearly unsaturated
+        (below ``_slack_limit`` of capacity at its settled rate; dirty ones are always
+        passed): such a resource is no flow's bottleneck, so it couples nobody's rate. It is
+        returned in ``edge`` (its other flows keep their rates). Capped flows running at
+        their cap on clearly unsaturated resources are not re-rated either (``pinned``).
+        ``_assign_rates`` checks after filling that every edge resource (and every pinned
+        flow's resource) is still clearly unsaturated; if one is not, the settle is redone
+        without ``local``, over the whole connected component. When the check passes, the
+        result is what progressive filling over the whole component gives, bit for bit:
+        the filling of flows coupled only through never-saturating resources runs the same
+        operations, in the same (level, resource id) order, whether done together or apart.
+        """
         self._epoch += 1
         epoch = self._epoch
         res = list(dirty)
@@ -376,9 +392,15 @@ class FluidNetwork:
             rmark[r] = epoch
         flows: list[int] = []
         pinned: list[int] = []
-        pin = pin and self._num_capped > 0
+        edge: list[int] = []
+        pin = local and self._num_capped > 0
         m0, m1 = self._members
-        add_res, add_flow, add_pinned = res.append, flows.append, pinned.append
+        add_res, add_flow, add_pinned, add_edge = (
+            res.append,
+            flows.append,
+            pinned.append,
+            edge.append,
+        )
         for r in res:  # grows while iterated: a breadth-first walk
             for m in (m0[r], m1[r]):
                 for s in m:
@@ -395,8 +417,11 @@ class FluidNetwork:
                         for r2 in paths[s]:
                             if rmark[r2] != epoch:
                                 rmark[r2] = epoch
-                                add_res(r2)
-        return res, flows, pinned
+                                if local and rate[r2] <= cap[r2] * lim:
+                                    add_edge(r2)  # a guess; _assign_rates checks after
+                                else:
+                                    add_res(r2)
+        return res, edge, flows, pinned
 
     def _account(self, res: list[int], now: float) -> None:
         last, busy, rate, carried = self._last_s, self._busy_s, self._rate, self._carried
@@ -409,45 +434,82 @@ class FluidNetwork:
                     busy[r] += dt
                 last[r] = now
 
-    def _assign_rates(self, res: list[int], flows: list[int], pinned: list[int]) -> bool:
-        """New rates into ``_f_new``; resource rate sums = capacity minus what is left.
-        Pinned flows keep their rate; False (redo without pinning) if one of their resources
-        is no longer clearly unsaturated."""
+    def _assign_rates(
+        self, res: list[int], edge: list[int], flows: list[int], pinned: list[int]
+    ) -> bool:
+        """New rates into ``_f_new``; resource rate sums = capacity minus what is left (for
+        ``edge`` resources: old sum plus the changes). Pinned flows keep their rate. False,
+        changing no settled rate, if an edge resource or a pinned flow's resource is no
+        longer clearly unsaturated (then redo over the whole component)."""
         cap, avail, new, rate, cnt = self._cap, self._scratch, self._f_new, self._rate, self._cnt
         m0, m1 = self._members
         t0, t1 = self._tot
-        args = (self._f_path, self._f_cap if self._num_capped else None, self._f_id, new, avail)
-        cls = self._f_cls
-        high = [s for s in flows if not cls[s]] if self._tm else flows
-        pin_high = [s for s in pinned if not cls[s]] if self._tm else pinned
-        if len(high) == len(flows) and len(pin_high) == len(pinned):  # one class here
+        paths, cls = self._f_path, self._f_cls
+        inf = math.inf
+        for r in edge:  # never a bottleneck here: filling only passes through
+            avail[r] = inf
+        tm = self._tm
+        high = [s for s in flows if not cls[s]] if tm else flows
+        pin_high = [s for s in pinned if not cls[s]] if tm else pinned
+        if not high and not pin_high:  # all LOW (traffic manager on): plain max-min
+            for r in res:
+                avail[r] = cap[r]
+                cnt[r] = t1[r]
+            self._pin(pinned)
+            fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt)
+        elif len(high) == len(flows) and len(pin_high) == len(pinned):  # one class here
             for r in res:
                 avail[r] = cap[r]
                 cnt[r] = t0[r]
             self._pin(pinned)
-            fill_max_min(high, m0, res, *args, cnt)
+            fill_max_min(flows, self._capped(flows), m0, res, paths, new, avail, cnt)
         else:
             high_share = 1.0 - self._floor
             for r in res:
                 avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
                 cnt[r] = t0[r]
             self._pin(pin_high)
-            fill_max_min(high, m0, res, *args, cnt)
+            fill_max_min(high, self._capped(high), m0, res, paths, new, avail, cnt)
             for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
                 left = avail[r] + (cap[r] - cap[r] * high_share if t0[r] and t1[r] else 0.0)
                 avail[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
             self._pin([s for s in pinned if cls[s]])
-            fill_max_min([s for s in flows if cls[s]], m1, res, *args, cnt)
+            low = [s for s in flows if cls[s]]
+            fill_max_min(low, self._capped(low), m1, res, paths, new, avail, cnt)
+        lim = self._slack_limit
+        edge_rate: dict[int, float] = {}
+        if edge:
+            frate, paths = self._f_rate, self._f_path
+            edge_rate = {r: rate[r] for r in edge}
+            for s in flows:
+                old = frate[s]
+                delta = new[s] - (old if old > 0.0 else 0.0)
+                if delta != 0.0:
+                    for r in paths[s]:
+                        if r in edge_rate:
+                            edge_rate[r] += delta
+            for r, x in edge_rate.items():
+                if x > cap[r] * lim:
+                    return False
         for r in res:
             used = cap[r] - avail[r]
             rate[r] = used if used > 0.0 else 0.0
-        paths, lim = self._f_path, self._slack_limit
+        for r, x in edge_rate.items():
+            rate[r] = x if x > 0.0 and (t0[r] or t1[r]) else 0.0
+        paths = self._f_path
         for s in pinned:
             for r in paths[s]:
                 if rate[r] > cap[r] * lim:
                     return False
         return True
+
+    def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
+        """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
+        if not self._num_capped:
+            return []
+        fcap, fid = self._f_cap, self._f_id
+        return sorted([(fcap[s], fid[s], s) for s in flows if fcap[s] < math.inf])
 
     def _pin(self, pinned: list[int]) -> None:
         """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take
