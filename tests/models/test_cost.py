@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from dualpath.config import HARDWARE_PRESETS, MODEL_PRESETS
@@ -139,3 +141,20 @@ def test_moe_collectives_only_cross_nodes() -> None:
     expected = 1000 * 58 * (1 - 0.5**8) * 7168 * 3
     assert two == pytest.approx(expected)
     assert four > two
+
+
+@pytest.mark.parametrize("name", ["ds660b", "ds27b", "qwen32b", "deepseek-v3", "tiny"])
+def test_attention_time_fn_is_bit_identical_to_attention_time_s(name: str) -> None:
+    """The hoisted predictor is the same arithmetic as ``attention_time_s``, to the bit."""
+    model, hw = MODEL_PRESETS[name], HARDWARE_PRESETS["hopper"]
+    fast = cost.attention_time_fn(model, hw)
+    rng = random.Random(3)
+    for _ in range(300):
+        pairs = [
+            (
+                rng.choice([0, 1, 63, 2047, 2048, 2049, rng.randint(0, 200_000)]),
+                rng.randint(0, 9000),
+            )
+            for _ in range(rng.randint(0, 6))
+        ]
+        assert fast(pairs) == cost.attention_time_s(model, hw, pairs)

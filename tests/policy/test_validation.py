@@ -91,3 +91,19 @@ def test_de_group_missing_from_later_view() -> None:
     assert p.schedule(view([pe(0, 0), de(10, 1, 5, group=4)]), 0.0) == []
     with pytest.raises(ValueError, match="DE group 4 has 1 request"):
         p.schedule(view([pe(0, 0), de(10, 1, 10**6, group=0)]), 1.0)
+
+
+@pytest.mark.parametrize(("bad", "match"), bad_views())
+def test_bad_view_rejected_after_a_good_one_with_the_same_engines(
+    bad: ClusterView, match: str
+) -> None:
+    """Engines that passed in an earlier view skip their field checks only when they are the
+    same objects at the same index against the same node ids and kinds: reusing them in a
+    bad view (reordered, against other nodes) is still caught."""
+    n0, n1 = NodeState(0, EngineKind.PE), NodeState(1, EngineKind.DE)
+    p = policy()
+    assert p.schedule(ClusterView(tuple(GOOD), (n0, n1)), 0.0) == []
+    p.submit(req(0), 0.0)
+    with pytest.raises(ValueError, match=match):
+        p.schedule(bad, 1.0)
+    assert p.num_waiting == 1 and p.num_holding_pe == 0

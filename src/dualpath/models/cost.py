@@ -7,7 +7,7 @@ docs/calibration.md); nothing here is fitted to the paper's speedups.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dualpath.config.hardware import HardwareConfig
 from dualpath.config.model import ModelConfig
@@ -152,6 +152,42 @@ def attention_time_s(
         index += indexer_flops(model, cached, bsz)
     eff = hw.attention_mfu
     return main / (hw.gpu_bf16_flops * eff) + index / (hw.gpu_fp8_flops * eff)
+
+
+def attention_time_fn(
+    model: ModelConfig, hw: HardwareConfig
+) -> Callable[[Sequence[tuple[int, int]]], float]:
+    """``attention_time_s`` bound to ``model`` and ``hw``, with the per-model constants
+    hoisted out of the per-pair loop (the scheduler's predictor calls it in a binary search).
+    Same floating-point operations in the same order, so bit-identical
+    (``tests/models/test_cost.py``)."""
+    sparse = model.attention_kind is AttentionKind.MLA_SPARSE
+    per_pair = _attention_flops_per_pair_per_layer(model)
+    index_per_pair = _indexer_flops_per_pair_per_layer(model)
+    layers = model.num_layers
+    cap = model.sparse_topk
+    main_peak = hw.gpu_bf16_flops * hw.attention_mfu
+    index_peak = hw.gpu_fp8_flops * hw.attention_mfu
+
+    def attention_time(pairs: Sequence[tuple[int, int]]) -> float:
+        main = 0.0
+        index = 0.0
+        for cached, new in pairs:
+            causal = new * cached + new * (new + 1) / 2.0  # _causal_pairs
+            if sparse:
+                if new <= 0:
+                    capped = 0.0
+                else:  # _capped_pairs
+                    n_under = max(0, min(new, cap - cached))
+                    under = n_under * cached + n_under * (n_under + 1) / 2.0
+                    capped = under + (new - n_under) * float(cap)
+                main += capped * per_pair * layers
+                index += causal * index_per_pair * layers
+            else:
+                main += causal * per_pair * layers
+        return main / main_peak + index / index_peak
+
+    return attention_time
 
 
 def prefill_time_s(

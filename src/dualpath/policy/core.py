@@ -19,7 +19,7 @@ from dualpath.policy.prefill import PrefillRule
 from dualpath.policy.side import SideRule
 from dualpath.policy.state import RoundState, validate_view
 from dualpath.policy.trace import DecisionTrace
-from dualpath.policy.view import ClusterView, RequestInfo
+from dualpath.policy.view import ClusterView, EngineState, RequestInfo
 
 
 class PolicyCore:
@@ -53,6 +53,9 @@ class PolicyCore:
         self._holds: dict[int, list[int]] = {}  # PE id → [tokens, requests] held for it
         self._ids: set[int] = set()  # request ids submitted and not yet assigned
         self._trace = DecisionTrace(params.record_decisions)
+        # the last view that passed validation (engines, node ids and kinds): see validate_view
+        self._checked_engines: tuple[EngineState, ...] = ()
+        self._checked_nodes: list[tuple[object, object]] = []
 
     @property
     def alpha_tokens(self) -> int:
@@ -88,7 +91,14 @@ class PolicyCore:
 
     def schedule(self, view: ClusterView, now: float) -> list[Assign]:
         holds = {pe: h[1] for pe, h in self._holds.items()}
-        validate_view(view, holds, self._decode.queued_by_group())
+        nodes_key = (
+            [(getattr(n, "node_id", None), getattr(n, "kind", None)) for n in view.nodes]
+            if type(view) is ClusterView
+            else []
+        )
+        checked = self._checked_engines if nodes_key == self._checked_nodes else ()
+        validate_view(view, holds, self._decode.queued_by_group(), checked)
+        self._checked_engines, self._checked_nodes = view.engines, nodes_key
         st = RoundState(view, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
         held: list[tuple[RequestInfo, int]] = []
         for gid in st.pe_group_ids:  # every PE group leader pulls, in group-id order

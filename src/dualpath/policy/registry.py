@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import partial
 
 from dualpath.config import Config
 from dualpath.models import cost
@@ -65,7 +64,7 @@ def build_policy(
 
 def attention_predictor(config: Config) -> Callable[[Sequence[tuple[int, int]]], float]:
     """SPEC §7.2's profiled predictor: the cost model's attention time on one GPU."""
-    return partial(cost.attention_time_s, config.model, config.hardware)
+    return cost.attention_time_fn(config.model, config.hardware)
 
 
 def make_policy(config: Config) -> PolicyCore:

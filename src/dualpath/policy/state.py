@@ -6,7 +6,7 @@ authoritative and these copies are rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dualpath.policy.view import ClusterView, EngineState, NodeState
 from dualpath.types import EngineKind
@@ -68,11 +68,15 @@ def validate_view(
     view: ClusterView,
     held_pes: Mapping[int, int],
     queued_de_groups: Mapping[int, int],
+    checked: Sequence[EngineState] = (),
 ) -> None:
     """Raise ``ValueError`` naming the first inconsistency; mutate nothing.
 
     ``held_pes``: PE id → requests the policy holds for it (must still be a PE in the view);
     ``queued_de_groups``: DE group id → requests in its private queue (group must exist).
+    ``checked``: the engines of an earlier view that passed against nodes of the same ids and
+    kinds; an engine that is the very same (immutable) object at the same index is not
+    checked field by field again, only for id order.
     """
     if not isinstance(view, ClusterView):
         raise ValueError(f"view must be a ClusterView, got {type(view).__name__}")
@@ -89,8 +93,15 @@ def validate_view(
     last = -1
     kinds: dict[int, EngineKind] = {}
     de = EngineKind.DE
-    for e in view.engines:
-        _check_engine(e, last, nodes)
+    num_checked = len(checked)
+    for i, e in enumerate(view.engines):
+        if i < num_checked and e is checked[i]:
+            if e.engine_id <= last:
+                raise ValueError(
+                    f"view.engines: engine ids must be unique and sorted, got {e.engine_id}"
+                )
+        else:
+            _check_engine(e, last, nodes)
         last = e.engine_id
         kind = e.kind
         kinds[last] = kind

@@ -95,6 +95,7 @@ class Cluster:
             for e in topo.engine_ids
         ]
         self._node_cache = [NodeState(n, topo.kind_of_node(n), 0) for n in range(topo.num_nodes)]
+        self._where = [(topo.node_of(e), topo.group_of(e)) for e in topo.engine_ids]
 
     def _build_groups(self) -> None:
         config, topo, sim = self.config, self.topo, self.sim
@@ -204,18 +205,21 @@ class Cluster:
         """What the engines report at a pull: seq_e, tok_e, free HBM; read_q per node.
         States are cached per engine and rebuilt only when a counter changed."""
         topo, seq, tok, cache = self.topo, self.seq, self.tok, self._state_cache
+        where = self._where
         for e in topo.pe_ids:
             key = (seq[e], tok[e], 0)
             if cache[e][0] != key:
-                cache[e] = (key, EngineState(e, topo.node_of(e), topo.group_of(e), _PE, *key))
-        hbm, reserved, group_of = self.hbm_capacity_tokens, self.reserved, self.decode_group_of
-        for e in topo.de_ids:
-            num = seq[e]
-            tokens = tok[e] + group_of[e].generated_now(e) if num else 0
-            free = hbm - reserved[e]
-            key = (num, tokens, free if free > 0 else 0)
-            if cache[e][0] != key:
-                cache[e] = (key, EngineState(e, topo.node_of(e), topo.group_of(e), _DE, *key))
+                cache[e] = (key, EngineState(e, *where[e], _PE, *key))
+        hbm, reserved = self.hbm_capacity_tokens, self.reserved
+        for group in self.decode_groups:
+            generated = group.generated_by_member()  # one look-up of the steps done by now
+            for e, gen in zip(group.members, generated, strict=True):
+                num = seq[e]
+                tokens = tok[e] + gen if num else 0
+                free = hbm - reserved[e]
+                key = (num, tokens, free if free > 0 else 0)
+                if cache[e][0] != key:
+                    cache[e] = (key, EngineState(e, *where[e], _DE, *key))
         node_cache = self._node_cache
         nodes = []
         for n in self.node_ios:

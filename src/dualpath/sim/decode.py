@@ -67,6 +67,13 @@ class DecodeGroup:
         done = bisect_right(self.times, self.loop.now) if self.times else 0
         return self.generated[i] + self.batch[i] * done
 
+    def generated_by_member(self) -> list[int]:
+        """``generated_now`` of every member, in ``members`` order."""
+        done = bisect_right(self.times, self.loop.now) if self.times else 0
+        if not done:
+            return self.generated
+        return [g + b * done for g, b in zip(self.generated, self.batch, strict=True)]
+
     # ------------------------------------------------------------------ joins
     def join(self, req: Req) -> None:
         """``req``'s KV is in DE HBM: it joins the batch at the next step boundary."""

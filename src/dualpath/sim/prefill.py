@@ -57,6 +57,7 @@ class PrefillGroup:
         self.collectives = collectives and len(members) > 1
         self.on_prefill_done = on_prefill_done
         self.kv_per_token = cost.kv_bytes_per_token(model)
+        self._attention_time = cost.attention_time_fn(model, hw)
         # Without layerwise prefill the batch's whole KV must fit in one GPU's HBM.
         self.kv_budget_tokens = (
             None if layerwise else cost.kv_capacity_tokens(model, hw, len(members))
@@ -110,7 +111,7 @@ class PrefillGroup:
         loads: dict[tuple[int, ...], list] = {}
         sends: dict[tuple[int, ...], list] = {}
         for pe, chunks in batches:
-            attention[pe] = cost.attention_time_s(model, hw, [(c.cached, c.new) for c in chunks])
+            attention[pe] = self._attention_time([(c.cached, c.new) for c in chunks])
             for c in chunks:
                 total_new += c.new
                 req = self.reqs[c.request_id]
