@@ -389,8 +389,8 @@ def _paced_run(seed: int, traffic_manager: bool, skip: bool) -> Harness:
     h = Harness(traffic_manager=traffic_manager, low_floor=0.05)
     if not skip:
         net = h.net
-        net._unsaturated = lambda path, add_rate: False  # type: ignore[method-assign]
-        net._component = lambda dirty, pin: FluidNetwork._component(net, dirty, False)  # type: ignore[method-assign]
+        net._unsaturated = lambda *args: False  # type: ignore[method-assign]
+        net._local = False
     links = [h.link(f"L{i}", rng.choice([10.0, 400.0])) for i in range(8)]
     started: list[int] = []
     for i in range(200):

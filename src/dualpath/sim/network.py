@@ -88,6 +88,13 @@ class FluidNetwork:
         self._timer: Event | None = None
         self._timer_s = math.nan
         self._dirty: dict[int, None] = {}
+        # traffic manager: HIGH is filled on its own (it does not see LOW rates); per resource,
+        # what the last HIGH filling left (``_high_left``) and whether both classes were
+        # there (``_shared``), which is what LOW fills on. HIGH is refilled only where a HIGH
+        # flow started or ended (``_dirty_high``) or a resource's ``_shared`` flipped.
+        self._dirty_high: dict[int, None] = {}
+        self._high_left: list[float] = []
+        self._shared: list[bool] = []
         self._settle_ev: Event | None = None
         self._epoch = 0
         self._num_capped = 0  # live flows with a finite rate cap
@@ -96,6 +103,7 @@ class FluidNetwork:
         self._num_settles = 0
         self._num_settled_flows = 0
         self._num_fallbacks = 0  # local settles redone over the whole component
+        self._local = True  # False: every settle refills whole components (tests' reference)
 
     # -- resources -------------------------------------------------------------------------
 
@@ -116,6 +124,8 @@ class FluidNetwork:
         for tot in (*self._tot, self._cnt):
             tot.append(0)
         self._rate.append(0.0)
+        self._high_left.append(float(capacity_bytes_per_s))
+        self._shared.append(False)
         self._carried.append(0.0)
         self._last_s.append(self._loop.now)
         self._busy_s.append(0.0)
@@ -209,7 +219,7 @@ class FluidNetwork:
             m[slot] = m.get(slot, 0) + 1
             tot[r] += 1
         cap = self._f_cap[slot]
-        if cap < math.inf and self._unsaturated(rids, cap):
+        if cap < math.inf and self._unsaturated(slot, rids, cap, True):
             self._f_rate[slot] = cap
             self._f_ver[slot] += 1
             heapq.heappush(
@@ -217,7 +227,7 @@ class FluidNetwork:
             )
             self._shift_rates(rids, cap)
         else:
-            self._mark_dirty(rids)
+            self._mark_dirty(rids, k == 0 and self._tm)
         return fid
 
     def cancel_flow(self, flow_id: int) -> float:
@@ -288,10 +298,10 @@ class FluidNetwork:
         x = self._f_rate[slot]
         if not path:
             return
-        if x >= 0.0 and self._unsaturated(path, 0.0):
+        if x >= 0.0 and self._unsaturated(slot, path, 0.0, False):
             self._shift_rates(path, -x)
         else:
-            self._mark_dirty(path)
+            self._mark_dirty(path, k == 0 and self._tm)
 
     def _release(self, slot: int) -> None:
         del self._slot_of[self._f_id[slot]]
@@ -304,14 +314,27 @@ class FluidNetwork:
 
     # -- recomputation ---------------------------------------------------------------------
 
-    def _unsaturated(self, path: tuple[int, ...], add_rate: float) -> bool:
+    def _unsaturated(
+        self, slot: int, path: tuple[int, ...], add_rate: float, starting: bool
+    ) -> bool:
         """Whether every resource of ``path``, carrying ``add_rate`` more per crossing, stays
         clearly below its HIGH share. Then it is a bottleneck neither before nor after a flow
         that crosses only such resources (and, when starting, runs at its cap ``add_rate``)
         starts or ends: every other flow's progressive filling runs the same operations on
-        its bottlenecks, so its rate is exactly what a recomputation would give."""
+        its bottlenecks, so its rate is exactly what a recomputation would give. With the
+        traffic manager, only for a LOW flow that leaves every resource's ``_shared`` as it
+        was (HIGH fills on shares that depend on it; ``_settle_high``)."""
         cap, rate, lim = self._cap, self._rate, self._slack_limit
-        return all(rate[r] + add_rate * path.count(r) <= cap[r] * lim for r in path)
+        if not all(rate[r] + add_rate * path.count(r) <= cap[r] * lim for r in path):
+            return False
+        if not self._tm:
+            return True
+        if not self._f_cls[slot]:
+            return False
+        t0, t1 = self._tot
+        if starting:  # the flow is counted already
+            return all(not t0[r] or t1[r] > path.count(r) for r in path)
+        return all(not t0[r] or t1[r] for r in path)
 
     def _shift_rates(self, path: tuple[int, ...], delta: float) -> None:
         """A flow at rate ``|delta|`` started (+) or ended (-) without a recomputation:
@@ -324,12 +347,17 @@ class FluidNetwork:
         self._rearm = True
         self._mark_dirty(())
 
-    def _mark_dirty(self, path: tuple[int, ...]) -> None:
-        """Mark ``path`` for recomputation; an empty path (from a flow that changed without
-        one) only makes sure the settle event of this instant is scheduled."""
+    def _mark_dirty(self, path: tuple[int, ...], high: bool = False) -> None:
+        """Mark ``path`` for recomputation (``high``: a HIGH flow's, under the traffic
+        manager); an empty path (from a flow that changed without one) only makes sure the
+        settle event of this instant is scheduled."""
         dirty = self._dirty
         for r in path:
             dirty[r] = None
+        if high:
+            dirty_high = self._dirty_high
+            for r in path:
+                dirty_high[r] = None
         if self._settle_ev is None:
             self._settle_ev = self._loop.at(
                 self._loop.now, self._settle, SETTLE_PRIORITY, "net.settle"
@@ -351,17 +379,67 @@ class FluidNetwork:
         now = self._loop.now
         dirty = list(self._dirty)
         self._dirty = {}
-        res, edge, flows, pinned = self._component(dirty, True)
-        self._account(res, now)
-        self._account(edge, now)
-        if not self._assign_rates(res, edge, flows, pinned):
+        high_flows: list[int] = []
+        if self._local and self._tm:
+            high_flows = self._settle_high(dirty)  # may add to dirty
+        if self._local:
+            res, edge, flows, pinned = self._component(dirty, True)
+            self._account(res, now)
+            self._account(edge, now)
+        if self._local and self._assign_rates(res, edge, flows, pinned, self._tm):
+            flows = high_flows + flows
+        else:
             self._num_fallbacks += 1
             res, edge, flows, pinned = self._component(dirty, False)
             self._account(res, now)
-            self._assign_rates(res, edge, flows, pinned)
+            self._assign_rates(res, edge, flows, pinned, False)
         self._num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
+
+    def _settle_high(self, dirty: list[int]) -> list[int]:
+        """Traffic manager: refill HIGH over the HIGH flows connected to resources where a
+        HIGH flow started or ended or ``_shared`` flipped (HIGH rates depend on nothing
+        else). Resources where what HIGH leaves changed are added to ``dirty`` (LOW refills
+        there). Returns the HIGH flows re-rated (new rates in ``_f_new``)."""
+        t0, t1 = self._tot
+        shared, dirty_high = self._shared, self._dirty_high
+        start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
+        self._dirty_high = {}
+        if not start:
+            return []
+        self._epoch += 1
+        epoch = self._epoch
+        rmark, fmark, paths, m0 = self._rmark, self._f_mark, self._f_path, self._members[0]
+        for r in start:
+            rmark[r] = epoch
+        res = start
+        flows: list[int] = []
+        for r in res:  # grows while iterated
+            for s in m0[r]:
+                if fmark[s] != epoch:
+                    fmark[s] = epoch
+                    flows.append(s)
+                    for r2 in paths[s]:
+                        if rmark[r2] != epoch:
+                            rmark[r2] = epoch
+                            res.append(r2)
+        cap, avail, cnt, left = self._cap, self._scratch, self._cnt, self._high_left
+        high_share = 1.0 - self._floor
+        for r in res:
+            avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
+            cnt[r] = t0[r]
+        fill_max_min(flows, self._capped(flows), m0, res, paths, self._f_new, avail, cnt)
+        in_dirty = set(dirty)
+        for r in res:
+            both = bool(t0[r] and t1[r])
+            a = avail[r]
+            if a != left[r] or both is not shared[r]:
+                left[r] = a
+                shared[r] = both
+                if r not in in_dirty:
+                    dirty.append(r)
+        return flows
 
     def _component(
         self, dirty: list[int], local: bool
@@ -395,6 +473,7 @@ class FluidNetwork:
         edge: list[int] = []
         pin = local and self._num_capped > 0
         m0, m1 = self._members
+        walk = (m1,) if local and self._tm else (m0, m1)  # HIGH was settled apart
         add_res, add_flow, add_pinned, add_edge = (
             res.append,
             flows.append,
@@ -402,8 +481,8 @@ class FluidNetwork:
             edge.append,
         )
         for r in res:  # grows while iterated: a breadth-first walk
-            for m in (m0[r], m1[r]):
-                for s in m:
+            for members in walk:
+                for s in members[r]:
                     if fmark[s] != epoch:
                         fmark[s] = epoch
                         if pin and frate[s] == fcap[s]:
@@ -435,12 +514,14 @@ class FluidNetwork:
                 last[r] = now
 
     def _assign_rates(
-        self, res: list[int], edge: list[int], flows: list[int], pinned: list[int]
+        self, res: list[int], edge: list[int], flows: list[int], pinned: list[int], low: bool
     ) -> bool:
         """New rates into ``_f_new``; resource rate sums = capacity minus what is left (for
-        ``edge`` resources: old sum plus the changes). Pinned flows keep their rate. False,
-        changing no settled rate, if an edge resource or a pinned flow's resource is no
-        longer clearly unsaturated (then redo over the whole component)."""
+        ``edge`` resources: old sum plus the changes). Pinned flows keep their rate. ``low``
+        (traffic manager): ``flows`` are LOW, filled on what HIGH left (``_settle_high``);
+        else both classes, HIGH first. False, changing no settled rate, if an edge resource
+        or a pinned flow's resource is no longer clearly unsaturated (then redo over the
+        whole component)."""
         cap, avail, new, rate, cnt = self._cap, self._scratch, self._f_new, self._rate, self._cnt
         m0, m1 = self._members
         t0, t1 = self._tot
@@ -448,35 +529,38 @@ class FluidNetwork:
         inf = math.inf
         for r in edge:  # never a bottleneck here: filling only passes through
             avail[r] = inf
-        tm = self._tm
-        high = [s for s in flows if not cls[s]] if tm else flows
-        pin_high = [s for s in pinned if not cls[s]] if tm else pinned
-        if not high and not pin_high:  # all LOW (traffic manager on): plain max-min
-            for r in res:
-                avail[r] = cap[r]
+        high_share = 1.0 - self._floor
+        high_left, shared = self._high_left, self._shared
+        if low:
+            for r in res:  # what HIGH left, plus the floor HIGH could not take
+                left = high_left[r] + (cap[r] - cap[r] * high_share if shared[r] else 0.0)
+                avail[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
             self._pin(pinned)
             fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt)
-        elif len(high) == len(flows) and len(pin_high) == len(pinned):  # one class here
+        elif not self._tm:  # one class
             for r in res:
                 avail[r] = cap[r]
                 cnt[r] = t0[r]
             self._pin(pinned)
             fill_max_min(flows, self._capped(flows), m0, res, paths, new, avail, cnt)
         else:
-            high_share = 1.0 - self._floor
+            high = [s for s in flows if not cls[s]]
             for r in res:
                 avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
                 cnt[r] = t0[r]
-            self._pin(pin_high)
+            self._pin([s for s in pinned if not cls[s]])
             fill_max_min(high, self._capped(high), m0, res, paths, new, avail, cnt)
             for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
-                left = avail[r] + (cap[r] - cap[r] * high_share if t0[r] and t1[r] else 0.0)
+                both = bool(t0[r] and t1[r])
+                high_left[r] = avail[r]
+                shared[r] = both
+                left = avail[r] + (cap[r] - cap[r] * high_share if both else 0.0)
                 avail[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
             self._pin([s for s in pinned if cls[s]])
-            low = [s for s in flows if cls[s]]
-            fill_max_min(low, self._capped(low), m1, res, paths, new, avail, cnt)
+            low_flows = [s for s in flows if cls[s]]
+            fill_max_min(low_flows, self._capped(low_flows), m1, res, paths, new, avail, cnt)
         lim = self._slack_limit
         edge_rate: dict[int, float] = {}
         if edge:
