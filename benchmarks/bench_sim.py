@@ -53,7 +53,10 @@ def main() -> None:
     print(f"  flows          {result.counters['flows']:,}")
     for kind, n in cluster.transfers.flows_by_kind.items():
         print(f"    {kind:<22} {n:,}")
-    print(f"  network settles {cluster.net.num_settles:,}")
+    print(
+        f"  network settles {cluster.net.num_settles:,} (flows re-rated {cluster.net.num_settled_flows:,})"
+    )
+    print(f"  event digest   {cluster.loop.log_digest()}")
     print(f"  peak RSS       {rss_gib:.2f} GiB   target <= 2 GiB")
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)

@@ -88,6 +88,11 @@ class FluidNetwork:
         self._timer: Event | None = None
         self._timer_s = math.nan
         self._dirty: dict[int, None] = {}
+        # since the last settle: flows started (slots), rate left by ended flows per resource,
+        # resources any recomputation must pass through (see _component)
+        self._new: list[int] = []
+        self._gone: dict[int, float] = {}
+        self._forced: dict[int, None] = {}
         # traffic manager: HIGH is filled on its own (it does not see LOW rates); per resource,
         # what the last HIGH filling left (``_high_left``) and whether both classes were
         # there (``_shared``), which is what LOW fills on. HIGH is refilled only where a HIGH
@@ -227,6 +232,11 @@ class FluidNetwork:
             )
             self._shift_rates(rids, cap)
         else:
+            self._new.append(slot)
+            if cap == math.inf:  # it saturates a resource: walk through the likeliest one
+                c, rate = self._cap, self._rate
+                tight = min(rids, key=lambda r: (c[r] - rate[r]) / rids.count(r))
+                self._forced[tight] = None
             self._mark_dirty(rids, k == 0 and self._tm)
         return fid
 
@@ -301,6 +311,10 @@ class FluidNetwork:
         if x >= 0.0 and self._unsaturated(slot, path, 0.0, False):
             self._shift_rates(path, -x)
         else:
+            if x > 0.0:
+                gone = self._gone
+                for r in path:
+                    gone[r] = gone.get(r, 0.0) + x
             self._mark_dirty(path, k == 0 and self._tm)
 
     def _release(self, slot: int) -> None:
@@ -379,29 +393,35 @@ class FluidNetwork:
         now = self._loop.now
         dirty = list(self._dirty)
         self._dirty = {}
+        forced = self._forced
+        self._forced = {}
         high_flows: list[int] = []
         if self._local and self._tm:
-            high_flows = self._settle_high(dirty)  # may add to dirty
+            high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
         if self._local:
-            res, edge, flows, pinned = self._component(dirty, True)
+            res, edge, flows, pinned = self._component(dirty, True, forced)
             self._account(res, now)
             self._account(edge, now)
-        if self._local and self._assign_rates(res, edge, flows, pinned, self._tm):
+        ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
+        self._new.clear()
+        self._gone.clear()
+        if ok:
             flows = high_flows + flows
         else:
-            self._num_fallbacks += 1
-            res, edge, flows, pinned = self._component(dirty, False)
+            self._num_fallbacks += self._local
+            res, edge, flows, pinned = self._component(dirty, False, forced)
             self._account(res, now)
             self._assign_rates(res, edge, flows, pinned, False)
         self._num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
 
-    def _settle_high(self, dirty: list[int]) -> list[int]:
+    def _settle_high(self, dirty: list[int], forced: dict[int, None]) -> list[int]:
         """Traffic manager: refill HIGH over the HIGH flows connected to resources where a
         HIGH flow started or ended or ``_shared`` flipped (HIGH rates depend on nothing
-        else). Resources where what HIGH leaves changed are added to ``dirty`` (LOW refills
-        there). Returns the HIGH flows re-rated (new rates in ``_f_new``)."""
+        else). Resources where what HIGH leaves changed are added to ``dirty`` and
+        ``forced`` (LOW refills there). Returns the HIGH flows re-rated (rates in
+        ``_f_new``)."""
         t0, t1 = self._tot
         shared, dirty_high = self._shared, self._dirty_high
         start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
@@ -437,40 +457,52 @@ class FluidNetwork:
             if a != left[r] or both is not shared[r]:
                 left[r] = a
                 shared[r] = both
+                forced[r] = None
                 if r not in in_dirty:
                     dirty.append(r)
         return flows
 
     def _component(
-        self, dirty: list[int], local: bool
+        self, dirty: list[int], local: bool, forced: dict[int, None]
     ) -> tuple[list[int], list[int], list[int], list[int]]:
         """The flows whose rates a change on the dirty resources can move, and the resources
         they cross: ``(res, edge, flows, pinned)``.
 
         Walks breadth-first from the dirty resources through shared resources. With
         ``local``, the walk does not pass through a resource that is clearly unsaturated
-        (below ``_slack_limit`` of capacity at its settled rate; dirty ones are always
-        passed): such a resource is no flow's bottleneck, so it couples nobody's rate. It is
-        returned in ``edge`` (its other flows keep their rates). Capped flows running at
-        their cap on clearly unsaturated resources are not re-rated either (``pinned``).
-        ``_assign_rates`` checks after filling that every edge resource (and every pinned
-        flow's resource) is still clearly unsaturated; if one is not, the settle is redone
-        without ``local``, over the whole connected component. When the check passes, the
-        result is what progressive filling over the whole component gives, bit for bit:
-        the filling of flows coupled only through never-saturating resources runs the same
-        operations, in the same (level, resource id) order, whether done together or apart.
+        (below ``_slack_limit`` of capacity at its settled rate), unless ``forced`` (an
+        uncapped flow started there, or what HIGH leaves there changed): such a resource is
+        no flow's bottleneck, so it couples nobody's rate. It is returned in ``edge`` (its
+        other flows keep their rates); flows that started are taken in directly. Capped flows
+        running at their cap on clearly unsaturated resources are not re-rated either
+        (``pinned``). ``_assign_rates`` checks after filling that every edge resource (and
+        every pinned flow's resource) is still clearly unsaturated; if one is not, the settle
+        is redone without ``local``, over the whole connected component. When the check
+        passes, the result is what progressive filling over the whole component gives, bit
+        for bit: the filling of flows coupled only through never-saturating resources runs
+        the same operations, in the same (level, resource id) order, together or apart.
         """
         self._epoch += 1
         epoch = self._epoch
-        res = list(dirty)
         rmark, fmark, paths = self._rmark, self._f_mark, self._f_path
         fcap, frate = self._f_cap, self._f_rate
         cap, rate, lim = self._cap, self._rate, self._slack_limit
-        for r in res:
-            rmark[r] = epoch
         flows: list[int] = []
         pinned: list[int] = []
         edge: list[int] = []
+        res: list[int] = []
+        for r in dirty:
+            rmark[r] = epoch
+            if not local or r in forced or rate[r] > cap[r] * lim:
+                res.append(r)
+            else:
+                edge.append(r)  # a guess; _assign_rates checks after
+        if local:
+            cls, tm = self._f_cls, self._tm
+            for s in self._new:  # their resources are all dirty, so marked already
+                if fmark[s] != epoch and paths[s] and frate[s] == -1.0 and (cls[s] or not tm):
+                    fmark[s] = epoch
+                    flows.append(s)
         pin = local and self._num_capped > 0
         m0, m1 = self._members
         walk = (m1,) if local and self._tm else (m0, m1)  # HIGH was settled apart
@@ -565,7 +597,8 @@ class FluidNetwork:
         edge_rate: dict[int, float] = {}
         if edge:
             frate, paths = self._f_rate, self._f_path
-            edge_rate = {r: rate[r] for r in edge}
+            gone = self._gone  # what flows that ended took (dirty edge resources)
+            edge_rate = {r: rate[r] - gone.get(r, 0.0) for r in edge}
             for s in flows:
                 old = frate[s]
                 delta = new[s] - (old if old > 0.0 else 0.0)
