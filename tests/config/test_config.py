@@ -62,6 +62,8 @@ def test_override_swaps_model_preset() -> None:
         ("noequals", "must look like section.key=value"),
         ("model=gpt5", "model.preset='gpt5' is invalid"),
         ("workload.mal=100k", "workload.mal='100k' is invalid"),
+        ("cluster.prefill_ep_nodes=3", "must be a divisor of cluster.num_prefill_nodes (2)"),
+        ("cluster.decode_ep_nodes=-2", "cluster.decode_ep_nodes=-2 is invalid"),
     ],
 )
 def test_bad_values_name_the_field(override: str, needle: str) -> None:

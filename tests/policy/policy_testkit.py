@@ -85,7 +85,8 @@ class ReferencePolicy:
         members = lambda k, g: [  # noqa: E731
             e.engine_id for e in v.engines if e.kind is k and e.group_id == g
         ]
-        for g in groups(PE):
+        pe_order = sorted(groups(PE), key=lambda g: (sum(tok[e] for e in members(PE, g)), g))
+        for g in pe_order:  # least-loaded group first, fixed before anyone pulls
             while self.queue:
                 ok = [e for e in members(PE, g) if tok[e] <= self.p.beta_tokens]
                 cat2 = [e for e in ok if rq[node[e]] <= self.p.alpha_tokens]

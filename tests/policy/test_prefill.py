@@ -56,11 +56,19 @@ def test_stops_when_all_overloaded_and_keeps_fifo() -> None:
     assert [a.pe for a in sorted(out, key=lambda a: a.request_id)] == [0, 0, 0, 1]
 
 
-def test_group_order_first_group_pulls_first() -> None:
-    # per-node groups: group 0 (node 0) pulls before group 1 (node 1) in a round
+def test_group_order_equal_load_lowest_group_first() -> None:
+    # per-node groups, equally loaded: group 0 (node 0) pulls before group 1 (node 1)
     p = policy(beta_tokens=150)
     v = view([pe(0, 0, 0, group=0), pe(1, 1, 0, group=1), *BIG_DE])
     assert pe_choices(p, v, 3) == [0, 0, 1]
+
+
+def test_group_order_least_loaded_group_first() -> None:
+    # group 1 carries fewer tokens, so it pulls first and takes the queue up to β; a fixed
+    # group-id order would have handed every request to group 0
+    p = policy(beta_tokens=400)
+    v = view([pe(0, 0, 120, group=0), pe(1, 1, 20, group=1), *BIG_DE])
+    assert pe_choices(p, v, 5) == [1, 1, 1, 1, 0]
 
 
 def test_held_pe_tokens_count_next_round() -> None:

@@ -28,6 +28,30 @@ def test_ids_and_ep_groups() -> None:
     assert net.capacity(topo.dram[0]) == 500e9 and net.capacity(topo.tx[3]) == 50e9
 
 
+def test_ep_groups_of_a_few_nodes_tile_a_paper_scale_cluster() -> None:
+    """48P96D as 24 replicas of the 2P4D unit: EP16 prefill groups, EP32 decode groups."""
+    topo, net = _topo(
+        "ds660b-2p4d",
+        "cluster.num_prefill_nodes=48",
+        "cluster.num_decode_nodes=96",
+        "cluster.prefill_ep_nodes=2",
+        "cluster.decode_ep_nodes=4",
+    )
+    assert len(topo.pe_ids) + len(topo.de_ids) == 1152
+    pe_groups, de_groups = topo.groups(EngineKind.PE), topo.groups(EngineKind.DE)
+    assert [gid for gid, _ in pe_groups] == list(range(0, 48, 2))
+    assert [gid for gid, _ in de_groups] == list(range(48, 144, 4))
+    assert all(len(m) == 16 for _, m in pe_groups) and all(len(m) == 32 for _, m in de_groups)
+    assert pe_groups[1][1] == tuple(range(16, 32)) and topo.group_of(8 * 48 + 33) == 52
+    assert topo.prefill_group_gpus == 16 and topo.decode_group_gpus == 32
+    assert net.num_resources == 144 * 3 + 1152 * 2
+
+
+def test_ep_nodes_need_ep() -> None:
+    with pytest.raises(ValueError, match="cluster.prefill_ep_nodes=1 is invalid: must be 0 unless"):
+        _topo("qwen32b-1p2d", "cluster.prefill_ep_nodes=1")
+
+
 def test_groups_are_nodes_without_ep() -> None:
     topo, _ = _topo("qwen32b-1p2d")
     assert [gid for gid, _ in topo.groups(EngineKind.DE)] == [1, 2]

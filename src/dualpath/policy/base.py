@@ -39,8 +39,9 @@ class Policy(Protocol):
         ...
 
     def schedule(self, view: ClusterView, now: float) -> list[Assign]:
-        """One scheduling round: every PE group leader pulls, then every DE group leader
-        (in group-id order). Returns fully assigned requests (PE, DE and read side fixed)."""
+        """One scheduling round: every PE group leader pulls (least-loaded group first: Σ
+        tok_e, then group id), then every DE group leader (in group-id order). Returns fully
+        assigned requests (PE, DE and read side fixed)."""
         ...
 
     def plan_forward(

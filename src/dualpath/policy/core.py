@@ -25,10 +25,11 @@ from dualpath.policy.view import ClusterView, EngineState, RequestInfo
 class PolicyCore:
     """One policy instance per cluster; implements ``dualpath.policy.base.Policy``.
 
-    A round (``schedule``): every PE group pulls from the global queue (group-id order), then
-    every DE group pulls; a request that got a PE but no DE keeps its PE (its tokens count in
-    that PE's tok_e / seq_e in later rounds) and waits in the DE queue. Only requests with PE,
-    DE and read side fixed come back, as ``Assign``s, in decision order.
+    A round (``schedule``): every PE group pulls from the global queue (least-loaded group
+    first: Σ tok_e, then group id), then every DE group pulls; a request that got a PE but no
+    DE keeps its PE (its tokens count in that PE's tok_e / seq_e in later rounds) and waits in
+    the DE queue. Only requests with PE, DE and read side fixed come back, as ``Assign``s, in
+    decision order.
     """
 
     def __init__(
@@ -101,7 +102,7 @@ class PolicyCore:
         self._checked_engines, self._checked_nodes = view.engines, nodes_key
         st = RoundState(view, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
         held: list[tuple[RequestInfo, int]] = []
-        for gid in st.pe_group_ids:  # every PE group leader pulls, in group-id order
+        for gid in self._pull_order(st):  # every PE group leader pulls, least loaded first
             self._prefill.pull(gid, st.pe_groups[gid], st, self._queue, held, now, self._trace)
         for r, pe in held:
             h = self._holds.setdefault(pe, [0, 0])
@@ -111,6 +112,18 @@ class PolicyCore:
         placed: list[Placed] = []
         self._decode.round(st, self._de_queue, placed, now, self._trace)
         return [self._finish(r, pe, de, st, now) for r, pe, de in placed]
+
+    @staticmethod
+    def _pull_order(st: RoundState) -> list[int]:
+        """PE groups whose pulls fall in one round are served by Σ tok_e (requests held for
+        them included), then group id: a fixed order would hand the whole queue to the first
+        group until its PEs pass β, leaving the others idle (paper-scale clusters have many
+        PE groups; with one group, as in every paper setup up to 2P4D, nothing changes)."""
+        ids = st.pe_group_ids
+        if len(ids) < 2:
+            return ids
+        tok, groups = st.tok, st.pe_groups
+        return sorted(ids, key=lambda g: (sum(tok[e] for e in groups[g]), g))
 
     def _finish(self, r: RequestInfo, pe: int, de: int, st: RoundState, now: float) -> Assign:
         plan = self._side.choose(r, pe, de, st)

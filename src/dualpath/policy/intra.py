@@ -44,7 +44,7 @@ def pack_forward(
             take = new
         else:
             take = _largest_fit(predict, pairs, cached, max(room, 0), quota_s)
-        if take <= 0 and new > 0:
+        if take <= 0 and (new > 0 or room < 0):  # nothing fits (not even its cached KV)
             break
         pairs.append((cached, take))
         chunks.append(Chunk(item.request_id, cached, take, is_last=take == new))

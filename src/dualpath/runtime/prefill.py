@@ -28,7 +28,10 @@ def collective_bytes_per_layer(env: ProcEnv, num_tokens: int) -> int:
     standing in for the TP/EP collective a bigger model would run."""
     m = env.config.model
     if m.is_moe:
-        ep = len(env.topology.pe_ids) if env.topology.prefill_ep else env.topology.gpus_per_node
+        topo = env.topology
+        ep = (
+            topo.prefill_group_nodes * topo.gpus_per_node if topo.prefill_ep else topo.gpus_per_node
+        )
         moe = cost.moe_collective_bytes(m, num_tokens, ep, env.topology.gpus_per_node)
         return int(moe / max(1, m.num_layers - m.num_dense_layers))
     return num_tokens * m.hidden_size * 4

@@ -1,7 +1,8 @@
 """Engine and node ids of the emulated cluster (same layout as the simulator's, SPEC §2).
 
 Prefill nodes are ``0..P-1``, decode nodes ``P..P+D-1``; engine ``e`` lives on node ``e // g``.
-Group ids: an EP group takes the id of its first node; otherwise each node is a group.
+Group ids: an EP group takes the id of its first node (``cluster.*_ep_nodes`` nodes per group,
+default all nodes of the kind); otherwise each node is a group.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ class Topology:
     num_decode_nodes: int
     prefill_ep: bool
     decode_ep: bool
+    prefill_group_nodes: int = 1
+    decode_group_nodes: int = 1
 
     @classmethod
     def from_config(cls, config: Config) -> Topology:
@@ -29,6 +32,8 @@ class Topology:
             cl.num_decode_nodes,
             cl.prefill_ep,
             cl.decode_ep,
+            cl.prefill_group_nodes,
+            cl.decode_group_nodes,
         )
 
     @property
@@ -62,8 +67,8 @@ class Topology:
     def group_of(self, engine: int) -> int:
         node = self.node_of(engine)
         if self.is_pe(engine):
-            return 0 if self.prefill_ep else node
-        return self.num_prefill_nodes if self.decode_ep else node
+            return node - node % self.prefill_group_nodes
+        return node - (node - self.num_prefill_nodes) % self.decode_group_nodes
 
     def engine_name(self, engine: int) -> str:
         return f"{self.kind_of(engine).value}{engine}@node{self.node_of(engine)}"

@@ -100,7 +100,7 @@ class Cluster:
     def _build_groups(self) -> None:
         config, topo, sim = self.config, self.topo, self.sim
         model, hw = config.model, config.hardware
-        pe_groups = [topo.pe_ids] if topo.prefill_ep else [(pe,) for pe in topo.pe_ids]
+        pe_groups = [members for _, members in topo.groups(EngineKind.PE)]
         self.prefill_groups = [
             PrefillGroup(
                 members,
@@ -120,8 +120,8 @@ class Cluster:
             for members in pe_groups
         ]
         self.prefill_group_of = {pe: g for g in self.prefill_groups for pe in g.members}
-        de_gpus = len(topo.de_ids) if topo.decode_ep else 1
-        de_groups = [topo.de_ids] if topo.decode_ep else [(de,) for de in topo.de_ids]
+        de_gpus = topo.decode_group_gpus if topo.decode_ep else 1  # weights sharded over
+        de_groups = [members for _, members in topo.groups(EngineKind.DE)]
         self.decode_groups = [
             DecodeGroup(
                 members,

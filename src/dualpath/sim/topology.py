@@ -14,8 +14,9 @@ from dualpath.types import EngineKind
 
 class Topology:
     """Prefill nodes are ``0..P-1``, decode nodes ``P..P+D-1``; engine ``e`` lives on node
-    ``e // g`` (PEs and DEs share one id space). Group ids: the EP group of a kind takes the id
-    of its first node; without EP each node is a group (its id is the node id).
+    ``e // g`` (PEs and DEs share one id space). Group ids: an EP group takes the id of its
+    first node (``cluster.*_ep_nodes`` nodes per group, default all nodes of the kind);
+    without EP each node is a group (its id is the node id).
 
     Resources per node: SNIC read, SNIC write (s·B each), DRAM (M, half duplex); per engine:
     CNIC ``tx`` (reads local memory and sends) and ``rx`` (writes local memory), B each.
@@ -39,6 +40,9 @@ class Topology:
         self.rail_matched = rail_matched
         self.prefill_ep = cl.prefill_ep
         self.decode_ep = cl.decode_ep
+        self.prefill_group_gpus = cl.prefill_group_nodes * g  # EP size of a PE group
+        self.decode_group_gpus = cl.decode_group_nodes * g
+        self._group_of_node = [cl.group_of_node(n) for n in range(p + d)]
         add = add_resource  # FluidNetwork.add_resource
         self.storage: int | None = None
         if hw.storage_read_bytes_per_s > 0:
@@ -67,10 +71,7 @@ class Topology:
         return engine < len(self.pe_ids)
 
     def group_of(self, engine: int) -> int:
-        node = self.node_of(engine)
-        if self.is_pe(engine):
-            return 0 if self.prefill_ep else node
-        return self.num_prefill_nodes if self.decode_ep else node
+        return self._group_of_node[self.node_of(engine)]
 
     def groups(self, kind: EngineKind) -> list[tuple[int, tuple[int, ...]]]:
         """``(group_id, member engine ids)`` of one kind, sorted by group id."""
