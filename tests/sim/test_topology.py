@@ -48,7 +48,9 @@ def test_ep_groups_of_a_few_nodes_tile_a_paper_scale_cluster() -> None:
 
 
 def test_ep_nodes_need_ep() -> None:
-    with pytest.raises(ValueError, match="cluster.prefill_ep_nodes=1 is invalid: must be 0 unless"):
+    with pytest.raises(
+        ValueError, match=r"cluster\.prefill_ep_nodes=1 is invalid: must be 0 unless"
+    ):
         _topo("qwen32b-1p2d", "cluster.prefill_ep_nodes=1")
 
 
