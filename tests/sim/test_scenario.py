@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dualpath.config.sim import SimConfig
-from dualpath.sim.runner import simulate
+from dualpath.sim.runner import build_cluster, run_cluster, simulate
 
 from .conftest import small_config
 
@@ -56,3 +56,34 @@ def test_traffic_manager_protects_collectives() -> None:
     assert on.path_bytes["collectives"] > 0
     assert 1.0 <= on.counters["collective_slowdown"] <= 1 / 0.99 + 1e-6
     assert off.counters["collective_slowdown"] > on.counters["collective_slowdown"] + 0.01
+
+
+def test_replicated_units_share_the_work() -> None:
+    """Two 1P1D units of DS 27B with EP groups of one node (2 PE groups, 2 DE groups) under
+    one scheduler: every group gets work, and the pair finishes twice the agents in about
+    the time one unit needs for half of them (weak scaling, SPEC §12)."""
+    one = simulate(small_config("ds27b-1p1d", 16, "32k", *IO_BOUND), "dualpath")
+    two_cfg = small_config(
+        "ds27b-1p1d",
+        32,
+        "32k",
+        *IO_BOUND,
+        "cluster.num_prefill_nodes=2",
+        "cluster.num_decode_nodes=2",
+        "cluster.prefill_ep_nodes=1",
+        "cluster.decode_ep_nodes=1",
+    )
+    cluster = build_cluster(two_cfg, "dualpath")
+    groups: dict[str, set[int]] = {"pe": set(), "de": set()}
+    assign = cluster._assign
+
+    def spy(a):  # type: ignore[no-untyped-def]
+        groups["pe"].add(cluster.topo.group_of(a.pe))
+        groups["de"].add(cluster.topo.group_of(a.de))
+        assign(a)
+
+    cluster._assign = spy  # type: ignore[method-assign]
+    run_cluster(cluster)
+    assert cluster.num_turns_done == cluster.num_turns_total
+    assert groups == {"pe": {0, 1}, "de": {2, 3}}
+    assert cluster.loop.now < 1.3 * one.jct_s

@@ -166,6 +166,11 @@ def _setup(name: str, model: ModelConfig, p: int, d: int, ep: bool, **hw: Any) -
 
 CLUSTER_PRESETS: dict[str, Config] = {
     "ds660b-2p4d": _setup("ds660b-2p4d", DS660B, 2, 4, True),
+    # paper scale: 24 replicas of the 2P4D unit (EP16 prefill, EP32 decode), 1,152 GPUs
+    "ds660b-48p96d": replace(
+        _setup("ds660b-48p96d", DS660B, 48, 96, True),
+        cluster=ClusterConfig(48, 96, prefill_ep_nodes=2, decode_ep_nodes=4),
+    ),
     "ds27b-1p1d": _setup("ds27b-1p1d", DS27B, 1, 1, True),
     "ds27b-1p2d": _setup("ds27b-1p2d", DS27B, 1, 2, True),
     "ds27b-2p1d": _setup("ds27b-2p1d", DS27B, 2, 1, True),
