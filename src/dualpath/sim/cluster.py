@@ -89,9 +89,10 @@ class Cluster:
         self._pull_event: Event | None = None
         self._last_pull_s = -float("inf")
         self._blocked = False  # the last pull left requests waiting for capacity
-        none = (-1, -1, -1)
-        self._state_cache: list[tuple[tuple[int, int, int], EngineState]] = [
-            (none, EngineState(e, topo.node_of(e), topo.group_of(e), _kind(topo, e)))
+        # per engine: the (seq, tokens, free) last reported and the EngineState built from it
+        self._keys: list[tuple[int, int, int]] = [(-1, -1, -1)] * len(topo.engine_ids)
+        self._states = [
+            EngineState(e, topo.node_of(e), topo.group_of(e), _kind(topo, e))
             for e in topo.engine_ids
         ]
         self._node_cache = [NodeState(n, topo.kind_of_node(n), 0) for n in range(topo.num_nodes)]
@@ -204,12 +205,13 @@ class Cluster:
     def view(self) -> ClusterView:
         """What the engines report at a pull: seq_e, tok_e, free HBM; read_q per node.
         States are cached per engine and rebuilt only when a counter changed."""
-        topo, seq, tok, cache = self.topo, self.seq, self.tok, self._state_cache
+        topo, seq, tok, keys, states = self.topo, self.seq, self.tok, self._keys, self._states
         where = self._where
         for e in topo.pe_ids:
             key = (seq[e], tok[e], 0)
-            if cache[e][0] != key:
-                cache[e] = (key, EngineState(e, *where[e], _PE, *key))
+            if keys[e] != key:
+                keys[e] = key
+                states[e] = EngineState(e, *where[e], _PE, *key)
         hbm, reserved = self.hbm_capacity_tokens, self.reserved
         for group in self.decode_groups:
             generated = group.generated_by_member()  # one look-up of the steps done by now
@@ -218,8 +220,9 @@ class Cluster:
                 tokens = tok[e] + gen if num else 0
                 free = hbm - reserved[e]
                 key = (num, tokens, free if free > 0 else 0)
-                if cache[e][0] != key:
-                    cache[e] = (key, EngineState(e, *where[e], _DE, *key))
+                if keys[e] != key:
+                    keys[e] = key
+                    states[e] = EngineState(e, *where[e], _DE, *key)
         node_cache = self._node_cache
         nodes = []
         for n in self.node_ios:
@@ -229,7 +232,7 @@ class Cluster:
             if state.read_queue_tokens != q:
                 state = node_cache[nid] = NodeState(nid, topo.kind_of_node(nid), q)
             nodes.append(state)
-        return ClusterView(tuple(state for _, state in cache), tuple(nodes))
+        return ClusterView(tuple(states), tuple(nodes))
 
     # ------------------------------------------------------------------ lifecycle
     def _assign(self, a: Assign) -> None:
