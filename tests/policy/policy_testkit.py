@@ -85,10 +85,10 @@ class ReferencePolicy:
         members = lambda k, g: [  # noqa: E731
             e.engine_id for e in v.engines if e.kind is k and e.group_id == g
         ]
-        pe_order = sorted(groups(PE), key=lambda g: (sum(tok[e] for e in members(PE, g)), g))
-        for g in pe_order:  # least-loaded group first, fixed before anyone pulls
+        all_pes = [e.engine_id for e in v.engines if e.kind is PE]
+        for pes in [all_pes] if all_pes else []:  # the leaders' pulls served as one
             while self.queue:
-                ok = [e for e in members(PE, g) if tok[e] <= self.p.beta_tokens]
+                ok = [e for e in pes if tok[e] <= self.p.beta_tokens]
                 cat2 = [e for e in ok if rq[node[e]] <= self.p.alpha_tokens]
                 cands = cat2 or ok
                 if not cands:

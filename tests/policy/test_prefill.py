@@ -56,19 +56,22 @@ def test_stops_when_all_overloaded_and_keeps_fifo() -> None:
     assert [a.pe for a in sorted(out, key=lambda a: a.request_id)] == [0, 0, 0, 1]
 
 
-def test_group_order_equal_load_lowest_group_first() -> None:
-    # per-node groups, equally loaded: group 0 (node 0) pulls before group 1 (node 1)
+def test_groups_pulling_together_share_one_pull() -> None:
+    # per-node groups pulling in one round: each head request goes to the least-loaded PE of
+    # any group (ties: lowest id), not to the first group until its PEs pass β
     p = policy(beta_tokens=150)
     v = view([pe(0, 0, 0, group=0), pe(1, 1, 0, group=1), *BIG_DE])
-    assert pe_choices(p, v, 3) == [0, 0, 1]
-
-
-def test_group_order_least_loaded_group_first() -> None:
-    # group 1 carries fewer tokens, so it pulls first and takes the queue up to β; a fixed
-    # group-id order would have handed every request to group 0
+    assert pe_choices(p, v, 3) == [0, 1, 0]
     p = policy(beta_tokens=400)
     v = view([pe(0, 0, 120, group=0), pe(1, 1, 20, group=1), *BIG_DE])
-    assert pe_choices(p, v, 5) == [1, 1, 1, 1, 0]
+    assert pe_choices(p, v, 5) == [1, 0, 1, 0, 1]
+
+
+def test_groups_pulling_together_prefer_a_short_read_queue_anywhere() -> None:
+    # category 2 (node read_q ≤ α) in group 1 beats a less-loaded category-3 PE in group 0
+    p = policy()
+    v = view([pe(0, 0, 10, group=0), pe(1, 1, 900, group=1), *BIG_DE], {0: 5000, 1: 0})
+    assert pe_choices(p, v, 1) == [1]
 
 
 def test_held_pe_tokens_count_next_round() -> None:

@@ -39,8 +39,8 @@ class Policy(Protocol):
         ...
 
     def schedule(self, view: ClusterView, now: float) -> list[Assign]:
-        """One scheduling round: every PE group leader pulls (least-loaded group first: Σ
-        tok_e, then group id), then every DE group leader (in group-id order). Returns fully
+        """One scheduling round: the PE group leaders pull (several at once: one pull over
+        all their PEs), then every DE group leader (in group-id order). Returns fully
         assigned requests (PE, DE and read side fixed)."""
         ...
 

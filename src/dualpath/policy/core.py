@@ -21,12 +21,15 @@ from dualpath.policy.state import RoundState, validate_view
 from dualpath.policy.trace import DecisionTrace
 from dualpath.policy.view import ClusterView, EngineState, RequestInfo
 
+ALL_GROUPS = -1  # the group id of a pull made for several PE groups at once
+
 
 class PolicyCore:
     """One policy instance per cluster; implements ``dualpath.policy.base.Policy``.
 
-    A round (``schedule``): every PE group pulls from the global queue (least-loaded group
-    first: Σ tok_e, then group id), then every DE group pulls; a request that got a PE but no
+    A round (``schedule``): the PE group leaders pull from the global queue (several leaders
+    in one round: one pull over the union of their PEs, group id ``ALL_GROUPS`` in the
+    trace), then every DE group pulls; a request that got a PE but no
     DE keeps its PE (its tokens count in that PE's tok_e / seq_e in later rounds) and waits in
     the DE queue. Only requests with PE, DE and read side fixed come back, as ``Assign``s, in
     decision order.
@@ -102,8 +105,14 @@ class PolicyCore:
         self._checked_engines, self._checked_nodes = view.engines, nodes_key
         st = RoundState(view, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
         held: list[tuple[RequestInfo, int]] = []
-        for gid in self._pull_order(st):  # every PE group leader pulls, least loaded first
-            self._prefill.pull(gid, st.pe_groups[gid], st, self._queue, held, now, self._trace)
+        ids = st.pe_group_ids
+        if len(ids) == 1:  # the group leader pulls
+            self._prefill.pull(
+                ids[0], st.pe_groups[ids[0]], st, self._queue, held, now, self._trace
+            )
+        elif ids:  # leaders pulling in one round: one pull over all their PEs
+            pes = sorted(e for gid in ids for e in st.pe_groups[gid])
+            self._prefill.pull(ALL_GROUPS, pes, st, self._queue, held, now, self._trace)
         for r, pe in held:
             h = self._holds.setdefault(pe, [0, 0])
             h[0] += r.prompt_tokens
@@ -112,18 +121,6 @@ class PolicyCore:
         placed: list[Placed] = []
         self._decode.round(st, self._de_queue, placed, now, self._trace)
         return [self._finish(r, pe, de, st, now) for r, pe, de in placed]
-
-    @staticmethod
-    def _pull_order(st: RoundState) -> list[int]:
-        """PE groups whose pulls fall in one round are served by Σ tok_e (requests held for
-        them included), then group id: a fixed order would hand the whole queue to the first
-        group until its PEs pass β, leaving the others idle (paper-scale clusters have many
-        PE groups; with one group, as in every paper setup up to 2P4D, nothing changes)."""
-        ids = st.pe_group_ids
-        if len(ids) < 2:
-            return ids
-        tok, groups = st.tok, st.pe_groups
-        return sorted(ids, key=lambda g: (sum(tok[e] for e in groups[g]), g))
 
     def _finish(self, r: RequestInfo, pe: int, de: int, st: RoundState, now: float) -> Assign:
         plan = self._side.choose(r, pe, de, st)
