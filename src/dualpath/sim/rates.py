@@ -1,0 +1,410 @@
+"""Rate recomputation for ``FluidNetwork`` (SPEC §6): which flows a start or an end can move,
+and their new max-min rates. A mixin: the state lives on the network, whose ``__init__``
+creates every attribute declared below; this half never touches flow bookkeeping.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from dualpath.sim.events import Event, EventLoop
+from dualpath.sim.maxmin import fill_max_min
+
+SETTLE_PRIORITY = 2**62  # rate recomputation runs after every other event of its instant
+SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
+
+
+class RateSolver:
+    """Recomputes rates once per instant, only where they can change.
+
+    A change (start, end, cancel) marks the resources of its path dirty. At the settle:
+    HIGH (traffic manager) is refilled apart where a HIGH flow changed or a resource's
+    shared status flipped (``_settle_high``); LOW (or the single class) is refilled over the
+    flows reachable from the dirty resources through resources that can be bottlenecks
+    (``_component``); capped flows at their cap on clearly unsaturated resources are held.
+    Guesses are checked after filling and a failed one refills the whole component, so the
+    result is bit-identical to refilling whole components every time
+    (``tests/sim/test_network.py`` checks that against ``_local = False``).
+    """
+
+    _loop: EventLoop
+    _tm: bool
+    _floor: float
+    _cap: list[float]
+    _members: tuple[list[dict[int, int]], list[dict[int, int]]]
+    _tot: tuple[list[int], list[int]]
+    _cnt: list[int]
+    _rate: list[float]
+    _carried: list[float]
+    _last_s: list[float]
+    _busy_s: list[float]
+    _scratch: list[float]
+    _rmark: list[int]
+    _f_id: list[int]
+    _f_path: list[tuple[int, ...]]
+    _f_cls: list[int]
+    _f_rem: list[float]
+    _f_t: list[float]
+    _f_rate: list[float]
+    _f_cap: list[float]
+    _f_ver: list[int]
+    _f_mark: list[int]
+    _f_new: list[float]
+    _slot_of: dict[int, int]
+    _finish: list[tuple[float, int, int, int]]
+    _dirty: dict[int, None]
+    _new: list[int]
+    _gone: dict[int, float]
+    _forced: dict[int, None]
+    _dirty_high: dict[int, None]
+    _high_left: list[float]
+    _shared: list[bool]
+    _settle_ev: Event | None
+    _epoch: int
+    _num_capped: int
+    _slack_limit: float
+    _rearm: bool
+    _num_settles: int
+    _num_settled_flows: int
+    _num_fallbacks: int
+    _local: bool
+
+    def _arm(self) -> None:  # FluidNetwork: keep the completion timer at the next finish
+        raise NotImplementedError
+
+    def _unsaturated(
+        self, slot: int, path: tuple[int, ...], add_rate: float, starting: bool
+    ) -> bool:
+        """Whether every resource of ``path``, carrying ``add_rate`` more per crossing, stays
+        clearly below its HIGH share. Then it is a bottleneck neither before nor after a flow
+        that crosses only such resources (and, when starting, runs at its cap ``add_rate``)
+        starts or ends: every other flow's progressive filling runs the same operations on
+        its bottlenecks, so its rate is exactly what a recomputation would give. With the
+        traffic manager, only for a LOW flow that leaves every resource's ``_shared`` as it
+        was (HIGH fills on shares that depend on it; ``_settle_high``)."""
+        cap, rate, lim = self._cap, self._rate, self._slack_limit
+        if not all(rate[r] + add_rate * path.count(r) <= cap[r] * lim for r in path):
+            return False
+        if not self._tm:
+            return True
+        if not self._f_cls[slot]:
+            return False
+        t0, t1 = self._tot
+        if starting:  # the flow is counted already
+            return all(not t0[r] or t1[r] > path.count(r) for r in path)
+        return all(not t0[r] or t1[r] for r in path)
+
+    def _shift_rates(self, path: tuple[int, ...], delta: float) -> None:
+        """A flow at rate ``|delta|`` started (+) or ended (-) without a recomputation:
+        account resources at their old rates, then adjust them."""
+        self._account(list(path), self._loop.now)
+        rate, t0, t1 = self._rate, *self._tot
+        for r in path:
+            left = rate[r] + delta
+            rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
+        self._rearm = True
+        self._mark_dirty(())
+
+    def _mark_dirty(self, path: tuple[int, ...], high: bool = False) -> None:
+        """Mark ``path`` for recomputation (``high``: a HIGH flow's, under the traffic
+        manager); an empty path (from a flow that changed without one) only makes sure the
+        settle event of this instant is scheduled."""
+        dirty = self._dirty
+        for r in path:
+            dirty[r] = None
+        if high:
+            dirty_high = self._dirty_high
+            for r in path:
+                dirty_high[r] = None
+        if self._settle_ev is None:
+            self._settle_ev = self._loop.at(
+                self._loop.now, self._settle, SETTLE_PRIORITY, "net.settle"
+            )
+
+    def _settle(self) -> None:
+        """Recompute rates of every flow in the components of the dirty resources."""
+        event = self._settle_ev
+        if event is not None:
+            self._settle_ev = None
+            self._loop.cancel(event)  # a no-op when it is the event running now
+        if not self._dirty:
+            if self._rearm:
+                self._rearm = False
+                self._arm()
+            return
+        self._rearm = False
+        self._num_settles += 1
+        now = self._loop.now
+        dirty = list(self._dirty)
+        self._dirty = {}
+        forced = self._forced
+        self._forced = {}
+        high_flows: list[int] = []
+        if self._local and self._tm:
+            high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
+        if self._local:
+            res, edge, flows, pinned = self._component(dirty, True, forced)
+            self._account(res, now)
+            self._account(edge, now)
+        ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
+        self._new.clear()
+        self._gone.clear()
+        if ok:
+            flows = high_flows + flows
+        else:
+            self._num_fallbacks += self._local
+            res, edge, flows, pinned = self._component(dirty, False, forced)
+            self._account(res, now)
+            self._assign_rates(res, edge, flows, pinned, False)
+        self._num_settled_flows += len(flows)
+        self._reschedule(flows, now)
+        self._arm()
+
+    def _settle_high(self, dirty: list[int], forced: dict[int, None]) -> list[int]:
+        """Traffic manager: refill HIGH over the HIGH flows connected to resources where a
+        HIGH flow started or ended or ``_shared`` flipped (HIGH rates depend on nothing
+        else). Resources where what HIGH leaves changed are added to ``dirty`` and
+        ``forced`` (LOW refills there). Returns the HIGH flows re-rated (rates in
+        ``_f_new``)."""
+        t0, t1 = self._tot
+        shared, dirty_high = self._shared, self._dirty_high
+        start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
+        self._dirty_high = {}
+        if not start:
+            return []
+        self._epoch += 1
+        epoch = self._epoch
+        rmark, fmark, paths, m0 = self._rmark, self._f_mark, self._f_path, self._members[0]
+        for r in start:
+            rmark[r] = epoch
+        res = start
+        flows: list[int] = []
+        for r in res:  # grows while iterated
+            for s in m0[r]:
+                if fmark[s] != epoch:
+                    fmark[s] = epoch
+                    flows.append(s)
+                    for r2 in paths[s]:
+                        if rmark[r2] != epoch:
+                            rmark[r2] = epoch
+                            res.append(r2)
+        cap, avail, cnt, left = self._cap, self._scratch, self._cnt, self._high_left
+        high_share = 1.0 - self._floor
+        for r in res:
+            avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
+            cnt[r] = t0[r]
+        fill_max_min(flows, self._capped(flows), m0, res, paths, self._f_new, avail, cnt)
+        in_dirty = set(dirty)
+        for r in res:
+            both = bool(t0[r] and t1[r])
+            a = avail[r]
+            if a != left[r] or both is not shared[r]:
+                left[r] = a
+                shared[r] = both
+                forced[r] = None
+                if r not in in_dirty:
+                    dirty.append(r)
+        return flows
+
+    def _component(
+        self, dirty: list[int], local: bool, forced: dict[int, None]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The flows whose rates a change on the dirty resources can move, and the resources
+        they cross: ``(res, edge, flows, pinned)``.
+
+        Walks breadth-first from the dirty resources through shared resources. With
+        ``local``, the walk does not pass through a resource that is clearly unsaturated
+        (below ``_slack_limit`` of capacity at its settled rate), unless ``forced`` (an
+        uncapped flow started there, or what HIGH leaves there changed): such a resource is
+        no flow's bottleneck, so it couples nobody's rate. It is returned in ``edge`` (its
+        other flows keep their rates); flows that started are taken in directly. Capped flows
+        running at their cap on clearly unsaturated resources are not re-rated either
+        (``pinned``). ``_assign_rates`` checks after filling that every edge resource (and
+        every pinned flow's resource) is still clearly unsaturated; if one is not, the settle
+        is redone without ``local``, over the whole connected component. When the check
+        passes, the result is what progressive filling over the whole component gives, bit
+        for bit: the filling of flows coupled only through never-saturating resources runs
+        the same operations, in the same (level, resource id) order, together or apart.
+        """
+        self._epoch += 1
+        epoch = self._epoch
+        rmark, fmark, paths = self._rmark, self._f_mark, self._f_path
+        fcap, frate = self._f_cap, self._f_rate
+        cap, rate, lim = self._cap, self._rate, self._slack_limit
+        flows: list[int] = []
+        pinned: list[int] = []
+        edge: list[int] = []
+        res: list[int] = []
+        for r in dirty:
+            rmark[r] = epoch
+            if not local or r in forced or rate[r] > cap[r] * lim:
+                res.append(r)
+            else:
+                edge.append(r)  # a guess; _assign_rates checks after
+        if local:
+            cls, tm = self._f_cls, self._tm
+            for s in self._new:  # their resources are all dirty, so marked already
+                if fmark[s] != epoch and paths[s] and frate[s] == -1.0 and (cls[s] or not tm):
+                    fmark[s] = epoch
+                    flows.append(s)
+        pin = local and self._num_capped > 0
+        m0, m1 = self._members
+        walk = (m1,) if local and self._tm else (m0, m1)  # HIGH was settled apart
+        add_res, add_flow, add_pinned, add_edge = (
+            res.append,
+            flows.append,
+            pinned.append,
+            edge.append,
+        )
+        for r in res:  # grows while iterated: a breadth-first walk
+            for members in walk:
+                for s in members[r]:
+                    if fmark[s] != epoch:
+                        fmark[s] = epoch
+                        if pin and frate[s] == fcap[s]:
+                            for r2 in paths[s]:  # a guess; _assign_rates checks after
+                                if rate[r2] > cap[r2] * lim:
+                                    break
+                            else:
+                                add_pinned(s)
+                                continue
+                        add_flow(s)
+                        for r2 in paths[s]:
+                            if rmark[r2] != epoch:
+                                rmark[r2] = epoch
+                                if local and rate[r2] <= cap[r2] * lim:
+                                    add_edge(r2)  # a guess; _assign_rates checks after
+                                else:
+                                    add_res(r2)
+        return res, edge, flows, pinned
+
+    def _account(self, res: list[int], now: float) -> None:
+        last, busy, rate, carried = self._last_s, self._busy_s, self._rate, self._carried
+        for r in res:
+            dt = now - last[r]
+            if dt > 0.0:
+                x = rate[r]
+                if x > 0.0:
+                    carried[r] += x * dt
+                    busy[r] += dt
+                last[r] = now
+
+    def _assign_rates(
+        self, res: list[int], edge: list[int], flows: list[int], pinned: list[int], low: bool
+    ) -> bool:
+        """New rates into ``_f_new``; resource rate sums = capacity minus what is left (for
+        ``edge`` resources: old sum plus the changes). Pinned flows keep their rate. ``low``
+        (traffic manager): ``flows`` are LOW, filled on what HIGH left (``_settle_high``);
+        else both classes, HIGH first. False, changing no settled rate, if an edge resource
+        or a pinned flow's resource is no longer clearly unsaturated (then redo over the
+        whole component)."""
+        cap, avail, new, rate, cnt = self._cap, self._scratch, self._f_new, self._rate, self._cnt
+        m0, m1 = self._members
+        t0, t1 = self._tot
+        paths, cls = self._f_path, self._f_cls
+        inf = math.inf
+        for r in edge:  # never a bottleneck here: filling only passes through
+            avail[r] = inf
+        high_share = 1.0 - self._floor
+        high_left, shared = self._high_left, self._shared
+        if low:
+            for r in res:  # what HIGH left, plus the floor HIGH could not take
+                left = high_left[r] + (cap[r] - cap[r] * high_share if shared[r] else 0.0)
+                avail[r] = left if left > 0.0 else 0.0
+                cnt[r] = t1[r]
+            self._pin(pinned)
+            fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt)
+        elif not self._tm:  # one class
+            for r in res:
+                avail[r] = cap[r]
+                cnt[r] = t0[r]
+            self._pin(pinned)
+            fill_max_min(flows, self._capped(flows), m0, res, paths, new, avail, cnt)
+        else:
+            high = [s for s in flows if not cls[s]]
+            for r in res:
+                avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
+                cnt[r] = t0[r]
+            self._pin([s for s in pinned if not cls[s]])
+            fill_max_min(high, self._capped(high), m0, res, paths, new, avail, cnt)
+            for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
+                both = bool(t0[r] and t1[r])
+                high_left[r] = avail[r]
+                shared[r] = both
+                left = avail[r] + (cap[r] - cap[r] * high_share if both else 0.0)
+                avail[r] = left if left > 0.0 else 0.0
+                cnt[r] = t1[r]
+            self._pin([s for s in pinned if cls[s]])
+            low_flows = [s for s in flows if cls[s]]
+            fill_max_min(low_flows, self._capped(low_flows), m1, res, paths, new, avail, cnt)
+        lim = self._slack_limit
+        edge_rate: dict[int, float] = {}
+        if edge:
+            frate, paths = self._f_rate, self._f_path
+            gone = self._gone  # what flows that ended took (dirty edge resources)
+            edge_rate = {r: rate[r] - gone.get(r, 0.0) for r in edge}
+            for s in flows:
+                old = frate[s]
+                delta = new[s] - (old if old > 0.0 else 0.0)
+                if delta != 0.0:
+                    for r in paths[s]:
+                        if r in edge_rate:
+                            edge_rate[r] += delta
+            for r, x in edge_rate.items():
+                if x > cap[r] * lim:
+                    return False
+        for r in res:
+            used = cap[r] - avail[r]
+            rate[r] = used if used > 0.0 else 0.0
+        for r, x in edge_rate.items():
+            rate[r] = x if x > 0.0 and (t0[r] or t1[r]) else 0.0
+        paths = self._f_path
+        for s in pinned:
+            for r in paths[s]:
+                if rate[r] > cap[r] * lim:
+                    return False
+        return True
+
+    def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
+        """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
+        if not self._num_capped:
+            return []
+        fcap, fid = self._f_cap, self._f_id
+        return sorted([(fcap[s], fid[s], s) for s in flows if fcap[s] < math.inf])
+
+    def _pin(self, pinned: list[int]) -> None:
+        """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take
+        that rate off the resources being recomputed, before filling."""
+        avail, cnt, rmark, epoch = self._scratch, self._cnt, self._rmark, self._epoch
+        rate, new, paths = self._f_rate, self._f_new, self._f_path
+        for s in pinned:
+            x = rate[s]
+            new[s] = x
+            for r in paths[s]:
+                if rmark[r] == epoch:
+                    avail[r] -= x
+                    cnt[r] -= 1
+
+    def _reschedule(self, flows: list[int], now: float) -> None:
+        """Flows whose rate changed: bring remaining bytes to ``now`` at the old rate and
+        push a new finish entry. Unchanged flows keep their (still exact) entry."""
+        new, rate, rem, ft, ver = self._f_new, self._f_rate, self._f_rem, self._f_t, self._f_ver
+        fids, fin, push = self._f_id, self._finish, heapq.heappush
+        for s in flows:
+            x = new[s]
+            old = rate[s]
+            if x == old:
+                continue
+            if old > 0.0:
+                left = rem[s] - old * (now - ft[s])
+                rem[s] = left if left > 0.0 else 0.0
+            ft[s] = now
+            rate[s] = x
+            v = ver[s] + 1
+            ver[s] = v
+            if x > 0.0:
+                push(fin, (now + rem[s] / x, fids[s], s, v))
+        if len(fin) > 4 * len(self._slot_of) + 1024:  # drop stale entries now and then
+            fin[:] = [e for e in fin if ver[e[2]] == e[3]]
+            heapq.heapify(fin)
