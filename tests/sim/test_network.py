@@ -479,3 +479,28 @@ def test_local_recomputation_on_rails_is_bit_identical(seed: int) -> None:
     assert fast.net._num_fallbacks > 0
     for r in range(fast.net.num_resources):
         assert fast.net.bytes_carried(r) == pytest.approx(slow.net.bytes_carried(r), rel=1e-9)
+
+
+@pytest.mark.parametrize("traffic_manager", [True, False])
+def test_bytes_by_class_add_up(traffic_manager: bool) -> None:
+    """Per-class counters: finished flows count whole, a cancelled one what it moved, live
+    ones their progress; the classes add up to the resource's bytes carried."""
+    h = Harness(traffic_manager=traffic_manager, low_floor=0.05)
+    a, b = h.link("A", 10.0), h.link("B", 100.0)
+    h.flow("kv", [a, b], 50.0, LOW)
+    h.flow("coll", [a], 30.0, HIGH)
+    cancelled = h.flow("late", [a, a], 40.0, LOW)  # crosses A twice
+    h.loop.run(until_s=2.0)
+    moved_late = 40.0 - h.net.remaining_bytes(cancelled)
+    for r in (a, b):
+        both = h.net.bytes_carried_by_class(r, HIGH) + h.net.bytes_carried_by_class(r, LOW)
+        assert both == pytest.approx(h.net.bytes_carried(r), rel=1e-9)
+    h.net.cancel_flow(cancelled)
+    h.loop.run()
+    assert h.net.bytes_carried_by_class(a, HIGH) == pytest.approx(30.0)
+    assert h.net.bytes_carried_by_class(a, LOW) == pytest.approx(50.0 + 2 * moved_late)
+    assert h.net.bytes_carried_by_class(b, LOW) == pytest.approx(50.0)
+    assert h.net.bytes_carried_by_class(b, HIGH) == 0.0
+    assert moved_late > 0.0
+    with pytest.raises(ValueError, match="klass=1 is invalid"):
+        h.net.bytes_carried_by_class(a, 1)  # type: ignore[arg-type]

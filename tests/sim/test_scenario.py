@@ -87,3 +87,17 @@ def test_replicated_units_share_the_work() -> None:
     assert cluster.num_turns_done == cluster.num_turns_total
     assert groups == {"pe": {0, 1}, "de": {2, 3}}
     assert cluster.loop.now < 1.3 * one.jct_s
+
+
+def test_cnic_bytes_split_by_traffic_class() -> None:
+    """HIGH traffic on the CNICs is exactly the MoE collectives (each of the 16 prefill GPUs
+    sends and receives its share), only on prefill CNICs; everything else there is KV."""
+    res = simulate(small_config("ds660b-2p4d", 8, "32k"), "dualpath")
+    split = res.cnic_class_bytes
+    per_gpu = res.path_bytes["collectives"]
+    assert per_gpu > 0
+    assert split["pe_cnic_tx"]["high"] == pytest.approx(16 * per_gpu)
+    assert split["pe_cnic_rx"]["high"] == pytest.approx(16 * per_gpu)
+    assert split["de_cnic_tx"]["high"] == split["de_cnic_rx"]["high"] == 0.0
+    assert split["de_cnic_tx"]["low"] > 0 and split["pe_cnic_rx"]["low"] > 0
+    assert "cnic_class_bytes" in res.to_dict()

@@ -62,6 +62,7 @@ class FluidNetwork(RateSolver):
         self._cnt: list[int] = []  # scratch for fill_max_min
         self._rate: list[float] = []  # settled total rate through each resource
         self._carried: list[float] = []
+        self._class_bytes: tuple[list[float], list[float]] = ([], [])  # by flow, per class
         self._last_s: list[float] = []
         self._busy_s: list[float] = []
         self._scratch: list[float] = []
@@ -130,6 +131,8 @@ class FluidNetwork(RateSolver):
         self._high_left.append(float(capacity_bytes_per_s))
         self._shared.append(False)
         self._carried.append(0.0)
+        for per_class in self._class_bytes:
+            per_class.append(0.0)
         self._last_s.append(self._loop.now)
         self._busy_s.append(0.0)
         self._scratch.append(0.0)
@@ -162,6 +165,29 @@ class FluidNetwork(RateSolver):
         self._settle()
         busy = self._rate[r] > 0.0
         return self._busy_s[r] + (self._loop.now - self._last_s[r] if busy else 0.0)
+
+    def bytes_carried_by_class(self, resource_id: int, klass: TrafficClass) -> float:
+        """Bytes of ``klass`` flows the resource has carried up to ``now`` (counted per flow:
+        finished and cancelled flows' moved bytes plus live flows' progress). The classes
+        add up to ``bytes_carried`` up to rounding."""
+        r = self._check_rid(resource_id)
+        if not isinstance(klass, TrafficClass):
+            raise ValueError(f"klass={klass!r} is invalid: must be a TrafficClass")
+        self._settle()
+        k, now = int(klass), self._loop.now
+        members = self._members[k if self._tm else 0][r]
+        live = sum(
+            (self._f_size[s] - self._remaining(s, now)) * m
+            for s, m in members.items()
+            if self._f_cls[s] == k
+        )
+        return self._class_bytes[k][r] + live
+
+    def _count_moved(self, slot: int, moved: float) -> None:
+        """A flow leaves having moved ``moved`` bytes: add them to its class's counters."""
+        per_class = self._class_bytes[self._f_cls[slot]]
+        for r in self._f_path[slot]:
+            per_class[r] += moved
 
     def _check_rid(self, resource_id: int) -> int:
         r = operator.index(resource_id)
@@ -245,6 +271,7 @@ class FluidNetwork(RateSolver):
         if slot < 0:
             return 0.0
         left = self._remaining(slot, self._loop.now)
+        self._count_moved(slot, self._f_size[slot] - left)
         self._detach(slot)
         self._release(slot)
         return left
@@ -358,6 +385,7 @@ class FluidNetwork(RateSolver):
             callback = self._f_done[s]
             if callback is not None:  # always, for a live entry
                 done.append(callback)
+            self._count_moved(s, size[s])
             self._detach(s)
             self._release(s)
         for callback in done:

@@ -10,7 +10,7 @@ from typing import Any
 
 from dualpath.metrics import TurnRecord, summarize
 from dualpath.sim.cluster import Cluster
-from dualpath.types import EngineKind
+from dualpath.types import EngineKind, TrafficClass
 
 RESOURCE_CLASSES = (
     "pe_snic_read",
@@ -31,7 +31,9 @@ RESOURCE_CLASSES = (
 @dataclass(frozen=True, slots=True)
 class SimResult:
     """One system's outcome. ``utilisation[class]`` = {"mean", "max"} over the resources of
-    that class of bytes carried / (capacity × JCT) (GPUs: busy time / JCT)."""
+    that class of bytes carried / (capacity × JCT) (GPUs: busy time / JCT).
+    ``cnic_class_bytes[class]`` = {"high", "low"}: bytes the CNICs of that class carried per
+    traffic class (HIGH: MoE collectives, LOW: KV), summed over the resources."""
 
     system: str
     jct_s: float
@@ -42,6 +44,7 @@ class SimResult:
     read_side_shares: dict[str, float]
     counters: dict[str, Any]
     records: tuple[TurnRecord, ...] = field(repr=False, default=())
+    cnic_class_bytes: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe and deterministic (records excluded)."""
@@ -54,6 +57,7 @@ class SimResult:
             "path_bytes": self.path_bytes,
             "read_side_shares": self.read_side_shares,
             "counters": self.counters,
+            "cnic_class_bytes": self.cnic_class_bytes,
         }
 
 
@@ -89,6 +93,19 @@ def utilisation(cluster: Cluster, jct_s: float) -> dict[str, dict[str, float]]:
     for dg in cluster.decode_groups:
         groups["de_gpu"].extend(b / span for b in dg.busy_s)
     return {name: _stats(groups[name]) for name in RESOURCE_CLASSES}
+
+
+def cnic_class_bytes(cluster: Cluster) -> dict[str, dict[str, float]]:
+    """Bytes per traffic class over the CNICs of each kind and direction."""
+    topo, net = cluster.topo, cluster.net
+    out: dict[str, dict[str, float]] = {}
+    for kind, engines in (("pe", topo.pe_ids), ("de", topo.de_ids)):
+        for direction, rids in (("tx", topo.tx), ("rx", topo.rx)):
+            out[f"{kind}_cnic_{direction}"] = {
+                klass.name.lower(): sum(net.bytes_carried_by_class(rids[e], klass) for e in engines)
+                for klass in TrafficClass
+            }
+    return out
 
 
 def collect(cluster: Cluster) -> SimResult:
@@ -131,4 +148,5 @@ def collect(cluster: Cluster) -> SimResult:
         read_side_shares=shares,
         counters=counters,
         records=records,
+        cnic_class_bytes=cnic_class_bytes(cluster),
     )
