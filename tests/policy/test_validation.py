@@ -107,3 +107,18 @@ def test_bad_view_rejected_after_a_good_one_with_the_same_engines(
     with pytest.raises(ValueError, match=match):
         p.schedule(bad, 1.0)
     assert p.num_waiting == 1 and p.num_holding_pe == 0
+
+
+def test_view_subclasses_are_always_checked_in_full() -> None:
+    """Only plain ``ClusterView``s reuse the last check: a subclass view is checked field by
+    field every time, even after an identical one passed (from the review)."""
+
+    class MyView(ClusterView):
+        pass
+
+    n0, n1 = NodeState(0, EngineKind.PE), NodeState(1, EngineKind.DE)
+    p = policy()
+    assert p.schedule(MyView(tuple(GOOD), (n0, n1)), 0.0) == []
+    p.submit(req(0), 0.0)
+    with pytest.raises(ValueError, match=r"node_id=1 is not in view\.nodes"):
+        p.schedule(MyView(tuple(GOOD), (n0,)), 1.0)

@@ -59,7 +59,7 @@ class PolicyCore:
         self._trace = DecisionTrace(params.record_decisions)
         # the last view that passed validation (engines, node ids and kinds): see validate_view
         self._checked_engines: tuple[EngineState, ...] = ()
-        self._checked_nodes: list[tuple[object, object]] = []
+        self._checked_nodes: list[tuple[object, object]] | None = None
 
     @property
     def alpha_tokens(self) -> int:
@@ -95,14 +95,17 @@ class PolicyCore:
 
     def schedule(self, view: ClusterView, now: float) -> list[Assign]:
         holds = {pe: h[1] for pe, h in self._holds.items()}
-        nodes_key = (
-            [(getattr(n, "node_id", None), getattr(n, "kind", None)) for n in view.nodes]
-            if type(view) is ClusterView
-            else []
-        )
-        checked = self._checked_engines if nodes_key == self._checked_nodes else ()
+        nodes_key: list[tuple[object, object]] | None = None  # only plain views are cached
+        checked: tuple[EngineState, ...] = ()
+        if type(view) is ClusterView:
+            nodes_key = [
+                (getattr(n, "node_id", None), getattr(n, "kind", None)) for n in view.nodes
+            ]
+            if nodes_key == self._checked_nodes:
+                checked = self._checked_engines
         validate_view(view, holds, self._decode.queued_by_group(), checked)
-        self._checked_engines, self._checked_nodes = view.engines, nodes_key
+        self._checked_engines = view.engines if nodes_key is not None else ()
+        self._checked_nodes = nodes_key
         st = RoundState(view, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
         held: list[tuple[RequestInfo, int]] = []
         ids = st.pe_group_ids

@@ -336,7 +336,7 @@ class FluidNetwork(RateSolver):
         if x >= 0.0 and self._unsaturated(slot, path, 0.0, False):
             self._shift_rates(path, -x)
         else:
-            if x > 0.0:
+            if x > 0.0 and (k or not self._tm):  # HIGH changes reach LOW via _high_left
                 gone = self._gone
                 for r in path:
                     gone[r] = gone.get(r, 0.0) + x
