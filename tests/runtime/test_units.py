@@ -22,6 +22,21 @@ def test_topology_matches_the_simulator_layout() -> None:
     assert [topo.group_of(e) for e in topo.engine_ids] == [0, 0, 1, 1]  # no EP: node groups
     ep = Topology.from_config(preset("ds27b-1p1d"))
     assert ep.group_of(3) == 0 and ep.group_of(8) == 1  # EP group id = its first node
+    assert Topology(8, 2, 4, True, True).group_of(47) == 2  # default: one group of all nodes
+
+
+def test_topology_groups_agree_with_the_simulator_at_paper_scale() -> None:
+    from dualpath.sim.events import EventLoop
+    from dualpath.sim.network import FluidNetwork
+    from dualpath.sim.topology import Topology as SimTopology
+
+    config = preset("ds660b-48p96d")
+    runtime = Topology.from_config(config)
+    sim = SimTopology(config, FluidNetwork(EventLoop()).add_resource)
+    assert [runtime.group_of(e) for e in runtime.engine_ids] == [
+        sim.group_of(e) for e in sim.engine_ids
+    ]
+    assert runtime.group_nodes(EngineKind.PE) == 2 and runtime.group_nodes(EngineKind.DE) == 4
 
 
 def test_collective_traffic_size() -> None:

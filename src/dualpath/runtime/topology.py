@@ -20,8 +20,8 @@ class Topology:
     num_decode_nodes: int
     prefill_ep: bool
     decode_ep: bool
-    prefill_group_nodes: int = 1
-    decode_group_nodes: int = 1
+    prefill_group_nodes: int = 0  # nodes per EP group; 0: all nodes of the kind (with EP)
+    decode_group_nodes: int = 0
 
     @classmethod
     def from_config(cls, config: Config) -> Topology:
@@ -64,11 +64,19 @@ class Topology:
     def node_kind(self, node: int) -> EngineKind:
         return EngineKind.PE if node < self.num_prefill_nodes else EngineKind.DE
 
+    def group_nodes(self, kind: EngineKind) -> int:
+        """Nodes per group of ``kind`` (1 without EP)."""
+        if kind is EngineKind.PE:
+            ep, per, nodes = self.prefill_ep, self.prefill_group_nodes, self.num_prefill_nodes
+        else:
+            ep, per, nodes = self.decode_ep, self.decode_group_nodes, self.num_decode_nodes
+        return (per or nodes) if ep else 1
+
     def group_of(self, engine: int) -> int:
         node = self.node_of(engine)
         if self.is_pe(engine):
-            return node - node % self.prefill_group_nodes
-        return node - (node - self.num_prefill_nodes) % self.decode_group_nodes
+            return node - node % self.group_nodes(EngineKind.PE)
+        return node - (node - self.num_prefill_nodes) % self.group_nodes(EngineKind.DE)
 
     def engine_name(self, engine: int) -> str:
         return f"{self.kind_of(engine).value}{engine}@node{self.node_of(engine)}"
