@@ -64,6 +64,7 @@ def test_override_swaps_model_preset() -> None:
         ("workload.mal=100k", "workload.mal='100k' is invalid"),
         ("cluster.prefill_ep_nodes=3", "must be a divisor of cluster.num_prefill_nodes (2)"),
         ("cluster.decode_ep_nodes=-2", "cluster.decode_ep_nodes=-2 is invalid"),
+        ("scheduler.read_tie_break=dice", "scheduler.read_tie_break='dice' is invalid"),
     ],
 )
 def test_bad_values_name_the_field(override: str, needle: str) -> None:

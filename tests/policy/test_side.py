@@ -79,3 +79,43 @@ def test_split_reads_option_in_policy() -> None:
     assert (a.pe_read_tokens, a.de_read_tokens) == (640, 640)
     (b,) = sides("dualpath", {0: 0, 1: 0}, [1280])  # off by default
     assert (b.pe_read_tokens, b.de_read_tokens) == (1280, 0)
+
+
+def _with_read_bytes(read_q: dict[int, int], read: dict[int, float]):  # type: ignore[no-untyped-def]
+    from dualpath.policy import ClusterView, NodeState
+    from dualpath.types import EngineKind
+
+    nodes = (
+        NodeState(0, EngineKind.PE, read_q[0], read[0]),
+        NodeState(1, EngineKind.DE, read_q[1], read[1]),
+    )
+    return ClusterView(view(ENGINES).engines, nodes)
+
+
+@pytest.mark.parametrize(
+    ("read_q", "read", "tie_break", "expected"),
+    [
+        ({0: 0, 1: 0}, {0: 5e9, 1: 1e9}, "least_read", ReadSide.DE),  # DE node read less
+        ({0: 0, 1: 0}, {0: 1e9, 1: 5e9}, "least_read", ReadSide.PE),  # PE node read less
+        ({0: 0, 1: 0}, {0: 2e9, 1: 2e9}, "least_read", ReadSide.PE),  # still a tie → PE
+        ({0: 0, 1: 0}, {0: 5e9, 1: 1e9}, "pe", ReadSide.PE),  # default: tie → PE
+        ({0: 900, 1: 100}, {0: 0.0, 1: 9e9}, "least_read", ReadSide.DE),  # queues decide first
+    ],
+)
+def test_read_side_tie_break(
+    read_q: dict[int, int], read: dict[int, float], tie_break: str, expected: ReadSide
+) -> None:
+    p = policy("dualpath", beta_tokens=10**9, read_tie_break=tie_break)
+    p.submit(req(0, prompt=704, hit=640), 0.0)
+    (a,) = p.schedule(_with_read_bytes(read_q, read), 0.0)
+    assert a.read_side is expected
+
+
+def test_bad_tie_break_and_bytes_read_are_clear_errors() -> None:
+    from dualpath.policy import NodeState
+    from dualpath.types import EngineKind
+
+    with pytest.raises(ValueError, match="read_tie_break='dice' is invalid"):
+        policy("dualpath", read_tie_break="dice")
+    with pytest.raises(ValueError, match=r"bytes_read=-1\.0 is invalid"):
+        NodeState(0, EngineKind.PE, 0, -1.0)

@@ -8,6 +8,7 @@ from dualpath.config.checks import one_of, positive, require
 
 POLICY_NAMES = ("basic", "layer", "dpl", "dualpath")
 ENGINE_CHOICES = ("round_robin", "least_loaded")
+READ_TIE_BREAKS = ("pe", "least_read")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +27,15 @@ class SchedulerConfig:
     block_tokens: int = 64
     split_reads: bool = False  # beyond the paper: read one request from both sides
     basic_engine_choice: str = "round_robin"  # Basic / DPL engine choice
+    # beyond the paper: equal read queues go to the PE node ("pe"), or to the node whose
+    # storage NICs have read fewer bytes so far ("least_read")
+    read_tie_break: str = "pe"
     record_decisions: bool = False  # keep a decision trace (JSONL-able)
 
     def __post_init__(self) -> None:
         one_of("scheduler.policy", self.policy, POLICY_NAMES)
         one_of("scheduler.basic_engine_choice", self.basic_engine_choice, ENGINE_CHOICES)
+        one_of("scheduler.read_tie_break", self.read_tie_break, READ_TIE_BREAKS)
         positive("scheduler.alpha_read_s", self.alpha_read_s)
         positive("scheduler.beta_prefill_s", self.beta_prefill_s)
         require(self.alpha_tokens >= 0, "scheduler.alpha_tokens", self.alpha_tokens, ">= 0")

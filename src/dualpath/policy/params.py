@@ -32,6 +32,7 @@ class PolicyParams:
     split_reads: bool = False
     record_decisions: bool = False
     typical_prompt_tokens: int = 0
+    read_tie_break: str = "pe"
 
     def __post_init__(self) -> None:
         if self.alpha_tokens < 0:
@@ -46,6 +47,10 @@ class PolicyParams:
             raise ValueError(f"z_factor={self.z_factor} is invalid: must be >= 1.0")
         if self.block_tokens < 1:
             raise ValueError(f"block_tokens={self.block_tokens} is invalid: must be >= 1")
+        if self.read_tie_break not in ("pe", "least_read"):
+            raise ValueError(
+                f"read_tie_break={self.read_tie_break!r} is invalid: must be 'pe' or 'least_read'"
+            )
         if self.typical_prompt_tokens < 0:
             raise ValueError(
                 f"typical_prompt_tokens={self.typical_prompt_tokens} is invalid: must be >= 0"
@@ -89,4 +94,5 @@ def params_from_config(config: Config, *, compute_quota: bool = True) -> PolicyP
         split_reads=sched.split_reads,
         record_decisions=sched.record_decisions,
         typical_prompt_tokens=prompt,
+        read_tie_break=sched.read_tie_break,
     )

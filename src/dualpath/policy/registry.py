@@ -52,7 +52,13 @@ def build_policy(
     if name == "dualpath":
         prefill: PrefillRule = CategoryPrefill(params.alpha_tokens, params.beta_tokens, True)
         decode: DecodeRule = DualPathDecode(params.z_factor)
-        side = SideRule("dualpath", params.alpha_tokens, params.block_tokens, params.split_reads)
+        side = SideRule(
+            "dualpath",
+            params.alpha_tokens,
+            params.block_tokens,
+            params.split_reads,
+            params.read_tie_break,
+        )
         return PolicyCore(name, params, prefill, decode, side, predict, layerwise=True)
     no_quota = replace(params, compute_quota_s=None)
     prefill = _baseline_prefill(params, engine_choice)

@@ -59,11 +59,20 @@ def split_hit(
 
 class SideRule:
     """``rule``: "dualpath" (shorter read queue, optional split), "pe" (Basic: always the PE
-    side), or "round_robin" (DPL: alternate PE, DE, PE, … over requests with hits)."""
+    side), or "round_robin" (DPL: alternate PE, DE, PE, … over requests with hits).
+    ``tie_break`` (dualpath, without split): equal read queues go to the PE node ("pe", the
+    default), or to the node whose storage NICs have read fewer bytes so far ("least_read";
+    still a tie: the PE). Beyond the paper: equal queues are common while reads are rare, and
+    "pe" then loads each prefill node with half of its requests' reads."""
 
-    def __init__(self, rule: str, alpha_tokens: int, block_tokens: int, split: bool) -> None:
+    def __init__(
+        self, rule: str, alpha_tokens: int, block_tokens: int, split: bool, tie_break: str = "pe"
+    ) -> None:
         if rule not in ("dualpath", "pe", "round_robin"):
             raise ValueError(f"read-side rule {rule!r} is invalid: dualpath, pe or round_robin")
+        if tie_break not in ("pe", "least_read"):
+            raise ValueError(f"read-side tie_break {tie_break!r} is invalid: pe or least_read")
+        self.tie_break = tie_break
         self.rule = rule
         self.alpha = alpha_tokens
         self.block = block_tokens
@@ -80,6 +89,9 @@ class SideRule:
             plan = split_hit(hit, q_pe, q_de, self.alpha, self.block)
         elif self.rule == "dualpath":
             side = shorter_queue(q_pe, q_de)
+            if q_pe == q_de and self.tie_break == "least_read":
+                read = st.read_bytes
+                side = ReadSide.DE if read[de_node] < read[pe_node] else ReadSide.PE
             plan = ReadPlan(side, hit, 0) if side is ReadSide.PE else ReadPlan(side, 0, hit)
         elif self.rule == "pe":
             plan = ReadPlan(ReadSide.PE, hit, 0)

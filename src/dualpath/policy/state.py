@@ -16,7 +16,8 @@ class RoundState:
     """Mutable per-round counters keyed by engine / node id.
 
     ``tok``/``seq``: tok_e / seq_e (PEs include the requests the policy holds for them);
-    ``free``: DE free HBM tokens; ``read_q``: node read queue tokens. Group member lists are
+    ``free``: DE free HBM tokens; ``read_q``: node read queue tokens; ``read_bytes``: bytes
+    each node's storage NICs have read (for the ``least_read`` tie-break). Group member lists are
     sorted by engine id; ``pe_group_ids`` / ``de_group_ids`` are sorted group ids.
     """
 
@@ -27,6 +28,7 @@ class RoundState:
         "node",
         "pe_group_ids",
         "pe_groups",
+        "read_bytes",
         "read_q",
         "seq",
         "tok",
@@ -38,6 +40,7 @@ class RoundState:
         self.free: dict[int, int] = {}
         self.node: dict[int, int] = {}
         self.read_q: dict[int, int] = {n.node_id: n.read_queue_tokens for n in view.nodes}
+        self.read_bytes: dict[int, float] = {n.node_id: n.bytes_read for n in view.nodes}
         pe_groups: dict[int, list[int]] = {}
         de_groups: dict[int, list[int]] = {}
         tok, seq, free, node, pe = self.tok, self.seq, self.free, self.node, EngineKind.PE

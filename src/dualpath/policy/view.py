@@ -72,16 +72,23 @@ class EngineState:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """A node's storage read queue, in hit tokens waiting to be read (``read_q``)."""
+    """A node's storage read queue, in hit tokens waiting to be read (``read_q``), and the
+    bytes its storage NICs have read so far (``bytes_read``; only the optional
+    ``least_read`` read-side tie-break looks at it, a shell may leave it 0)."""
 
     node_id: int
     kind: EngineKind
     read_queue_tokens: int = 0
+    bytes_read: float = 0.0
 
     def __post_init__(self) -> None:
         if self.read_queue_tokens < 0:
             raise ValueError(
                 f"node {self.node_id}: read_queue_tokens={self.read_queue_tokens} is invalid: must be >= 0"
+            )
+        if not 0.0 <= self.bytes_read < float("inf"):
+            raise ValueError(
+                f"node {self.node_id}: bytes_read={self.bytes_read!r} is invalid: must be finite and >= 0"
             )
 
 

@@ -69,6 +69,7 @@ class Scheduler:
         self.hbm_tokens = cost.kv_capacity_tokens(env.config.model, env.config.hardware, 1)
         self.loads = {e: _Load() for e in self.topo.engine_ids}
         self.read_q = [0] * self.topo.num_nodes
+        self.node_read_bytes = [0.0] * self.topo.num_nodes  # for the least_read tie-break
         self.reqs: dict[int, Req] = {}
         self.agents: dict[int, AgentState] = {}
         self.alloc_wait: list[int] = []
@@ -136,7 +137,7 @@ class Scheduler:
             free = 0 if self.topo.is_pe(e) else max(0, self.hbm_tokens - ld.reserved)
             engines.append(EngineState(e, self.topo.node_of(e), self.topo.group_of(e),
                                        self.topo.kind_of(e), ld.seq, ld.tokens, free))  # fmt: skip
-        nodes = tuple(NodeState(n, self.topo.node_kind(n), self.read_q[n])
+        nodes = tuple(NodeState(n, self.topo.node_kind(n), self.read_q[n], self.node_read_bytes[n])
                       for n in range(self.topo.num_nodes))  # fmt: skip
         return ClusterView(tuple(engines), nodes)
 
@@ -224,6 +225,7 @@ class Scheduler:
         if req.read_side is not ReadSide.NONE:
             self.read_q[req.read_node] -= req.hit
             nbytes = num_ok * self.env.layout.full_block_bytes
+            self.node_read_bytes[req.read_node] += nbytes
             if req.read_side is ReadSide.PE:
                 self.counters.pe_read_bytes += nbytes
             else:

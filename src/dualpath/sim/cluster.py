@@ -226,11 +226,11 @@ class Cluster:
         node_cache = self._node_cache
         nodes = []
         for n in self.node_ios:
-            q = n.read_queue_tokens
+            q, read = n.read_queue_tokens, n.bytes_read  # bytes of the reads started so far
             nid = n.node_id
             state = node_cache[nid]
-            if state.read_queue_tokens != q:
-                state = node_cache[nid] = NodeState(nid, topo.kind_of_node(nid), q)
+            if state.read_queue_tokens != q or state.bytes_read != read:
+                state = node_cache[nid] = NodeState(nid, topo.kind_of_node(nid), q, read)
             nodes.append(state)
         return ClusterView(tuple(states), tuple(nodes))
 
