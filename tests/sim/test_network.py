@@ -382,15 +382,19 @@ def test_incremental_rates_stay_max_min_under_churn(traffic_manager: bool) -> No
     assert checks > 10
 
 
+def _refill_whole_components(net: FluidNetwork) -> None:
+    """The reference for the local recomputation: no shortcut, whole components every time."""
+    net._local = False
+    net._unsaturated = lambda *args: False  # type: ignore[method-assign]
+
+
 def _paced_run(seed: int, traffic_manager: bool, skip: bool) -> Harness:
     """Many rate-capped flows on roomy links among a few uncapped ones on tight links, with
     cancels; ``skip=False`` forces a recomputation at every start and end."""
     rng = random.Random(seed)
     h = Harness(traffic_manager=traffic_manager, low_floor=0.05)
     if not skip:
-        net = h.net
-        net._unsaturated = lambda *args: False  # type: ignore[method-assign]
-        net._local = False
+        _refill_whole_components(h.net)
     links = [h.link(f"L{i}", rng.choice([10.0, 400.0])) for i in range(8)]
     started: list[int] = []
     for i in range(200):
@@ -446,8 +450,7 @@ def _rail_run(seed: int, local: bool) -> Harness:
     rng = random.Random(seed)
     h = Harness(traffic_manager=True, low_floor=0.05)
     if not local:
-        h.net._local = False
-        h.net._unsaturated = lambda *args: False  # type: ignore[method-assign]
+        _refill_whole_components(h.net)
     mem = h.link("mem", 1000.0)
     tx = [h.link(f"tx{i}", 10.0) for i in range(4)]
     rx = [h.link(f"rx{i}", 10.0) for i in range(4)]
@@ -512,8 +515,7 @@ def _high_chain_run(local: bool) -> Harness:
     that resource (from the review of the local recomputation)."""
     h = Harness(traffic_manager=True, low_floor=0.01)
     if not local:
-        h.net._local = False
-        h.net._unsaturated = lambda *args: False  # type: ignore[method-assign]
+        _refill_whole_components(h.net)
     roomy, tight = h.link("roomy", 100.0), h.link("tight", 10.0)
     h.flow("paced", [roomy], 1000.0, LOW, cap=1.0)
 
@@ -548,8 +550,7 @@ def _churn_run(seed: int, local: bool, tm: bool) -> Harness:
     rng = random.Random(seed)
     h = Harness(traffic_manager=tm, low_floor=rng.choice([0.0, 0.01, 0.05]))
     if not local:
-        h.net._local = False
-        h.net._unsaturated = lambda *args: False  # type: ignore[method-assign]
+        _refill_whole_components(h.net)
     n = rng.randint(2, 4)
     mem = [h.link(f"mem{i}", rng.choice([25.0, 1000.0])) for i in range(2)]
     tx = [h.link(f"tx{i}", 10.0) for i in range(n)]
