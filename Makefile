@@ -18,7 +18,7 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[plot,runtime,dev]'
+	$(BIN)/pip install -q -e '.[plot,runtime,serve,dev]'
 	-@bash scripts/install_mooncake.sh $(BIN)/pip
 	@touch $@ $(STAMP_CORE)
 

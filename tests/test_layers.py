@@ -20,7 +20,8 @@ RANK = {
     "policy": 3,
     "sim": 4,
     "runtime": 4,
-    "cli": 5,
+    "serve": 5,
+    "cli": 6,
 }
 POLICY_FORBIDDEN = {"time", "datetime", "socket", "torch", "multiprocessing", "threading", "zmq"}
 

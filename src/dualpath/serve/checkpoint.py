@@ -1,0 +1,110 @@
+"""Build a tiny random Hugging Face checkpoint and tokenizer on local disk (no hub access).
+
+Used by tests, demos and ``benchmarks/bench_serve.py``: ``transformers`` builds a random
+Llama / Qwen2 model from a small config and saves it with ``save_pretrained`` (config.json +
+model.safetensors); ``tokenizers`` trains a byte-level BPE on a few strings. Needs the
+``serve`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+_CORPUS = (
+    "You are a helpful coding agent. Read the file, run the tests, fix the bug.",
+    "The user asked for a summary of the repository layout and the failing test.",
+    "def main():\n    print('hello world')\n    return 0\n",
+    "Tool call: ls -la src/ && cat README.md | head -40",
+    "DualPath loads KV cache through the decode engines' storage NICs as well.",
+    "Observation: 3 passed, 1 failed in 0.52s. The assertion compares two lists.",
+)
+
+
+def write_tokenizer(out_dir: Path, vocab_size: int = 512) -> int:
+    """Train a byte-level BPE on a few strings; write tokenizer.json + tokenizer_config.json.
+
+    Returns the vocabulary size actually reached (≤ ``vocab_size``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(_CORPUS) * 4, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": CHATML_TEMPLATE,
+        "model_max_length": 4096,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return int(tok.get_vocab_size())
+
+
+def write_tiny_checkpoint(
+    out_dir: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+) -> Path:
+    """Write a random ``arch`` ('llama' or 'qwen2') checkpoint + tokenizer to ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"arch={arch!r} is invalid: must be 'llama' or 'qwen2'")
+    out = Path(out_dir)
+    vocab = write_tokenizer(out)
+    from tokenizers import Tokenizer
+
+    eos_id = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
+    common: dict[str, Any] = dict(
+        vocab_size=vocab,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=4096,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    # initializer_range larger than the default so logits are not all ~equal
+    common["initializer_range"] = 0.2
+    model: Any
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if arch == "llama":
+            model = LlamaForCausalLM(LlamaConfig(**common))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**common))
+        if arch == "qwen2":  # biases start at zero; make them matter in the comparison
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    torch.nn.init.normal_(proj.bias, std=0.2)
+    model.save_pretrained(str(out))
+    return out
