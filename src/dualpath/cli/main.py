@@ -23,6 +23,8 @@ _OPTIONAL = (
     ("dualpath.cli.online_cmd", "add_ablation_parser"),
     ("dualpath.cli.online_cmd", "add_replay_parser"),
     ("dualpath.cli.online_cmd", "add_trace_parser"),
+    ("dualpath.cli.serve_cmd", "add_serve_parser"),
+    ("dualpath.cli.serve_cmd", "add_loadgen_parser"),
 )
 
 

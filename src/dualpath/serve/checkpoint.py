@@ -12,12 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+from dualpath.serve.tokenizer import DEFAULT_CHAT_TEMPLATE
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 _CORPUS = (
@@ -53,7 +49,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int = 512) -> int:
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
-        "chat_template": CHATML_TEMPLATE,
+        "chat_template": DEFAULT_CHAT_TEMPLATE,
         "model_max_length": 4096,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

@@ -1,0 +1,349 @@
+"""The OpenAI-compatible HTTP API (FastAPI): chat and text completions (SSE or whole),
+models, health and Prometheus metrics. Validation errors are 4xx in OpenAI's error shape; a
+client that goes away closes its backend iterator, which frees the request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dualpath.serve.backend import Backend, GenerateRequest, TokenEvent
+from dualpath.serve.metrics import ServeMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class ApiOptions:
+    """``api_keys`` maps each accepted key to its tenant (empty: no key needed)."""
+
+    api_keys: dict[str, str] = field(default_factory=dict)
+    max_body_bytes: int = 4 << 20
+    default_max_tokens: int = 256
+    max_stop_strings: int = 4
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Base):
+    include_usage: bool = False
+
+
+class ContentPart(_Base):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Base):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class _Sampling(_Base):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = {401: "authentication_error", 404: "not_found_error", 503: "server_error"}
+    return {
+        "error": {
+            "message": message,
+            "type": kind.get(status, "invalid_request_error"),
+            "param": param,
+            "code": None,
+        }
+    }
+
+
+def _describe(exc: ValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    return f"{loc}: {first['msg']}" if loc else str(first["msg"]), loc or None
+
+
+@dataclass(slots=True)
+class _Timing:
+    arrived: float
+    first: float | None = None
+    last: float | None = None
+
+
+def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
+    """The ASGI app; its lifespan starts and stops the backend."""
+    opts = options or ApiOptions()
+    metrics = ServeMetrics(backend.stats)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.stop()
+
+    app = FastAPI(title="dualpath serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        metrics.request_errors.labels(status=str(exc.status)).inc()
+        return JSONResponse(error_body(exc.status, exc.message, exc.param), exc.status)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]):  # type: ignore[no-untyped-def]
+        if opts.api_keys and request.url.path.startswith("/v1/"):
+            header = request.headers.get("authorization", "")
+            key = header.removeprefix("Bearer ").strip()
+            if key not in opts.api_keys:
+                metrics.request_errors.labels(status="401").inc()
+                return JSONResponse(error_body(401, "invalid or missing API key"), 401)
+            request.state.tenant = opts.api_keys[key]
+        return await call_next(request)
+
+    async def parse(request: Request, model: type[_Sampling]) -> Any:
+        size = int(request.headers.get("content-length") or 0)
+        if size > opts.max_body_bytes:
+            raise ApiError(413, f"request body of {size} bytes exceeds {opts.max_body_bytes}")
+        raw = await request.body()
+        if len(raw) > opts.max_body_bytes:
+            raise ApiError(413, f"request body of {len(raw)} bytes exceeds {opts.max_body_bytes}")
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            message, param = _describe(exc)
+            raise ApiError(400, message, param) from None
+
+    def to_request(body: _Sampling, prompt: list[int], request: Request) -> GenerateRequest:
+        if body.model not in (None, backend.model_name):
+            raise ApiError(404, f"model {body.model!r} does not exist", "model")
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if len(stop) > opts.max_stop_strings:
+            raise ApiError(400, f"stop: at most {opts.max_stop_strings} strings", "stop")
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        max_tokens = body.max_completion_tokens or body.max_tokens or opts.default_max_tokens
+        limit = backend.max_context_tokens
+        if len(prompt) + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"this model's maximum context length is {limit} tokens; the request has "
+                f"{len(prompt)} prompt tokens and max_tokens={max_tokens}",
+                "messages" if isinstance(body, ChatRequest) else "prompt",
+            )
+        return GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            prompt_tokens=tuple(prompt),
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=stop,
+            ignore_eos=body.ignore_eos,
+            session_id=request.headers.get("x-session-id") or body.user,
+            tenant=getattr(request.state, "tenant", ""),
+        )
+
+    def usage(last: TokenEvent | None) -> dict[str, Any]:
+        p = last.num_prompt_tokens if last else 0
+        c = last.num_generated_tokens if last else 0
+        cached = last.num_cached_tokens if last else 0
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": c,
+            "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    def observe(t: _Timing, last: TokenEvent | None) -> None:
+        if last is None:
+            return
+        now = time.monotonic()
+        metrics.e2e.observe(now - t.arrived)
+        if t.first is not None:
+            metrics.ttft.observe(t.first - t.arrived)
+            if last.num_generated_tokens > 1 and t.last is not None:
+                metrics.tpot.observe((t.last - t.first) / (last.num_generated_tokens - 1))
+        metrics.prompt_tokens.inc(last.num_prompt_tokens)
+        metrics.generation_tokens.inc(last.num_generated_tokens)
+        metrics.request_success.labels(finished_reason=last.finish_reason or "abort").inc()
+
+    async def run(gen: GenerateRequest, chat: bool, body: _Sampling, t: _Timing) -> Response:
+        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        def choice(text: str, finish: str | None, stream: bool) -> dict[str, Any]:
+            if not chat:
+                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            key = "delta" if stream else "message"
+            content: dict[str, Any] = (
+                {"content": text}
+                if stream
+                else {
+                    "role": "assistant",
+                    "content": text,
+                }
+            )
+            return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
+
+        if not body.stream:
+            parts: list[str] = []
+            last: TokenEvent | None = None
+            events = backend.generate(gen)
+            try:
+                async for ev in events:
+                    t.first = t.first or time.monotonic()
+                    t.last = time.monotonic()
+                    parts.append(ev.text)
+                    last = ev
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+            observe(t, last)
+            if last is None or last.finish_reason == "abort":
+                raise ApiError(503, "the request was aborted (server shutting down)")
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": backend.model_name,
+                    "choices": [choice("".join(parts), last.finish_reason, False)],
+                    "usage": usage(last),
+                }
+            )
+
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def sse(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
+            payload = {
+                "id": rid,
+                "object": chunk_obj,
+                "created": created,
+                "model": backend.model_name,
+                "choices": choices,
+                **(extra or {}),
+            }
+            return f"data: {json.dumps(payload)}\n\n"
+
+        async def stream() -> AsyncIterator[str]:
+            last: TokenEvent | None = None
+            events = backend.generate(gen)
+            try:
+                if chat:
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                    yield sse([{**first, "logprobs": None, "finish_reason": None}])
+                async for ev in events:
+                    t.first = t.first or time.monotonic()
+                    t.last = time.monotonic()
+                    last = ev
+                    if ev.text or ev.finish_reason:
+                        yield sse([choice(ev.text, ev.finish_reason, True)])
+                if include_usage:
+                    yield sse([], {"usage": usage(last)})
+                yield "data: [DONE]\n\n"
+                observe(t, last)
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        t = _Timing(time.monotonic())
+        body: ChatRequest = await parse(request, ChatRequest)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            text = backend.tokenizer.render_chat(messages)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from None
+        prompt = backend.tokenizer.encode(text)
+        return await run(to_request(body, prompt, request), True, body, t)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        t = _Timing(time.monotonic())
+        body: CompletionRequest = await parse(request, CompletionRequest)
+        p = body.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str):
+            if len(p) != 1:
+                raise ApiError(400, "prompt: only one prompt per request", "prompt")
+            p = p[0]
+        if isinstance(p, str):
+            prompt = backend.tokenizer.encode(p)
+        else:
+            prompt = [int(x) for x in p]
+            if any(x < 0 or x >= backend.vocab_size for x in prompt):
+                raise ApiError(400, "prompt: token id out of the vocabulary", "prompt")
+        return await run(to_request(body, prompt, request), False, body, t)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": backend.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "dualpath",
+                    "max_model_len": backend.max_context_tokens,
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

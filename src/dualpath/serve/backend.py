@@ -1,0 +1,83 @@
+"""What the HTTP front end needs from an inference backend (the seam to the runtime).
+
+A backend takes a tokenised ``GenerateRequest`` and yields ``TokenEvent``s; closing the
+iterator early (client gone, shutdown) must free the request. ``stats()`` feeds ``/metrics``.
+The local backend (``serve/local.py``) implements it in-process; the DualPath multi-process
+runtime implements the same protocol through an adapter (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dualpath.serve.tokenizer import TextTokenizer
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One completion: prompt token ids and sampling parameters (validated by the API)."""
+
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    session_id: str | None = None  # keeps an agent's turns together for load counters
+    tenant: str = ""  # salts the prefix hash chain: tenants never share cached KV
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens:
+            raise ValueError("prompt_tokens is empty: a request needs at least one token")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} is invalid: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """New output since the last event. The first event carries the prompt accounting; the
+    last one has ``finish_reason`` set ('stop' = EOS or stop string, 'length', 'abort')."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class BackendStats:
+    """A snapshot for ``/metrics``; counters are totals since start (monotonic)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preempted: int = 0  # requeues
+    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)  # pe_read, de_read, …
+    utilisation: dict[str, float] = field(default_factory=dict)  # snic/cnic per node
+    queue_lengths: dict[str, int] = field(default_factory=dict)  # read queues per node
+
+
+class Backend(Protocol):
+    model_name: str
+    tokenizer: TextTokenizer
+    max_context_tokens: int
+    vocab_size: int
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Abort what is still running and release every resource (threads, shared memory)."""
+        ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]: ...
+
+    def stats(self) -> BackendStats: ...

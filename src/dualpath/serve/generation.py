@@ -1,0 +1,75 @@
+"""Per-request generation state: sampling (temperature, top-p, seeded generator), incremental
+detokenisation and stop strings. Pure functions and small classes; no I/O, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from dualpath.serve.tokenizer import TextTokenizer
+
+
+def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """One token from ``logits`` [vocab]: greedy at temperature 0, else nucleus sampling.
+
+    Ties in the nucleus cut keep every token whose cumulative mass *before* it is < top_p."""
+    if temperature <= 0.0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        sorted_p = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))
+        choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=generator)
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class TextStream:
+    """Turns generated token ids into text deltas, holding back incomplete UTF-8 and any tail
+    that could still become a stop string; ``stopped`` once a stop string appears (the
+    returned text ends before it, as OpenAI's API does)."""
+
+    def __init__(self, tokenizer: TextTokenizer, stop: Sequence[str] = ()) -> None:
+        self._tok = tokenizer
+        self._stop = tuple(s for s in stop if s)
+        self._ids: list[int] = []
+        self._text = ""  # decoded so far, without incomplete trailing bytes
+        self._sent = 0  # characters of _text already returned
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the new text that is safe to send."""
+        self._ids.append(token_id)
+        text = self._tok.decode(self._ids)
+        if text.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence: wait for the next token
+        self._text = text
+        for s in self._stop:
+            at = text.find(s, max(0, self._sent - len(s) + 1))
+            if at >= 0:
+                self.stopped = True
+                self._text = text[:at]
+                return self._flush(len(self._text))
+        hold = max((_overlap(text, s) for s in self._stop), default=0)
+        return self._flush(len(text) - hold)
+
+    def finish(self) -> str:
+        """The held-back tail, once generation ended without a stop string."""
+        return self._flush(len(self._text))
+
+    def _flush(self, upto: int) -> str:
+        upto = max(upto, self._sent)
+        out = self._text[self._sent : upto]
+        self._sent = upto
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

@@ -1,0 +1,106 @@
+"""Prometheus metrics for ``/metrics`` (names in vLLM's style, prefix ``dualpath:``).
+
+Request-level histograms and counters are observed by the API; backend state (running and
+waiting requests, prefix-cache tokens, bytes per load path, NIC utilisation, queue lengths,
+requeues) is read from ``Backend.stats()`` at each scrape by a collector. One registry per app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dualpath.serve.backend import BackendStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class _BackendCollector(Collector):
+    def __init__(self, stats: Callable[[], BackendStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "dualpath:num_requests_running", "Requests in the running batch", value=s.num_running
+        )
+        yield GaugeMetricFamily(
+            "dualpath:num_requests_waiting", "Requests waiting to be admitted", value=s.num_waiting
+        )
+        yield CounterMetricFamily(
+            "dualpath:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            value=s.prefix_query_tokens,
+        )
+        yield CounterMetricFamily(
+            "dualpath:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            value=s.prefix_hit_tokens,
+        )
+        ratio = s.prefix_hit_tokens / max(s.prefix_query_tokens, 1)
+        yield GaugeMetricFamily(
+            "dualpath:prefix_cache_hit_ratio", "Cached / queried prompt tokens", value=ratio
+        )
+        yield CounterMetricFamily(
+            "dualpath:num_preemptions", "Requests requeued", value=s.num_preempted
+        )
+        kv = CounterMetricFamily(
+            "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
+        )
+        for path, value in sorted(s.kv_bytes_by_path.items()):
+            kv.add_metric([path], value)
+        yield kv
+        util = GaugeMetricFamily(
+            "dualpath:nic_utilization", "Busy fraction of each NIC", labels=["nic"]
+        )
+        for nic, busy in sorted(s.utilisation.items()):
+            util.add_metric([nic], busy)
+        yield util
+        queues = GaugeMetricFamily("dualpath:queue_length", "Queue lengths", labels=["queue"])
+        for name, value in sorted(s.queue_lengths.items()):
+            queues.add_metric([name], value)
+        yield queues
+
+
+class ServeMetrics:
+    """The app's registry and the request-level instruments."""
+
+    def __init__(self, stats: Callable[[], BackendStats]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "dualpath:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "dualpath:time_per_output_token_seconds",
+            "Mean time per output token after the first, per request",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "dualpath:e2e_request_latency_seconds",
+            "Request latency from arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("dualpath:prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter(
+            "dualpath:generation_tokens", "Generated tokens", registry=r
+        )
+        self.request_success = Counter(
+            "dualpath:request_success",
+            "Finished requests",
+            labelnames=["finished_reason"],
+            registry=r,
+        )
+        self.request_errors = Counter(
+            "dualpath:request_errors", "Rejected requests", labelnames=["status"], registry=r
+        )
+        r.register(_BackendCollector(stats))

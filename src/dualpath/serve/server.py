@@ -1,0 +1,104 @@
+"""Build a backend from the command line's options and run the HTTP server (uvicorn).
+
+uvicorn handles SIGINT / SIGTERM: it stops accepting, lets in-flight requests finish for up
+to ``graceful_s``, then cancels them; the app's lifespan then stops the backend (the engine
+thread exits, queued requests end with ``abort``). The local backend holds no shared memory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dualpath.config import Config
+from dualpath.serve.api import ApiOptions, create_app
+from dualpath.serve.backend import Backend
+from dualpath.serve.local import LocalBackend, LocalOptions
+
+BACKENDS = ("local",)
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "local"
+    model_dir: str | None = None  # an HF checkpoint; None: the preset's built-in tiny model
+    device: str = "cpu"
+    seed: int = 0
+    api_keys: dict[str, str] = field(default_factory=dict)
+    local: LocalOptions = field(default_factory=LocalOptions)
+    default_max_tokens: int = 256
+    graceful_s: float = 5.0
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"--backend {self.backend!r} is invalid: must be one of {', '.join(BACKENDS)} "
+                "(the multi-process runtime backend is not attached yet; docs/serving.md)"
+            )
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(f"--device {self.device!r} is invalid: must be cpu or cuda[:N]")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port {self.port} is invalid: must be 0..65535")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default max_tokens={self.default_max_tokens} must be >= 1")
+
+    @property
+    def is_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+def build_backend(config: Config, opts: ServeOptions) -> Backend:
+    """The local backend over an HF checkpoint (``model_dir``) or the preset's tiny model."""
+    import torch
+
+    if opts.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {opts.device}: CUDA is not available on this machine")
+    if opts.model_dir is not None:
+        from dualpath.runtime.hf_model import HFTransformer
+        from dualpath.serve.tokenizer import HFTokenizer
+
+        model = HFTransformer.from_dir(opts.model_dir, device=opts.device)
+        tokenizer = HFTokenizer.from_dir(opts.model_dir, extra_eos_ids=model.spec.eos_token_ids)
+        return LocalBackend(model, tokenizer, Path(opts.model_dir).name, opts.local)
+    if opts.device != "cpu":
+        raise ValueError("--device: the built-in tiny model runs on cpu only (use --model-dir)")
+    from dualpath.runtime.model import TinyTransformer
+    from dualpath.serve.local import TinyBatchModel
+    from dualpath.serve.tokenizer import ByteTokenizer
+
+    tiny = TinyTransformer(config.model, seed=opts.seed)
+    return LocalBackend(
+        TinyBatchModel(tiny),
+        ByteTokenizer(config.model.vocab_size),
+        f"dualpath-{config.model.name}",
+        opts.local,
+    )
+
+
+def run_server(backend: Backend, opts: ServeOptions) -> int:
+    import uvicorn
+
+    app = create_app(
+        backend, ApiOptions(api_keys=opts.api_keys, default_max_tokens=opts.default_max_tokens)
+    )
+    config = uvicorn.Config(
+        app,
+        host=opts.host,
+        port=opts.port,
+        log_level=opts.log_level,
+        timeout_graceful_shutdown=int(max(1, opts.graceful_s)),
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    logging.getLogger("dualpath.serve").info("serving %s", backend.model_name)
+    server.run()
+    return 0
