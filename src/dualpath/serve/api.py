@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -129,16 +129,14 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         metrics.request_errors.labels(status=str(exc.status)).inc()
         return JSONResponse(error_body(exc.status, exc.message, exc.param), exc.status)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]):  # type: ignore[no-untyped-def]
-        if opts.api_keys and request.url.path.startswith("/v1/"):
-            header = request.headers.get("authorization", "")
-            key = header.removeprefix("Bearer ").strip()
-            if key not in opts.api_keys:
-                metrics.request_errors.labels(status="401").inc()
-                return JSONResponse(error_body(401, "invalid or missing API key"), 401)
-            request.state.tenant = opts.api_keys[key]
-        return await call_next(request)
+    def authorise(request: Request) -> str:
+        """The caller's tenant ('' without API keys); 401 for a missing or unknown key."""
+        if not opts.api_keys:
+            return ""
+        key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if key not in opts.api_keys:
+            raise ApiError(401, "invalid or missing API key")
+        return opts.api_keys[key]
 
     async def parse(request: Request, model: type[_Sampling]) -> Any:
         size = int(request.headers.get("content-length") or 0)
@@ -186,7 +184,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             stop=stop,
             ignore_eos=body.ignore_eos,
             session_id=request.headers.get("x-session-id") or body.user,
-            tenant=getattr(request.state, "tenant", ""),
+            tenant=authorise(request),
         )
 
     def usage(last: TokenEvent | None) -> dict[str, Any]:
@@ -288,8 +286,8 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                 if include_usage:
                     yield sse([], {"usage": usage(last)})
                 yield "data: [DONE]\n\n"
-                observe(t, last)
             finally:
+                observe(t, last)  # also when the client went away (finished_reason abort)
                 await events.aclose()  # type: ignore[attr-defined]
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -297,6 +295,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         t = _Timing(time.monotonic())
+        authorise(request)
         body: ChatRequest = await parse(request, ChatRequest)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -309,6 +308,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         t = _Timing(time.monotonic())
+        authorise(request)
         body: CompletionRequest = await parse(request, CompletionRequest)
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
@@ -324,7 +324,8 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         return await run(to_request(body, prompt, request), False, body, t)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        authorise(request)
         return {
             "object": "list",
             "data": [

@@ -143,6 +143,7 @@ class LocalBackend:
             prefix_query_tokens=s.prefix_query_tokens,
             prefix_hit_tokens=s.prefix_hit_tokens,
             num_preempted=0,
+            num_aborted=s.num_aborted,
             kv_bytes_by_path=dict(s.kv_bytes_by_path),
         )
 
@@ -192,7 +193,9 @@ class LocalBackend:
                 if self._stopping:
                     break
                 admitted = self._admit()
-            self._running = [r for r in self._running if not r.aborted]
+            still = [r for r in self._running if not r.aborted]
+            self._stats.num_aborted += len(self._running) - len(still)
+            self._running = still
             self._running.extend(admitted)
             if self._running:
                 self._step()
@@ -265,7 +268,10 @@ class LocalBackend:
         if finish is not None:
             self._finish(r)
             return False
-        return not r.aborted
+        if r.aborted:
+            self._stats.num_aborted += 1
+            return False
+        return True
 
     def _finish(self, r: _Running) -> None:
         if r.seq is None:

@@ -48,6 +48,11 @@ class _BackendCollector(Collector):
         yield CounterMetricFamily(
             "dualpath:num_preemptions", "Requests requeued", value=s.num_preempted
         )
+        yield CounterMetricFamily(
+            "dualpath:num_aborted_requests",
+            "Requests freed before finishing (client gone, shutdown)",
+            value=s.num_aborted,
+        )
         kv = CounterMetricFamily(
             "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
         )

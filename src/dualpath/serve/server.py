@@ -7,8 +7,10 @@ thread exits, queued requests end with ``abort``). The local backend holds no sh
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
-import logging
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +89,17 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
 def run_server(backend: Backend, opts: ServeOptions) -> int:
     import uvicorn
 
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                # shut down gracefully: exit 0 instead of re-raising SIGINT / SIGTERM
+                stopped_by.extend(self._captured_signals)
+                self._captured_signals.clear()
+
+    stopped_by: list[int] = []
+
     app = create_app(
         backend, ApiOptions(api_keys=opts.api_keys, default_max_tokens=opts.default_max_tokens)
     )
@@ -98,7 +111,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         timeout_graceful_shutdown=int(max(1, opts.graceful_s)),
         access_log=False,
     )
-    server = uvicorn.Server(config)
-    logging.getLogger("dualpath.serve").info("serving %s", backend.model_name)
-    server.run()
+    _Server(config).run()
+    if stopped_by:
+        print(f"dualpath serve: stopped ({signal.Signals(stopped_by[0]).name})", flush=True)
     return 0

@@ -1,0 +1,209 @@
+"""Acceptance: the real server on loopback, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from tests.serve.conftest import ServerProc  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def _client(server: ServerProc, key: str = "sk-test") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_models_health_and_api_key(hf_server: ServerProc) -> None:
+    client = _client(hf_server)
+    assert [m.id for m in client.models.list()] == ["tiny-llama"]
+    with pytest.raises(openai.AuthenticationError):
+        _client(hf_server, key="wrong").models.list()
+
+
+def test_non_streaming_chat(hf_server: ServerProc) -> None:
+    r = _client(hf_server).chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Read the file and fix the bug."}],
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.object == "chat.completion"
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage is not None and r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    assert r.choices[0].message.content  # the tokenizer decodes something
+
+
+def test_streaming_chat_equals_non_streaming_at_temperature_zero(hf_server: ServerProc) -> None:
+    client = _client(hf_server)
+    msgs = [{"role": "user", "content": "Run the tests and summarise the failure."}]
+    kw = dict(model="tiny-llama", messages=msgs, max_tokens=10, temperature=0)
+    whole = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})  # type: ignore[call-overload]
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len([c for c in chunks if c.choices]) >= 2
+
+
+def test_second_turn_reports_cached_prompt_tokens(hf_server: ServerProc) -> None:
+    client = _client(hf_server)
+    msgs = [
+        {"role": "system", "content": "You are a helpful coding agent."},
+        {"role": "user", "content": "List the repository layout, then open the README file."},
+    ]
+    first = client.chat.completions.create(
+        model="tiny-llama", messages=msgs, max_tokens=8, extra_headers={"X-Session-Id": "agent-1"}
+    )
+    assert first.usage is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    msgs += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Observation: 3 passed, 1 failed. Fix the failing test."},
+    ]
+    second = client.chat.completions.create(
+        model="tiny-llama", messages=msgs, max_tokens=8, extra_headers={"X-Session-Id": "agent-1"}
+    )
+    assert second.usage is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 16  # all full blocks of the first prompt
+    assert 0 < cached < second.usage.prompt_tokens
+    # without a session id (the `user` field instead), the resent conversation still hits
+    third = client.chat.completions.create(
+        model="tiny-llama", messages=msgs, max_tokens=4, user="agent-1"
+    )
+    assert third.usage is not None and third.usage.prompt_tokens_details.cached_tokens >= cached
+    assert hf_server.metric("dualpath:prefix_cache_hits_total") > 0
+
+
+def test_tenants_do_not_share_prefixes(hf_checkpoint: Path) -> None:
+    server = ServerProc(
+        ["--model-dir", str(hf_checkpoint), "--api-key", "a=sk-a", "--api-key", "b=sk-b"]
+    )
+    try:
+        msgs = [{"role": "user", "content": "The same long prompt from two tenants, twice."}]
+        a, b = _client(server, "sk-a"), _client(server, "sk-b")
+        a.chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=2)
+        other = b.chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=2)
+        same = a.chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=2)
+        assert other.usage is not None and same.usage is not None
+        assert other.usage.prompt_tokens_details.cached_tokens == 0
+        assert same.usage.prompt_tokens_details.cached_tokens > 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_bad_request_is_400_while_a_concurrent_good_one_succeeds(hf_server: ServerProc) -> None:
+    client = _client(hf_server)
+    result: dict[str, object] = {}
+
+    def good() -> None:
+        stream = client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "A long answer please."}],
+            max_tokens=200,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        result["text"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        result["done"] = True
+
+    t = threading.Thread(target=good)
+    t.start()
+    bad_inputs = [
+        dict(messages=[]),
+        dict(messages=[{"role": "wizard", "content": "x"}]),
+        dict(messages=[{"role": "user", "content": "x"}], temperature=7),
+        dict(messages=[{"role": "user", "content": "x"}], max_tokens=10**6),
+        dict(messages=[{"role": "user", "content": "x" * 20000}]),
+    ]
+    for bad in bad_inputs:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny-llama", **bad)  # type: ignore[call-overload]
+        assert err.value.status_code == 400
+        assert err.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    t.join(timeout=120)
+    assert result.get("done") is True
+
+
+def test_client_disconnect_mid_stream_frees_the_request(hf_server: ServerProc) -> None:
+    client = _client(hf_server)
+    aborted_before = hf_server.metric("dualpath:num_aborted_requests_total")
+    stream = client.completions.create(
+        model="tiny-llama",
+        prompt="Tool call: ls -la",
+        max_tokens=3000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for got, _ in enumerate(stream, start=1):
+        if got == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if hf_server.metric("dualpath:num_aborted_requests_total") > aborted_before:
+            break
+        time.sleep(0.1)
+    assert hf_server.metric("dualpath:num_aborted_requests_total") == aborted_before + 1
+    assert hf_server.metric("dualpath:num_requests_running") == 0
+    # the server keeps serving
+    r = client.completions.create(model="tiny-llama", prompt="hello", max_tokens=3)
+    assert r.usage is not None and r.usage.completion_tokens >= 1
+
+
+def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
+    import httpx
+
+    text = httpx.get(hf_server.url + "/metrics").text
+    for name in (
+        "dualpath:time_to_first_token_seconds_bucket",
+        "dualpath:time_per_output_token_seconds_bucket",
+        "dualpath:e2e_request_latency_seconds_count",
+        "dualpath:num_requests_running",
+        "dualpath:num_requests_waiting",
+        "dualpath:prefix_cache_hit_ratio",
+        'dualpath:kv_bytes_total{path="local_hit"}',
+        "dualpath:request_success_total",
+    ):
+        assert name in text, name
+    assert hf_server.metric("dualpath:e2e_request_latency_seconds_count") >= 1
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_sigterm_with_a_request_in_flight_exits_cleanly() -> None:
+    before = _shm()
+    server = ServerProc(["--preset", "tiny-1p1d"])  # the built-in tiny model
+    client = _client(server, key="unused")
+    stream = client.completions.create(
+        model="dualpath-tiny",
+        prompt="x",
+        max_tokens=5000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(stream))  # the request is running
+    pid = server.proc.pid
+    assert server.stop() == 0
+    with pytest.raises(openai.APIError):  # the stream ends without [DONE]
+        for _ in stream:
+            pass
+    assert not Path(f"/proc/{pid}").exists()
+    assert _shm() - before == set()
