@@ -1,0 +1,95 @@
+"""Sampling, incremental text with stop strings, chat templates, the prefix cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dualpath.runtime.hf_model import SequenceKV  # noqa: E402
+from dualpath.serve.generation import TextStream, sample  # noqa: E402
+from dualpath.serve.prefix_cache import PrefixCache  # noqa: E402
+from dualpath.serve.tokenizer import ByteTokenizer, HFTokenizer  # noqa: E402
+
+
+def test_temperature_zero_is_argmax_and_seeded_sampling_repeats() -> None:
+    logits = torch.tensor([0.1, 3.0, 0.2, 2.9])
+    assert sample(logits, 0.0, 1.0, torch.Generator()) == 1
+    draw = [sample(logits, 1.0, 1.0, torch.Generator().manual_seed(s)) for s in range(40)]
+    again = [sample(logits, 1.0, 1.0, torch.Generator().manual_seed(s)) for s in range(40)]
+    assert draw == again
+    assert set(draw) >= {1, 3}  # both likely tokens appear
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    gen = torch.Generator().manual_seed(0)
+    seen = {sample(logits, 1.0, 0.7, gen) for _ in range(300)}
+    assert seen == {0, 1}  # 0.5 < 0.7 so token 1 is in; 0.8 ≥ 0.7 so token 2 is out
+
+
+def test_text_stream_holds_back_partial_stop_and_cuts_at_stop() -> None:
+    tok = ByteTokenizer()
+    stream = TextStream(tok, stop=["END"])
+    out = [stream.push(t) for t in tok.encode("abcEN")]
+    assert "".join(out) == "abc"  # "EN" may start "END": held back
+    assert stream.push(tok.encode("D")[0]) == ""
+    assert stream.stopped
+    plain = TextStream(tok, stop=["END"])
+    text = "".join(plain.push(t) for t in tok.encode("xyE")) + plain.finish()
+    assert text == "xyE" and not plain.stopped
+
+
+def test_text_stream_waits_for_complete_utf8() -> None:
+    tok = ByteTokenizer()
+    stream = TextStream(tok)
+    ids = tok.encode("é!")  # two bytes then one
+    assert stream.push(ids[0]) == ""
+    assert stream.push(ids[1]) == "é"
+    assert stream.push(ids[2]) == "!"
+
+
+def test_byte_tokenizer_round_trip_and_chatml() -> None:
+    tok = ByteTokenizer()
+    text = tok.render_chat([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text)
+    assert ids[0] == 257 and 258 in ids and tok.eos_token_ids == (258,)
+    assert tok.decode(tok.encode("héllo")) == "héllo"
+
+
+def test_hf_tokenizer_reads_template_and_eos(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    from dualpath.serve.checkpoint import write_tokenizer
+
+    write_tokenizer(tmp_path)
+    tok = HFTokenizer.from_dir(tmp_path)
+    text = tok.render_chat([{"role": "user", "content": "Run the tests."}])
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = tok.encode(text)
+    assert tok.eos_token_ids == (tok._tok.token_to_id("<|im_end|>"),)
+    assert tok._tok.token_to_id("<|im_start|>") in ids  # specials in text are one token
+    assert tok.decode(tok.encode("Run the tests.")) == "Run the tests."
+
+
+def _seq(length: int, layers: int = 2) -> SequenceKV:
+    data = [
+        torch.arange(length * 4, dtype=torch.float32).view(length, 2, 1, 2) + i
+        for i in range(layers)
+    ]
+    return SequenceKV(data, length)
+
+
+def test_prefix_cache_round_trip_namespaces_and_lru() -> None:
+    cache = PrefixCache(block_tokens=4, capacity_blocks=3)
+    tokens = list(range(11))
+    assert cache.store(tokens, "a", _seq(11)) == 2  # two full blocks of 11 tokens
+    fresh = SequenceKV([torch.zeros(16, 2, 1, 2) for _ in range(2)])
+    assert cache.load([*tokens, 99], "a", fresh) == 8
+    assert torch.equal(fresh.past(1), _seq(11).past(1)[:8])
+    assert cache.load(tokens, "b", SequenceKV([torch.zeros(16, 2, 1, 2)] * 2)) == 0
+    assert cache.load(tokens[:8], "a", SequenceKV([torch.zeros(16, 2, 1, 2)] * 2)) == 4
+    cache.store([50 + t for t in range(8)], "a", _seq(8))  # evicts the least recently used
+    assert len(cache) == 3
