@@ -83,7 +83,7 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", arch="llama")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hf_server(hf_checkpoint: Path) -> Iterator[ServerProc]:
     server = ServerProc(["--model-dir", str(hf_checkpoint), "--api-key", "acme=sk-test"])
     try:

@@ -78,3 +78,78 @@ def run_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     return run_server(backend, opts)
+
+
+def add_loadgen_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser(
+        "loadgen", help="replay agent trajectories or a Mooncake trace against an OpenAI endpoint"
+    )
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", help="model id (default: the first of /v1/models)")
+    p.add_argument("--api-key", default="none", help="bearer key sent to the server")
+    p.add_argument("--api", default="chat", help="chat (default) or completions")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--agents", type=int, help="SPEC §9 agents (with --turns)")
+    src.add_argument("--trace", help="Mooncake JSONL trace")
+    p.add_argument("--turns", type=int, default=8, help="turns per agent (default 8)")
+    p.add_argument("--concurrency", type=int, default=8, help="agents / sessions at once")
+    p.add_argument("--token-scale", type=float, default=0.05, help="scale of prompt lengths")
+    p.add_argument("--max-gen", type=int, default=16, help="cap on generated tokens per turn")
+    p.add_argument(
+        "--speedup", type=float, default=0.0, help="trace: arrivals ÷ this (0: closed loop)"
+    )
+    p.add_argument("--limit", type=int, help="trace: first N requests only")
+    p.add_argument("--duration", type=float, help="start no new turn after this many seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ignore-eos", action="store_true", help="let EOS end a turn early")
+    p.add_argument("--json", help="write the summary (and the options) to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_loadgen)
+
+
+def run_loadgen(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from dualpath.serve.loadgen import (
+        LoadGenerator,
+        LoadgenOptions,
+        agent_scripts,
+        format_summary,
+        trace_scripts,
+    )
+
+    opts = LoadgenOptions(
+        url=args.url,
+        model=args.model,
+        concurrency=args.concurrency,
+        api_key=args.api_key,
+        api=args.api,
+        ignore_eos=not args.no_ignore_eos,
+        duration_s=args.duration,
+    )
+    if args.trace:
+        if not Path(args.trace).is_file():
+            raise ValueError(f"--trace {args.trace}: no such file")
+        scripts = trace_scripts(
+            args.trace, args.token_scale, args.max_gen, args.speedup, args.limit
+        )
+    else:
+        scripts = agent_scripts(
+            args.agents, args.turns, args.token_scale, args.max_gen, seed=args.seed
+        )
+    total = sum(len(s.turns) for s in scripts)
+    bar = tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr)
+    try:
+        result = asyncio.run(LoadGenerator(opts).run(scripts, on_request=lambda: bar.update(1)))
+    finally:
+        bar.close()
+    summary = result.summary()
+    print(format_summary(summary))
+    if args.json:
+        out = {"options": {k: v for k, v in vars(args).items() if k != "func"}, "summary": summary}
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0 if summary["errors"] == 0 else 1
