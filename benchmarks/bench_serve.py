@@ -1,0 +1,108 @@
+"""`dualpath loadgen` against `dualpath serve`: 32 concurrent agent sessions, bounded time.
+
+Run: .venv/bin/python benchmarks/bench_serve.py [--agents 32 --duration 20 --threads 2]
+Builds a tiny random Llama checkpoint (4 layers, hidden 256: the built-in tiny model's shape)
+in a temporary folder, then for each variant starts a fresh server on 127.0.0.1 and replays
+the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` seconds:
+
+  reuse      prefix KV reuse (hash chain) + continuous batching (the default server)
+  recompute  same, prefix cache off (--cache-blocks 0): every turn prefills its whole prompt
+  serial     prefix reuse, one sequence per step (--max-batch-seqs 1): no batching
+
+Prints requests/s, output tokens/s, TTFT / TPOT p50 and p99, hit ratio, errors per variant.
+DualPath vs Basic needs the multi-process runtime behind the server (docs/serving.md); the
+in-process backend has one load path, so the reference here is reuse vs recompute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from dualpath.serve.checkpoint import write_tiny_checkpoint
+from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions, agent_scripts
+
+VARIANTS = {
+    "reuse": [],
+    "recompute": ["--cache-blocks", "0"],
+    "serial": ["--max-batch-seqs", "1"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(model_dir: Path, extra: list[str], threads: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--model-dir", str(model_dir)]
+    cmd += ["--port", str(port), "--threads", str(threads), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=32, help="concurrent agent sessions")
+    ap.add_argument("--turns", type=int, default=40, help="turns per agent (bounded by time)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per variant")
+    ap.add_argument("--token-scale", type=float, default=0.05)
+    ap.add_argument("--max-gen", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    ap.add_argument("--variants", default="reuse,recompute,serial")
+    ap.add_argument("--json", help="write all summaries here")
+    args = ap.parse_args()
+    scripts = agent_scripts(args.agents, args.turns, args.token_scale, args.max_gen, seed=0)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_tiny_checkpoint(
+            Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256, intermediate_size=688
+        )
+        for name in [v for v in args.variants.split(",") if v]:
+            proc, url = _start(ckpt, VARIANTS[name], args.threads)
+            try:
+                opts = LoadgenOptions(url, concurrency=args.agents, duration_s=args.duration)
+                res = asyncio.run(LoadGenerator(opts).run(scripts))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            results[name] = s = res.summary()
+            print(
+                f"{name:<10} req/s {s['requests_per_s']:6.2f}  out tok/s "
+                f"{s['output_tokens_per_s']:7.1f}  TTFT p50/p99 {s['ttft_s']['p50'] * 1e3:7.1f}/"
+                f"{s['ttft_s']['p99'] * 1e3:7.1f} ms  TPOT p50/p99 {s['tpot_s']['p50'] * 1e3:6.1f}/"
+                f"{s['tpot_s']['p99'] * 1e3:6.1f} ms  hit {s['hit_ratio']:.3f}  "
+                f"requests {s['requests']}  errors {s['errors']}  wall {s['wall_s']:.1f} s",
+                flush=True,
+            )
+    print(
+        f"host: {os.cpu_count()} CPUs; server torch threads {args.threads}; "
+        f"{args.agents} agents, appends × {args.token_scale}, gen ≤ {args.max_gen}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
