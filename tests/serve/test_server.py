@@ -207,3 +207,24 @@ def test_sigterm_with_a_request_in_flight_exits_cleanly() -> None:
             pass
     assert not Path(f"/proc/{pid}").exists()
     assert _shm() - before == set()
+
+
+def test_stop_string_cuts_the_text_and_oversized_body_is_413(hf_server: ServerProc) -> None:
+    import httpx
+
+    client = _client(hf_server)
+    kw = dict(model="tiny-llama", prompt="Read the file", temperature=0, max_tokens=24)
+    full = client.completions.create(**kw, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    text = full.choices[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert len(stop) == 2
+    cut = client.completions.create(**kw, stop=[stop], extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.find(stop)]
+    big = httpx.post(
+        hf_server.url + "/v1/completions",
+        content=b"{" + b" " * (5 << 20) + b"}",
+        headers={"Authorization": "Bearer sk-test", "Content-Type": "application/json"},
+    )
+    assert big.status_code == 413
+    assert big.json()["error"]["type"] == "invalid_request_error"
