@@ -122,3 +122,13 @@ def test_llama3_rope_scaling_matches_transformers() -> None:
     expected, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
     spec = HFSpec.from_config(cfg.to_dict())
     assert torch.allclose(rope_inv_freq(spec), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_forward_matches_cpu(ckpt: Path) -> None:
+    cpu, gpu = HFTransformer.from_dir(ckpt), HFTransformer.from_dir(ckpt, device="cuda")
+    prompt = _tokens(cpu.vocab_size, 32, seed=3)
+    a = cpu.forward_batch([(prompt, cpu.new_sequence(40))])
+    b = gpu.forward_batch([(prompt, gpu.new_sequence(40))])
+    assert b.device.type == "cuda"
+    assert torch.allclose(a, b.cpu(), atol=1e-3)

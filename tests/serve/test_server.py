@@ -228,3 +228,31 @@ def test_stop_string_cuts_the_text_and_oversized_body_is_413(hf_server: ServerPr
     )
     assert big.status_code == 413
     assert big.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_non_streaming_client_that_gives_up_frees_the_request(hf_server: ServerProc) -> None:
+    import httpx
+
+    aborted_before = hf_server.metric("dualpath:num_aborted_requests_total")
+    body = {"prompt": "x", "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            hf_server.url + "/v1/completions",
+            json=body,
+            headers={"Authorization": "Bearer sk-test"},
+            timeout=0.5,
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if hf_server.metric("dualpath:num_aborted_requests_total") > aborted_before:
+            break
+        time.sleep(0.1)
+    assert hf_server.metric("dualpath:num_aborted_requests_total") == aborted_before + 1
+
+
+def test_unsupported_options_are_400(hf_server: ServerProc) -> None:
+    client = _client(hf_server)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, echo=True)

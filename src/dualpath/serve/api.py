@@ -5,10 +5,12 @@ client that goes away closes its backend iterator, which frees the request.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -68,6 +70,15 @@ class _Sampling(_Base):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    logprobs: bool | int | None = None
+    echo: bool = False
+
+    def unsupported(self) -> str | None:
+        if self.logprobs:
+            return "logprobs"
+        if self.echo:
+            return "echo"
+        return None
 
 
 class ChatRequest(_Sampling):
@@ -76,6 +87,9 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str]
+
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
 
 class ApiError(Exception):
@@ -100,6 +114,21 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     return f"{loc}: {first['msg']}" if loc else str(first["msg"]), loc or None
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
+    """Run ``work``; cancel it if the client disconnects first (its ``finally`` frees the
+    request). Returns whether it finished."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return False
+    task.result()  # re-raise its error, if any
+    return True
 
 
 @dataclass(slots=True)
@@ -158,6 +187,8 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             raise ApiError(400, message, param) from None
 
     def to_request(body: _Sampling, prompt: list[int], request: Request) -> GenerateRequest:
+        if (name := body.unsupported()) is not None:
+            raise ApiError(400, f"{name}: not supported by this server", name)
         if body.model not in (None, backend.model_name):
             raise ApiError(404, f"model {body.model!r} does not exist", "model")
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
@@ -211,7 +242,9 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         metrics.generation_tokens.inc(last.num_generated_tokens)
         metrics.request_success.labels(finished_reason=last.finish_reason or "abort").inc()
 
-    async def run(gen: GenerateRequest, chat: bool, body: _Sampling, t: _Timing) -> Response:
+    async def run(
+        request: Request, gen: GenerateRequest, chat: bool, body: _Sampling, t: _Timing
+    ) -> Response:
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -233,16 +266,23 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         if not body.stream:
             parts: list[str] = []
             last: TokenEvent | None = None
-            events = backend.generate(gen)
-            try:
-                async for ev in events:
-                    t.first = t.first or time.monotonic()
-                    t.last = time.monotonic()
-                    parts.append(ev.text)
-                    last = ev
-            finally:
-                await events.aclose()  # type: ignore[attr-defined]
+
+            async def collect() -> None:
+                nonlocal last
+                events = backend.generate(gen)
+                try:
+                    async for ev in events:
+                        t.first = t.first or time.monotonic()
+                        t.last = time.monotonic()
+                        parts.append(ev.text)
+                        last = ev
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
+
+            finished = await _unless_disconnected(request, collect())
             observe(t, last)
+            if not finished:
+                return Response(status_code=499)  # nobody is listening any more
             if last is None or last.finish_reason == "abort":
                 raise ApiError(503, "the request was aborted (server shutting down)")
             return JSONResponse(
@@ -303,7 +343,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         except ValueError as exc:
             raise ApiError(400, str(exc), "messages") from None
         prompt = backend.tokenizer.encode(text)
-        return await run(to_request(body, prompt, request), True, body, t)
+        return await run(request, to_request(body, prompt, request), True, body, t)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -321,7 +361,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             prompt = [int(x) for x in p]
             if any(x < 0 or x >= backend.vocab_size for x in prompt):
                 raise ApiError(400, "prompt: token id out of the vocabulary", "prompt")
-        return await run(to_request(body, prompt, request), False, body, t)
+        return await run(request, to_request(body, prompt, request), False, body, t)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
