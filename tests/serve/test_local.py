@@ -1,5 +1,5 @@
 """The local backend: concurrent requests batched together give each one the tokens it gets
-alone (greedy), a resent prompt hits the prefix cache, closing a stream frees it."""
+alone (greedy), also with chunked prefill; a resent prompt hits the prefix cache, closing a stream frees it."""
 
 from __future__ import annotations
 
@@ -28,11 +28,13 @@ async def _collect(backend: LocalBackend, req: GenerateRequest) -> list[TokenEve
     return [ev async for ev in backend.generate(req)]
 
 
-def test_concurrent_requests_match_sequential_greedy(hf_checkpoint: Path) -> None:
+@pytest.mark.parametrize("max_batch_tokens", [512, 5])  # 5: prompts prefill in chunks
+def test_concurrent_requests_match_sequential_greedy(
+    hf_checkpoint: Path, max_batch_tokens: int
+) -> None:
     model = HFTransformer.from_dir(hf_checkpoint)
-    backend = LocalBackend(
-        model, HFTokenizer.from_dir(hf_checkpoint), "m", LocalOptions(block_tokens=4)
-    )
+    options = LocalOptions(block_tokens=4, max_batch_tokens=max_batch_tokens)
+    backend = LocalBackend(model, HFTokenizer.from_dir(hf_checkpoint), "m", options)
     prompts = [[(7 * i + j) % model.vocab_size for j in range(5 + 3 * i)] for i in range(6)]
     reqs = [
         GenerateRequest(str(i), tuple(p), max_tokens=12, temperature=0.0, ignore_eos=True)

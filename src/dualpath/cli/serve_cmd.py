@@ -32,7 +32,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--api-key", action="append", default=[], metavar="[TENANT=]KEY", help="repeatable"
     )
     p.add_argument("--max-batch-seqs", type=int, default=32, help="sequences per step")
-    p.add_argument("--max-batch-tokens", type=int, default=2048, help="new tokens per step")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=512, help="new tokens per step (prefill chunk)"
+    )
     p.add_argument("--cache-blocks", type=int, default=4096, help="prefix cache capacity")
     p.add_argument("--block-tokens", type=int, default=16, help="prefix block size (default 16)")
     p.add_argument("--default-max-tokens", type=int, default=256)

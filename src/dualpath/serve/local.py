@@ -2,8 +2,9 @@
 with prefix KV reuse from ``PrefixCache``. The asyncio side only queues requests and relays
 ``TokenEvent``s; the engine thread owns the model, the cache and every running sequence.
 
-Each step: every running sequence decodes one token, and waiting requests are admitted and
-prefilled (their uncached suffix) in the same forward while the step's token budget lasts.
+Each step: every running sequence decodes one token, and admitted requests prefill their
+uncached suffix in chunks (chunked prefill) in the same forward while the step's token
+budget lasts, so a long prompt never stalls the decodes for long.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class _Running:
     namespace: str
     seq: SequenceKV | None = None
     cached: int = 0
+    prefilled: int = 0  # prompt tokens whose KV is in seq (cached + computed so far)
     generated: list[int] = field(default_factory=list)
     aborted: bool = False  # set by the event loop when the client goes away
 
@@ -87,7 +89,7 @@ class _Running:
 @dataclass(frozen=True, slots=True)
 class LocalOptions:
     max_batch_seqs: int = 32
-    max_batch_tokens: int = 2048  # new tokens per forward (prefills beyond wait a step)
+    max_batch_tokens: int = 512  # new tokens per forward: long prompts prefill in chunks
     block_tokens: int = 16  # prefix-cache block (vLLM's default block size)
     cache_blocks: int = 4096
     seed: int = 0
@@ -204,51 +206,63 @@ class LocalBackend:
         self._running, self._waiting = [], deque()
 
     def _admit(self) -> list[_Running]:
-        budget = self.options.max_batch_tokens - len(self._running)
         slots = self.options.max_batch_seqs - len(self._running)
         out: list[_Running] = []
         while self._waiting and slots > 0:
-            r = self._waiting[0]
-            if r.aborted:
-                self._waiting.popleft()
-                continue
-            need = len(r.req.prompt_tokens)  # upper bound (before the prefix-cache lookup)
-            if out and need > budget:
-                break  # admitted next step; a lone long prompt still runs on its own
-            self._waiting.popleft()
-            out.append(r)
-            budget -= need
-            slots -= 1
+            r = self._waiting.popleft()
+            if not r.aborted:
+                out.append(r)
+                slots -= 1
         return out
 
-    def _step(self) -> None:
-        items: list[tuple[Sequence[int], SequenceKV]] = []
+    def _start(self, r: _Running) -> SequenceKV:
+        """Allocate the sequence's KV and load its cached prefix."""
+        prompt = r.req.prompt_tokens
+        r.seq = seq = self.model.new_sequence(len(prompt) + r.req.max_tokens)
+        r.cached = r.prefilled = self.cache.load(prompt, r.namespace, seq)
+        self._stats.prefix_query_tokens += len(prompt)
+        self._stats.prefix_hit_tokens += r.cached
+        self._stats.kv_bytes_by_path["local_hit"] += (
+            r.cached * self.model.kv_row_bytes * self.model.num_layers
+        )
+        return seq
+
+    def _plan(self) -> list[tuple[_Running, SequenceKV, Sequence[int], bool]]:
+        """This step's work: every decode (one token each), then prefill chunks of the
+        remaining token budget in admission order. (request, new tokens, samples?)."""
+        work: list[tuple[_Running, SequenceKV, Sequence[int], bool]] = []
+        budget = self.options.max_batch_tokens
         for r in self._running:
-            if r.seq is None:
-                prompt = r.req.prompt_tokens
-                r.seq = self.model.new_sequence(len(prompt) + r.req.max_tokens)
-                r.cached = self.cache.load(prompt, r.namespace, r.seq)
-                self._stats.prefix_query_tokens += len(prompt)
-                self._stats.prefix_hit_tokens += r.cached
-                self._stats.kv_bytes_by_path["local_hit"] += (
-                    r.cached * self.model.kv_row_bytes * self.model.num_layers
-                )
-                items.append((prompt[r.cached :], r.seq))
-            else:
-                items.append((r.generated[-1:], r.seq))
+            if r.seq is not None and r.prefilled == len(r.req.prompt_tokens):
+                work.append((r, r.seq, r.generated[-1:], True))
+                budget -= 1
+        for r in self._running:
+            seq = r.seq if r.seq is not None else self._start(r)
+            prompt = r.req.prompt_tokens
+            if r.prefilled == len(prompt) or (budget <= 0 and work):
+                continue
+            n = min(len(prompt) - r.prefilled, max(budget, 1))
+            last = r.prefilled + n == len(prompt)
+            work.append((r, seq, prompt[r.prefilled : r.prefilled + n], last))
+            r.prefilled += n
+            budget -= n
+        return work
+
+    def _step(self) -> None:
+        work = self._plan()
         try:
-            logits = self.model.forward_batch(items)
+            logits = self.model.forward_batch([(toks, seq) for _, seq, toks, _ in work])
         except Exception:  # a failed step aborts its requests, the server keeps serving
             log.exception("engine step failed; aborting %d requests", len(self._running))
             for r in self._running:
                 self._emit(r, "", (), "abort")
             self._running = []
             return
-        still: list[_Running] = []
-        for r, row in zip(self._running, logits, strict=True):
-            if self._on_token(r, row):
-                still.append(r)
-        self._running = still
+        done: set[int] = set()
+        for (r, _, _, samples), row in zip(work, logits, strict=True):
+            if samples and not self._on_token(r, row):
+                done.add(id(r))
+        self._running = [r for r in self._running if id(r) not in done]
 
     def _on_token(self, r: _Running, logits: Tensor) -> bool:
         """Sample, detokenise, check stops; returns True while the request keeps running."""
