@@ -9,7 +9,9 @@ the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` second
   recompute  same, prefix cache off (--cache-blocks 0): every turn prefills its whole prompt
   serial     prefix reuse, one sequence per step (--max-batch-seqs 1): no batching
 
-Prints requests/s, output tokens/s, TTFT / TPOT p50 and p99, hit ratio, errors per variant.
+Prints requests/s, output tokens/s, TTFT / TPOT p50 and p99, hit ratio, errors per variant,
+and the host's 1-minute load average before each (the figures only mean something on a quiet
+host: other processes on the CPUs inflate every latency).
 DualPath vs Basic needs the multi-process runtime behind the server (docs/serving.md); the
 in-process backend has one load path, so the reference here is reuse vs recompute.
 """
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--json", help="write all summaries here")
     args = ap.parse_args()
     scripts = agent_scripts(args.agents, args.turns, args.token_scale, args.max_gen, seed=0)
+    warmup = agent_scripts(4, 2, args.token_scale, args.max_gen, seed=99)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny_checkpoint(
@@ -82,6 +85,9 @@ def main() -> None:
         for name in [v for v in args.variants.split(",") if v]:
             proc, url = _start(ckpt, VARIANTS[name], args.threads)
             try:
+                # warm-up (first forwards of a process are slow), on prompts the run never sends
+                asyncio.run(LoadGenerator(LoadgenOptions(url, concurrency=4)).run(warmup))
+                load_before = os.getloadavg()[0]
                 opts = LoadgenOptions(url, concurrency=args.agents, duration_s=args.duration)
                 res = asyncio.run(LoadGenerator(opts).run(scripts))
             finally:
@@ -93,7 +99,8 @@ def main() -> None:
                 f"{s['output_tokens_per_s']:7.1f}  TTFT p50/p99 {s['ttft_s']['p50'] * 1e3:7.1f}/"
                 f"{s['ttft_s']['p99'] * 1e3:7.1f} ms  TPOT p50/p99 {s['tpot_s']['p50'] * 1e3:6.1f}/"
                 f"{s['tpot_s']['p99'] * 1e3:6.1f} ms  hit {s['hit_ratio']:.3f}  "
-                f"requests {s['requests']}  errors {s['errors']}  wall {s['wall_s']:.1f} s",
+                f"requests {s['requests']}  errors {s['errors']}  wall {s['wall_s']:.1f} s  "
+                f"host load {load_before:.1f}",
                 flush=True,
             )
     print(
