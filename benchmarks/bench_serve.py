@@ -1,6 +1,6 @@
 """`dualpath loadgen` against `dualpath serve`: 32 concurrent agent sessions, bounded time.
 
-Run: .venv/bin/python benchmarks/bench_serve.py [--agents 32 --duration 20 --threads 2]
+Run: .venv/bin/python benchmarks/bench_serve.py [--agents 32 --duration 20 --threads 1]
 Builds a tiny random Llama checkpoint (4 layers, hidden 256: the built-in tiny model's shape)
 in a temporary folder, then for each variant starts a fresh server on 127.0.0.1 and replays
 the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` seconds:
@@ -71,7 +71,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per variant")
     ap.add_argument("--token-scale", type=float, default=0.05)
     ap.add_argument("--max-gen", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the server (1: stable on a shared host)",
+    )
     ap.add_argument("--variants", default="reuse,recompute,serial")
     ap.add_argument("--json", help="write all summaries here")
     args = ap.parse_args()
