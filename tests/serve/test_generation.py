@@ -93,3 +93,22 @@ def test_prefix_cache_round_trip_namespaces_and_lru() -> None:
     assert cache.load(tokens[:8], "a", SequenceKV([torch.zeros(16, 2, 1, 2)] * 2)) == 4
     cache.store([50 + t for t in range(8)], "a", _seq(8))  # evicts the least recently used
     assert len(cache) == 3
+
+
+def test_windowed_text_stream_equals_full_decode(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    import random
+
+    from dualpath.serve.checkpoint import write_tokenizer
+
+    vocab = write_tokenizer(tmp_path)
+    tok = HFTokenizer.from_dir(tmp_path)
+    rng = random.Random(3)
+    for _ in range(5):
+        ids = [rng.randrange(vocab) for _ in range(60)]
+        stream = TextStream(tok)
+        text = "".join(stream.push(i) for i in ids) + stream.finish()
+        assert text == tok.decode(ids).rstrip("\ufffd")
+    words = tok.encode("fix the failing test then run make test again")
+    stream = TextStream(tok)
+    assert "".join(stream.push(i) for i in words) == "fix the failing test then run make test again"

@@ -36,6 +36,10 @@ class TextStream:
         self._tok = tokenizer
         self._stop = tuple(s for s in stop if s)
         self._ids: list[int] = []
+        # decode only a window (as vLLM does): ids[_prefix:_read] were already turned into
+        # text; decoding from _prefix keeps tokenizers' context for spaces and merges
+        self._prefix = 0
+        self._read = 0
         self._text = ""  # decoded so far, without incomplete trailing bytes
         self._sent = 0  # characters of _text already returned
         self.stopped = False
@@ -43,18 +47,21 @@ class TextStream:
     def push(self, token_id: int) -> str:
         """Add one token; return the new text that is safe to send."""
         self._ids.append(token_id)
-        text = self._tok.decode(self._ids)
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence: wait for the next token
-        self._text = text
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            return ""  # an incomplete UTF-8 sequence (or nothing visible yet): wait
+        self._prefix, self._read = self._read, len(self._ids)
+        start = len(self._text)
+        self._text += after[len(before) :]
         for s in self._stop:
-            at = text.find(s, max(0, self._sent - len(s) + 1))
+            at = self._text.find(s, max(0, min(self._sent, start) - len(s) + 1))
             if at >= 0:
                 self.stopped = True
-                self._text = text[:at]
+                self._text = self._text[:at]
                 return self._flush(len(self._text))
-        hold = max((_overlap(text, s) for s in self._stop), default=0)
-        return self._flush(len(text) - hold)
+        hold = max((_overlap(self._text, s) for s in self._stop), default=0)
+        return self._flush(len(self._text) - hold)
 
     def finish(self) -> str:
         """The held-back tail, once generation ended without a stop string."""

@@ -8,6 +8,7 @@ tiny model: one id per UTF-8 byte plus three ChatML special tokens. No network.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -32,17 +33,24 @@ class TextTokenizer(Protocol):
     def render_chat(self, messages: Sequence[dict[str, Any]]) -> str: ...
 
 
-def _render(template: str, messages: Sequence[dict[str, Any]], **extra: Any) -> str:
-    from jinja2 import TemplateError
+def _raise_exception(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise ValueError(f"chat template: {message}")
-
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template)
+
+
+def _render(template: str, messages: Sequence[dict[str, Any]], **extra: Any) -> str:
+    from jinja2 import TemplateError
+
     try:
-        return env.from_string(template).render(
+        return _compile(template).render(
             messages=list(messages), add_generation_prompt=True, **extra
         )
     except TemplateError as exc:
