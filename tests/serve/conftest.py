@@ -84,8 +84,13 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def hf_server(hf_checkpoint: Path) -> Iterator[ServerProc]:
-    server = ServerProc(["--model-dir", str(hf_checkpoint), "--api-key", "acme=sk-test"])
+def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """A server on a checkpoint that `serve --init-tiny-checkpoint` writes itself (the same
+    tiny Llama as ``hf_checkpoint``: seed 0)."""
+    model_dir = tmp_path_factory.mktemp("served") / "tiny-llama"
+    server = ServerProc(
+        ["--model-dir", str(model_dir), "--init-tiny-checkpoint", "--api-key", "acme=sk-test"]
+    )
     try:
         yield server
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -184,12 +185,30 @@ def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
     assert hf_server.metric("dualpath:e2e_request_latency_seconds_count") >= 1
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _shm_used_by(pid: int) -> set[str]:
+    """/dev/shm files the process maps or holds open (the host's /dev/shm is shared with
+    other jobs, so only this process's own entries are checked)."""
+    used = set()
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    used |= {line.split()[-1] for line in maps if "/dev/shm/" in line}
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("/dev/shm/"):
+                used.add(target)
+    return used
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
 
 
 def test_sigterm_with_a_request_in_flight_exits_cleanly() -> None:
-    before = _shm()
     server = ServerProc(["--preset", "tiny-1p1d"])  # the built-in tiny model
     client = _client(server, key="unused")
     stream = client.completions.create(
@@ -201,12 +220,14 @@ def test_sigterm_with_a_request_in_flight_exits_cleanly() -> None:
     )
     next(iter(stream))  # the request is running
     pid = server.proc.pid
+    shm, children = _shm_used_by(pid), _children(pid)
     assert server.stop() == 0
     with pytest.raises(openai.APIError):  # the stream ends without [DONE]
         for _ in stream:
             pass
     assert not Path(f"/proc/{pid}").exists()
-    assert _shm() - before == set()
+    assert [c for c in children if Path(f"/proc/{c}").exists()] == []
+    assert [f for f in shm if Path(f).exists()] == []
 
 
 def test_stop_string_cuts_the_text_and_oversized_body_is_413(hf_server: ServerProc) -> None:

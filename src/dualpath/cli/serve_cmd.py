@@ -23,6 +23,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, metrics)")
     add_config_args(p, default_preset="tiny-1p1d")
     p.add_argument("--model-dir", help="local HF checkpoint (config.json, safetensors, tokenizer)")
+    p.add_argument(
+        "--init-tiny-checkpoint",
+        action="store_true",
+        help="demo: if --model-dir has no config.json, first write a tiny random Llama "
+        "checkpoint and tokenizer there (no hub access needed)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--backend", default="local", help="inference backend (only: local)")
@@ -48,6 +54,16 @@ def run_serve(args: argparse.Namespace) -> int:
     from dualpath.serve.server import ServeOptions, build_backend, run_server
 
     config = build_config(args)
+    if args.init_tiny_checkpoint:
+        if not args.model_dir:
+            raise ValueError("--init-tiny-checkpoint needs --model-dir DIR")
+        from pathlib import Path
+
+        if not (Path(args.model_dir) / "config.json").exists():
+            from dualpath.serve.checkpoint import write_tiny_checkpoint
+
+            write_tiny_checkpoint(args.model_dir, seed=args.seed)
+            print(f"dualpath serve: wrote a tiny random checkpoint to {args.model_dir}")
     local = LocalOptions(
         max_batch_seqs=args.max_batch_seqs,
         max_batch_tokens=args.max_batch_tokens,
