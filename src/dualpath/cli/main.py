@@ -24,6 +24,7 @@ _OPTIONAL = (
     ("dualpath.cli.online_cmd", "add_replay_parser"),
     ("dualpath.cli.online_cmd", "add_trace_parser"),
     ("dualpath.cli.qos_cmd", "add_qos_parser"),
+    ("dualpath.cli.tune_cmd", "add_tune_parser"),
 )
 
 
