@@ -85,3 +85,19 @@ def test_bad_input_is_one_line(
     assert main(["tune", "--preset", "ds27b-1p1d", "--out", str(tmp_path), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--snic-mb-per-s", "inf"], "--snic-mb-per-s inf"),
+        (["--agents", "0"], "--agents 0"),
+        (["--systems", " "], "--systems is empty"),
+    ],
+)
+def test_validate_bad_input_is_one_line(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", "--out", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
