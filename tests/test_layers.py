@@ -17,6 +17,7 @@ RANK = {
     "models": 2,
     "workload": 2,
     "metrics": 2,
+    "deploy": 2,
     "policy": 3,
     "sim": 4,
     "runtime": 4,

@@ -1,0 +1,1 @@
+"""Deployment artefacts derived from a config (NIC/switch QoS); pure text generation."""

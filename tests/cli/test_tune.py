@@ -1,0 +1,103 @@
+"""`dualpath tune`: candidate split by the planner, ranking, cache reuse, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dualpath.cli.main import main
+from dualpath.cli.tune_cmd import Candidate, candidates
+from dualpath.config import preset
+from dualpath.models.planner import plan
+
+
+def test_candidates_split_by_the_planner_range() -> None:
+    config = preset("ds27b-1p1d")  # g = 8, s = 1: 1/7 <= P/D <= 7/2
+    inside, outside = candidates(config, 9, search_ep=False)
+    assert [c.label for c in outside] == ["1P8D", "8P1D"]  # 1/8 < 1/7 and 8 > 7/2
+    assert [c.label for c in inside] == [f"{p}P{9 - p}D" for p in range(2, 8)]
+    assert all(plan(config, c.p, c.d).in_range for c in inside)
+
+
+def test_ep_search_adds_every_divisor_grouping() -> None:
+    inside, _ = candidates(preset("ds27b-1p1d"), 4, search_ep=True)
+    two_two = [c for c in inside if (c.p, c.d) == (2, 2)]
+    assert {(c.prefill_ep_nodes, c.decode_ep_nodes) for c in two_two} == {
+        (0, 0),
+        (1, 1),
+        (1, 2),
+        (2, 1),
+    }
+    assert Candidate(2, 2, 1, 2).overrides()[2:] == [
+        "cluster.prefill_ep_nodes=1",
+        "cluster.decode_ep_nodes=2",
+    ]
+
+
+@pytest.mark.slow
+def test_tune_ranks_simulates_once_and_reuses_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "tune",
+        "--preset",
+        "ds27b-1p1d",
+        "--nodes",
+        "3",
+        "--agents",
+        "8",
+        "--mal",
+        "32k",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "2 shapes, 2 simulated, 0 from cache" in first
+    data = json.loads((tmp_path / "tune.json").read_text())
+    jcts = [r["result"]["jct_s"] for r in data["ranked"]]
+    assert jcts == sorted(jcts) and len(jcts) == 2
+    assert first.count("best: " + data["best"]) == 1
+    assert (tmp_path / "tune.png").stat().st_size > 0
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "2 shapes, 0 simulated, 2 from cache" in second
+    assert json.loads((tmp_path / "tune.json").read_text())["ranked"] == data["ranked"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--nodes", "1"], "--nodes=1"),
+        (["--nodes", "3", "--workers", "0"], "--workers=0"),
+        (["--nodes", "3", "--aps", "inf"], "--aps=inf"),
+        (["--nodes", "3", "--set", "cluster.num_prefill_nodes=x"], "cluster.num_prefill_nodes"),
+    ],
+)
+def test_bad_input_is_one_line(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", "--preset", "ds27b-1p1d", "--out", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--snic-mb-per-s", "inf"], "--snic-mb-per-s inf"),
+        (["--agents", "0"], "--agents 0"),
+        (["--systems", " "], "--systems is empty"),
+    ],
+)
+def test_validate_bad_input_is_one_line(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", "--out", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
