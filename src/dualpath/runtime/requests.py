@@ -30,6 +30,9 @@ class Req:
     read_side: ReadSide = ReadSide.NONE
     read_node: int = -1
     cached: int = 0  # hit tokens whose blocks were read and verified
+    kv_tokens: int = 0  # tokens with KV for the next chunk (hits, then earlier chunks)
+    in_pass: bool = False  # a chunk of it is in a PE forward pass right now
+    loaded: bool = False  # its DE admitted it (prompt KV in the DE's HBM)
     pe_slots: list[int] = field(default_factory=list)
     de_slots: list[int] = field(default_factory=list)
     first_token: int = -1
