@@ -103,6 +103,14 @@ class RunResult:
     requeued: int
     alloc_stalls: int
     wall_s: float
+    forward_passes: int = 0  # PE forward passes
+    forward_chunks: int = 0  # request chunks over all passes (mean batch = chunks / passes)
+    chunked: int = 0  # chunks that were not their request's last (chunked prefill)
+    max_pass_tokens: int = 0  # most cached + new tokens one pass held
+
+    @property
+    def mean_batch(self) -> float:
+        return self.forward_chunks / self.forward_passes if self.forward_passes else 0.0
 
     @classmethod
     def build(cls, sched: Scheduler, start_s: float, end_s: float) -> RunResult:
@@ -129,4 +137,8 @@ class RunResult:
             requeued=c.requeued,
             alloc_stalls=c.alloc_stalls,
             wall_s=end_s - start_s,
+            forward_passes=c.passes,
+            forward_chunks=c.pass_chunks,
+            chunked=c.chunked,
+            max_pass_tokens=c.max_pass_tokens,
         )
