@@ -122,6 +122,37 @@ def test_batched_chunked_paged_passes_give_recompute_tokens(tmp_path: Path, syst
         assert result.max_pass_tokens <= hbm_tokens
 
 
+def test_turns_submitted_from_another_thread_stream_their_tokens(tmp_path: Path) -> None:
+    import threading
+
+    cfg = small_config()
+    script = _agents(2, 1, seed=5)
+    want = reference_outputs(cfg, script)
+    seen: dict[int, list[tuple[tuple[int, ...], bool]]] = {}
+    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
+        sched = rt.scheduler
+        futures = []
+
+        def submit() -> None:  # a server thread: agents unknown to the run loop so far
+            for a in script:
+                dyn = AgentState(a.agent_id, (), ())
+                cb = lambda rid, toks, done: seen.setdefault(rid, []).append((toks, done))  # noqa: E731
+                futures.append(sched.submit_threadsafe(dyn, a.appends[0], a.outputs[0], cb))
+            futures.append(sched.submit_threadsafe(AgentState(9, (), ()), (), 1))
+
+        thread = threading.Thread(target=submit)
+        thread.start()
+        thread.join()
+        sched.run()
+    rids = [f.result(timeout=1) for f in futures[:2]]
+    with pytest.raises(ValueError, match="empty prompt append"):
+        futures[2].result(timeout=1)
+    for a, rid in zip(script, rids, strict=True):
+        events = seen[rid]
+        assert events[-1] == (want[a.agent_id][0], True)  # equal to recompute
+        assert events[0] == ((want[a.agent_id][0][0],), False)  # first token streamed first
+
+
 def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> None:
     cfg = small_config()
     agents = _agents(3, 2, seed=2)

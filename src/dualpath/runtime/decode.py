@@ -62,8 +62,12 @@ class DecodeEngine(Engine):
         bt = self.block_tokens
         key = block_keys(r.tokens[: (block + 1) * bt], bt, self.env.namespace)[block]
         slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
-        for layer in range(self.model.num_layers):
-            self.push(self.node, slot, layer, 0, bt, r.tables[layer][block])
+        window = [
+            self.push_nowait(self.node, slot, layer, 0, bt, r.tables[layer][block])[1]
+            for layer in range(self.model.num_layers)
+        ]
+        for done in window:
+            done.wait()
         self.storage.put(PersistMsg(key, slot))
         r.persisted.append(key)
 
@@ -82,10 +86,15 @@ class DecodeEngine(Engine):
             tables = [pages[i * per_layer : (i + 1) * per_layer] for i in range(layers)]
             r = _Running(msg, list(msg.tokens), tables, [msg.first_token])
             num_prompt = len(msg.tokens)
+            window = []  # every Layer Block of the prompt in flight at once
             for b, slot in enumerate(msg.de_slots):
                 n = min(self.block_tokens, num_prompt - b * self.block_tokens)
                 for layer in range(layers):
-                    r.bytes_in += self.pull(self.node, slot, layer, 0, n, tables[layer][b])
+                    nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, tables[layer][b])
+                    r.bytes_in += nbytes
+                    window.append(done)
+            for done in window:
+                done.wait()
             self.env.results.put(LoadedMsg(msg.request_id, self.engine_id, self.pool.num_free))
             for b in range(msg.stored_blocks, num_prompt // self.block_tokens):
                 self._persist(r, b)

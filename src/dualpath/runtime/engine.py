@@ -19,7 +19,7 @@ from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
 from dualpath.runtime.model import TinyTransformer
 from dualpath.runtime.pacer import NicPacer
 from dualpath.runtime.transport import make_transport
-from dualpath.runtime.transport.base import RegionHandle
+from dualpath.runtime.transport.base import RegionHandle, Transfer
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5
@@ -57,31 +57,36 @@ class Engine:
         self._crash_at = crash_at
         self._num_work = 0
 
-    def pull(self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int) -> int:
-        """Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s buffer →
-        the same rows of HBM page ``page``; returns bytes moved (the CNIC's receive side)."""
+    def pull_nowait(
+        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+    ) -> tuple[int, Transfer]:
+        """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
+        buffer → the same rows of HBM page ``page`` (paced on the CNIC's receive side); the
+        caller waits on the transfer, so several can be outstanding (a window)."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
             self.cnic.rx.transfer(nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
-        self.transport.read(
+        done = self.transport.read(
             self.hbm, self.pool.offset(page, first), self.env.region(node), src_off, nbytes
-        ).wait()
-        return nbytes
+        )
+        return nbytes, done
 
-    def push(self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int) -> int:
-        """Rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer Block
-        ``layer`` (CNIC send side)."""
+    def push_nowait(
+        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+    ) -> tuple[int, Transfer]:
+        """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
+        Block ``layer`` (paced on the CNIC's send side); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
             self.cnic.tx.transfer(nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
-        self.transport.write(
+        done = self.transport.write(
             self.hbm, self.pool.offset(page, first), self.env.region(node), dst_off, nbytes
-        ).wait()
-        return nbytes
+        )
+        return nbytes, done
 
     def handle(self, msg: Any) -> None:
         raise NotImplementedError

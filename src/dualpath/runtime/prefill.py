@@ -76,15 +76,19 @@ class PrefillEngine(Engine):
                 for layer in range(layers):
                     if msg.layerwise:  # one layer of the batch (waits for sent layers' pages)
                         alloc_layer(layer)
+                    window = []  # the layer's Layer Blocks are all in flight at once
                     for i, c in enumerate(chunks):
                         for b in range(pool.pages_for(c.cached)):
                             rows = min(self.block_tokens, c.cached - b * self.block_tokens)
                             hit = b * self.block_tokens < c.hit
                             node = c.hit_node if hit else c.de_node
                             slot = c.hit_slots[b] if hit else c.de_slots[b]
-                            moved["in"] += self.pull(
-                                node, slot, layer, 0, rows, tables[layer][i][b]
-                            )
+                            page = tables[layer][i][b]
+                            nbytes, done = self.pull_nowait(node, slot, layer, 0, rows, page)
+                            moved["in"] += nbytes
+                            window.append(done)
+                    for done in window:
+                        done.wait()
                     loaded[layer].set()
             except BaseException as err:
                 errors.append(err)
@@ -96,13 +100,18 @@ class PrefillEngine(Engine):
         def send() -> None:
             try:
                 while (layer := sends.get()) is not None:
+                    window = []  # the layer's sends are all in flight at once
                     for i, c in enumerate(chunks):
                         table = tables[layer][i]
                         for b, r, n in self._spans(c.send_from, c.cached + c.new):
-                            moved["out"] += self.push(
-                                c.de_node, c.de_slots[b], layer, r, n, table[b]
-                            )
-                        pool.free(table)
+                            slot = c.de_slots[b]
+                            nbytes, done = self.push_nowait(c.de_node, slot, layer, r, n, table[b])
+                            moved["out"] += nbytes
+                            window.append(done)
+                    for done in window:
+                        done.wait()
+                    for i in range(len(chunks)):
+                        pool.free(tables[layer][i])
                         tables[layer][i] = []
             except BaseException as err:
                 errors.append(err)

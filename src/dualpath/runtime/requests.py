@@ -107,6 +107,8 @@ class RunResult:
     forward_chunks: int = 0  # request chunks over all passes (mean batch = chunks / passes)
     chunked: int = 0  # chunks that were not their request's last (chunked prefill)
     max_pass_tokens: int = 0  # most cached + new tokens one pass held
+    pass_new_tokens: int = 0  # tokens computed by all PE passes
+    pass_busy_s: float = 0.0  # Σ PE pass durations (engine-measured)
 
     @property
     def mean_batch(self) -> float:
@@ -141,4 +143,6 @@ class RunResult:
             forward_chunks=c.pass_chunks,
             chunked=c.chunked,
             max_pass_tokens=c.max_pass_tokens,
+            pass_new_tokens=c.pass_new_tokens,
+            pass_busy_s=c.pass_busy_s,
         )

@@ -12,6 +12,8 @@ is read only through ``self.now``.
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,9 @@ from dualpath.types import ReadSide
 
 IDLE_WAIT_S = 0.005
 
+# on_tokens(request_id, tokens so far, done): the first token when prefill ends, then all
+TokenCallback = Callable[[int, tuple[int, ...], bool], None]
+
 
 @dataclass(slots=True)
 class _Load:
@@ -61,6 +66,8 @@ class _Counters:
     pass_chunks: int = 0  # chunks over all passes (mean batch = pass_chunks / passes)
     chunked: int = 0  # chunks that were not a request's last
     max_pass_tokens: int = 0  # most cached + new tokens resident in one pass
+    pass_new_tokens: int = 0  # tokens computed by all passes
+    pass_busy_s: float = 0.0  # Σ pass durations as the PEs measured them
     read_windows: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
 
 
@@ -96,6 +103,9 @@ class Scheduler:
         self.policy_log: list[tuple[str, Any, float, Any]] = []
         self.durable: set[str] = set()  # block keys the storage workers acknowledged
         self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
+        # turns submitted from other threads (a server); drained by the run loop
+        self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.token_callbacks: dict[int, TokenCallback] = {}
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -149,6 +159,43 @@ class Scheduler:
         self.policy.submit(info, req.arrival_s)
         self.policy_log.append(("submit", info, req.arrival_s, None))
         return req
+
+    def submit_threadsafe(
+        self,
+        agent: AgentState,
+        append: tuple[int, ...],
+        output_tokens: int,
+        on_tokens: TokenCallback | None = None,
+    ) -> Future[int]:
+        """Submit a turn of ``agent`` from any thread (added if new; its context grows with
+        each finished turn). The future gets the request id, or the ValueError of a bad
+        request; ``on_tokens`` is called on the scheduler's thread as tokens arrive."""
+        fut: Future[int] = Future()
+        self._external.put((agent, append, output_tokens, on_tokens, fut))
+        return fut
+
+    def _drain_external(self) -> None:
+        while True:
+            try:
+                agent, append, output_tokens, on_tokens, fut = self._external.get_nowait()
+            except queue.Empty:
+                return
+            self.agents.setdefault(agent.agent_id, agent)
+            try:
+                req = self.submit_turn(agent.agent_id, append, output_tokens)
+            except ValueError as err:
+                fut.set_exception(err)
+                continue
+            if on_tokens is not None:
+                self.token_callbacks[req.rid] = on_tokens
+            fut.set_result(req.rid)
+
+    def _emit(self, req: Req, tokens: tuple[int, ...], done: bool) -> None:
+        cb = self.token_callbacks.get(req.rid)
+        if cb is not None:
+            cb(req.rid, tokens, done)
+            if done:
+                del self.token_callbacks[req.rid]
 
     # ------------------------------------------------------------------ view and scheduling
     def view(self) -> ClusterView:
@@ -320,6 +367,8 @@ class Scheduler:
         self.free_pages[msg.engine_id] = msg.free_pages
         self.counters.layer_in_bytes += msg.bytes_in
         self.counters.pd_bytes += msg.bytes_out
+        self.counters.pass_new_tokens += sum(c.new for c in batch.chunks)
+        self.counters.pass_busy_s += msg.done_s - msg.start_s
         firsts = dict(msg.first_tokens)
         for c in batch.chunks:
             req = self.reqs[c.request_id]
@@ -370,6 +419,7 @@ class Scheduler:
         assert a is not None
         req.first_token_s = done_s
         req.first_token = first_token
+        self._emit(req, (first_token,), False)
         if req.pe_slots:
             self.launcher.buffers[self.topo.node_of(a.pe)].free(req.pe_slots)
             req.pe_slots = []
@@ -391,6 +441,7 @@ class Scheduler:
         req.phase = "done"
         record = req.record(msg.second_token_s, msg.finish_s)
         self.records.append(record)
+        self._emit(req, msg.output, True)
         agent = self.agents[req.agent]
         agent.finish_turn(req.tokens, msg.output)
         if self.on_turn is not None:
@@ -451,7 +502,9 @@ class Scheduler:
                 self._abort(req, free_now=not in_flight)
                 self.counters.requeued += 1
                 append = req.tokens[len(self.agents[req.agent].context) :]
-                self.submit_turn(req.agent, append, req.output_tokens)
+                again = self.submit_turn(req.agent, append, req.output_tokens)
+                if req.rid in self.token_callbacks:
+                    self.token_callbacks[again.rid] = self.token_callbacks.pop(req.rid)
             for group in sorted(self.groups):
                 self.kick(group)
 
@@ -479,7 +532,13 @@ class Scheduler:
         start = self.now()
         last_progress = start
         timeout_s = self.env.options.request_timeout_s
-        while any(not a.finished for a in self.agents.values()):
+        while True:
+            self._drain_external()
+            if not (
+                any(not a.finished for a in self.agents.values())
+                or any(r.phase not in ("done", "aborted") for r in self.reqs.values())
+            ):
+                break
             self.recover()
             self.schedule()
             self.try_alloc()
