@@ -56,6 +56,9 @@ class Engine:
         self.layer_block_bytes = env.layout.layer_block_bytes
         self._crash_at = crash_at
         self._num_work = 0
+        # warm up (lazy kernel setup) before the readiness ack, as a serving engine would
+        empty = self.model.empty_kv()
+        self.model.forward_batch([[0], [0, 1]], lambda layer: [empty, empty])
 
     def pull_nowait(
         self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
