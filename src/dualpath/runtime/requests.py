@@ -43,7 +43,9 @@ class Req:
     first_token_s: float = 0.0
 
     def record(self, second_token_s: float, finish_s: float) -> TurnRecord:
-        second = max(second_token_s, self.first_token_s)
+        # one output token: there is no second token (the record requires second == first)
+        one = self.output_tokens == 1
+        second = self.first_token_s if one else max(second_token_s, self.first_token_s)
         return TurnRecord(
             agent_id=self.agent, turn_index=self.turn, request_id=self.rid,
             arrival_s=self.arrival_s, scheduled_s=self.scheduled_s,
