@@ -1,23 +1,119 @@
-"""The real runtime, storage-bound 1P1D: DualPath / Basic JCT and achieved SNIC throughput.
+"""The real runtime on the tiny model: batching, paged HBM, and storage-bound DualPath / Basic.
 
-Run: .venv/bin/python benchmarks/bench_runtime.py [--agents 16 --turns 12 --snic-mb-per-s 30]
-Both systems replay the same small agentic workload (SPEC §9, scaled down) on the tiny model,
-each on a fresh KV store, with the emulated SNICs slow enough that loading dominates. The
-ideal JCT ratio for 1P1D is (P+D)/P = 2. SNIC utilisation "during loading" = bytes read /
-(all SNICs' capacity × time during which any read was in progress).
+Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--agents 16 ...]
+
+- ``batch``: N requests submitted together (no hits, Oracle: KV traffic unpaced, so compute
+  binds), run once one-at-a-time (``RuntimeOptions.batching=False``: one request per PE pass
+  and per DE decode batch) and once batched. Prefill tokens/s = tokens computed by the PE's
+  passes / Σ pass durations (engine-measured); decode tokens/s = tokens decoded after the
+  first / (last finish − first first token). Both runs go through the same code path.
+- ``hbm``: Basic vs +Layer (``layer``) under a small HBM pool: requests with long cached
+  prefixes; mean chunks per pass and the most tokens one pass held.
+- ``jct``: storage-bound 1P1D, the agentic workload (SPEC §9, scaled down), each system on a
+  fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import shutil
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from dualpath.cli.runtime_cmd import format_runs, run_runtime_systems
-from dualpath.config import preset
+from dualpath.config import Config, preset
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState, RunResult
+from dualpath.runtime.session import LocalRuntime
+
+
+def _run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: str) -> RunResult:
+    Path(kv_root).mkdir(parents=True, exist_ok=True)
+    root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
+    try:
+        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+            return rt.run(agents)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _agents(
+    n: int, prompt: tuple[int, ...], outputs: tuple[int, ...], seed: int
+) -> list[AgentState]:
+    """``n`` agents; turn i appends ``prompt[i]`` random tokens and generates ``outputs[i]``."""
+    rng = random.Random(seed)
+    return [
+        AgentState(a, tuple(tuple(rng.randrange(1024) for _ in range(p)) for p in prompt), outputs)
+        for a in range(n)
+    ]
+
+
+def part_batch(cfg: Config, args: argparse.Namespace) -> None:
+    print(f"\n## batching: {args.concurrent} concurrent requests, Oracle (KV unpaced), 1 PE + 1 DE")
+    print("| prompt | output | mode | prefill tok/s | decode tok/s | mean chunks/pass | passes |")
+    print("|---|---|---|---|---|---|---|")
+    for prompt in (16, 64, 512):
+        agents = _agents(args.concurrent, (prompt,), (args.decode_tokens,), seed=prompt)
+        rates = {}
+        for batching in (False, True):
+            opts = RuntimeOptions(system="oracle", batching=batching)
+            fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
+            res = _run(cfg, opts, fresh, args.kv_root)
+            recs = res.records
+            pre = res.pass_new_tokens / res.pass_busy_s
+            dec = sum(r.output_tokens - 1 for r in recs) / (
+                max(r.finish_s for r in recs) - min(r.first_token_s for r in recs)
+            )
+            rates[batching] = (pre, dec)
+            mode = "batched" if batching else "one-at-a-time"
+            print(f"| {prompt} | {args.decode_tokens} | {mode} | {pre:,.0f} | {dec:,.1f} | "
+                  f"{res.mean_batch:.2f} | {res.forward_passes} |")  # fmt: skip
+        (p0, d0), (p1, d1) = rates[False], rates[True]
+        print(f"| {prompt} | | **batched / one-at-a-time** | **{p1 / p0:.2f}x** | "
+              f"**{d1 / d0:.2f}x** | | |")  # fmt: skip
+
+
+def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
+    hbm = args.hbm_tokens
+    print(f"\n## Basic vs +Layer under an HBM pool of {hbm} tokens (all layers), "
+          f"{args.concurrent} agents x 2 turns, cached prefix then a short append")  # fmt: skip
+    print("| system | mean chunks/pass | most tokens in one pass | passes | chunked | JCT s |")
+    print("|---|---|---|---|---|---|")
+    agents = _agents(args.concurrent, (1000, 32), (1, 1), seed=7)
+    for system in ("basic", "layer"):
+        fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
+        res = _run(cfg, RuntimeOptions(system=system, hbm_tokens=hbm), fresh, args.kv_root)
+        jct = max(r.finish_s for r in res.records) - min(r.arrival_s for r in res.records)
+        print(f"| {system} | {res.mean_batch:.2f} | {res.max_pass_tokens} | "
+              f"{res.forward_passes} | {res.chunked} | {jct:.1f} |")  # fmt: skip
+
+
+def part_jct(cfg: Config, args: argparse.Namespace) -> None:
+    cfg = replace(
+        cfg,
+        hardware=replace(cfg.hardware, gpus_per_node=2, snic_bytes_per_s=args.snic_mb_per_s * 1e6),
+        workload=replace(cfg.workload, num_agents=args.agents),
+    )
+    runs = run_runtime_systems(
+        cfg, args.systems.split(","), args.turns, args.token_scale, args.max_gen, args.kv_root,
+        False, args.transport,
+    )  # fmt: skip
+    print(
+        f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {args.snic_mb_per_s:g} MB/s, "
+        f"{args.agents} agents x {args.turns} turns, transport {args.transport}; "
+        "ideal DualPath/Basic speedup (P+D)/P = 2"
+    )
+    print(format_runs(runs))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="batch,hbm,jct")
+    ap.add_argument("--concurrent", type=int, default=16, help="requests in the batch / hbm parts")
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--hbm-tokens", type=int, default=4096)
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--snic-mb-per-s", type=float, default=30.0, help="emulated SNIC, MB/s")
@@ -27,28 +123,15 @@ def main() -> None:
     ap.add_argument("--kv-root", default="./.dualpath/bench-kv")
     ap.add_argument("--transport", default="shm", help="shm or mooncake")
     args = ap.parse_args()
-    cfg = preset("tiny-1p1d")
-    cfg = replace(
-        cfg,
-        hardware=replace(cfg.hardware, snic_bytes_per_s=args.snic_mb_per_s * 1e6),
-        workload=replace(cfg.workload, num_agents=args.agents),
-    )
-    systems = [s for s in args.systems.split(",") if s]
-    runs = run_runtime_systems(
-        cfg,
-        systems,
-        args.turns,
-        args.token_scale,
-        args.max_gen,
-        args.kv_root,
-        False,
-        args.transport,
-    )
-    print(
-        f"1P1D, {cfg.hardware.gpus_per_node} engines/node, SNIC {args.snic_mb_per_s:g} MB/s, "
-        f"{args.agents} agents x {args.turns} turns, transport {args.transport}; ideal DualPath/Basic speedup (P+D)/P = 2"
-    )
-    print(format_runs(runs))
+    base = preset("tiny-1p1d")
+    one = replace(base, hardware=replace(base.hardware, gpus_per_node=1))
+    parts = args.parts.split(",")
+    if "batch" in parts:
+        part_batch(one, args)
+    if "hbm" in parts:
+        part_hbm(replace(one, hardware=replace(one.hardware, snic_bytes_per_s=1e9)), args)
+    if "jct" in parts:
+        part_jct(base, args)
 
 
 if __name__ == "__main__":

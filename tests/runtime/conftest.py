@@ -55,7 +55,9 @@ def assert_no_processes(pids: list[int]) -> None:
 def replay_policy_log(config: Config, log: list) -> int:  # type: ignore[type-arg]
     """Feed a runtime's recorded policy inputs to a fresh policy; assert equal decisions.
 
-    Returns the number of assignments compared (STYLE §1: one policy core, two shells)."""
+    Covers both kinds of decision: assignments (``schedule``) and PE forward plans
+    (``plan_forward``). Returns the number of assignments and forward chunks compared
+    (STYLE §1: one policy core, two shells)."""
     from dualpath.policy import make_policy
 
     policy = make_policy(config)
@@ -63,6 +65,11 @@ def replay_policy_log(config: Config, log: list) -> int:  # type: ignore[type-ar
     for kind, arg, now, decided in log:
         if kind == "submit":
             policy.submit(arg, now)
+        elif kind == "plan":
+            engine, pending, budget = arg
+            batch = policy.plan_forward(engine, pending, now, budget)
+            assert batch == decided
+            compared += len(batch.chunks)
         else:
             again = tuple(policy.schedule(arg, now))
             assert again == decided

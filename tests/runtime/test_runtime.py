@@ -99,6 +99,60 @@ def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_en
     assert replay_policy_log(resolved, log) >= 4 + result.requeued  # same decisions on replay
 
 
+@pytest.mark.parametrize("system", ["dualpath", "basic"])
+def test_batched_chunked_paged_passes_give_recompute_tokens(tmp_path: Path, system: str) -> None:
+    cfg = small_config()  # one PE, one DE: every request shares their batches
+    cfg = replace(cfg, scheduler=replace(cfg.scheduler, compute_quota_s=0.01))  # forces chunks
+    agents = _agents(6, 2, seed=4)
+    want = reference_outputs(cfg, agents)
+    hbm_tokens = 2048  # a small paged HBM: Basic's batches are capped by it
+    opts = RuntimeOptions(system=system, kv_root=str(tmp_path), hbm_tokens=hbm_tokens)
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+        log, resolved = rt.scheduler.policy_log, rt.config
+        free = dict(rt.scheduler.free_pages)
+    assert result.outputs == want  # batched, chunked, paged: same tokens as recompute
+    if system == "dualpath":  # under the compute quota (Basic has none, SPEC §13.7)
+        assert result.mean_batch > 1.0  # passes packed several requests
+        assert result.chunked > 0  # some requests took several passes (KV kept across them)
+    assert any(kind == "plan" for kind, *_ in log)
+    assert replay_policy_log(resolved, log) >= 12 + result.forward_chunks
+    assert set(free.values()) == {hbm_tokens // 64 * cfg.model.num_layers}  # all pages back
+    if system == "basic":  # every layer of the batch resident: never over the HBM pool
+        assert result.max_pass_tokens <= hbm_tokens
+
+
+def test_turns_submitted_from_another_thread_stream_their_tokens(tmp_path: Path) -> None:
+    import threading
+
+    cfg = small_config()
+    script = _agents(2, 1, seed=5)
+    want = reference_outputs(cfg, script)
+    seen: dict[int, list[tuple[tuple[int, ...], bool]]] = {}
+    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
+        sched = rt.scheduler
+        futures = []
+
+        def submit() -> None:  # a server thread: agents unknown to the run loop so far
+            for a in script:
+                dyn = AgentState(a.agent_id, (), ())
+                cb = lambda rid, toks, done: seen.setdefault(rid, []).append((toks, done))  # noqa: E731
+                futures.append(sched.submit_threadsafe(dyn, a.appends[0], a.outputs[0], cb))
+            futures.append(sched.submit_threadsafe(AgentState(9, (), ()), (), 1))
+
+        thread = threading.Thread(target=submit)
+        thread.start()
+        thread.join()
+        sched.run()
+    rids = [f.result(timeout=1) for f in futures[:2]]
+    with pytest.raises(ValueError, match="empty prompt append"):
+        futures[2].result(timeout=1)
+    for a, rid in zip(script, rids, strict=True):
+        events = seen[rid]
+        assert events[-1] == (want[a.agent_id][0], True)  # equal to recompute
+        assert events[0] == ((want[a.agent_id][0][0],), False)  # first token streamed first
+
+
 def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> None:
     cfg = small_config()
     agents = _agents(3, 2, seed=2)
@@ -137,6 +191,12 @@ def test_bad_options_are_clear_errors() -> None:
         RuntimeOptions(system="fast")
     with pytest.raises(ValueError, match="transport='rdma'"):
         RuntimeOptions(transport="rdma")
+    with pytest.raises(ValueError, match="hbm_tokens=0"):
+        RuntimeOptions(hbm_tokens=0)
+    cfg = small_config()
+    split = replace(cfg, scheduler=replace(cfg.scheduler, split_reads=True))
+    with pytest.raises(ValueError, match="split_reads=true is not supported by the runtime"):
+        LocalRuntime(split, RuntimeOptions())
 
 
 @pytest.mark.mooncake

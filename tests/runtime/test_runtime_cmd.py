@@ -23,6 +23,12 @@ def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -
     assert "--runtime 'cluster' is invalid" in capsys.readouterr().err
     assert main(["bench", "--systems", "basic,turbo", "--agents", "1", "--turns", "1"]) == 2
     assert "system='turbo' is invalid" in capsys.readouterr().err
+    rc = main(["bench", "--runtime", "local", "--agents", "1", "--turns", "1",
+               "--no-progress", "--set", "scheduler.split_reads=true"])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "split_reads=true is not supported by the runtime" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

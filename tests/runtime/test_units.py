@@ -83,3 +83,29 @@ def test_options_derive_policy_and_pacing() -> None:
     assert RuntimeOptions(system="basic").paced_kv
     with pytest.raises(ValueError, match="buffer_slots"):
         RuntimeOptions(buffer_slots=-1)
+
+
+def test_one_token_turn_records_its_first_token_as_second() -> None:
+    from dualpath.runtime.requests import Req
+
+    req = Req(0, 0, 0, (1, 2, 3), 1, (), 0, arrival_s=0.0, first_token_s=2.0)
+    rec = req.record(second_token_s=2.5, finish_s=3.0)  # the DE's clock read after the first
+    assert rec.second_token_s == 2.0 and rec.finish_s == 3.0
+
+
+def test_hbm_pool_tables_round_trip_and_reuse_pages() -> None:
+    import torch
+
+    from dualpath.runtime.hbm import HbmPool
+
+    pool = HbmPool(6, 4, 2, 8)
+    table = pool.alloc(3)
+    assert table == [0, 1, 2] and pool.alloc(4) is None  # lowest pages first; no overcommit
+    kv = torch.arange(10 * 2 * 2 * 8, dtype=torch.float32).view(10, 2, 2, 8)
+    pool.scatter(table, 0, kv[:5])
+    pool.scatter(table, 5, kv[5:])  # across a page boundary
+    assert torch.equal(pool.gather(table, 10), kv)
+    pool.free(table)
+    assert pool.num_free == 6 and pool.alloc(1) == [0]
+    with pytest.raises(ValueError, match="can never fit"):
+        pool.alloc_wait(7, timeout_s=0.01)

@@ -1,21 +1,42 @@
-"""The DE process: load the prompt KV from the DE buffer into HBM, decode, persist blocks.
+"""The DE process: iteration-level batched decode over a paged HBM, with per-block persists.
 
-The scheduler frees the request's DE buffer slots once the DE reports them loaded
-(``LoadedMsg``), so a DE that dies never double-frees. Every block that fills is copied into
-a fresh slot of this node's buffer (waiting for space: backpressure) and handed to the
+Requests wait in a local FIFO until the HBM pool has pages for their whole KV (prompt +
+output, every layer); admitted, their prompt KV is loaded from the DE buffer (the scheduler
+frees those slots on ``LoadedMsg``, so a DE that dies never double-frees). Every step decodes
+one token of every running request in one batched forward pass (SPEC §7.2: a DE runs all its
+requests in one batch); new requests join between steps. Every block that fills is copied
+into a fresh slot of this node's buffer (waiting for space: backpressure) and handed to the
 node's storage worker (SPEC §4: the DE persists the turn's new blocks).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.engine import Engine
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import DecodeDoneMsg, DecodeMsg, LoadedMsg, PersistMsg
-from dualpath.runtime.model import KVCache
+
+
+@dataclass(slots=True)
+class _Running:
+    msg: DecodeMsg
+    tokens: list[int]  # tokens whose KV is in HBM (prompt, then generated but the last)
+    tables: list[list[int]]  # block table per layer
+    out: list[int] = field(default_factory=list)
+    persisted: list[str] = field(default_factory=list)
+    second_s: float = 0.0
+    bytes_in: int = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.out) >= self.msg.output_tokens
 
 
 class DecodeEngine(Engine):
@@ -23,55 +44,97 @@ class DecodeEngine(Engine):
         super().__init__(env, engine_id, crash_at)
         self.buffer: SlotBuffer = env.attach_buffer(self.node)
         self.storage = env.storage_inboxes[self.node]
+        self.waiting: deque[DecodeMsg] = deque()
+        self.running: list[_Running] = []
 
     def close(self) -> None:
         super().close()
         self.buffer.close()
 
-    def _persist(self, tokens: list[int], block: int) -> str:
-        key = block_keys(
-            tokens[: (block + 1) * self.block_tokens], self.block_tokens, self.env.namespace
-        )[block]
-        slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
-        for layer in range(self.model.num_layers):
-            self.push(self.node, slot, layer, 0, self.block_tokens, block * self.block_tokens)
-        self.storage.put(PersistMsg(key, slot))
-        return key
-
     def handle(self, msg: Any) -> None:
         assert isinstance(msg, DecodeMsg)
-        num_prompt = len(msg.tokens)
-        bytes_in = 0
-        for b, slot in enumerate(msg.de_slots):
-            n = min(self.block_tokens, num_prompt - b * self.block_tokens)
-            for layer in range(self.model.num_layers):
-                bytes_in += self.pull(self.node, slot, layer, 0, n, b * self.block_tokens)
-        self.env.results.put(LoadedMsg(msg.request_id))
-        cache = KVCache.over(
-            [self.hbm_layer(lyr, self.capacity_tokens) for lyr in range(self.model.num_layers)],
-            num_prompt,
-        )
-        tokens = list(msg.tokens)
-        persisted: list[str] = []
-        for b in range(msg.stored_blocks, num_prompt // self.block_tokens):
-            persisted.append(self._persist(tokens, b))
-        out = [msg.first_token]
-        second_s = self.clock.now()
-        while len(out) < msg.output_tokens:
-            tokens.append(out[-1])
-            out.append(int(cache.extend(self.model, out[-1:]).argmax()))
-            if len(out) == 2:
-                second_s = self.clock.now()
-            if cache.length % self.block_tokens == 0:
-                persisted.append(self._persist(tokens, cache.length // self.block_tokens - 1))
-        self.env.results.put(
-            DecodeDoneMsg(
-                msg.request_id,
-                self.engine_id,
-                tuple(out),
-                second_s,
-                self.clock.now(),
-                bytes_in,
-                tuple(persisted),
+        self.waiting.append(msg)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _persist(self, r: _Running, block: int) -> None:
+        bt = self.block_tokens
+        key = block_keys(r.tokens[: (block + 1) * bt], bt, self.env.namespace)[block]
+        slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
+        window = [
+            self.push_nowait(self.node, slot, layer, 0, bt, r.tables[layer][block])[1]
+            for layer in range(self.model.num_layers)
+        ]
+        for done in window:
+            done.wait()
+        self.storage.put(PersistMsg(key, slot))
+        r.persisted.append(key)
+
+    def _admit(self) -> None:
+        """FIFO: admit waiting requests while the pool has pages for their whole KV."""
+        layers = self.model.num_layers
+        while self.waiting:
+            if self.running and not self.env.options.batching:
+                return
+            msg = self.waiting[0]
+            per_layer = self.pool.pages_for(len(msg.tokens) + msg.output_tokens)
+            pages = self.pool.alloc(per_layer * layers)
+            if pages is None:
+                return  # joins between later steps, when finished requests free pages
+            self.waiting.popleft()
+            tables = [pages[i * per_layer : (i + 1) * per_layer] for i in range(layers)]
+            r = _Running(msg, list(msg.tokens), tables, [msg.first_token])
+            num_prompt = len(msg.tokens)
+            window = []  # every Layer Block of the prompt in flight at once
+            for b, slot in enumerate(msg.de_slots):
+                n = min(self.block_tokens, num_prompt - b * self.block_tokens)
+                for layer in range(layers):
+                    nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, tables[layer][b])
+                    r.bytes_in += nbytes
+                    window.append(done)
+            for done in window:
+                done.wait()
+            self.env.results.put(LoadedMsg(msg.request_id, self.engine_id, self.pool.num_free))
+            for b in range(msg.stored_blocks, num_prompt // self.block_tokens):
+                self._persist(r, b)
+            r.second_s = self.clock.now()
+            self.running.append(r)
+
+    def step(self) -> None:
+        self._admit()
+        active = [r for r in self.running if not r.done]
+        if active:
+            pool = self.pool
+
+            def pasts(layer: int) -> list[torch.Tensor]:
+                return [pool.gather(r.tables[layer], len(r.tokens)) for r in active]
+
+            def put(layer: int, news: Any) -> None:
+                for r, kv in zip(active, news, strict=True):
+                    pool.scatter(r.tables[layer], len(r.tokens), kv)
+
+            logits = self.model.forward_batch([r.out[-1:] for r in active], pasts, put)
+            now = self.clock.now()
+            for i, r in enumerate(active):
+                r.tokens.append(r.out[-1])
+                r.out.append(int(logits[i].argmax()))
+                if len(r.out) == 2:
+                    r.second_s = now
+                if len(r.tokens) % self.block_tokens == 0:
+                    self._persist(r, len(r.tokens) // self.block_tokens - 1)
+        for r in [r for r in self.running if r.done]:
+            self.running.remove(r)
+            self.pool.free([p for t in r.tables for p in t])
+            self.env.results.put(
+                DecodeDoneMsg(
+                    r.msg.request_id,
+                    self.engine_id,
+                    tuple(r.out),
+                    r.second_s,
+                    self.clock.now(),
+                    r.bytes_in,
+                    tuple(r.persisted),
+                    self.pool.num_free,
+                )
             )
-        )

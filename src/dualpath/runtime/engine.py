@@ -1,26 +1,25 @@
-"""What PE and DE processes share: the model, an emulated HBM region, the CNIC, the loop.
+"""What PE and DE processes share: the model, a paged HBM pool, the CNIC, the loop.
 
-"HBM" is a registered local region laid out ``[layer][token][row]`` (capacity
-``max_context_tokens``), so Layer Blocks land in it by transport and torch reads it in place.
-Every byte into or out of the engine passes its CNIC pacer (``rx`` in, ``tx`` out).
+"HBM" is an ``HbmPool`` of Layer-Block pages registered with the transport, so Layer Blocks
+land in it by transport and torch reads it in place. Every byte into or out of the engine
+passes its CNIC pacer (``rx`` in, ``tx`` out).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import queue
 from typing import Any
 
 import torch
 
-from dualpath.runtime.buffer import PAGE_BYTES
 from dualpath.runtime.env import ProcEnv, child_setup
+from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
 from dualpath.runtime.model import TinyTransformer
 from dualpath.runtime.pacer import NicPacer
 from dualpath.runtime.transport import make_transport
-from dualpath.runtime.transport.base import RegionHandle
+from dualpath.runtime.transport.base import RegionHandle, Transfer
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5
@@ -39,78 +38,85 @@ class Engine:
         m = env.config.model
         self.model = TinyTransformer(m, seed=env.options.weight_seed)
         self.row_bytes = m.kv_bytes_per_token_per_layer
-        self.capacity_tokens = m.max_context_tokens
-        self.layer_bytes = self.capacity_tokens * self.row_bytes
-        size = -(-m.num_layers * self.layer_bytes // PAGE_BYTES) * PAGE_BYTES
-        self._hbm = mmap.mmap(-1, size)
+        self.block_tokens = env.block_tokens
+        self.pool = HbmPool(
+            env.options.hbm_pages(m.num_layers, self.block_tokens),
+            self.block_tokens,
+            m.num_kv_heads,
+            m.head_dim,
+        )
         self.transport = make_transport(env.options.transport)
-        self.hbm: RegionHandle = self.transport.register(f"hbm{engine_id}", memoryview(self._hbm))
+        self.hbm: RegionHandle = self.transport.register(
+            f"hbm{engine_id}", memoryview(self.pool.region)
+        )
         self.cnic = NicPacer.of(
             env.config.hardware.cnic_bytes_per_s, f"cnic{engine_id}", clock=self.clock.now
         )
         self.paced = env.options.paced_kv
-        self.block_tokens = env.block_tokens
         self.layer_block_bytes = env.layout.layer_block_bytes
         self._crash_at = crash_at
         self._num_work = 0
+        # warm up (lazy kernel setup) before the readiness ack, as a serving engine would
+        empty = self.model.empty_kv()
+        self.model.forward_batch([[0], [0, 1]], lambda layer: [empty, empty])
 
-    def hbm_offset(self, layer: int, token: int) -> int:
-        return layer * self.layer_bytes + token * self.row_bytes
-
-    def hbm_layer(self, layer: int, num_tokens: int) -> torch.Tensor:
-        """Layer ``layer``'s KV of tokens ``0..num_tokens`` as a tensor view of HBM."""
-        m = self.model
-        count = num_tokens * self.row_bytes // 4
-        flat = (
-            torch.frombuffer(
-                self._hbm, dtype=torch.float32, count=count, offset=self.hbm_offset(layer, 0)
-            )
-            if count
-            else torch.zeros(0)
-        )
-        return flat.view(num_tokens, 2, m.num_kv_heads, m.head_dim)
-
-    def pull(self, node: int, slot: int, layer: int, first: int, num_tokens: int, at: int) -> int:
-        """Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s buffer →
-        HBM tokens ``at..``; returns bytes moved (through the CNIC's receive side)."""
+    def pull_nowait(
+        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+    ) -> tuple[int, Transfer]:
+        """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
+        buffer → the same rows of HBM page ``page`` (paced on the CNIC's receive side); the
+        caller waits on the transfer, so several can be outstanding (a window)."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
             self.cnic.rx.transfer(nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
-        self.transport.read(
-            self.hbm, self.hbm_offset(layer, at), self.env.region(node), src_off, nbytes
-        ).wait()
-        return nbytes
+        done = self.transport.read(
+            self.hbm, self.pool.offset(page, first), self.env.region(node), src_off, nbytes
+        )
+        return nbytes, done
 
-    def push(self, node: int, slot: int, layer: int, first: int, num_tokens: int, at: int) -> int:
-        """HBM tokens ``at..`` of ``layer`` → rows ``first..`` of ``slot`` (CNIC send side)."""
+    def push_nowait(
+        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+    ) -> tuple[int, Transfer]:
+        """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
+        Block ``layer`` (paced on the CNIC's send side); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
             self.cnic.tx.transfer(nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
-        self.transport.write(
-            self.hbm, self.hbm_offset(layer, at), self.env.region(node), dst_off, nbytes
-        ).wait()
-        return nbytes
+        done = self.transport.write(
+            self.hbm, self.pool.offset(page, first), self.env.region(node), dst_off, nbytes
+        )
+        return nbytes, done
 
     def handle(self, msg: Any) -> None:
         raise NotImplementedError
+
+    def has_work(self) -> bool:
+        """Work to do without a new message (a DE's running batch)."""
+        return False
+
+    def step(self) -> None:
+        """One unit of that work (a DE's batched decode step), between messages."""
 
     def serve(self, inbox: Any) -> None:
         self.env.results.put(ReadyMsg(self.name, os.getpid()))
         while self.env.parent_alive():
             try:
-                msg = inbox.get(timeout=POLL_S)
+                msg = inbox.get_nowait() if self.has_work() else inbox.get(timeout=POLL_S)
             except queue.Empty:
-                continue
+                msg = None
             if isinstance(msg, StopMsg):
                 break
-            self._num_work += 1
-            if self._num_work == self._crash_at:
-                os._exit(17)  # fault injection: die abruptly, mid-run
-            self.handle(msg)
+            if msg is not None:
+                self._num_work += 1
+                if self._num_work == self._crash_at:
+                    os._exit(17)  # fault injection: die abruptly, mid-run
+                self.handle(msg)
+            if self.has_work():
+                self.step()
         self.close()
 
     def close(self) -> None:

@@ -70,32 +70,50 @@ class PersistedMsg:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillMsg:
-    """PE: prefill ``tokens[cached:]`` after the ``cached`` prefix whose Full Blocks sit in
-    ``src_slots`` of node ``src_node``'s buffer (PE or DE buffer); send the KV of tokens
-    ``send_from..`` (0 on the PE read path, ``cached`` on the DE path) to ``de_slots`` of node
-    ``de_node``'s DE buffer. ``layerwise``: load/compute/send one layer at a time."""
+class ChunkWork:
+    """One request's chunk in a PE forward pass: compute ``tokens[cached:cached+new]`` after
+    the ``cached`` prefix. Prefix KV of tokens ``< hit`` sits in ``hit_slots`` of node
+    ``hit_node``'s buffer (PE or DE buffer: the storage hits); of tokens ``hit..cached`` (earlier
+    chunks) in ``de_slots``. The KV of tokens ``send_from..cached+new`` goes to ``de_slots`` of
+    node ``de_node``'s DE buffer (``send_from`` is 0 on the PE read path's first chunk, so the
+    hit KV reaches the DE too, else ``cached``)."""
 
     request_id: int
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...]  # tokens[: cached + new]
     cached: int
-    src_node: int
-    src_slots: tuple[int, ...]
+    new: int
+    hit: int
+    hit_node: int
+    hit_slots: tuple[int, ...]
     de_node: int
     de_slots: tuple[int, ...]
     send_from: int
+    is_last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardMsg:
+    """PE: run one forward pass over ``chunks`` (the policy's plan for this PE).
+    ``layerwise``: load/compute/send one layer at a time (SPEC §8), else every layer's KV of
+    the batch is resident before the pass computes."""
+
+    chunks: tuple[ChunkWork, ...]
     layerwise: bool
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillDoneMsg:
-    request_id: int
+class ForwardDoneMsg:
+    """A PE finished a pass: the first token of each request whose last chunk ran
+    (``(request_id, token)``), bytes loaded / sent, and its HBM pool's free pages."""
+
     engine_id: int
-    first_token: int
+    request_ids: tuple[int, ...]
+    first_tokens: tuple[tuple[int, int], ...]
     start_s: float
     done_s: float
-    bytes_in: int  # KV Layer Blocks loaded into the PE
-    bytes_out: int  # KV sent to the DE buffer
+    bytes_in: int
+    bytes_out: int
+    free_pages: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +135,8 @@ class LoadedMsg:
     """The DE has the request's prompt KV in HBM: its DE buffer slots can be freed."""
 
     request_id: int
+    engine_id: int
+    free_pages: int  # the DE's HBM pool after admitting it
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +148,4 @@ class DecodeDoneMsg:
     finish_s: float
     bytes_in: int
     persisted_keys: tuple[str, ...]  # blocks handed to the storage worker for this turn
+    free_pages: int  # the DE's HBM pool after releasing it

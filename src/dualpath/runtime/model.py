@@ -25,6 +25,9 @@ ROPE_THETA = 10000.0
 PastFn = Callable[[int], Tensor]
 # on_layer(layer, new_kv) after the layer is computed; new_kv is the KV of the new tokens only
 LayerHook = Callable[[int, Tensor], None]
+# batched: get_pasts(layer) -> one cached-prefix KV per sequence; on_layers(layer, new KVs)
+PastsFn = Callable[[int], Sequence[Tensor]]
+LayersHook = Callable[[int, Sequence[Tensor]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,83 @@ class TinyTransformer:
         gate = torch.nn.functional.silu(x @ w.w_gate.T)
         h = h + (gate * (x @ w.w_up.T)) @ w.w_down.T
         return h, new_kv
+
+    def _rope_at(self, x: Tensor, pos: Tensor) -> Tensor:
+        # x: [N, heads, head_dim] at absolute positions ``pos`` [N]
+        cos = self._cos[pos].unsqueeze(1)
+        sin = self._sin[pos].unsqueeze(1)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    def layer_forward_batch(
+        self, layer: int, h: Tensor, lens: Sequence[int], pasts: Sequence[Tensor]
+    ) -> tuple[Tensor, list[Tensor]]:
+        """One layer over a batch of sequences: ``h`` [Σ lens, hidden] is the new tokens of
+        every sequence concatenated, sequence i after its cached prefix ``pasts[i]``.
+
+        Projections and the MLP run over all tokens at once; attention is one padded
+        variable-length SDPA call over the (cached, new) pairs with a per-sequence causal
+        mask. Returns (new hidden states, the KV of each sequence's new tokens)."""
+        w = self.layers[layer]
+        n, b = h.shape[0], len(lens)
+        starts = [p.shape[0] for p in pasts]
+        pos = torch.cat([torch.arange(s, s + t) for s, t in zip(starts, lens, strict=True)])
+        x = _rms_norm(h, w.attn_norm)
+        q = self._rope_at((x @ w.wq.T).view(n, self.num_heads, self.head_dim), pos)
+        k = self._rope_at((x @ w.wk.T).view(n, self.num_kv_heads, self.head_dim), pos)
+        v = (x @ w.wv.T).view(n, self.num_kv_heads, self.head_dim)
+        kv_new = torch.stack((k, v), dim=1)
+        news = list(kv_new.split(list(lens)))
+        t_max = max(lens)
+        l_max = max(s + t for s, t in zip(starts, lens, strict=True))
+        rep = self.num_heads // self.num_kv_heads
+        qp = h.new_zeros(b, t_max, self.num_heads, self.head_dim)
+        kvp = h.new_zeros(b, l_max, 2, self.num_kv_heads, self.head_dim)
+        qs = q.split(list(lens))
+        for i in range(b):
+            s, t = starts[i], lens[i]
+            qp[i, :t] = qs[i]
+            if s:
+                kvp[i, :s] = pasts[i]
+            kvp[i, s : s + t] = news[i]
+        keys = kvp[:, :, 0].repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, H, L, hd]
+        vals = kvp[:, :, 1].repeat_interleave(rep, dim=2).transpose(1, 2)
+        qpos = torch.tensor(starts).unsqueeze(1) + torch.arange(t_max).unsqueeze(0)  # [B, T]
+        mask = torch.arange(l_max).view(1, 1, -1) <= qpos.unsqueeze(2)  # causal, [B, T, L]
+        attn = torch.nn.functional.scaled_dot_product_attention(
+            qp.transpose(1, 2), keys, vals, attn_mask=mask.unsqueeze(1)
+        )  # [B, H, T, hd]; padded query rows see a valid prefix, their output is dropped
+        out = attn.transpose(1, 2)
+        flat = torch.cat([out[i, : lens[i]] for i in range(b)]).reshape(n, -1)
+        h = h + flat @ w.wo.T
+        x = _rms_norm(h, w.mlp_norm)
+        gate = torch.nn.functional.silu(x @ w.w_gate.T)
+        h = h + (gate * (x @ w.w_up.T)) @ w.w_down.T
+        return h, news
+
+    @torch.no_grad()
+    def forward_batch(
+        self,
+        new_tokens: Sequence[Sequence[int]],
+        get_pasts: PastsFn,
+        on_layers: LayersHook | None = None,
+    ) -> Tensor:
+        """Batched layerwise forward of several sequences (prefill chunks or decode steps);
+        returns the logits of each sequence's last new token, ``[B, vocab]``.
+
+        ``get_pasts(layer)`` gives each sequence's cached KV (its length must not change
+        across layers); ``on_layers(layer, new_kvs)`` receives each sequence's new KV."""
+        lens = [len(t) for t in new_tokens]
+        if not lens or min(lens) < 1:
+            raise ValueError(f"forward_batch needs >= 1 new token per sequence (got {lens})")
+        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
+        h = self.embedding[ids]
+        for layer in range(self.num_layers):
+            h, news = self.layer_forward_batch(layer, h, lens, get_pasts(layer))
+            if on_layers is not None:
+                on_layers(layer, news)
+        last = torch.tensor(lens).cumsum(0) - 1
+        return self.logits(h[last])
 
     def logits(self, h_last: Tensor) -> Tensor:
         return _rms_norm(h_last, self.final_norm) @ self.lm_head.T

@@ -22,12 +22,17 @@ class RuntimeOptions:
     """``system``: policy name, or ``oracle`` (= dualpath with KV traffic unpaced: storage reads,
     buffer loads and PD transfers take no emulated NIC time). ``kv_root``: the KV store root
     (on a cluster, a shared file-system mount). ``buffer_slots``: Full-Block slots per node
-    buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``)."""
+    buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``). ``hbm_tokens``: KV
+    capacity of each engine's paged HBM, in tokens of all layers (pages of one Layer Block).
+    ``batching``: False runs one request per PE forward pass and per DE decode batch (the
+    one-at-a-time baseline of the benchmark)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
     transport: str = "shm"
     buffer_slots: int = 0
+    hbm_tokens: int = 65536
+    batching: bool = True
     weight_seed: int = 0
     direct_io: bool = False
     ready_timeout_s: float = 120.0
@@ -43,8 +48,14 @@ class RuntimeOptions:
             raise ValueError(
                 f"transport={self.transport!r} is invalid: must be one of {', '.join(TRANSPORTS)}"
             )
+        if self.hbm_tokens < 1:
+            raise ValueError(f"hbm_tokens={self.hbm_tokens} is invalid: must be >= 1")
         if self.buffer_slots < 0:
             raise ValueError(f"buffer_slots={self.buffer_slots} is invalid: must be >= 0")
+
+    def hbm_pages(self, num_layers: int, block_tokens: int) -> int:
+        """Pages (one Layer Block each) of an engine's HBM pool."""
+        return max(1, self.hbm_tokens // block_tokens) * num_layers
 
     @property
     def policy_name(self) -> str:

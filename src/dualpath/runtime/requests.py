@@ -30,6 +30,9 @@ class Req:
     read_side: ReadSide = ReadSide.NONE
     read_node: int = -1
     cached: int = 0  # hit tokens whose blocks were read and verified
+    kv_tokens: int = 0  # tokens with KV for the next chunk (hits, then earlier chunks)
+    in_pass: bool = False  # a chunk of it is in a PE forward pass right now
+    loaded: bool = False  # its DE admitted it (prompt KV in the DE's HBM)
     pe_slots: list[int] = field(default_factory=list)
     de_slots: list[int] = field(default_factory=list)
     first_token: int = -1
@@ -40,7 +43,9 @@ class Req:
     first_token_s: float = 0.0
 
     def record(self, second_token_s: float, finish_s: float) -> TurnRecord:
-        second = max(second_token_s, self.first_token_s)
+        # one output token: there is no second token (the record requires second == first)
+        one = self.output_tokens == 1
+        second = self.first_token_s if one else max(second_token_s, self.first_token_s)
         return TurnRecord(
             agent_id=self.agent, turn_index=self.turn, request_id=self.rid,
             arrival_s=self.arrival_s, scheduled_s=self.scheduled_s,
@@ -100,6 +105,16 @@ class RunResult:
     requeued: int
     alloc_stalls: int
     wall_s: float
+    forward_passes: int = 0  # PE forward passes
+    forward_chunks: int = 0  # request chunks over all passes (mean batch = chunks / passes)
+    chunked: int = 0  # chunks that were not their request's last (chunked prefill)
+    max_pass_tokens: int = 0  # most cached + new tokens one pass held
+    pass_new_tokens: int = 0  # tokens computed by all PE passes
+    pass_busy_s: float = 0.0  # Σ PE pass durations (engine-measured)
+
+    @property
+    def mean_batch(self) -> float:
+        return self.forward_chunks / self.forward_passes if self.forward_passes else 0.0
 
     @classmethod
     def build(cls, sched: Scheduler, start_s: float, end_s: float) -> RunResult:
@@ -126,4 +141,10 @@ class RunResult:
             requeued=c.requeued,
             alloc_stalls=c.alloc_stalls,
             wall_s=end_s - start_s,
+            forward_passes=c.passes,
+            forward_chunks=c.pass_chunks,
+            chunked=c.chunked,
+            max_pass_tokens=c.max_pass_tokens,
+            pass_new_tokens=c.pass_new_tokens,
+            pass_busy_s=c.pass_busy_s,
         )

@@ -2,31 +2,36 @@
 
 Turn life: submit (hit tokens from the KV store's hash chain) → policy ``schedule`` (PE, DE,
 read side) → buffer slots (wait if full: backpressure) → storage read into the PE or DE
-buffer → PE layerwise prefill → DE load, decode, persist → next turn of the agent.
-It keeps seq_e / tok_e / read_q / free HBM for the view (SPEC §13.4) and re-queues the
-requests of an engine process that dies. The clock is read only through ``self.now``.
+buffer → the PE's local queue → forward passes packed by ``policy.plan_forward`` (an EP
+group's PEs in lockstep; a request may take several chunks) → DE batched decode, persist →
+next turn of the agent. It keeps seq_e / tok_e / read_q and the engines' reported free HBM for
+the view (SPEC §13.4) and re-queues the requests of an engine process that dies. The clock
+is read only through ``self.now``.
 """
 
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualpath.models import cost
-from dualpath.policy import ClusterView, EngineState, NodeState, RequestInfo
+from dualpath.policy import ClusterView, EngineState, NodeState, PendingPrefill, RequestInfo
 from dualpath.policy.base import Policy
+from dualpath.policy.commands import ForwardBatch
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
+    ChunkWork,
     DecodeDoneMsg,
     DecodeMsg,
     ErrorMsg,
+    ForwardDoneMsg,
+    ForwardMsg,
     LoadedMsg,
     PersistedMsg,
-    PrefillDoneMsg,
-    PrefillMsg,
     ReadDoneMsg,
     ReadMsg,
     ReadyMsg,
@@ -36,12 +41,15 @@ from dualpath.types import ReadSide
 
 IDLE_WAIT_S = 0.005
 
+# on_tokens(request_id, tokens so far, done): the first token when prefill ends, then all
+TokenCallback = Callable[[int, tuple[int, ...], bool], None]
+
 
 @dataclass(slots=True)
 class _Load:
     seq: int = 0
     tokens: int = 0
-    reserved: int = 0  # DEs: prompt + output tokens of their requests (HBM reservation)
+    reserved: int = 0  # DEs: prompt + output tokens of requests assigned, not yet admitted
 
 
 @dataclass(slots=True)
@@ -54,6 +62,12 @@ class _Counters:
     persisted_blocks: int = 0
     requeued: int = 0
     alloc_stalls: int = 0  # times a request found its buffer full and waited
+    passes: int = 0  # PE forward passes
+    pass_chunks: int = 0  # chunks over all passes (mean batch = pass_chunks / passes)
+    chunked: int = 0  # chunks that were not a request's last
+    max_pass_tokens: int = 0  # most cached + new tokens resident in one pass
+    pass_new_tokens: int = 0  # tokens computed by all passes
+    pass_busy_s: float = 0.0  # Σ pass durations as the PEs measured them
     read_windows: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
 
 
@@ -66,7 +80,15 @@ class Scheduler:
         self.store: KVStore = env.store()
         self.block = env.block_tokens
         self.layerwise = bool(getattr(policy, "layerwise", True))
-        self.hbm_tokens = cost.kv_capacity_tokens(env.config.model, env.config.hardware, 1)
+        self.num_layers = env.config.model.num_layers
+        # every engine's HBM pool: pages of one Layer Block; engines report their free pages
+        self.hbm_pages = env.options.hbm_pages(self.num_layers, self.block)
+        self.free_pages = dict.fromkeys(self.topo.engine_ids, self.hbm_pages)
+        self.pe_queue: dict[int, list[int]] = {e: [] for e in self.topo.pe_ids}
+        self.in_pass: dict[int, ForwardBatch] = {}  # PE → its pass in flight
+        self.groups: dict[int, list[int]] = {}
+        for e in self.topo.pe_ids:
+            self.groups.setdefault(self.topo.group_of(e), []).append(e)
         self.loads = {e: _Load() for e in self.topo.engine_ids}
         self.read_q = [0] * self.topo.num_nodes
         self.node_read_bytes = [0.0] * self.topo.num_nodes  # for the least_read tie-break
@@ -81,6 +103,9 @@ class Scheduler:
         self.policy_log: list[tuple[str, Any, float, Any]] = []
         self.durable: set[str] = set()  # block keys the storage workers acknowledged
         self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
+        # turns submitted from other threads (a server); drained by the run loop
+        self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.token_callbacks: dict[int, TokenCallback] = {}
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -117,6 +142,12 @@ class Scheduler:
                 f"request for agent {agent_id} is invalid: {len(tokens)} prompt + {output_tokens} "
                 f"output tokens exceed the model's context limit of {limit}"
             )
+        pages = -(-(len(tokens) + output_tokens) // self.block) * self.num_layers
+        if pages > self.hbm_pages:
+            raise ValueError(
+                f"request for agent {agent_id} is invalid: {len(tokens)} prompt + {output_tokens} "
+                f"output tokens exceed an engine's HBM pool of {self.hbm_pages // self.num_layers * self.block} tokens"
+            )
         keys = block_keys(tokens, self.block, self.env.namespace)
         hit = min(self.store.lookup(keys), (len(tokens) - 1) // self.block * self.block)
         arrival = self.now() if arrival_s is None else arrival_s
@@ -129,12 +160,49 @@ class Scheduler:
         self.policy_log.append(("submit", info, req.arrival_s, None))
         return req
 
+    def submit_threadsafe(
+        self,
+        agent: AgentState,
+        append: tuple[int, ...],
+        output_tokens: int,
+        on_tokens: TokenCallback | None = None,
+    ) -> Future[int]:
+        """Submit a turn of ``agent`` from any thread (added if new; its context grows with
+        each finished turn). The future gets the request id, or the ValueError of a bad
+        request; ``on_tokens`` is called on the scheduler's thread as tokens arrive."""
+        fut: Future[int] = Future()
+        self._external.put((agent, append, output_tokens, on_tokens, fut))
+        return fut
+
+    def _drain_external(self) -> None:
+        while True:
+            try:
+                agent, append, output_tokens, on_tokens, fut = self._external.get_nowait()
+            except queue.Empty:
+                return
+            self.agents.setdefault(agent.agent_id, agent)
+            try:
+                req = self.submit_turn(agent.agent_id, append, output_tokens)
+            except ValueError as err:
+                fut.set_exception(err)
+                continue
+            if on_tokens is not None:
+                self.token_callbacks[req.rid] = on_tokens
+            fut.set_result(req.rid)
+
+    def _emit(self, req: Req, tokens: tuple[int, ...], done: bool) -> None:
+        cb = self.token_callbacks.get(req.rid)
+        if cb is not None:
+            cb(req.rid, tokens, done)
+            if done:
+                del self.token_callbacks[req.rid]
+
     # ------------------------------------------------------------------ view and scheduling
     def view(self) -> ClusterView:
         engines = []
         for e in self.topo.engine_ids:
             ld = self.loads[e]
-            free = 0 if self.topo.is_pe(e) else max(0, self.hbm_tokens - ld.reserved)
+            free = max(0, self.free_pages[e] // self.num_layers * self.block - ld.reserved)
             engines.append(EngineState(e, self.topo.node_of(e), self.topo.group_of(e),
                                        self.topo.kind_of(e), ld.seq, ld.tokens, free))  # fmt: skip
         nodes = tuple(NodeState(n, self.topo.node_kind(n), self.read_q[n], self.node_read_bytes[n])
@@ -230,15 +298,91 @@ class Scheduler:
                 self.counters.pe_read_bytes += nbytes
             else:
                 self.counters.de_read_bytes += nbytes
-        on_pe = req.read_side is ReadSide.PE
-        src_node = self.topo.node_of(a.pe if on_pe else a.de)
         req.phase = "prefill"
-        self.launcher.engine_inbox[a.pe].put(PrefillMsg(
-            req.rid, req.tokens, req.cached, src_node,
+        req.kv_tokens = req.cached
+        self.pe_queue[a.pe].append(req.rid)
+        self.kick(self.topo.group_of(a.pe))
+
+    # ------------------------------------------------------------------ forward passes
+    def kv_budget_tokens(self, queue_len: int) -> int:
+        """Cached + new tokens one pass may hold: Basic holds every layer of the batch,
+        layerwise two layers (one computing, the next loading). A page is a Layer Block, so
+        each request may waste up to one page per layer: one page per queued request is kept
+        back."""
+        window = min(2, self.num_layers) if self.layerwise else self.num_layers
+        return max(0, self.hbm_pages // window - queue_len) * self.block
+
+    def kick(self, group: int) -> None:
+        """If the EP group is idle, plan every member PE's next pass (``plan_forward``, PEs in
+        id order) and start them together: the group runs in lockstep."""
+        members = self.groups[group]
+        if any(e in self.in_pass for e in members):
+            return
+        now = self.now()
+        for e in members:
+            rids = self.pe_queue[e]
+            if not self.env.options.batching:
+                rids = rids[:1]
+            if not rids:
+                continue
+            pending = tuple(
+                PendingPrefill(r, self.reqs[r].kv_tokens, len(self.reqs[r].tokens) - self.reqs[r].kv_tokens)
+                for r in rids
+            )  # fmt: skip
+            budget = self.kv_budget_tokens(len(pending))
+            batch = self.policy.plan_forward(e, pending, now, budget)
+            self.policy_log.append(("plan", (e, pending, budget), now, batch))
+            if not batch.chunks:
+                raise RuntimeFailure(f"PE {e}: queued requests but plan_forward planned nothing")
+            self.in_pass[e] = batch
+            self.counters.passes += 1
+            self.counters.pass_chunks += len(batch.chunks)
+            self.counters.max_pass_tokens = max(
+                self.counters.max_pass_tokens, sum(c.cached + c.new for c in batch.chunks)
+            )
+            self.launcher.engine_inbox[e].put(
+                ForwardMsg(tuple(self._work(c) for c in batch.chunks), self.layerwise)
+            )
+
+    def _work(self, c: Any) -> ChunkWork:
+        req = self.reqs[c.request_id]
+        a = req.assign
+        assert a is not None
+        if c.cached == req.cached:  # first chunk
+            req.prefill_start_s = max(self.now(), req.read_done_s)
+        req.in_pass = True
+        on_pe = req.read_side is ReadSide.PE
+        hit_node = self.topo.node_of(a.pe if on_pe else a.de)
+        first_on_pe = on_pe and c.cached == req.cached
+        return ChunkWork(
+            req.rid, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
             tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(a.de),
-            tuple(req.de_slots), 0 if on_pe or req.read_side is ReadSide.NONE else req.cached,
-            self.layerwise,
-        ))  # fmt: skip
+            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last,
+        )  # fmt: skip
+
+    def _forward_done(self, msg: ForwardDoneMsg) -> None:
+        batch = self.in_pass.pop(msg.engine_id, None)
+        if batch is None:  # a pass of an engine declared dead
+            return
+        self.free_pages[msg.engine_id] = msg.free_pages
+        self.counters.layer_in_bytes += msg.bytes_in
+        self.counters.pd_bytes += msg.bytes_out
+        self.counters.pass_new_tokens += sum(c.new for c in batch.chunks)
+        self.counters.pass_busy_s += msg.done_s - msg.start_s
+        firsts = dict(msg.first_tokens)
+        for c in batch.chunks:
+            req = self.reqs[c.request_id]
+            req.in_pass = False
+            if req.phase == "aborted":
+                self._free_slots(req)  # the last writer of an aborted request is done
+                continue
+            req.kv_tokens = c.cached + c.new
+            if not c.is_last:
+                self.counters.chunked += 1
+                continue
+            self.pe_queue[msg.engine_id].remove(req.rid)
+            self._prefill_done(req, firsts[req.rid], msg.done_s)
+        self.kick(self.topo.group_of(msg.engine_id))
 
     # ------------------------------------------------------------------ results
     def on_message(self, msg: Any) -> None:
@@ -249,29 +393,33 @@ class Scheduler:
         if isinstance(msg, PersistedMsg):
             self._persisted(msg.key)
             return
+        if isinstance(msg, ForwardDoneMsg):
+            self._forward_done(msg)
+            return
+        if isinstance(msg, (LoadedMsg, DecodeDoneMsg)):
+            self.free_pages[msg.engine_id] = msg.free_pages
         req = self.reqs.get(msg.request_id)
         if req is None or req.phase in ("aborted", "done"):
-            if req is not None and isinstance(msg, (ReadDoneMsg, PrefillDoneMsg)):
+            if req is not None and isinstance(msg, ReadDoneMsg):
                 self._free_slots(req)  # the last writer of an aborted request is done
             return
         if isinstance(msg, ReadDoneMsg):
             self.counters.read_windows.setdefault(msg.node_id, []).append((msg.start_s, msg.done_s))
             self._read_done(req, msg.num_ok, msg.done_s)
-        elif isinstance(msg, PrefillDoneMsg):
-            self._prefill_done(req, msg)
         elif isinstance(msg, LoadedMsg):
             self.launcher.buffers[self.topo.node_of(req.assign.de)].free(req.de_slots)  # type: ignore[union-attr]
             req.de_slots = []
+            req.loaded = True
+            self.loads[msg.engine_id].reserved -= len(req.tokens) + req.output_tokens
         elif isinstance(msg, DecodeDoneMsg):
             self._decode_done(req, msg)
 
-    def _prefill_done(self, req: Req, msg: PrefillDoneMsg) -> None:
+    def _prefill_done(self, req: Req, first_token: int, done_s: float) -> None:
         a = req.assign
         assert a is not None
-        req.prefill_start_s, req.first_token_s = max(msg.start_s, req.read_done_s), msg.done_s
-        req.first_token = msg.first_token
-        self.counters.layer_in_bytes += msg.bytes_in
-        self.counters.pd_bytes += msg.bytes_out
+        req.first_token_s = done_s
+        req.first_token = first_token
+        self._emit(req, (first_token,), False)
         if req.pe_slots:
             self.launcher.buffers[self.topo.node_of(a.pe)].free(req.pe_slots)
             req.pe_slots = []
@@ -279,7 +427,7 @@ class Scheduler:
         pe.seq, pe.tokens = pe.seq - 1, pe.tokens - len(req.tokens)
         req.phase = "decode"
         self.launcher.engine_inbox[a.de].put(DecodeMsg(
-            req.rid, req.tokens, msg.first_token, req.output_tokens, tuple(req.de_slots),
+            req.rid, req.tokens, first_token, req.output_tokens, tuple(req.de_slots),
             req.cached // self.block,
         ))  # fmt: skip
 
@@ -288,12 +436,12 @@ class Scheduler:
         assert a is not None
         de = self.loads[a.de]
         de.seq, de.tokens = de.seq - 1, de.tokens - len(req.tokens)
-        de.reserved -= len(req.tokens) + req.output_tokens
         self.counters.h2d_bytes += msg.bytes_in
         self.counters.persisted_blocks += len(msg.persisted_keys)
         req.phase = "done"
         record = req.record(msg.second_token_s, msg.finish_s)
         self.records.append(record)
+        self._emit(req, msg.output, True)
         agent = self.agents[req.agent]
         agent.finish_turn(req.tokens, msg.output)
         if self.on_turn is not None:
@@ -341,6 +489,8 @@ class Scheduler:
             raise RuntimeFailure(f"storage worker died: {self.launcher.dead_workers()}")
         for e in self.launcher.dead_engines():
             self.launcher.respawn(e)
+            self.in_pass.pop(e, None)
+            self.free_pages[e] = self.hbm_pages
             for req in sorted(self.reqs.values(), key=lambda r: r.rid):
                 a = req.assign
                 if a is None or req.phase in ("done", "aborted", "queued"):
@@ -348,11 +498,15 @@ class Scheduler:
                 pe_lost = a.pe == e and req.phase in ("alloc", "reading", "prefill")
                 if not (pe_lost or a.de == e):
                     continue
-                in_flight = req.phase == "reading" or (req.phase == "prefill" and a.pe != e)
+                in_flight = req.phase == "reading" or (req.in_pass and a.pe != e)
                 self._abort(req, free_now=not in_flight)
                 self.counters.requeued += 1
                 append = req.tokens[len(self.agents[req.agent].context) :]
-                self.submit_turn(req.agent, append, req.output_tokens)
+                again = self.submit_turn(req.agent, append, req.output_tokens)
+                if req.rid in self.token_callbacks:
+                    self.token_callbacks[again.rid] = self.token_callbacks.pop(req.rid)
+            for group in sorted(self.groups):
+                self.kick(group)
 
     def _abort(self, req: Req, free_now: bool) -> None:
         a = req.assign
@@ -364,9 +518,12 @@ class Scheduler:
         if phase in ("alloc", "reading", "prefill"):
             pe = self.loads[a.pe]
             pe.seq, pe.tokens = pe.seq - 1, pe.tokens - len(req.tokens)
+        if req.rid in self.pe_queue[a.pe]:
+            self.pe_queue[a.pe].remove(req.rid)
         de = self.loads[a.de]
         de.seq, de.tokens = de.seq - 1, de.tokens - len(req.tokens)
-        de.reserved -= len(req.tokens) + req.output_tokens
+        if not req.loaded:
+            de.reserved -= len(req.tokens) + req.output_tokens
         if free_now:
             self._free_slots(req)
 
@@ -375,7 +532,13 @@ class Scheduler:
         start = self.now()
         last_progress = start
         timeout_s = self.env.options.request_timeout_s
-        while any(not a.finished for a in self.agents.values()):
+        while True:
+            self._drain_external()
+            if not (
+                any(not a.finished for a in self.agents.values())
+                or any(r.phase not in ("done", "aborted") for r in self.reqs.values())
+            ):
+                break
             self.recover()
             self.schedule()
             self.try_alloc()

@@ -25,6 +25,11 @@ class LocalRuntime:
     """Processes on this host emulating the cluster of ``config`` (SPEC §2)."""
 
     def __init__(self, config: Config, options: RuntimeOptions) -> None:
+        if config.scheduler.split_reads:  # rejected, never silently ignored
+            raise ValueError(
+                "scheduler.split_reads=true is not supported by the runtime (each request reads "
+                "its hit KV through one node): use the simulator, or set it to false"
+            )
         sched = replace(config.scheduler, policy=options.policy_name)
         self.config = replace(config, scheduler=sched)
         self.options = options
