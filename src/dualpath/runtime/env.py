@@ -6,10 +6,13 @@ host-wide monotonic clock (one host here; on a cluster, a synchronised clock wou
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import dualpath.runtime.kvstore as kvs
@@ -28,9 +31,42 @@ class Clock:
         return time.monotonic() - self.epoch
 
 
-def kv_namespace(config: Config, weight_seed: int) -> str:
-    """Hash-chain namespace: KV is only reusable by the same model, weights and block size."""
-    return f"{config.model.name}/w{weight_seed}/b{config.scheduler.block_tokens}"
+KV_DTYPE = "float32"  # the runtime model's KV dtype (model.kv_dtype_bytes must be 4)
+
+
+@functools.lru_cache(maxsize=8)
+def weights_digest(config: Config, weight_seed: int) -> str:
+    """blake2b of every weight tensor of the runtime model (built from its seed, so a change
+    of generator, init or shapes changes the digest too)."""
+    from dualpath.runtime.model import TinyTransformer
+
+    model = TinyTransformer(config.model, seed=weight_seed)
+    h = hashlib.blake2b(digest_size=16)
+    tensors = [model.embedding, model.final_norm, model.lm_head]
+    for layer in model.layers:
+        tensors.extend(getattr(layer, f) for f in layer.__dataclass_fields__)
+    for t in tensors:
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def kv_namespace(config: Config, weight_seed: int, tenant: str = "") -> str:
+    """Hash-chain namespace: a fingerprint of everything a block's KV depends on — the model
+    config, a digest of the weights, the KV dtype, the block size and the store's layout
+    version — plus an optional per-tenant salt (blocks are never shared across tenants)."""
+    from dualpath.runtime.kvstore import VERSION
+
+    parts = {
+        "model": asdict(config.model),
+        "weights": weights_digest(config, weight_seed),
+        "dtype": KV_DTYPE,
+        "block_tokens": config.scheduler.block_tokens,
+        "layout": VERSION,
+        "tenant": tenant,
+    }
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return f"{config.model.name}/{hashlib.blake2b(blob, digest_size=16).hexdigest()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +99,7 @@ class ProcEnv:
 
     @property
     def namespace(self) -> str:
-        return kv_namespace(self.config, self.options.weight_seed)
+        return kv_namespace(self.config, self.options.weight_seed, self.options.tenant)
 
     def attach_buffer(self, node: int) -> SlotBuffer:
         return SlotBuffer.attach(self.buffers[node], self.locks[node])
@@ -76,7 +112,9 @@ class ProcEnv:
         return RegionHandle("shm", spec.name, 0, spec.data_bytes)
 
     def store(self) -> kvs.KVStore:
-        return kvs.KVStore(self.options.kv_root, self.layout, self.options.direct_io)
+        return kvs.KVStore(
+            self.options.kv_root, self.layout, self.options.direct_io, self.namespace
+        )
 
     def parent_alive(self) -> bool:
         return os.getppid() == self.parent_pid

@@ -20,15 +20,17 @@ class FaultPlan:
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
     """``system``: policy name, or ``oracle`` (= dualpath with KV traffic unpaced: storage reads,
-    buffer loads and PD transfers take no emulated NIC time). ``kv_root``: the KV store root
-    (on a cluster, a shared file-system mount). ``buffer_slots``: Full-Block slots per node
-    buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``)."""
+        buffer loads and PD transfers take no emulated NIC time). ``kv_root``: the KV store root
+        (on a cluster, a shared file-system mount). ``tenant``: salt of the KV namespace, so one
+    tenant never reads another's blocks. ``buffer_slots``: Full-Block slots per node
+        buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
     transport: str = "shm"
     buffer_slots: int = 0
     weight_seed: int = 0
+    tenant: str = ""  # per-tenant salt of the KV namespace ("" = the one default tenant)
     direct_io: bool = False
     ready_timeout_s: float = 120.0
     request_timeout_s: float = 300.0

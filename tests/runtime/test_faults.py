@@ -1,0 +1,99 @@
+"""Fault injection on the runtime: namespaces, durability, full disk, liveness, user errors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import dualpath.runtime.env as env_mod
+import dualpath.runtime.kvstore as kvs
+from dualpath.runtime.env import kv_namespace
+from dualpath.runtime.kvstore import BlockLayout, KVStore, KVStoreError
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.workload import agent_scripts, small_trajectories
+
+from .conftest import reference_outputs, small_config
+
+LAYOUT = BlockLayout(2, 4, 8)
+
+
+def _agents(num_agents: int, num_turns: int, block: int = 64) -> list[AgentState]:
+    cfg = small_config()
+    wl = replace(cfg.workload, num_agents=num_agents, seed=0)
+    trajs = small_trajectories(wl, block, num_turns=num_turns, token_scale=0.15, max_gen_tokens=4)
+    return agent_scripts(trajs, cfg.model.vocab_size, 0)
+
+
+def _fresh(agents: list[AgentState]) -> list[AgentState]:
+    return [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
+
+
+# ---------------------------------------------------------------- namespace fingerprint
+def test_namespace_fingerprints_every_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = small_config()
+    base = kv_namespace(cfg, 0)
+    variants = {
+        "model config": kv_namespace(
+            replace(cfg, model=replace(cfg.model, ffn_hidden_size=cfg.model.ffn_hidden_size + 8)), 0
+        ),
+        "weights": kv_namespace(cfg, 1),
+        "block size": kv_namespace(
+            replace(cfg, scheduler=replace(cfg.scheduler, block_tokens=32)), 0
+        ),
+        "tenant": kv_namespace(cfg, 0, "tenant-a"),
+    }
+    kv_namespace.cache_clear()
+    monkeypatch.setattr(env_mod, "KV_DTYPE", "bfloat16")
+    variants["dtype"] = kv_namespace(cfg, 0)
+    monkeypatch.undo()
+    kv_namespace.cache_clear()
+    monkeypatch.setattr(kvs, "VERSION", kvs.VERSION + 1)
+    variants["layout version"] = kv_namespace(cfg, 0)
+    monkeypatch.undo()
+    kv_namespace.cache_clear()
+    assert kv_namespace(cfg, 0) == base  # deterministic
+    for what, ns in variants.items():
+        assert ns != base, what
+    assert len(set(variants.values())) == len(variants)
+
+
+def test_block_of_another_namespace_is_a_miss(tmp_path: Path) -> None:
+    mine = KVStore(tmp_path, LAYOUT, namespace="model-a")
+    other = KVStore(tmp_path, LAYOUT, namespace="model-b")
+    payload = bytes(range(LAYOUT.full_block_bytes))
+    assert other.write_block("ab" * 16, payload)
+    out = memoryview(bytearray(LAYOUT.full_block_bytes))
+    with pytest.raises(KVStoreError, match="another namespace"):
+        mine.read_block("ab" * 16, out)  # same key, other namespace: never a hit
+    other.read_block("ab" * 16, out)
+    assert bytes(out) == payload
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["ffn_hidden_size"])  # the others: unit tests above
+def test_changed_dependency_on_one_store_gives_reference_tokens(
+    tmp_path: Path, change: str
+) -> None:
+    cfg = small_config()
+    agents = _agents(1, 2)
+    opts = RuntimeOptions(system="basic", kv_root=str(tmp_path))
+    with LocalRuntime(cfg, opts) as rt:
+        assert rt.run(_fresh(agents)).outputs == reference_outputs(cfg, agents)
+    seed = 0
+    if change == "ffn_hidden_size":  # the case that once reused the old model's KV
+        cfg = replace(cfg, model=replace(cfg.model, ffn_hidden_size=1024))
+    elif change == "weight_seed":
+        seed = 7
+        opts = replace(opts, weight_seed=seed)
+    elif change == "block_tokens":
+        cfg = replace(cfg, scheduler=replace(cfg.scheduler, block_tokens=32))
+    else:
+        opts = replace(opts, tenant="tenant-b")
+    with LocalRuntime(cfg, opts) as rt:
+        again = rt.run(_fresh(agents))
+    assert again.outputs == reference_outputs(cfg, agents, seed=seed)
+    assert all(r.hit_tokens == 0 for r in again.records if r.turn_index == 0)
