@@ -97,3 +97,85 @@ def test_changed_dependency_on_one_store_gives_reference_tokens(
         again = rt.run(_fresh(agents))
     assert again.outputs == reference_outputs(cfg, agents, seed=seed)
     assert all(r.hit_tokens == 0 for r in again.records if r.turn_index == 0)
+
+
+# ---------------------------------------------------------------- durable acknowledgement
+_WRITER = """
+import sys, time
+from dualpath.runtime.kvstore import BlockLayout, KVStore
+root, pause = sys.argv[1], float(sys.argv[2])
+store = KVStore(root, BlockLayout(4, 256, 8192), namespace="crash")  # 8 MiB blocks
+for i in range(10_000):
+    key = f"{i:032x}"
+    store.write_block(key, bytes([i % 251]) * store.layout.full_block_bytes)
+    time.sleep(pause)  # a window between the write and its acknowledgement
+    print("ACK", key, flush=True)
+"""
+
+
+def _verify_store(root: Path, acked: list[str]) -> int:
+    store = KVStore(root, BlockLayout(4, 256, 8192), namespace="crash")
+    out = memoryview(bytearray(store.layout.full_block_bytes))
+    for key in acked:  # no acknowledged block is lost
+        store.read_block(key, out)
+        assert out[0] == int(key, 16) % 251
+    files = sorted(root.rglob("*.kvb"))
+    for f in files:  # no torn block is readable under a block's name
+        store.read_block(f.stem, out)
+    for f in root.rglob("*"):
+        mode = f.stat().st_mode & 0o777
+        assert mode == (0o700 if f.is_dir() else 0o600), (f, oct(mode))
+    return len(files)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pause", [0.2, 0.0], ids=["between-write-and-ack", "after-ack"])
+def test_kill_9_of_the_writer_loses_no_acknowledged_block(tmp_path: Path, pause: float) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(tmp_path), str(pause)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    acked, stamps = [], []
+    while len(acked) < 4:
+        line = proc.stdout.readline()
+        assert line.startswith("ACK"), line
+        acked.append(line.split()[1])
+        stamps.append(time.monotonic())
+    # kill halfway through the next write (or its ack pause): a torn file would be visible
+    time.sleep((stamps[-1] - stamps[-2]) / 2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _verify_store(tmp_path, acked) >= len(acked)
+
+
+def test_block_and_its_directory_are_fsynced_before_write_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync-dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync-file")
+        real_fsync(fd)
+
+    def replace_(src: object, dst: object) -> None:
+        events.append("rename")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    store = KVStore(tmp_path, LAYOUT, namespace="x")
+    store.write_block("cd" * 16, bytes(LAYOUT.full_block_bytes))  # directories exist now
+    events.clear()
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace_)
+    assert store.write_block("cd" + "ef" * 15, bytes(LAYOUT.full_block_bytes))
+    assert events == ["fsync-file", "rename", "fsync-dir"]
