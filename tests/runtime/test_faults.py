@@ -179,3 +179,91 @@ def test_block_and_its_directory_are_fsynced_before_write_returns(
     monkeypatch.setattr(os, "replace", replace_)
     assert store.write_block("cd" + "ef" * 15, bytes(LAYOUT.full_block_bytes))
     assert events == ["fsync-file", "rename", "fsync-dir"]
+
+
+# ---------------------------------------------------------------- user mistakes
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--snic-mb-per-s", "inf"], "must be a finite number"),
+        (["--snic-mb-per-s", "nan"], "must be a finite number"),
+        (["--token-scale", "1e999"], "must be a finite number"),
+        (["--preset", "ds27b-1p1d"], "cannot run on the local runtime"),
+        (["--kv-root", "/proc/no-such-dir/kv"], "--kv-root '/proc/no-such-dir/kv' is invalid"),
+    ],
+)
+def test_bench_user_mistakes_are_one_line_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dualpath.cli.main import main
+
+    with pytest.raises(SystemExit) if "finite" in needle else _no_raise() as exit_info:
+        rc = main(["bench", "--no-progress", *argv])
+    if exit_info is not None:
+        rc = exit_info.value.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+class _no_raise:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_cli_never_hides_a_broken_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from dualpath.cli import main as cli_main
+
+    real = importlib.import_module
+
+    def broken(name: str, *args: object) -> object:
+        if name == "dualpath.cli.runtime_cmd":
+            raise ModuleNotFoundError(
+                "No module named 'dualpath.runtime.gone'", name="dualpath.runtime.gone"
+            )
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match=r"dualpath\.runtime\.gone"):
+        cli_main.build_parser()  # a bug in the package: shown, never "invalid choice"
+
+
+def test_cli_names_a_missing_third_party_package(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    from dualpath.cli import main as cli_main
+
+    real = importlib.import_module
+
+    def missing(name: str, *args: object) -> object:
+        if name == "dualpath.cli.runtime_cmd":
+            raise ModuleNotFoundError("No module named 'tqdm'", name="tqdm")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    assert cli_main.main(["bench", "--agents", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the Python package 'tqdm'" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_over_long_turn_is_rejected_alone(tmp_path: Path) -> None:
+    cfg = small_config()
+    ok = _agents(1, 2)[0]
+    limit = cfg.model.max_context_tokens
+    bad = AgentState(1, (ok.appends[0], (5,) * limit), (2, 2))  # second turn past the limit
+    with LocalRuntime(cfg, RuntimeOptions(system="basic", kv_root=str(tmp_path))) as rt:
+        result = rt.run([_fresh([ok])[0], bad])
+        rejected = rt.scheduler.rejected
+    assert result.outputs[0] == reference_outputs(cfg, [ok])[0]  # the run went on
+    assert len(result.outputs[1]) == 1  # the bad agent's first turn was served
+    assert len(rejected) == 1 and "agent 1 turn 1" in rejected[0] and "context limit" in rejected[0]

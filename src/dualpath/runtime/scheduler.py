@@ -10,6 +10,7 @@ requests of an engine process that dies. The clock is read only through ``self.n
 from __future__ import annotations
 
 import queue
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,7 @@ class Scheduler:
         self.policy_log: list[tuple[str, Any, float, Any]] = []
         self.durable: set[str] = set()  # block keys the storage workers acknowledged
         self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
+        self.rejected: list[str] = []  # turns rejected alone (one line each)
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -128,6 +130,25 @@ class Scheduler:
         self.policy.submit(info, req.arrival_s)
         self.policy_log.append(("submit", info, req.arrival_s, None))
         return req
+
+    def submit_or_reject(
+        self,
+        agent_id: int,
+        append: tuple[int, ...],
+        output_tokens: int,
+        arrival_s: float | None = None,
+    ) -> Req | None:
+        """``submit_turn``, but a bad turn (e.g. past the context limit) is rejected alone: it
+        is reported in one line and ends its agent's script (later turns only grow); the run
+        goes on."""
+        try:
+            return self.submit_turn(agent_id, append, output_tokens, arrival_s)
+        except ValueError as err:
+            agent = self.agents[agent_id]
+            self.rejected.append(f"agent {agent_id} turn {agent.turn}: {err}")
+            print(f"dualpath: turn rejected: {self.rejected[-1]}", file=sys.stderr)
+            agent.turn = len(agent.appends)
+            return None
 
     # ------------------------------------------------------------------ view and scheduling
     def view(self) -> ClusterView:
@@ -307,7 +328,7 @@ class Scheduler:
         if pending:
             self.unpersisted[agent.agent_id] = (pending, msg.finish_s)
         else:
-            self.submit_turn(agent.agent_id, *nxt, arrival_s=msg.finish_s)
+            self.submit_or_reject(agent.agent_id, *nxt, arrival_s=msg.finish_s)
 
     def _persisted(self, key: str) -> None:
         self.durable.add(key)
@@ -318,7 +339,7 @@ class Scheduler:
                 del self.unpersisted[agent_id]
                 nxt = self.agents[agent_id].next_turn()
                 assert nxt is not None
-                self.submit_turn(agent_id, *nxt, arrival_s=arrival_s)
+                self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
 
     # ------------------------------------------------------------------ faults
     def _free_slots(self, req: Req) -> None:
