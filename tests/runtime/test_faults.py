@@ -267,3 +267,29 @@ def test_over_long_turn_is_rejected_alone(tmp_path: Path) -> None:
     assert result.outputs[0] == reference_outputs(cfg, [ok])[0]  # the run went on
     assert len(result.outputs[1]) == 1  # the bad agent's first turn was served
     assert len(rejected) == 1 and "agent 1 turn 1" in rejected[0] and "context limit" in rejected[0]
+
+
+# ---------------------------------------------------------------- liveness
+_NO_GUARD = """
+from dualpath.config import preset
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.session import LocalRuntime
+
+cfg = preset("tiny-1p1d")  # no __main__ guard: every spawned child dies importing this file
+with LocalRuntime(cfg, RuntimeOptions(kv_root={root!r}, ready_timeout_s=600.0)) as rt:
+    pass
+"""
+
+
+@pytest.mark.timeout(120)  # far below ready_timeout_s: only an at-once detection passes
+def test_launcher_notices_a_child_dying_at_bootstrap(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text(_NO_GUARD.format(root=str(tmp_path / "kv")))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=110
+    )
+    assert done.returncode != 0
+    assert "during start-up" in done.stderr

@@ -28,6 +28,7 @@ from dualpath.runtime.topology import Topology
 from dualpath.runtime.transport.base import RegionHandle
 
 JOIN_TIMEOUT_S = 10.0
+READY_POLL_S = 0.1  # how often start-up checks that children are still alive
 
 
 class RuntimeFailure(Exception):
@@ -105,9 +106,14 @@ class Launcher:
         waiting = set(names)
         while waiting:
             try:
-                msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+                msg = self.results.get(timeout=READY_POLL_S)
             except queue.Empty:
-                raise RuntimeFailure(f"not ready in time: {', '.join(sorted(waiting))}") from None
+                self._check_bootstrap(waiting)
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure(
+                        f"not ready in time: {', '.join(sorted(waiting))}"
+                    ) from None
+                continue
             if isinstance(msg, ErrorMsg):
                 raise RuntimeFailure(f"{msg.who} failed to start: {msg.text}")
             if isinstance(msg, ReadyMsg):
@@ -115,6 +121,17 @@ class Launcher:
                 if msg.region is not None:
                     regions[msg.who] = msg.region
         return regions
+
+    def _check_bootstrap(self, waiting: set[str]) -> None:
+        """A child that died before its readiness ack fails the start at once (e.g. a script
+        without an ``if __name__ == "__main__":`` guard, whose spawned children cannot start)."""
+        for name in sorted(waiting):
+            proc = self.procs.get(name)
+            if proc is not None and not proc.is_alive():
+                raise RuntimeFailure(
+                    f"{name} exited with code {proc.exitcode} during start-up (if this runs "
+                    'from a script: guard its entry point with `if __name__ == "__main__":`)'
+                )
 
     def respawn(self, engine: int) -> None:
         """Replace a dead engine; its readiness ack arrives on the results queue later."""
