@@ -293,3 +293,44 @@ def test_launcher_notices_a_child_dying_at_bootstrap(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "during start-up" in done.stderr
+
+
+# ---------------------------------------------------------------- full disk
+BIG = BlockLayout(2, 64, 64)  # payload above one header page: the injected failure applies
+
+
+@pytest.mark.parametrize("failures", [2, -1], ids=["retried", "dropped"])
+def test_failed_persist_is_retried_and_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    from dualpath.runtime import storage
+
+    monkeypatch.setattr(kvs, "_write_all", kvs._write_all)  # restored after the test
+    storage.inject_write_failures(failures)
+    store = KVStore(tmp_path, BIG, namespace="disk")
+    payload = memoryview(bytes(range(256)) * (BIG.full_block_bytes // 256))
+    err = storage.persist_with_retry(store, "ef" * 16, payload, attempts=3, backoff_s=0.001)
+    assert [p.name for p in tmp_path.rglob("*.tmp")] == []
+    if failures == -1:
+        assert err is not None and "No space left" in str(err)
+        assert not store.has("ef" * 16)
+    else:
+        assert err is None
+        out = memoryview(bytearray(BIG.full_block_bytes))
+        store.read_block("ef" * 16, out)
+        assert out == payload
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_full_disk_serves_tokens_and_caches_nothing(tmp_path: Path) -> None:
+    from dualpath.runtime.options import FaultPlan
+
+    cfg = small_config()
+    agents = _agents(1, 2)
+    opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), faults=FaultPlan(fail_writes=-1))
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+    assert result.outputs == reference_outputs(cfg, agents)  # the tokens are still returned
+    assert all(r.hit_tokens == 0 for r in result.records)  # nothing was cached
+    assert list(tmp_path.rglob("*.kvb")) == [] and list(tmp_path.rglob("*.tmp")) == []

@@ -15,6 +15,9 @@ class FaultPlan:
 
     crash_engine: int = -1
     crash_at_message: int = 1
+    # storage workers: the first ``fail_writes`` block-file writes fail with ENOSPC halfway
+    # through the payload (a full disk); -1 = every write fails
+    fail_writes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,6 +269,8 @@ class Scheduler:
             return
         if isinstance(msg, PersistedMsg):
             self._persisted(msg.key)
+            if not msg.ok:  # not cached (e.g. full disk): later turns recompute it
+                self.durable.discard(msg.key)
             return
         req = self.reqs.get(msg.request_id)
         if req is None or req.phase in ("aborted", "done"):
