@@ -334,3 +334,21 @@ def test_full_disk_serves_tokens_and_caches_nothing(tmp_path: Path) -> None:
     assert result.outputs == reference_outputs(cfg, agents)  # the tokens are still returned
     assert all(r.hit_tokens == 0 for r in result.records)  # nothing was cached
     assert list(tmp_path.rglob("*.kvb")) == [] and list(tmp_path.rglob("*.tmp")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stalled_engine_is_declared_dead_and_its_requests_requeued(tmp_path: Path) -> None:
+    from dualpath.runtime.options import FaultPlan
+
+    cfg = small_config(gpus_per_node=2)
+    agents = _agents(2, 2)
+    faults = FaultPlan(crash_engine=2, crash_at_message=1, crash_mode="stop")  # a DE SIGSTOPs
+    opts = RuntimeOptions(
+        kv_root=str(tmp_path), faults=faults, liveness_timeout_s=2.0, request_timeout_s=60.0
+    )
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+    assert result.requeued >= 1
+    assert result.outputs == reference_outputs(cfg, agents)
+    assert len(result.records) == 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import queue
+import signal
 from typing import Any
 
 import torch
@@ -108,8 +109,10 @@ class Engine:
             if isinstance(msg, StopMsg):
                 break
             self._num_work += 1
-            if self._num_work == self._crash_at:
-                os._exit(17)  # fault injection: die abruptly, mid-run
+            if self._num_work == self._crash_at:  # fault injection: die or stall, mid-run
+                if self.env.options.faults.crash_mode == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                os._exit(17)
             self.handle(msg)
         self.close()
 
@@ -121,6 +124,7 @@ def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None
     """Process entry point of engine ``engine_id`` (PE or DE by id)."""
     child_setup()
     name = env.topology.engine_name(engine_id)
+    env.start_heartbeat(name)
     try:
         if env.topology.is_pe(engine_id):
             from dualpath.runtime.prefill import PrefillEngine

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,6 +32,7 @@ class Clock:
         return time.monotonic() - self.epoch
 
 
+HEARTBEAT_S = 0.2  # children's heartbeat period (liveness_timeout_s is many of these)
 KV_DTYPE = "float32"  # the runtime model's KV dtype (model.kv_dtype_bytes must be 4)
 
 
@@ -83,6 +85,27 @@ class ProcEnv:
     epoch: float
     parent_pid: int
     regions: tuple[RegionHandle, ...] = ()  # per node, as announced by its storage worker
+    heartbeats: Any = None  # shared doubles: last beat (clock seconds) per child, see below
+
+    def heartbeat_slot(self, who: str) -> int:
+        """Index of ``who``'s heartbeat: engines by id, then storage workers by node."""
+        if who.startswith("storage@node"):
+            return len(self.topology.engine_ids) + int(who.removeprefix("storage@node"))
+        return next(e for e in self.topology.engine_ids if self.topology.engine_name(e) == who)
+
+    def start_heartbeat(self, who: str) -> None:
+        """Beat every ``HEARTBEAT_S`` from a daemon thread: a process that is stopped (SIGSTOP),
+        or dead, stops beating; one busy computing keeps beating (torch releases the GIL)."""
+        if self.heartbeats is None:
+            return
+        slot, beats, clock = self.heartbeat_slot(who), self.heartbeats, self.clock
+
+        def beat() -> None:
+            while True:
+                beats[slot] = clock.now()
+                time.sleep(HEARTBEAT_S)
+
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
     @property
     def clock(self) -> Clock:

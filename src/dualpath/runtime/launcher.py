@@ -55,6 +55,7 @@ class Launcher:
         self.engine_inbox: dict[int, Any] = {}
         self.results: Any = self.ctx.Queue()
         self.env: ProcEnv | None = None
+        self.heartbeats: Any = None  # RawArray of doubles, one per child (see ProcEnv)
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
@@ -70,8 +71,10 @@ class Launcher:
             specs.append(spec)
             locks.append(lock)
         storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
+        self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
-                      storage_inboxes, time.monotonic(), os.getpid())  # fmt: skip
+                      storage_inboxes, time.monotonic(), os.getpid(),
+                      heartbeats=self.heartbeats)  # fmt: skip
         self.env = env
         for node in range(topo.num_nodes):
             self._spawn(f"storage@node{node}", storage_main, (env, node, storage_inboxes[node]))
@@ -137,17 +140,29 @@ class Launcher:
         """Replace a dead engine; its readiness ack arrives on the results queue later."""
         name = self.topology.engine_name(engine)
         old = self.procs.pop(name)
+        if old.is_alive():  # stalled (no heartbeat): make sure it is gone before replacing it
+            old.kill()
         old.join(timeout=1.0)
+        assert self.env is not None
+        self.heartbeats[self.env.heartbeat_slot(name)] = 0.0  # silent until its first beat
         self._spawn_engine(engine, first=False)
 
+    def stalled(self, name: str) -> bool:
+        """``name`` beat before but not within ``liveness_timeout_s`` (e.g. SIGSTOPped)."""
+        if self.env is None:
+            return False
+        last = self.heartbeats[self.env.heartbeat_slot(name)]
+        return last > 0 and self.env.clock.now() - last > self.options.liveness_timeout_s
+
+    def _dead(self, name: str) -> bool:
+        return not self.procs[name].is_alive() or self.stalled(name)
+
     def dead_engines(self) -> list[int]:
-        return [e for e in self.topology.engine_ids
-                if not self.procs[self.topology.engine_name(e)].is_alive()]  # fmt: skip
+        """Engines that exited or stopped beating (those are killed on ``respawn``)."""
+        return [e for e in self.topology.engine_ids if self._dead(self.topology.engine_name(e))]
 
     def dead_workers(self) -> list[str]:
-        return [
-            n for n, p in sorted(self.procs.items()) if n.startswith("storage") and not p.is_alive()
-        ]
+        return [n for n in sorted(self.procs) if n.startswith("storage") and self._dead(n)]
 
     def close(self) -> None:
         if self.env is not None:

@@ -18,6 +18,9 @@ class FaultPlan:
     # storage workers: the first ``fail_writes`` block-file writes fail with ENOSPC halfway
     # through the payload (a full disk); -1 = every write fails
     fail_writes: int = 0
+    # engine ``crash_engine`` at its ``crash_at_message``-th work message: "exit" (os._exit)
+    # or "stop" (SIGSTOP itself: a stalled engine, found by its missing heartbeat)
+    crash_mode: str = "exit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class RuntimeOptions:
     direct_io: bool = False
     ready_timeout_s: float = 120.0
     request_timeout_s: float = 300.0
+    liveness_timeout_s: float = 5.0  # a child silent this long is declared dead (killed)
     faults: FaultPlan = FaultPlan()
 
     def __post_init__(self) -> None:

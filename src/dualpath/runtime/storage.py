@@ -154,6 +154,7 @@ class StorageWorker:
 def storage_main(env: ProcEnv, node: int, inbox: Any) -> None:
     """Process entry point of node ``node``'s storage worker."""
     child_setup()
+    env.start_heartbeat(f"storage@node{node}")
     if env.options.faults.fail_writes:
         inject_write_failures(env.options.faults.fail_writes)
     try:
