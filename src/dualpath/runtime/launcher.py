@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import time
 import uuid
 from dataclasses import replace
@@ -44,6 +45,15 @@ def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> i
     return max(1, int(size // full.full_block_bytes))
 
 
+def startup_warning(options: RuntimeOptions) -> str | None:
+    """The one line a run prints at start-up about its transport's exposure, if any."""
+    if options.transport != "mooncake":
+        return None
+    from dualpath.runtime.transport.mooncake import BIND_WARNING
+
+    return BIND_WARNING
+
+
 class Launcher:
     def __init__(self, config: Config, options: RuntimeOptions) -> None:
         self.config = config
@@ -59,6 +69,9 @@ class Launcher:
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
+        warning = startup_warning(self.options)
+        if warning:
+            print(warning, file=sys.stderr)  # one line, once per run
         layout = BlockLayout(cfg.model.num_layers, cfg.scheduler.block_tokens,
                              cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
