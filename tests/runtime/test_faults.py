@@ -400,3 +400,20 @@ def test_mooncake_exposure_is_said_in_one_line_at_start_up() -> None:
     assert startup_warning(RuntimeOptions(transport="shm")) is None  # the default: silent
     line = startup_warning(RuntimeOptions(transport="mooncake"))
     assert line is not None and "listens on all interfaces" in line and "\n" not in line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_dead_storage_worker_is_respawned_and_its_reads_retried(tmp_path: Path) -> None:
+    from dualpath.runtime.options import FaultPlan
+
+    cfg = small_config()
+    agents = _agents(2, 2)
+    faults = FaultPlan(crash_storage=0)  # the PE node's worker dies at its first read
+    opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), faults=faults)
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+    assert result.requeued >= 1  # the lost read was issued again
+    assert result.outputs == reference_outputs(cfg, agents)
+    assert len(result.records) == 4
+    assert sum(r.hit_tokens for r in result.records) > 0  # reads did happen

@@ -89,8 +89,10 @@ class Launcher:
                       storage_inboxes, time.monotonic(), os.getpid(),
                       heartbeats=self.heartbeats)  # fmt: skip
         self.env = env
+        crash = self.options.faults.crash_storage
         for node in range(topo.num_nodes):
-            self._spawn(f"storage@node{node}", storage_main, (env, node, storage_inboxes[node]))
+            self._spawn(f"storage@node{node}", storage_main,
+                        (env, node, storage_inboxes[node], node == crash))  # fmt: skip
         regions = self._await_ready(set(self.procs))
         env = replace(
             env, regions=tuple(regions[f"storage@node{n}"] for n in range(topo.num_nodes))
@@ -159,6 +161,37 @@ class Launcher:
         assert self.env is not None
         self.heartbeats[self.env.heartbeat_slot(name)] = 0.0  # silent until its first beat
         self._spawn_engine(engine, first=False)
+
+    def respawn_storage(self, node: int) -> list[Any]:
+        """Replace node ``node``'s dead (or stalled) storage worker on the same inbox (engines
+        hold it). Returns the messages still queued for it, for the caller to re-issue: the
+        inbox is drained, after releasing its reader lock if the dead worker held it."""
+        assert self.env is not None
+        if self.options.transport != "shm":  # shm regions are addressed by name: still valid
+            raise RuntimeFailure(
+                f"storage worker of node {node} died; respawn needs the shm transport "
+                "(a new Mooncake endpoint would invalidate the engines' region handles)"
+            )
+        name = f"storage@node{node}"
+        old = self.procs.pop(name)
+        if old.is_alive():
+            old.kill()
+        old.join(timeout=2.0)
+        inbox = self.env.storage_inboxes[node]
+        lock = inbox._rlock  # a worker killed inside get() dies holding it
+        if lock.acquire(timeout=0.1):
+            lock.release()
+        else:
+            lock.release()
+        pending = []
+        while True:
+            try:
+                pending.append(inbox.get(timeout=0.05))
+            except queue.Empty:
+                break
+        self.heartbeats[self.env.heartbeat_slot(name)] = 0.0
+        self._spawn(name, storage_main, (self.env, node, inbox, False))
+        return pending
 
     def stalled(self, name: str) -> bool:
         """``name`` beat before but not within ``liveness_timeout_s`` (e.g. SIGSTOPped)."""

@@ -21,6 +21,9 @@ class FaultPlan:
     # engine ``crash_engine`` at its ``crash_at_message``-th work message: "exit" (os._exit)
     # or "stop" (SIGSTOP itself: a stalled engine, found by its missing heartbeat)
     crash_mode: str = "exit"
+    # node ``crash_storage``'s storage worker exits abruptly at its first read (first
+    # incarnation only); -1 = no fault
+    crash_storage: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from dualpath.runtime.messages import (
     ErrorMsg,
     LoadedMsg,
     PersistedMsg,
+    PersistMsg,
     PrefillDoneMsg,
     PrefillMsg,
     ReadDoneMsg,
@@ -278,6 +279,8 @@ class Scheduler:
                 self._free_slots(req)  # the last writer of an aborted request is done
             return
         if isinstance(msg, ReadDoneMsg):
+            if req.phase != "reading":  # a read re-issued after a storage respawn: done once
+                return
             self.counters.read_windows.setdefault(msg.node_id, []).append((msg.start_s, msg.done_s))
             self._read_done(req, msg.num_ok, msg.done_s)
         elif isinstance(msg, PrefillDoneMsg):
@@ -360,8 +363,8 @@ class Scheduler:
         A dead PE matters until its prefill is done, a dead DE until decode is done. Slots
         that a live process may still write (an in-flight read or prefill) are freed when it
         reports back, never earlier."""
-        if self.launcher.dead_workers():
-            raise RuntimeFailure(f"storage worker died: {self.launcher.dead_workers()}")
+        for name in self.launcher.dead_workers():
+            self._recover_storage(int(name.removeprefix("storage@node")))
         for e in self.launcher.dead_engines():
             self.launcher.respawn(e)
             for req in sorted(self.reqs.values(), key=lambda r: r.rid):
@@ -376,6 +379,25 @@ class Scheduler:
                 self.counters.requeued += 1
                 append = req.tokens[len(self.agents[req.agent].context) :]
                 self.submit_turn(req.agent, append, req.output_tokens)
+
+    def _recover_storage(self, node: int) -> None:
+        """Respawn a dead storage worker; re-issue its reads and its queued writes. Writes it
+        had already taken are lost: their keys are treated as not cached (the turns waiting on
+        them go ahead and recompute what is missing)."""
+        pending = self.launcher.respawn_storage(node)
+        inbox = self.env.storage_inboxes[node]
+        for msg in pending:
+            if isinstance(msg, PersistMsg):
+                inbox.put(msg)
+        for req in sorted(self.reqs.values(), key=lambda r: r.rid):
+            if req.phase == "reading" and req.read_node == node:
+                self.counters.requeued += 1
+                self._start_read(req)  # the same slots: the retry overwrites them
+        for agent_id in sorted(self.unpersisted):
+            _, arrival_s = self.unpersisted.pop(agent_id)
+            nxt = self.agents[agent_id].next_turn()
+            if nxt is not None:
+                self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
 
     def _abort(self, req: Req, free_now: bool) -> None:
         a = req.assign

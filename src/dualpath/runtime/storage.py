@@ -87,6 +87,7 @@ class StorageWorker:
         self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
         self.snic_write = Pacer(rate, f"node{node}.snic.write", clock=now)
         self.paced = env.options.paced_kv
+        self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
         # the node buffer as a transport region: the peer side of every engine's transfers
@@ -140,6 +141,8 @@ class StorageWorker:
                 if isinstance(msg, StopMsg):
                     break
                 if isinstance(msg, ReadMsg):
+                    if self.crash_on_read:
+                        os._exit(19)  # fault injection: a storage worker dies mid-run
                     self.handle_read(msg)
                 elif isinstance(msg, PersistMsg):
                     self.writes.put(msg)
@@ -151,14 +154,16 @@ class StorageWorker:
             self.buffer.close()
 
 
-def storage_main(env: ProcEnv, node: int, inbox: Any) -> None:
+def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False) -> None:
     """Process entry point of node ``node``'s storage worker."""
     child_setup()
     env.start_heartbeat(f"storage@node{node}")
     if env.options.faults.fail_writes:
         inject_write_failures(env.options.faults.fail_writes)
     try:
-        StorageWorker(env, node).serve(inbox)
+        worker = StorageWorker(env, node)
+        worker.crash_on_read = crash_on_read
+        worker.serve(inbox)
     except Exception as err:  # report, then exit non-zero: the scheduler shuts the run down
         env.results.put(ErrorMsg(f"storage@node{node}", f"{type(err).__name__}: {err}"))
         raise
