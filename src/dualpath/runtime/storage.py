@@ -72,7 +72,7 @@ def inject_write_failures(count: int) -> None:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         real(fd, data)
 
-    kvs._write_all = failing  # type: ignore[assignment]
+    kvs._write_all = failing
 
 
 class StorageWorker:
