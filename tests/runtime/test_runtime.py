@@ -60,7 +60,9 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     # damage the store: flip a byte of agent 0's first block, delete agent 1's second block
     ns = kv_namespace(cfg, opts.weight_seed)
     store = KVStore(
-        tmp_path, BlockLayout(cfg.model.num_layers, 64, cfg.model.kv_bytes_per_token_per_layer)
+        tmp_path,
+        BlockLayout(cfg.model.num_layers, 64, cfg.model.kv_bytes_per_token_per_layer),
+        namespace=ns,
     )
     corrupt = block_keys(agents[0].appends[0], 64, ns)[0]
     missing = block_keys(agents[1].appends[0], 64, ns)[1]

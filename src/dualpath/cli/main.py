@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from dualpath import __version__
 from dualpath.cli.common import add_config_args, build_config
@@ -63,7 +64,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
 def _run_main_job(args: argparse.Namespace) -> int:
     try:
         sim = importlib.import_module("dualpath.cli.sim_cmd")
-    except ImportError:
+    except ModuleNotFoundError as err:
+        if _is_ours(err.name) and err.name != "dualpath.cli.sim_cmd":
+            raise  # a broken import inside the package is a bug: show it
         sim = None
     if sim is not None and hasattr(sim, "run_default"):
         return int(sim.run_default(args.out))
@@ -76,8 +79,36 @@ def _run_main_job(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): ``dualpath CMD: error: ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _is_ours(module: str | None) -> bool:
+    return module is None or module == "dualpath" or module.startswith("dualpath.")
+
+
+def _add_missing_parser(sub: argparse._SubParsersAction, adder: str, missing: str) -> None:
+    """A subcommand whose third-party dependency is not installed: one line when used."""
+    name = adder.removeprefix("add_").removesuffix("_parser")
+
+    def run(_: argparse.Namespace) -> int:
+        raise UserError(
+            f"`dualpath {name}` needs the Python package {missing!r}, which is not installed: "
+            "run `make run` (or pip install -e '.[plot,runtime]')"
+        )
+
+    p = sub.add_parser(
+        name, help=f"(unavailable: needs {missing})", add_help=False, prefix_chars="\0"
+    )
+    p.add_argument("rest", nargs="*")  # every argument accepted: the one line comes on use
+    p.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dualpath",
         description="DualPath: dual-path KV-cache loading for agentic LLM inference.",
     )
@@ -88,10 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     for module_name, adder in _OPTIONAL:
         try:
             module = importlib.import_module(module_name)
-        except ImportError:
+        except ModuleNotFoundError as err:
+            if _is_ours(err.name):
+                raise  # a layer of this package missing or broken: a bug, never "invalid choice"
+            _add_missing_parser(sub, adder, err.name or "?")
             continue
-        if hasattr(module, adder):
-            getattr(module, adder)(sub)
+        getattr(module, adder)(sub)
     _add_config_parser(sub)
     _add_presets_parser(sub)
     return parser
@@ -105,8 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, UserError) as exc:
+    except (ValueError, OverflowError, UserError) as exc:
         print(f"dualpath: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        # a path the user named (output folder, config, store root) cannot be used
+        print(f"dualpath: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dualpath: interrupted", file=sys.stderr)

@@ -95,13 +95,74 @@ def format_runs(runs: list[BenchRun]) -> str:
     return "\n".join(lines)
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite float (inf and nan are user mistakes, never a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: must be a finite number")
+    return value
+
+
+# the runtime's emulated GPUs hold a whole context in an mmap'd "HBM" and in CPU torch: cap it
+MAX_RUNTIME_KV_BYTES = 1 << 30
+
+
+def check_runnable(config: Config) -> None:
+    """ValueError (one line) when the runtime cannot run ``config``'s model (SPEC §13)."""
+    m = config.model
+    why = []
+    if m.attention != "gqa":
+        why.append(f"attention={m.attention!r} (needs 'gqa')")
+    if m.kv_dtype_bytes != 4:
+        why.append(f"kv_dtype_bytes={m.kv_dtype_bytes} (needs 4, float32)")
+    if not why and m.num_layers * m.max_context_tokens * m.kv_bytes_per_token_per_layer > (
+        MAX_RUNTIME_KV_BYTES
+    ):
+        why.append("a context's KV exceeds the CPU runtime's 1 GiB per engine")
+    if why:
+        raise ValueError(
+            f"preset/model {m.name!r} cannot run on the local runtime: {'; '.join(why)} "
+            "(use a tiny-* preset, e.g. --preset tiny-1p1d)"
+        )
+
+
+def check_kv_root(kv_root: str) -> None:
+    """ValueError (one line) unless ``kv_root`` can be created and written."""
+    path = Path(kv_root)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ValueError(f"--kv-root {kv_root!r} is invalid: not writable ({reason})") from None
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.runtime != "local":
         raise ValueError(f"--runtime {args.runtime!r} is invalid: must be 'local'")
     config = build_config(args)
+    check_runnable(config)
+    for name in ("token_scale", "snic_mb_per_s"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} is invalid: must be > 0")
+    for name in ("agents", "max_gen"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {value} is invalid: must be >= 1")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "`dualpath bench` needs the runtime extra (torch): run `make run`, or "
+            "pip install torch==2.13.0 -e '.[runtime]'"
+        ) from None
+    check_kv_root(args.kv_root)
     if args.snic_mb_per_s is not None:
-        if args.snic_mb_per_s <= 0:
-            raise ValueError(f"--snic-mb-per-s {args.snic_mb_per_s} is invalid: must be > 0")
         hw = replace(config.hardware, snic_bytes_per_s=args.snic_mb_per_s * 1e6)
         config = replace(config, hardware=hw)
     if args.agents is not None:
@@ -134,11 +195,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument(
         "--systems", default="basic,dualpath", help="basic, layer, dpl, dualpath, oracle"
     )
-    p.add_argument("--token-scale", type=float, default=0.25, help="scale of SPEC §9 appends")
+    p.add_argument(
+        "--token-scale", type=finite_float, default=0.25, help="scale of SPEC §9 appends"
+    )
     p.add_argument("--max-gen", type=int, default=4, help="cap on generated tokens per turn")
     p.add_argument(
         "--snic-mb-per-s",
-        type=float,
+        type=finite_float,
         default=30.0,
         help="emulated SNIC bandwidth, MB/s (default 30: loading dominates on a small host)",
     )

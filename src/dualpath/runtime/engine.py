@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 from typing import Any
 
 import torch
@@ -112,8 +113,10 @@ class Engine:
                 break
             if msg is not None:
                 self._num_work += 1
-                if self._num_work == self._crash_at:
-                    os._exit(17)  # fault injection: die abruptly, mid-run
+                if self._num_work == self._crash_at:  # fault injection: die or stall, mid-run
+                    if self.env.options.faults.crash_mode == "stop":
+                        os.kill(os.getpid(), signal.SIGSTOP)
+                    os._exit(17)
                 self.handle(msg)
             if self.has_work():
                 self.step()
@@ -127,6 +130,7 @@ def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None
     """Process entry point of engine ``engine_id`` (PE or DE by id)."""
     child_setup()
     name = env.topology.engine_name(engine_id)
+    env.start_heartbeat(name)
     try:
         if env.topology.is_pe(engine_id):
             from dualpath.runtime.prefill import PrefillEngine

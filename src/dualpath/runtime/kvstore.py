@@ -1,9 +1,12 @@
 """Persistent KV store (SPEC §2–§3): file-backed Full Blocks addressed by the prefix hash chain.
 
 One file per Full Block: a 4 KiB header (magic, version, layers, tokens, row bytes, payload
-bytes, crc32 of the payload) then the layer-major payload ``[layers, tokens, row_bytes]``, so
-a Layer Block is a contiguous slice. Writes are atomic (temporary file + ``os.replace``); reads
-verify the checksum and raise ``BlockMissing`` / ``BlockCorrupt`` (callers recompute). Owns no
+bytes, crc32 of the payload, the 16-byte namespace fingerprint) then the layer-major payload
+``[layers, tokens, row_bytes]``, so a Layer Block is a contiguous slice. Writes are atomic and
+durable (temporary file, fsync, ``os.replace``, fsync of the directory) before
+``write_block`` returns. Reads verify the header and checksum and raise ``BlockMissing`` /
+``BlockCorrupt`` (callers recompute); a block of another namespace (other model, weights,
+dtype, block size, layout or tenant) is a miss, never a hit. Files are 0600, dirs 0700. Owns no
 pacing: the node's storage worker puts reads and writes through its SNIC pacer.
 """
 
@@ -12,15 +15,17 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"DPKV"
-VERSION = 1
+VERSION = 2  # layout version: part of every namespace fingerprint and of every block header
 HEADER_BYTES = 4096  # page-aligned payload: O_DIRECT reads land straight in a buffer slot
-_HEADER = struct.Struct("<4sHIIIQI")
+_HEADER = struct.Struct("<4sHIIIQI16s")
+FINGERPRINT_BYTES = 16
 DEFAULT_ROOT = "./.dualpath/kv"
 
 
@@ -34,6 +39,15 @@ class BlockMissing(KVStoreError):
 
 class BlockCorrupt(KVStoreError):
     pass
+
+
+class BlockForeign(KVStoreError):
+    """The block belongs to another namespace (fingerprint mismatch): a miss, left in place."""
+
+
+def fingerprint(namespace: str) -> bytes:
+    """16-byte digest of a namespace, stored in every block header and checked on read."""
+    return hashlib.blake2b(namespace.encode(), digest_size=FINGERPRINT_BYTES).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,20 @@ class BlockLayout:
         return layer * self.layer_block_bytes + token_in_block * self.row_bytes
 
 
+def _write_all(fd: int, data: memoryview | bytes) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str) -> list[str]:
     """Hash-chain keys of every *full* block of ``tokens`` (a trailing partial block has none).
 
@@ -78,10 +106,17 @@ def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str) -> list
 class KVStore:
     """Full Blocks under ``root`` (a local directory or a shared file-system mount)."""
 
-    def __init__(self, root: str | Path, layout: BlockLayout, direct_io: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        layout: BlockLayout,
+        direct_io: bool = False,
+        namespace: str = "",
+    ) -> None:
         self.root = Path(root)
         self.layout = layout
         self.direct_io = direct_io
+        self.fingerprint = fingerprint(namespace)
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.kvb"
@@ -102,7 +137,7 @@ class KVStore:
         lay = self.layout
         head = _HEADER.pack(
             MAGIC, VERSION, lay.num_layers, lay.block_tokens, lay.row_bytes,
-            lay.full_block_bytes, crc,
+            lay.full_block_bytes, crc, self.fingerprint,
         )  # fmt: skip
         return head.ljust(HEADER_BYTES, b"\0")
 
@@ -115,13 +150,34 @@ class KVStore:
         final = self.path(key)
         if final.is_file():
             return False
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(self._header(zlib.crc32(payload)))
-            f.write(payload)
-        os.replace(tmp, final)
+        self._make_dirs(final.parent)
+        tmp = final.with_name(f"{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, self._header(zlib.crc32(payload)))
+                _write_all(fd, payload)
+                os.fsync(fd)  # the bytes are on disk before the name points at them
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # no temporary file outlives a failed write
+            raise
+        fsync_dir(final.parent)  # the rename itself is durable: only now is the block acked
         return True
+
+    def _make_dirs(self, path: Path) -> None:
+        """Create the store's directories 0700 (the umask cannot widen them)."""
+        if path.is_dir():
+            return
+        self._make_dirs(path.parent)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            return
+        os.chmod(path, 0o700)
+        fsync_dir(path.parent)
 
     def read_block(self, key: str, out: memoryview) -> None:
         """Read and verify one Full Block into ``out`` (exactly ``full_block_bytes``)."""
@@ -167,7 +223,7 @@ class KVStore:
         lay = self.layout
         if len(head) < _HEADER.size:
             raise BlockCorrupt(f"block {key}: truncated header")
-        magic, version, layers, tokens, row, size, crc = _HEADER.unpack_from(head)
+        magic, version, layers, tokens, row, size, crc, fp = _HEADER.unpack_from(head)
         expect = (MAGIC, VERSION, lay.num_layers, lay.block_tokens, lay.row_bytes)
         if (magic, version, layers, tokens, row) != expect:
             raise BlockCorrupt(f"block {key}: header {(magic, version, layers, tokens, row)}")
@@ -175,3 +231,5 @@ class KVStore:
             raise BlockCorrupt(f"block {key}: {got} payload bytes, expected {size}")
         if zlib.crc32(out) != crc:
             raise BlockCorrupt(f"block {key}: checksum mismatch")
+        if fp != self.fingerprint:
+            raise BlockForeign(f"block {key}: written under another namespace")

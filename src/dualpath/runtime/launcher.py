@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import time
 import uuid
 from dataclasses import replace
@@ -28,6 +29,7 @@ from dualpath.runtime.topology import Topology
 from dualpath.runtime.transport.base import RegionHandle
 
 JOIN_TIMEOUT_S = 10.0
+READY_POLL_S = 0.1  # how often start-up checks that children are still alive
 
 
 class RuntimeFailure(Exception):
@@ -43,6 +45,15 @@ def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> i
     return max(1, int(size // full.full_block_bytes))
 
 
+def startup_warning(options: RuntimeOptions) -> str | None:
+    """The one line a run prints at start-up about its transport's exposure, if any."""
+    if options.transport != "mooncake":
+        return None
+    from dualpath.runtime.transport.mooncake import BIND_WARNING
+
+    return BIND_WARNING
+
+
 class Launcher:
     def __init__(self, config: Config, options: RuntimeOptions) -> None:
         self.config = config
@@ -54,9 +65,13 @@ class Launcher:
         self.engine_inbox: dict[int, Any] = {}
         self.results: Any = self.ctx.Queue()
         self.env: ProcEnv | None = None
+        self.heartbeats: Any = None  # RawArray of doubles, one per child (see ProcEnv)
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
+        warning = startup_warning(self.options)
+        if warning:
+            print(warning, file=sys.stderr)  # one line, once per run
         layout = BlockLayout(cfg.model.num_layers, cfg.scheduler.block_tokens,
                              cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -69,11 +84,15 @@ class Launcher:
             specs.append(spec)
             locks.append(lock)
         storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
+        self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
-                      storage_inboxes, time.monotonic(), os.getpid())  # fmt: skip
+                      storage_inboxes, time.monotonic(), os.getpid(),
+                      heartbeats=self.heartbeats)  # fmt: skip
         self.env = env
+        crash = self.options.faults.crash_storage
         for node in range(topo.num_nodes):
-            self._spawn(f"storage@node{node}", storage_main, (env, node, storage_inboxes[node]))
+            self._spawn(f"storage@node{node}", storage_main,
+                        (env, node, storage_inboxes[node], node == crash))  # fmt: skip
         regions = self._await_ready(set(self.procs))
         env = replace(
             env, regions=tuple(regions[f"storage@node{n}"] for n in range(topo.num_nodes))
@@ -105,9 +124,14 @@ class Launcher:
         waiting = set(names)
         while waiting:
             try:
-                msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+                msg = self.results.get(timeout=READY_POLL_S)
             except queue.Empty:
-                raise RuntimeFailure(f"not ready in time: {', '.join(sorted(waiting))}") from None
+                self._check_bootstrap(waiting)
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure(
+                        f"not ready in time: {', '.join(sorted(waiting))}"
+                    ) from None
+                continue
             if isinstance(msg, ErrorMsg):
                 raise RuntimeFailure(f"{msg.who} failed to start: {msg.text}")
             if isinstance(msg, ReadyMsg):
@@ -116,21 +140,75 @@ class Launcher:
                     regions[msg.who] = msg.region
         return regions
 
+    def _check_bootstrap(self, waiting: set[str]) -> None:
+        """A child that died before its readiness ack fails the start at once (e.g. a script
+        without an ``if __name__ == "__main__":`` guard, whose spawned children cannot start)."""
+        for name in sorted(waiting):
+            proc = self.procs.get(name)
+            if proc is not None and not proc.is_alive():
+                raise RuntimeFailure(
+                    f"{name} exited with code {proc.exitcode} during start-up (if this runs "
+                    'from a script: guard its entry point with `if __name__ == "__main__":`)'
+                )
+
     def respawn(self, engine: int) -> None:
         """Replace a dead engine; its readiness ack arrives on the results queue later."""
         name = self.topology.engine_name(engine)
         old = self.procs.pop(name)
+        if old.is_alive():  # stalled (no heartbeat): make sure it is gone before replacing it
+            old.kill()
         old.join(timeout=1.0)
+        assert self.env is not None
+        self.heartbeats[self.env.heartbeat_slot(name)] = 0.0  # silent until its first beat
         self._spawn_engine(engine, first=False)
 
+    def respawn_storage(self, node: int) -> list[Any]:
+        """Replace node ``node``'s dead (or stalled) storage worker on the same inbox (engines
+        hold it). Returns the messages still queued for it, for the caller to re-issue: the
+        inbox is drained, after releasing its reader lock if the dead worker held it."""
+        assert self.env is not None
+        if self.options.transport != "shm":  # shm regions are addressed by name: still valid
+            raise RuntimeFailure(
+                f"storage worker of node {node} died; respawn needs the shm transport "
+                "(a new Mooncake endpoint would invalidate the engines' region handles)"
+            )
+        name = f"storage@node{node}"
+        old = self.procs.pop(name)
+        if old.is_alive():
+            old.kill()
+        old.join(timeout=2.0)
+        inbox = self.env.storage_inboxes[node]
+        lock = inbox._rlock  # a worker killed inside get() dies holding it
+        if lock.acquire(timeout=0.1):
+            lock.release()
+        else:
+            lock.release()
+        pending = []
+        while True:
+            try:
+                pending.append(inbox.get(timeout=0.05))
+            except queue.Empty:
+                break
+        self.heartbeats[self.env.heartbeat_slot(name)] = 0.0
+        self._spawn(name, storage_main, (self.env, node, inbox, False))
+        return pending
+
+    def stalled(self, name: str) -> bool:
+        """``name`` beat before but not within ``liveness_timeout_s`` (e.g. SIGSTOPped)."""
+        if self.env is None:
+            return False
+        last = self.heartbeats[self.env.heartbeat_slot(name)]
+        return last > 0 and self.env.clock.now() - last > self.options.liveness_timeout_s
+
+    def _dead(self, name: str) -> bool:
+        return not self.procs[name].is_alive() or self.stalled(name)
+
     def dead_engines(self) -> list[int]:
-        return [e for e in self.topology.engine_ids
-                if not self.procs[self.topology.engine_name(e)].is_alive()]  # fmt: skip
+        """Engines that exited or stopped beating (those are killed on ``respawn``)."""
+        return [e for e in self.topology.engine_ids if self._dead(self.topology.engine_name(e))]
 
     def dead_workers(self) -> list[str]:
-        return [
-            n for n, p in sorted(self.procs.items()) if n.startswith("storage") and not p.is_alive()
-        ]
+        return [n for n in sorted(self.procs) if n.startswith("storage") and self._dead(n)]
 
     def close(self) -> None:
         if self.env is not None:

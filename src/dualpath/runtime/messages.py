@@ -64,9 +64,11 @@ class PersistMsg:
 
 @dataclass(frozen=True, slots=True)
 class PersistedMsg:
-    """The storage worker wrote (or already had) the block ``key``: it is durable."""
+    """The storage worker wrote (or already had) the block ``key``: it is durable (fsynced).
+    ``ok=False``: persisting failed after retries (e.g. a full disk); the block is not cached."""
 
     key: str
+    ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,23 @@ class FaultPlan:
 
     crash_engine: int = -1
     crash_at_message: int = 1
+    # storage workers: the first ``fail_writes`` block-file writes fail with ENOSPC halfway
+    # through the payload (a full disk); -1 = every write fails
+    fail_writes: int = 0
+    # engine ``crash_engine`` at its ``crash_at_message``-th work message: "exit" (os._exit)
+    # or "stop" (SIGSTOP itself: a stalled engine, found by its missing heartbeat)
+    crash_mode: str = "exit"
+    # node ``crash_storage``'s storage worker exits abruptly at its first read (first
+    # incarnation only); -1 = no fault
+    crash_storage: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
     """``system``: policy name, or ``oracle`` (= dualpath with KV traffic unpaced: storage reads,
     buffer loads and PD transfers take no emulated NIC time). ``kv_root``: the KV store root
-    (on a cluster, a shared file-system mount). ``buffer_slots``: Full-Block slots per node
+    (on a cluster, a shared file-system mount). ``tenant``: salt of the KV namespace, so one
+    tenant never reads another's blocks. ``buffer_slots``: Full-Block slots per node
     buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``). ``hbm_tokens``: KV
     capacity of each engine's paged HBM, in tokens of all layers (pages of one Layer Block).
     ``batching``: False runs one request per PE forward pass and per DE decode batch (the
@@ -34,9 +44,11 @@ class RuntimeOptions:
     hbm_tokens: int = 65536
     batching: bool = True
     weight_seed: int = 0
+    tenant: str = ""  # per-tenant salt of the KV namespace ("" = the one default tenant)
     direct_io: bool = False
     ready_timeout_s: float = 120.0
     request_timeout_s: float = 300.0
+    liveness_timeout_s: float = 5.0  # a child silent this long is declared dead (killed)
     faults: FaultPlan = FaultPlan()
 
     def __post_init__(self) -> None:

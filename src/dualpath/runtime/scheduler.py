@@ -12,6 +12,7 @@ is read only through ``self.now``.
 from __future__ import annotations
 
 import queue
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from dualpath.runtime.messages import (
     ForwardMsg,
     LoadedMsg,
     PersistedMsg,
+    PersistMsg,
     ReadDoneMsg,
     ReadMsg,
     ReadyMsg,
@@ -106,6 +108,7 @@ class Scheduler:
         # turns submitted from other threads (a server); drained by the run loop
         self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.token_callbacks: dict[int, TokenCallback] = {}
+        self.rejected: list[str] = []  # turns rejected alone (one line each)
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -196,6 +199,25 @@ class Scheduler:
             cb(req.rid, tokens, done)
             if done:
                 del self.token_callbacks[req.rid]
+
+    def submit_or_reject(
+        self,
+        agent_id: int,
+        append: tuple[int, ...],
+        output_tokens: int,
+        arrival_s: float | None = None,
+    ) -> Req | None:
+        """``submit_turn``, but a bad turn (e.g. past the context limit) is rejected alone: it
+        is reported in one line and ends its agent's script (later turns only grow); the run
+        goes on."""
+        try:
+            return self.submit_turn(agent_id, append, output_tokens, arrival_s)
+        except ValueError as err:
+            agent = self.agents[agent_id]
+            self.rejected.append(f"agent {agent_id} turn {agent.turn}: {err}")
+            print(f"dualpath: turn rejected: {self.rejected[-1]}", file=sys.stderr)
+            agent.turn = len(agent.appends)
+            return None
 
     # ------------------------------------------------------------------ view and scheduling
     def view(self) -> ClusterView:
@@ -392,6 +414,8 @@ class Scheduler:
             return
         if isinstance(msg, PersistedMsg):
             self._persisted(msg.key)
+            if not msg.ok:  # not cached (e.g. full disk): later turns recompute it
+                self.durable.discard(msg.key)
             return
         if isinstance(msg, ForwardDoneMsg):
             self._forward_done(msg)
@@ -404,6 +428,8 @@ class Scheduler:
                 self._free_slots(req)  # the last writer of an aborted request is done
             return
         if isinstance(msg, ReadDoneMsg):
+            if req.phase != "reading":  # a read re-issued after a storage respawn: done once
+                return
             self.counters.read_windows.setdefault(msg.node_id, []).append((msg.start_s, msg.done_s))
             self._read_done(req, msg.num_ok, msg.done_s)
         elif isinstance(msg, LoadedMsg):
@@ -455,7 +481,7 @@ class Scheduler:
         if pending:
             self.unpersisted[agent.agent_id] = (pending, msg.finish_s)
         else:
-            self.submit_turn(agent.agent_id, *nxt, arrival_s=msg.finish_s)
+            self.submit_or_reject(agent.agent_id, *nxt, arrival_s=msg.finish_s)
 
     def _persisted(self, key: str) -> None:
         self.durable.add(key)
@@ -466,7 +492,7 @@ class Scheduler:
                 del self.unpersisted[agent_id]
                 nxt = self.agents[agent_id].next_turn()
                 assert nxt is not None
-                self.submit_turn(agent_id, *nxt, arrival_s=arrival_s)
+                self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
 
     # ------------------------------------------------------------------ faults
     def _free_slots(self, req: Req) -> None:
@@ -485,8 +511,8 @@ class Scheduler:
         A dead PE matters until its prefill is done, a dead DE until decode is done. Slots
         that a live process may still write (an in-flight read or prefill) are freed when it
         reports back, never earlier."""
-        if self.launcher.dead_workers():
-            raise RuntimeFailure(f"storage worker died: {self.launcher.dead_workers()}")
+        for name in self.launcher.dead_workers():
+            self._recover_storage(int(name.removeprefix("storage@node")))
         for e in self.launcher.dead_engines():
             self.launcher.respawn(e)
             self.in_pass.pop(e, None)
@@ -507,6 +533,25 @@ class Scheduler:
                     self.token_callbacks[again.rid] = self.token_callbacks.pop(req.rid)
             for group in sorted(self.groups):
                 self.kick(group)
+
+    def _recover_storage(self, node: int) -> None:
+        """Respawn a dead storage worker; re-issue its reads and its queued writes. Writes it
+        had already taken are lost: their keys are treated as not cached (the turns waiting on
+        them go ahead and recompute what is missing)."""
+        pending = self.launcher.respawn_storage(node)
+        inbox = self.env.storage_inboxes[node]
+        for msg in pending:
+            if isinstance(msg, PersistMsg):
+                inbox.put(msg)
+        for req in sorted(self.reqs.values(), key=lambda r: r.rid):
+            if req.phase == "reading" and req.read_node == node:
+                self.counters.requeued += 1
+                self._start_read(req)  # the same slots: the retry overwrites them
+        for agent_id in sorted(self.unpersisted):
+            _, arrival_s = self.unpersisted.pop(agent_id)
+            nxt = self.agents[agent_id].next_turn()
+            if nxt is not None:
+                self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
 
     def _abort(self, req: Req, free_now: bool) -> None:
         a = req.assign

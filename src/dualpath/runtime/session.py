@@ -72,7 +72,7 @@ class LocalRuntime:
         for agent in agents:
             first = agent.next_turn()
             if first is not None:
-                sched.submit_turn(agent.agent_id, *first)
+                sched.submit_or_reject(agent.agent_id, *first)
         return sched.run()
 
     def pids(self) -> list[int]:

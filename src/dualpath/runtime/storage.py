@@ -8,15 +8,19 @@ recomputed block gets persisted again.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import dualpath.runtime.kvstore as kvs
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.env import ProcEnv, child_setup
-from dualpath.runtime.kvstore import BlockCorrupt, KVStore, KVStoreError
+from dualpath.runtime.kvstore import HEADER_BYTES, BlockCorrupt, KVStore, KVStoreError
 from dualpath.runtime.messages import (
     ErrorMsg,
     PersistedMsg,
@@ -30,6 +34,45 @@ from dualpath.runtime.pacer import Pacer
 from dualpath.runtime.transport import make_transport
 
 POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
+PERSIST_ATTEMPTS = 3  # a failed block write (full disk, I/O error) is retried ...
+PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then it is dropped
+
+
+def persist_with_retry(
+    store: KVStore,
+    key: str,
+    payload: memoryview,
+    attempts: int = PERSIST_ATTEMPTS,
+    backoff_s: float = PERSIST_BACKOFF_S,
+) -> OSError | None:
+    """Write one block, retrying OSErrors with exponential backoff; the last error, or None.
+    A failed attempt leaves no temporary file (``KVStore.write_block`` removes it)."""
+    err: OSError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(backoff_s * 4 ** (attempt - 1))
+        try:
+            store.write_block(key, payload)
+            return None
+        except OSError as e:
+            err = e
+    return err
+
+
+def inject_write_failures(count: int) -> None:
+    """Fault injection (``FaultPlan.fail_writes``): this process's next ``count`` block writes
+    (-1: all) fail with ENOSPC after half the payload reached the temporary file."""
+    real = kvs._write_all
+    left = [count]
+
+    def failing(fd: int, data: memoryview | bytes) -> None:
+        if len(data) > HEADER_BYTES and left[0] != 0:
+            left[0] -= 1
+            real(fd, memoryview(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        real(fd, data)
+
+    kvs._write_all = failing
 
 
 class StorageWorker:
@@ -44,6 +87,7 @@ class StorageWorker:
         self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
         self.snic_write = Pacer(rate, f"node{node}.snic.write", clock=now)
         self.paced = env.options.paced_kv
+        self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
         # the node buffer as a transport region: the peer side of every engine's transfers
@@ -74,13 +118,15 @@ class StorageWorker:
             if self.paced:
                 self.snic_write.transfer(self.store.layout.full_block_bytes)
             try:
-                self.store.write_block(msg.key, self.buffer.slot(msg.slot))
-            except Exception as err:  # e.g. an unwritable KV root: fail the run, loudly
-                self.env.results.put(ErrorMsg(self.name, f"persist failed: {err}"))
+                err = persist_with_retry(self.store, msg.key, self.buffer.slot(msg.slot))
+            except Exception as bug:  # not an I/O error: fail the run, loudly
+                self.env.results.put(ErrorMsg(self.name, f"persist failed: {bug}"))
                 continue
             finally:
                 self.buffer.free([msg.slot])
-            self.env.results.put(PersistedMsg(msg.key))
+            if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
+                print(f"dualpath: {self.name}: block not cached: {err}", file=sys.stderr)
+            self.env.results.put(PersistedMsg(msg.key, ok=err is None))
 
     def serve(self, inbox: Any) -> None:
         writer = threading.Thread(target=self._write_loop, name="persist", daemon=True)
@@ -95,6 +141,8 @@ class StorageWorker:
                 if isinstance(msg, StopMsg):
                     break
                 if isinstance(msg, ReadMsg):
+                    if self.crash_on_read:
+                        os._exit(19)  # fault injection: a storage worker dies mid-run
                     self.handle_read(msg)
                 elif isinstance(msg, PersistMsg):
                     self.writes.put(msg)
@@ -106,11 +154,16 @@ class StorageWorker:
             self.buffer.close()
 
 
-def storage_main(env: ProcEnv, node: int, inbox: Any) -> None:
+def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False) -> None:
     """Process entry point of node ``node``'s storage worker."""
     child_setup()
+    env.start_heartbeat(f"storage@node{node}")
+    if env.options.faults.fail_writes:
+        inject_write_failures(env.options.faults.fail_writes)
     try:
-        StorageWorker(env, node).serve(inbox)
+        worker = StorageWorker(env, node)
+        worker.crash_on_read = crash_on_read
+        worker.serve(inbox)
     except Exception as err:  # report, then exit non-zero: the scheduler shuts the run down
         env.results.put(ErrorMsg(f"storage@node{node}", f"{type(err).__name__}: {err}"))
         raise

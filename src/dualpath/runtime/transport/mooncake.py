@@ -3,17 +3,62 @@
 Each process runs one ``TransferEngine`` with metadata server ``P2PHANDSHAKE`` (peers are
 addressed by ``host:rpc_port``; no etcd). Regions are registered by address. The import needs
 ``mooncake-transfer-engine-non-cuda`` and the system library ``libibverbs1``.
+
+Exposure: the library's RPC/handshake and TCP-transport listeners bind every interface
+(``0.0.0.0`` and ``::``) whatever hostname ``initialize`` is given (``MC_TCP_BIND_ADDRESS`` made
+no difference in our check), and they are unauthenticated. This backend therefore prints
+``BIND_WARNING`` once at start-up; shared memory stays the default transport.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import time
 from typing import Any
 
 from dualpath.runtime.transport.base import KVTransport, RegionHandle, Transfer, check_range
 
 _PENDING, _DONE = 0, 1  # transfer_check_status: 0 pending, 1 completed, negative failed
+
+
+BIND_WARNING = (
+    "dualpath: warning: the Mooncake transport listens on all interfaces (0.0.0.0, ::), not "
+    "only the configured host, without authentication; use --transport shm on shared hosts"
+)
+
+_LOOPBACK = ("0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
+
+
+def listening_sockets(pid: int | str = "self") -> list[tuple[str, str]]:
+    """(protocol, local address as in /proc/net) of every TCP listener and UDP socket of
+    process ``pid``."""
+    inodes = set()
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            m = re.match(r"socket:\[(\d+)\]", os.readlink(f"{fd_dir}/{fd}"))
+        except OSError:
+            continue
+        if m:
+            inodes.add(m.group(1))
+    found = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            with open(f"/proc/{pid}/net/{proto}") as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[9] in inodes and (proto.startswith("udp") or f[3] == "0A"):  # 0A: LISTEN
+                found.append((proto, f[1]))
+    return found
+
+
+def non_loopback(sockets: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(p, a) for p, a in sockets if a.rsplit(":", 1)[0] not in _LOOPBACK]
 
 
 def load_engine_class() -> Any:
