@@ -180,12 +180,11 @@ def test_failure_inside_the_run_stops_every_process(tmp_path: Path) -> None:
 
 def test_a_failing_process_fails_the_run_and_stops_everything(tmp_path: Path) -> None:
     root = tmp_path / "not-a-directory"
-    root.write_text("x")  # persisting under it fails in the storage worker
-    with LocalRuntime(small_config(), RuntimeOptions(kv_root=str(root))) as rt:
-        pids = rt.pids()
-        with pytest.raises(RuntimeFailure, match="persist failed"):
-            rt.run(_fresh(_agents(1, 2)))
-    assert_no_processes(pids)
+    root.write_text("x")  # the KV root cannot be written: the run fails before it starts
+    rt = LocalRuntime(small_config(), RuntimeOptions(kv_root=str(root)))
+    with pytest.raises(RuntimeFailure, match="not a writable directory"):
+        rt.__enter__()
+    assert rt.pids() == []  # no process was started
 
 
 def test_bad_options_are_clear_errors() -> None:

@@ -12,9 +12,11 @@ import multiprocessing as mp
 import os
 import queue
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from dualpath.config import Config
@@ -45,6 +47,18 @@ def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> i
     return max(1, int(size // full.full_block_bytes))
 
 
+def _check_kv_root(kv_root: str) -> None:
+    """RuntimeFailure (one line) unless the KV root can be created and written."""
+    try:
+        Path(kv_root).mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=kv_root, prefix=".probe-"):
+            pass
+    except OSError as err:
+        raise RuntimeFailure(
+            f"kv_root {kv_root!r} is not a writable directory ({err.strerror or err})"
+        ) from None
+
+
 def startup_warning(options: RuntimeOptions) -> str | None:
     """The one line a run prints at start-up about its transport's exposure, if any."""
     if options.transport != "mooncake":
@@ -69,6 +83,7 @@ class Launcher:
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
+        _check_kv_root(self.options.kv_root)  # before any process or buffer exists
         warning = startup_warning(self.options)
         if warning:
             print(warning, file=sys.stderr)  # one line, once per run
