@@ -29,7 +29,7 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
     bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
     peak = (hw.gpu_fp8_flops if model.compute_dtype == "fp8" else hw.gpu_bf16_flops) * hw.linear_mfu
     linear_per_token = cost.linear_flops(model, 1)
-    overhead = hw.decode_step_overhead_s
+    overhead = hw.decode_step_overhead_s + cost.ep_forward_latency_s(model, hw, num_gpus)
     main_per_pair = cost.attention_main_flops(model, 0, 1)  # one query, one key: all layers
     index_per_pair = cost.indexer_flops(model, 0, 1)
     cap = model.sparse_topk
