@@ -245,9 +245,10 @@ def _decode_kv_read_bytes(model: ModelConfig, batch_size: int, context_tokens: i
     if model.attention_kind is not AttentionKind.MLA_SPARSE or batch_size == 0:
         return float(context_tokens) * per_token
     mean_ctx = context_tokens / batch_size
-    attended = batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
-    index_keys = float(context_tokens) * model.indexer_head_dim * model.num_layers  # FP8 keys
-    return attended + index_keys
+    # Only the KV SPEC §3/§10 stores (656 B/token/layer) is read: the lightning indexer's key
+    # cache is neither stored, loaded nor transferred in this model, so decode does not read it
+    # either (docs/calibration.md, "Indexer keys"); its scoring FLOPs still count.
+    return batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
 
 
 # ---------------------------------------------------------------- latency terms
