@@ -59,6 +59,7 @@ class PrefillGroup:
         self.kv_per_token = cost.kv_bytes_per_token(model)
         self._attention_time = cost.attention_time_fn(model, hw)
         self._fixed_s = cost.prefill_fixed_s(model, hw, len(members))
+        self.max_batch_tokens = 0  # largest (cached + new) tokens of one PE's batch in a pass
         # Without layerwise prefill the batch's whole KV must fit in one GPU's HBM.
         self.kv_budget_tokens = (
             None if layerwise else cost.kv_capacity_tokens(model, hw, len(members))
@@ -168,6 +169,10 @@ class PrefillGroup:
                     req.prefill_start_s = now
         self._batches = batches
         self._pass_start = now
+        for _, chunks in batches:  # KV in one GPU's HBM during the pass (cached + new)
+            tokens = sum(c.cached + c.new for c in chunks)
+            if tokens > self.max_batch_tokens:
+                self.max_batch_tokens = tokens
         plan = self._make_plan(batches)
         layers = self.model.num_layers
         if self.per_layer:
