@@ -79,7 +79,7 @@ def test_prefill_linear_is_a_roofline_over_the_weights() -> None:
 
 
 def test_latency_constants_reject_bad_values() -> None:
-    with pytest.raises(ValueError, match="hardware.ep_overlap_share"):
+    with pytest.raises(ValueError, match=r"hardware\.ep_overlap_share"):
         replace(HW, ep_overlap_share=1.5)
-    with pytest.raises(ValueError, match="hardware.prefill_layer_overhead_s"):
+    with pytest.raises(ValueError, match=r"hardware\.prefill_layer_overhead_s"):
         replace(HW, prefill_layer_overhead_s=-1.0)

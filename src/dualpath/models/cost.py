@@ -7,6 +7,7 @@ docs/calibration.md); nothing here is fitted to the paper's speedups.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -258,7 +259,7 @@ def _table_shape(ep_size: int, column: int) -> float:
     ref = next(r[column] for r in rows if r[0] == _EP_REFERENCE_SIZE)
     if ep_size <= rows[0][0]:
         return rows[0][column] / ref
-    for lo, hi in zip(rows, rows[1:], strict=False):
+    for lo, hi in itertools.pairwise(rows):
         if ep_size <= hi[0]:
             a, b = math.log2(lo[0]), math.log2(hi[0])
             w = (math.log2(ep_size) - a) / (b - a)

@@ -132,11 +132,16 @@ class AggregatePass:
         self.ends = {}
         self.pending = 2 if collective else 1
         self.loop.after(
-            self.plan.compute_s, partial(self._flow_done, -2, self._after_compute), 0, "pe_compute_end"
+            self.plan.compute_s,
+            partial(self._flow_done, -2, self._after_compute),
+            0,
+            "pe_compute_end",
         )
         if collective:
             kind, path, size = collective
-            self.transfers.start(kind, path, size, partial(self._flow_done, -1, self._after_compute))
+            self.transfers.start(
+                kind, path, size, partial(self._flow_done, -1, self._after_compute)
+            )
 
     def _after_compute(self) -> None:
         self.compute_end_s = self.loop.now
