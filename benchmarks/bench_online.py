@@ -1,9 +1,11 @@
 """Online capacity benchmark (SPEC §12): DualPath/Basic capacity ratios on DS 27B 1P1D and
 DS 660B 2P4D, and TTST/TPOT of both systems at a common APS.
 
-    .venv/bin/python benchmarks/bench_online.py [--quick] [--workers 2] [--out runs/bench_online.json]
+    .venv/bin/python benchmarks/bench_online.py [--quick] [--mals 32k,48k,64k] [--workers 2]
+        [--out runs/bench_online.json]
 
-Each capacity probe is one seeded online run (Poisson arrivals, 32K MAL, stop rule with a
+Each setting is a (preset, MAL) pair: both presets at every MAL of ``--mals`` (default 32K,
+48K and 64K). Each capacity probe is one seeded online run (Poisson arrivals, stop rule with a
 60 s window and 180 s lookback, 900 s horizon; SLO mean TTFT ≤ 4 s, mean TPOT ≤ 50 ms).
 Prints progress per probe (wall time included) and a final table; nothing is tuned to the
 paper's numbers.
@@ -34,8 +36,9 @@ def _settings(quick: bool) -> OnlineSettings:
     return OnlineSettings(aps=1.0, horizon_s=900.0, window_s=60.0, lookback_s=180.0)
 
 
-def _config(name: str):  # type: ignore[no-untyped-def]
-    return apply_overrides(preset(name), ["workload.mal=32k", "workload.seed=1"])
+def _config(setting: str):  # type: ignore[no-untyped-def]
+    name, mal = setting.split("@")
+    return apply_overrides(preset(name), [f"workload.mal={mal}", "workload.seed=1"])
 
 
 def _capacity_job(name: str, system: str, lo: float, hi: float, quick: bool) -> dict:
@@ -76,41 +79,48 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--mals", default="32k,48k,64k", help="comma-separated MALs")
     ap.add_argument("--out", default="runs/bench_online.json")
     args = ap.parse_args(argv)
+    mals = [m.strip().lower() for m in args.mals.split(",") if m.strip()]
+    bad = [m for m in mals if m not in ("32k", "48k", "64k")]
+    if bad or not mals:
+        print(f"bench_online: error: --mals={args.mals!r} is invalid: use 32k, 48k, 64k")
+        return 2
+    settings = [(f"{name}@{mal}", lo, hi) for mal in mals for name, lo, hi in SETTINGS]
     t0 = time.time()
     with ProcessPoolExecutor(args.workers) as pool:
         futs = [
             pool.submit(_capacity_job, name, system, lo, hi, args.quick)
-            for name, lo, hi in SETTINGS
+            for name, lo, hi in settings
             for system in SYSTEMS
         ]
         caps = [f.result() for f in futs]
         common = {}
-        for name, _, _ in SETTINGS:
+        for name, _, _ in settings:
             basic = next(c for c in caps if c["setting"] == name and c["system"] == "basic")
             common[name] = round(0.8 * basic["capacity_aps"], 3)
         lat_futs = [
             pool.submit(_latency_job, name, system, common[name], args.quick)
-            for name, _, _ in SETTINGS
+            for name, _, _ in settings
             for system in SYSTEMS
         ]
         lats = [f.result() for f in lat_futs]
     print("\nsetting        system    capacity_aps  upper_aps  probes  wall_s")
     for c in caps:
         print(
-            f"{c['setting']:<14} {c['system']:<8} {c['capacity_aps']:12.3f} "
+            f"{c['setting']:<18} {c['system']:<8} {c['capacity_aps']:12.3f} "
             f"{c['upper_aps'] or float('inf'):10.3f} {len(c['probes']):7d} {c['wall_s']:7.0f}"
         )
     ratios = {}
-    for name, _, _ in SETTINGS:
+    for name, _, _ in settings:
         by = {c["system"]: c["capacity_aps"] for c in caps if c["setting"] == name}
         ratios[name] = by["dualpath"] / by["basic"] if by["basic"] > 0 else float("nan")
         print(f"capacity ratio DualPath/Basic {name}: {ratios[name]:.2f}x")
     print("\nsetting        system    aps     TTFT mean  TTST mean  TTST p90  TPOT mean  TPOT p90")
     for r in lats:
         print(
-            f"{r['setting']:<14} {r['system']:<8} {r['aps']:6.2f} {r['ttft_mean_s']:9.3f}s "
+            f"{r['setting']:<18} {r['system']:<8} {r['aps']:6.2f} {r['ttft_mean_s']:9.3f}s "
             f"{r['ttst_mean_s']:9.3f}s {r['ttst_p90_s']:8.3f}s {r['tpot_mean_s'] * 1e3:8.2f}ms "
             f"{r['tpot_p90_s'] * 1e3:7.2f}ms"
         )

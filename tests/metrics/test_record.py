@@ -34,7 +34,7 @@ def record(**changes: object) -> TurnRecord:
 def test_definitions() -> None:
     r = record()
     assert r.ttft_s == 3.0
-    assert r.ttst_s == 3.5
+    assert r.ttst_s == 0.5  # from the first token (5.0) to the second (5.5)
     assert r.tpot_s == pytest.approx(1.0 / 4)  # tokens 3..6 over 4 intervals after token 2
     assert (r.queue_s, r.alloc_s, r.read_s, r.prefill_s) == (0.5, 0.5, 1.5, 0.5)
     assert r.queue_s + r.alloc_s + r.read_s + r.prefill_s == r.ttft_s
@@ -44,7 +44,7 @@ def test_short_outputs_have_no_ttst_or_tpot() -> None:
     one = record(output_tokens=1, second_token_s=5.0, finish_s=5.0)
     assert one.ttst_s is None and one.tpot_s is None
     two = record(output_tokens=2, finish_s=5.5)
-    assert two.ttst_s == 3.5 and two.tpot_s is None
+    assert two.ttst_s == 0.5 and two.tpot_s is None
     three = record(output_tokens=3, finish_s=5.75)
     assert three.tpot_s == 0.25
 

@@ -83,11 +83,14 @@ def test_two_stage_closed_form() -> None:
 
 
 def test_serial_pass_loads_before_compute() -> None:
-    # Basic: 3 s of loads, then compute 2 s with 1 s of sends overlapped per layer
+    # Basic (classic path): 3 s of loads, then 2 s of compute, then 1 s of sends, in series
     case = {"compute_s": 2.0, "load_bytes": 3 * GB, "send_bytes": 2 * GB}
     end = _run(case, 4, "serial")
-    assert end == pytest.approx(3.0 + 4 * max(0.5, 0.25) + min(0.5, 0.25))
+    assert end == pytest.approx(3.0 + 2.0 + 1.0)
     assert end == pytest.approx(serial_pass_s(4, 3.0, 2.0, 1.0))
+    # the collective (2.5 s) outlasts compute: sends start after it
+    coll = {**case, "coll_bytes": 10 * GB}
+    assert _run(coll, 4, "serial") == pytest.approx(3.0 + 2.5 + 1.0)
     assert end > _run(case, 4, "layerwise")  # layerwise overlaps the loads
 
 

@@ -34,6 +34,12 @@ class HardwareConfig:
     attention_mfu: float = 0.60  # achieved / peak FLOP/s of prefill attention kernels
     hbm_efficiency: float = 0.80  # achieved / peak HBM bandwidth in decode steps
     decode_step_overhead_s: float = 0.004  # fixed per decode step (launch, sampling, sync)
+    # --- latency terms (see docs/calibration.md, "Latency terms") ---
+    ep_dispatch_latency_s: float = 155e-6  # DeepEP low-latency dispatch per MoE layer, EP32, H800
+    ep_combine_latency_s: float = 273e-6  # DeepEP low-latency combine per MoE layer, EP32, H800
+    ep_overlap_share: float = 0.5  # share of dispatch + combine hidden by two-micro-batch overlap
+    prefill_pass_overhead_s: float = 0.004  # fixed per prefill forward pass (as a decode step)
+    prefill_layer_overhead_s: float = 40e-6  # fixed per layer per prefill pass (kernel launches)
 
     def __post_init__(self) -> None:
         require(self.gpus_per_node >= 1, "hardware.gpus_per_node", self.gpus_per_node, ">= 1")
@@ -52,7 +58,20 @@ class HardwareConfig:
             positive(f"hardware.{name}", getattr(self, name))
         non_negative("hardware.storage_read_bytes_per_s", self.storage_read_bytes_per_s)
         non_negative("hardware.activation_reserve_bytes", self.activation_reserve_bytes)
-        non_negative("hardware.decode_step_overhead_s", self.decode_step_overhead_s)
+        for name in (
+            "decode_step_overhead_s",
+            "ep_dispatch_latency_s",
+            "ep_combine_latency_s",
+            "prefill_pass_overhead_s",
+            "prefill_layer_overhead_s",
+        ):
+            non_negative(f"hardware.{name}", getattr(self, name))
+        require(
+            0.0 <= self.ep_overlap_share <= 1.0,
+            "hardware.ep_overlap_share",
+            self.ep_overlap_share,
+            "in [0, 1]",
+        )
         for name in ("linear_mfu", "attention_mfu", "hbm_efficiency"):
             fraction(f"hardware.{name}", getattr(self, name))
         require(

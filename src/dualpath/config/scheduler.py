@@ -29,7 +29,7 @@ class SchedulerConfig:
     basic_engine_choice: str = "round_robin"  # Basic / DPL engine choice
     # beyond the paper: equal read queues go to the PE node ("pe"), or to the node whose
     # storage NICs have read fewer bytes so far ("least_read")
-    read_tie_break: str = "pe"
+    read_tie_break: str = "least_read"
     record_decisions: bool = False  # keep a decision trace (JSONL-able)
 
     def __post_init__(self) -> None:

@@ -115,8 +115,9 @@ class TurnRecord:
 
     @property
     def ttst_s(self) -> float | None:
-        """Time to second token (first decode step after hand-off); None if output_tokens < 2."""
-        return self.second_token_s - self.arrival_s if self.output_tokens >= 2 else None
+        """Time between the first and the second token (SPEC §9: hand-off to the DE + its first
+        decode step), ``second_token_s - first_token_s``; None if output_tokens < 2."""
+        return self.second_token_s - self.first_token_s if self.output_tokens >= 2 else None
 
     @property
     def tpot_s(self) -> float | None:

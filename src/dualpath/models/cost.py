@@ -7,6 +7,8 @@ docs/calibration.md); nothing here is fitted to the paper's speedups.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 
 from dualpath.config.hardware import HardwareConfig
@@ -15,6 +17,20 @@ from dualpath.types import AttentionKind
 
 # Node-limited routing (DeepSeek-V3): a token's experts span at most this many nodes.
 MAX_ROUTED_NODES = 4
+
+# DeepEP V1 low-latency kernels on H800 + CX7 400 Gb/s (128 tokens per rank, hidden 7168, top-8,
+# FP8 dispatch, BF16 combine), github.com/deepseek-ai/DeepEP docs/legacy.md "Performance":
+# (EP size, dispatch µs, combine µs). Only the shape over EP size is used here; the level is
+# ``hw.ep_dispatch_latency_s`` / ``hw.ep_combine_latency_s`` (the EP32 row by default).
+DEEPEP_LOW_LATENCY_H800_US = (
+    (8, 77.0, 114.0),
+    (16, 118.0, 195.0),
+    (32, 155.0, 273.0),
+    (64, 173.0, 314.0),
+    (128, 192.0, 369.0),
+    (256, 194.0, 360.0),
+)
+_EP_REFERENCE_SIZE = 32
 
 
 # ---------------------------------------------------------------- bytes (SPEC §3)
@@ -230,9 +246,73 @@ def _decode_kv_read_bytes(model: ModelConfig, batch_size: int, context_tokens: i
     if model.attention_kind is not AttentionKind.MLA_SPARSE or batch_size == 0:
         return float(context_tokens) * per_token
     mean_ctx = context_tokens / batch_size
-    attended = batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
-    index_keys = float(context_tokens) * model.indexer_head_dim * model.num_layers  # FP8 keys
-    return attended + index_keys
+    # Only the KV SPEC §3/§10 stores (656 B/token/layer) is read: the lightning indexer's key
+    # cache is neither stored, loaded nor transferred in this model, so decode does not read it
+    # either (docs/calibration.md, "Indexer keys"); its scoring FLOPs still count.
+    return batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
+
+
+# ---------------------------------------------------------------- latency terms
+def _table_shape(ep_size: int, column: int) -> float:
+    """DeepEP latency at ``ep_size`` relative to EP32 (piecewise linear in log2(EP), clamped)."""
+    rows = DEEPEP_LOW_LATENCY_H800_US
+    ref = next(r[column] for r in rows if r[0] == _EP_REFERENCE_SIZE)
+    if ep_size <= rows[0][0]:
+        return rows[0][column] / ref
+    for lo, hi in itertools.pairwise(rows):
+        if ep_size <= hi[0]:
+            a, b = math.log2(lo[0]), math.log2(hi[0])
+            w = (math.log2(ep_size) - a) / (b - a)
+            return (lo[column] + w * (hi[column] - lo[column])) / ref
+    return rows[-1][column] / ref
+
+
+def ep_layer_latency_s(model: ModelConfig, hw: HardwareConfig, ep_size: int) -> float:
+    """Exposed latency of one MoE layer's dispatch + combine in an EP group of ``ep_size`` GPUs.
+
+    ``hw.ep_dispatch_latency_s`` + ``hw.ep_combine_latency_s`` (EP32) scaled by DeepEP's
+    published shape over EP size, times the share two-micro-batch overlap does not hide
+    ``(1 - hw.ep_overlap_share)``. 0 for dense models and without EP (``ep_size <= 1``).
+    """
+    if not model.is_moe or ep_size <= 1:
+        return 0.0
+    dispatch = hw.ep_dispatch_latency_s * _table_shape(ep_size, 1)
+    combine = hw.ep_combine_latency_s * _table_shape(ep_size, 2)
+    return (dispatch + combine) * (1.0 - hw.ep_overlap_share)
+
+
+def ep_forward_latency_s(model: ModelConfig, hw: HardwareConfig, ep_size: int) -> float:
+    """``ep_layer_latency_s`` over all MoE layers: what one forward pass (step) waits on EP."""
+    return ep_layer_latency_s(model, hw, ep_size) * moe_layers(model)
+
+
+def prefill_fixed_s(model: ModelConfig, hw: HardwareConfig, ep_size: int) -> float:
+    """Fixed time of one prefill forward pass, independent of its tokens: per-pass overhead,
+    per-layer overhead × layers, EP dispatch/combine latency over the MoE layers."""
+    return (
+        hw.prefill_pass_overhead_s
+        + hw.prefill_layer_overhead_s * model.num_layers
+        + ep_forward_latency_s(model, hw, ep_size)
+    )
+
+
+def prefill_linear_time_s(
+    model: ModelConfig, hw: HardwareConfig, tokens: float, ep_size: int = 1
+) -> float:
+    """GEMM time of one GPU's ``tokens`` in a prefill pass, as a roofline: the FLOPs at
+    ``linear_mfu`` or, for small batches, reading the GPU's weights once from HBM
+    (``weight_bytes_per_gpu / (hbm_bytes_per_s · hbm_efficiency)``), whichever is longer.
+
+    This is the small-batch efficiency curve of the (MoE) GEMMs: effective efficiency
+    ``linear_mfu · min(1, tokens / tokens_at_ridge)``. It adds no constant of its own.
+    """
+    if tokens <= 0:
+        return 0.0
+    compute_s = linear_time_s(model, hw, tokens)
+    weights_s = weight_bytes_per_gpu(model, max(1, ep_size)) / (
+        hw.hbm_bytes_per_s * hw.hbm_efficiency
+    )
+    return max(compute_s, weights_s)
 
 
 def decode_step_time_s(
@@ -242,7 +322,8 @@ def decode_step_time_s(
     context_tokens: int,
     num_gpus: int = 1,
 ) -> float:
-    """Roofline of one decode step of one GPU: max(HBM bytes / bandwidth, FLOPs / peak) + overhead.
+    """Roofline of one decode step of one GPU: max(HBM bytes / bandwidth, FLOPs / peak)
+    + overhead + EP dispatch/combine latency over the MoE layers (``num_gpus`` = EP size).
 
     Bytes: the weights a step touches (replicated part + the GPU's expert share; with EP a
     decode batch touches all local experts) and the KV the batch attends. FLOPs: 2 × active
@@ -256,7 +337,11 @@ def decode_step_time_s(
     flops = linear_flops(model, batch_size) + batch_size * attention_flops(model, mean_ctx, 1)
     memory_s = (weight_bytes + kv_bytes) / (hw.hbm_bytes_per_s * hw.hbm_efficiency)
     compute_s = flops / (_linear_peak_flops(model, hw) * hw.linear_mfu)
-    return max(memory_s, compute_s) + hw.decode_step_overhead_s
+    return (
+        max(memory_s, compute_s)
+        + hw.decode_step_overhead_s
+        + ep_forward_latency_s(model, hw, num_gpus)
+    )
 
 
 def moe_collective_bytes(

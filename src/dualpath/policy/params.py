@@ -32,7 +32,7 @@ class PolicyParams:
     split_reads: bool = False
     record_decisions: bool = False
     typical_prompt_tokens: int = 0
-    read_tie_break: str = "pe"
+    read_tie_break: str = "least_read"
 
     def __post_init__(self) -> None:
         if self.alpha_tokens < 0:

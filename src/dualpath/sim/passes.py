@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from dualpath.sim.events import EventLoop
-from dualpath.sim.pipeline import layerwise_pass_s, serial_pass_s
+from dualpath.sim.pipeline import layerwise_pass_s
 from dualpath.sim.transfers import Transfers
 
 Transfer = tuple[str, tuple[int, ...], float]  # (path kind, path, bytes over all layers)
@@ -37,8 +37,9 @@ class AggregatePass:
     """Starts every flow of the pass at once; KV loads and sends are paced over the pass
     (rate cap = bytes / compute time: each layer's Layer Blocks move while a neighbouring
     layer computes), the collective bursts at full speed. When all have landed the pass ends
-    at t0 + ``layerwise_pass_s`` of the stage times (not layerwise: loads first, unpaced, then
-    compute with paced sends; end = t1 + pipelined(compute, send)).
+    at t0 + ``layerwise_pass_s`` of the stage times. Not layerwise (the classic path): loads
+    first, unpaced; then compute and the collective; then the sends, unpaced; the pass ends
+    when the last send lands (``serial_pass_s`` on uncontended resources).
 
     A stage's time is its slowest flow's time; a flow that was held to its pace counts with
     its uncontended time (bytes over its slowest resource), as its layers would have moved
@@ -66,6 +67,7 @@ class AggregatePass:
         self.ends: dict[int, float] = {}
         self.pending = 0
         self.collective_s = 0.0  # how long the collective took (set at the end)
+        self.compute_end_s = 0.0
 
     def start(self) -> None:
         plan = self.plan
@@ -122,15 +124,32 @@ class AggregatePass:
         self._end_at(end)
 
     def _after_load(self) -> None:
+        """Classic path (SPEC §8/§11): the whole batch's KV is in HBM; compute (and the
+        collective) runs, and only after the forward pass is the KV sent to the DE."""
         self.load_s = self._stage_s(_LOADS)
         self.t0 = self.loop.now
-        self._stage(self.plan.sends, True, self._finish_serial)
+        collective = self.plan.collective
+        self.ends = {}
+        self.pending = 2 if collective else 1
+        self.loop.after(
+            self.plan.compute_s,
+            partial(self._flow_done, -2, self._after_compute),
+            0,
+            "pe_compute_end",
+        )
+        if collective:
+            kind, path, size = collective
+            self.transfers.start(
+                kind, path, size, partial(self._flow_done, -1, self._after_compute)
+            )
+
+    def _after_compute(self) -> None:
+        self.compute_end_s = self.loop.now
+        self.collective_s = self.ends.get(-1, self.t0) - self.t0
+        self._stage(self.plan.sends, False, self._finish_serial)
 
     def _finish_serial(self) -> None:
-        send = self._stage_s(_SENDS)
-        start = self.t0 - self.load_s
-        end = start + serial_pass_s(self.num_layers, self.load_s, self._compute_s(), send)
-        self._end_at(end)
+        self._end_at(self.loop.now)
 
     def _end_at(self, end_s: float) -> None:
         self.loop.at(max(end_s, self.loop.now), self.on_done, 0, "pe_pass_end")

@@ -25,6 +25,8 @@ def layerwise_pass_s(num_layers: int, load_s: float, compute_s: float, send_s: f
 
 
 def serial_pass_s(num_layers: int, load_s: float, compute_s: float, send_s: float) -> float:
-    """Without layerwise prefill: the whole batch's KV is loaded before the forward pass; the
-    KV of each computed layer is sent while the next layer computes."""
-    return load_s + flow_shop_s(num_layers, compute_s, send_s)
+    """Without layerwise prefill (the classic path, SPEC §8/§11): the whole batch's KV is
+    loaded into HBM before the forward pass, and sent to the DE after it: no overlap."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers={num_layers} is invalid: must be >= 1")
+    return load_s + compute_s + send_s

@@ -58,6 +58,8 @@ class PrefillGroup:
         self.on_prefill_done = on_prefill_done
         self.kv_per_token = cost.kv_bytes_per_token(model)
         self._attention_time = cost.attention_time_fn(model, hw)
+        self._fixed_s = cost.prefill_fixed_s(model, hw, len(members))
+        self.max_batch_tokens = 0  # largest (cached + new) tokens of one PE's batch in a pass
         # Without layerwise prefill the batch's whole KV must fit in one GPU's HBM.
         self.kv_budget_tokens = (
             None if layerwise else cost.kv_capacity_tokens(model, hw, len(members))
@@ -130,10 +132,11 @@ class PrefillGroup:
                 sends.setdefault(path, ["pe_hbm_to_de_buffer", 0.0])[1] += send_bytes
                 req.de_buffer_bytes += send_bytes
                 self.node_ios[topo.node_of(req.de)].hold(send_bytes)
-        linear = cost.linear_time_s(model, hw, total_new / size)
+        linear = cost.prefill_linear_time_s(model, hw, total_new / size, size)
         for pe in self.members:
             self.busy_s[pe] += attention.get(pe, 0.0) + linear
-        plan = PassPlan(max(attention.values()) + linear)
+        # fixed cost of a pass (overheads, EP latency) is pass time, not busy compute
+        plan = PassPlan(max(attention.values()) + linear + self._fixed_s)
         plan.loads = [(k, p, b) for p, (k, b) in sorted(loads.items())]
         plan.sends = [(k, p, b) for p, (k, b) in sorted(sends.items())]
         if self.collectives:
@@ -166,6 +169,10 @@ class PrefillGroup:
                     req.prefill_start_s = now
         self._batches = batches
         self._pass_start = now
+        for _, chunks in batches:  # KV in one GPU's HBM during the pass (cached + new)
+            tokens = sum(c.cached + c.new for c in chunks)
+            if tokens > self.max_batch_tokens:
+                self.max_batch_tokens = tokens
         plan = self._make_plan(batches)
         layers = self.model.num_layers
         if self.per_layer:

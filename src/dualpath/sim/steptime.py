@@ -24,12 +24,11 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
     sparse = model.attention_kind is AttentionKind.MLA_SPARSE
     per_token = float(cost.kv_bytes_per_token(model))
     topk = float(model.sparse_topk)
-    index_per_token = float(model.indexer_head_dim * model.num_layers)
     weight_bytes = cost.weight_bytes_per_gpu(model, num_gpus)
     bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
     peak = (hw.gpu_fp8_flops if model.compute_dtype == "fp8" else hw.gpu_bf16_flops) * hw.linear_mfu
     linear_per_token = cost.linear_flops(model, 1)
-    overhead = hw.decode_step_overhead_s
+    overhead = hw.decode_step_overhead_s + cost.ep_forward_latency_s(model, hw, num_gpus)
     main_per_pair = cost.attention_main_flops(model, 0, 1)  # one query, one key: all layers
     index_per_pair = cost.indexer_flops(model, 0, 1)
     cap = model.sparse_topk
@@ -38,7 +37,7 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
         if batch <= 0:
             return 0.0
         if sparse:
-            kv = batch * min(context / batch, topk) * per_token + float(context) * index_per_token
+            kv = batch * min(context / batch, topk) * per_token
         else:
             kv = float(context) * per_token
         mean = context // batch
