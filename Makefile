@@ -12,10 +12,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# every CLI command works after `make run` (bench needs the runtime extra: torch pinned)
+# every CLI command works after `make run` (bench: the runtime extra, serve/loadgen: the serve extra; torch pinned)
 $(STAMP_CORE): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[plot,runtime]'
+	$(BIN)/pip install -q -e '.[plot,runtime,serve]'
 	@touch $@
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
