@@ -9,7 +9,6 @@ import pytest
 
 from dualpath.runtime.env import kv_namespace
 from dualpath.runtime.kvstore import BlockLayout, KVStore, block_keys
-from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
@@ -178,7 +177,7 @@ def test_failure_inside_the_run_stops_every_process(tmp_path: Path) -> None:
     assert_no_processes(pids)
 
 
-def test_a_failing_process_fails_the_run_and_stops_everything(tmp_path: Path) -> None:
+def test_an_unwritable_kv_root_fails_before_any_process_starts(tmp_path: Path) -> None:
     root = tmp_path / "not-a-directory"
     root.write_text("x")  # the KV root cannot be written: the run fails before it starts
     rt = LocalRuntime(small_config(), RuntimeOptions(kv_root=str(root)))
