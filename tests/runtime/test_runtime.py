@@ -9,6 +9,7 @@ import pytest
 
 from dualpath.runtime.env import kv_namespace
 from dualpath.runtime.kvstore import BlockLayout, KVStore, block_keys
+from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
