@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-PastFn = Callable[[int], Tensor]
-LayerHook = Callable[[int, Tensor], None]
+from dualpath.runtime.model import LayerHook, PastFn, run_layers
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE = ("default", "llama3")
@@ -336,11 +335,7 @@ class HFTransformer:
         if not new_tokens:
             raise ValueError("prefill needs at least one new token (got 0)")
         h = self.embed(new_tokens)
-        for layer in range(self.num_layers):
-            h, new_kv = self.layer_forward(layer, h, get_past(layer))
-            if on_layer is not None:
-                on_layer(layer, new_kv)
-        return self.logits(h[-1])
+        return self.logits(run_layers(self, h, get_past, on_layer)[-1])
 
     # -- batched steps (continuous batching) ----------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +42,16 @@ class _Layer:
     w_gate: Tensor
     w_up: Tensor
     w_down: Tensor
+
+
+def run_layers(model: Any, h: Tensor, get_past: PastFn, on_layer: LayerHook | None) -> Tensor:
+    """The layerwise loop every runtime model shares: for each layer, its cached prefix KV from
+    ``get_past``, the layer, then ``on_layer`` with the new tokens' KV; the last hidden states."""
+    for layer in range(model.num_layers):
+        h, new_kv = model.layer_forward(layer, h, get_past(layer))
+        if on_layer is not None:
+            on_layer(layer, new_kv)
+    return h
 
 
 def _rms_norm(x: Tensor, weight: Tensor) -> Tensor:
@@ -231,11 +242,7 @@ class TinyTransformer:
         if not new_tokens:
             raise ValueError("prefill needs at least one new token (got 0)")
         h = self.embedding[torch.tensor(list(new_tokens), dtype=torch.long)]
-        for layer in range(self.num_layers):
-            h, new_kv = self.layer_forward(layer, h, get_past(layer))
-            if on_layer is not None:
-                on_layer(layer, new_kv)
-        return self.logits(h[-1])
+        return self.logits(run_layers(self, h, get_past, on_layer)[-1])
 
     @torch.no_grad()
     def generate(self, prompt: Sequence[int], num_tokens: int) -> tuple[list[int], KVCache]:
