@@ -1,4 +1,4 @@
-"""Host profiling: real timings of the runtime model, usable by the calibration."""
+"""Host profiling: real timings of the engines' data path, usable by the calibration."""
 
 from __future__ import annotations
 
@@ -7,18 +7,30 @@ import pytest
 pytest.importorskip("torch")
 
 from dualpath.config import preset
-from dualpath.models.calibrate import fit
-from dualpath.runtime.profile import profile_model
+from dualpath.models.calibrate import calibrated_hardware, fit
+from dualpath.runtime.profile import profile_host
 
 pytestmark = pytest.mark.runtime
 
 
 def test_profile_gives_positive_timings_the_fit_accepts() -> None:
-    model = preset("tiny-1p1d").model
-    pre, dec = profile_model(
-        model, prefill_grid=((0, 32), (64, 32), (0, 128)), decode_contexts=(64, 256), repeats=1
+    cfg = preset("tiny-1p1d")
+    prof = profile_host(
+        cfg.model,
+        cfg.scheduler.block_tokens,
+        prefill_grid=((0, 32, 1), (64, 32, 1), (0, 128, 1), (64, 16, 3)),
+        decode_grid=((64, 1), (256, 1), (128, 3)),
+        repeats=1,
     )
-    assert [(s.cached_tokens, s.new_tokens) for s in pre] == [(0, 32), (64, 32), (0, 128)]
-    assert all(s.seconds > 0 for s in pre + dec)  # type: ignore[operator]
-    f = fit(model, pre, dec)
-    assert f.linear_flops_per_s > 0 and f.hbm_bytes_per_s > 0
+    assert [(s.cached_tokens, s.new_tokens, s.batch) for s in prof.prefill] == [
+        (0, 32, 1),
+        (64, 32, 1),
+        (0, 128, 1),
+        (64, 16, 3),
+    ]
+    assert [(s.context_tokens, s.batch) for s in prof.decode] == [(64, 1), (256, 1), (128, 3)]
+    assert all(s.seconds > 0 for s in prof.prefill + prof.decode)  # type: ignore[operator]
+    assert prof.memory_bytes_per_s > 1e8  # any host copies faster than 100 MB/s
+    f = fit(cfg.model, prof.prefill, prof.decode, prof.memory_bytes_per_s)
+    hw = calibrated_hardware(cfg.hardware, cfg.model, f)
+    assert 0 < hw.kv_read_efficiency <= 1 and hw.gpu_bf16_flops > 0

@@ -92,7 +92,7 @@ def bench_config(args: argparse.Namespace) -> Config:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from dualpath.runtime.profile import profile_model
+    from dualpath.runtime.profile import profile_host
     from dualpath.runtime.workload import small_trajectories
     from dualpath.sim.runner import simulate
 
@@ -103,16 +103,17 @@ def run_validate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    pre, dec = profile_model(config.model)
-    f: Fit = fit(config.model, pre, dec)
+    prof = profile_host(config.model, config.scheduler.block_tokens)
+    f: Fit = fit(config.model, prof.prefill, prof.decode, prof.memory_bytes_per_s)
     hw = calibrated_hardware(config.hardware, config.model, f)
     (out / "hardware.toml").write_text(_toml(hw))
     print(
-        f"profile ({time.perf_counter() - t0:.1f} s): GEMM {f.linear_flops_per_s / 1e9:.2f} GFLOP/s, "
-        f"attention {f.attention_flops_per_s / 1e9:.2f} GFLOP/s (fit within "
-        f"{f.prefill_max_rel_err:.0%}); decode {f.hbm_bytes_per_s / 1e9:.2f} GB/s + "
-        f"{f.decode_overhead_s * 1e3:.2f} ms/step (fit within {f.decode_max_rel_err:.0%}); "
-        f"wrote {out / 'hardware.toml'}"
+        f"profile ({time.perf_counter() - t0:.1f} s): prefill {f.prefill_overhead_s * 1e3:.2f} "
+        f"ms/pass + GEMM {f.linear_flops_per_s / 1e9:.2f} GFLOP/s + attention "
+        f"{f.attention_flops_per_s / 1e9:.2f} GFLOP/s (fit within {f.prefill_max_rel_err:.0%}); "
+        f"decode {f.decode_overhead_s * 1e3:.2f} ms/step + weights at "
+        f"{f.weight_bytes_per_s / 1e9:.2f} GB/s (copy) + KV at {f.kv_bytes_per_s / 1e9:.3f} GB/s "
+        f"(fit within {f.decode_max_rel_err:.0%}); wrote {out / 'hardware.toml'}"
     )
     runs = run_runtime_systems(
         config,
@@ -138,8 +139,9 @@ def run_validate(args: argparse.Namespace) -> int:
         "fit": dataclasses.asdict(f),
         "hardware": dataclasses.asdict(hw),
         "rows": rows,
-        "prefill_samples": [dataclasses.asdict(s) for s in pre],
-        "decode_samples": [dataclasses.asdict(s) for s in dec],
+        "memory_bytes_per_s": prof.memory_bytes_per_s,
+        "prefill_samples": [dataclasses.asdict(s) for s in prof.prefill],
+        "decode_samples": [dataclasses.asdict(s) for s in prof.decode],
     }
     (out / "validate.json").write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print(f"wrote {out / 'validate.json'}")

@@ -32,7 +32,8 @@ class HardwareConfig:
     # --- calibration constants (see docs/calibration.md) ---
     linear_mfu: float = 0.45  # achieved / peak FLOP/s of prefill GEMMs (dense + experts)
     attention_mfu: float = 0.60  # achieved / peak FLOP/s of prefill attention kernels
-    hbm_efficiency: float = 0.80  # achieved / peak HBM bandwidth in decode steps
+    hbm_efficiency: float = 0.80  # achieved / peak HBM bandwidth reading weights in decode steps
+    kv_read_efficiency: float = 0.80  # achieved / peak HBM bandwidth of decode attention's KV reads
     decode_step_overhead_s: float = 0.004  # fixed per decode step (launch, sampling, sync)
     # --- latency terms (see docs/calibration.md, "Latency terms") ---
     ep_dispatch_latency_s: float = 155e-6  # DeepEP low-latency dispatch per MoE layer, EP32, H800
@@ -72,7 +73,7 @@ class HardwareConfig:
             self.ep_overlap_share,
             "in [0, 1]",
         )
-        for name in ("linear_mfu", "attention_mfu", "hbm_efficiency"):
+        for name in ("linear_mfu", "attention_mfu", "hbm_efficiency", "kv_read_efficiency"):
             fraction(f"hardware.{name}", getattr(self, name))
         require(
             self.activation_reserve_bytes < self.hbm_bytes,

@@ -315,6 +315,13 @@ def prefill_linear_time_s(
     return max(compute_s, weights_s)
 
 
+def kv_read_slowdown(hw: HardwareConfig) -> float:
+    """How much slower decode attention reads a KV byte than the step reads a weight byte:
+    ``hbm_efficiency / kv_read_efficiency`` (1.0 on the GPU presets, where both are 0.80;
+    larger on a CPU host, where weights stay in cache and attention gathers KV pages)."""
+    return hw.hbm_efficiency / hw.kv_read_efficiency
+
+
 def decode_step_time_s(
     model: ModelConfig,
     hw: HardwareConfig,
@@ -326,8 +333,9 @@ def decode_step_time_s(
     + overhead + EP dispatch/combine latency over the MoE layers (``num_gpus`` = EP size).
 
     Bytes: the weights a step touches (replicated part + the GPU's expert share; with EP a
-    decode batch touches all local experts) and the KV the batch attends. FLOPs: 2 × active
-    params per request plus one query's attention per request.
+    decode batch touches all local experts) at ``hbm_efficiency`` and the KV the batch
+    attends at ``kv_read_efficiency``. FLOPs: 2 × active params per request plus one
+    query's attention per request.
     """
     if batch_size <= 0:
         return 0.0
@@ -335,7 +343,9 @@ def decode_step_time_s(
     kv_bytes = _decode_kv_read_bytes(model, batch_size, context_tokens)
     mean_ctx = context_tokens // batch_size
     flops = linear_flops(model, batch_size) + batch_size * attention_flops(model, mean_ctx, 1)
-    memory_s = (weight_bytes + kv_bytes) / (hw.hbm_bytes_per_s * hw.hbm_efficiency)
+    memory_s = (weight_bytes + kv_bytes * kv_read_slowdown(hw)) / (
+        hw.hbm_bytes_per_s * hw.hbm_efficiency
+    )
     compute_s = flops / (_linear_peak_flops(model, hw) * hw.linear_mfu)
     return (
         max(memory_s, compute_s)

@@ -26,6 +26,7 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
     topk = float(model.sparse_topk)
     weight_bytes = cost.weight_bytes_per_gpu(model, num_gpus)
     bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
+    kv_slowdown = cost.kv_read_slowdown(hw)
     peak = (hw.gpu_fp8_flops if model.compute_dtype == "fp8" else hw.gpu_bf16_flops) * hw.linear_mfu
     linear_per_token = cost.linear_flops(model, 1)
     overhead = hw.decode_step_overhead_s + cost.ep_forward_latency_s(model, hw, num_gpus)
@@ -44,7 +45,7 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
         main_pairs = (mean + 1.0 if mean < cap else float(cap)) if sparse else mean + 1.0
         attention = main_pairs * main_per_pair + (mean + 1.0) * index_per_pair
         flops = linear_per_token * batch + batch * attention
-        memory_s = (weight_bytes + kv) / bandwidth
+        memory_s = (weight_bytes + kv * kv_slowdown) / bandwidth
         compute_s = flops / peak
         return max(memory_s, compute_s) + overhead
 
