@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from dualpath.cli.main import main
 from dualpath.cli.tune_cmd import Candidate, candidates
-from dualpath.config import preset
+from dualpath.config import load_toml, preset
 from dualpath.models.planner import plan
 
 
@@ -101,3 +102,30 @@ def test_validate_bad_input_is_one_line(
     assert main(["validate", "--out", str(tmp_path), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.runtime
+@pytest.mark.timeout(300)
+def test_validate_runs_and_writes_a_preset_the_simulator_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    args = ["validate", "--out", str(out), "--kv-root", str(tmp_path / "kv"), "--no-progress"]
+    assert (
+        main([*args, "--agents", "2", "--turns", "2", "--max-gen", "3", "--systems", "dualpath"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "JCT error: worst" in text and "prefill rt" in text
+    payload = json.loads((out / "validate.json").read_text())
+    assert [r["system"] for r in payload["rows"]] == ["dualpath"]
+    for r in payload["rows"]:
+        assert r["runtime_jct_s"] > 0 and r["sim_jct_s"] > 0
+        assert math.isfinite(r["err_jct"])
+        assert r["runtime_read_s"] >= 0 and r["sim_prefill_s"] > 0
+    # the written preset is a valid config the simulator takes as it is
+    hw = load_toml(out / "hardware.toml", base=preset("tiny-1p1d")).hardware
+    assert hw.name.endswith("-calibrated") and 0 < hw.kv_read_efficiency <= 1
+    assert hw.hbm_bytes_per_s == payload["hardware"]["hbm_bytes_per_s"]

@@ -25,6 +25,8 @@ from dualpath.config import Config
 from dualpath.metrics import RunSummary, summarize
 from dualpath.models.calibrate import Fit, calibrated_hardware, fit
 
+PHASES = ("queue", "alloc", "read", "prefill")
+
 
 def _err(sim: float, real: float) -> float:
     return (sim - real) / real if real and not math.isnan(real) else float("nan")
@@ -40,6 +42,9 @@ def _row(system: str, real: RunSummary, sim: RunSummary) -> dict[str, Any]:
         row[f"runtime_{name}"] = r
         row[f"sim_{name}"] = s
         row[f"err_{name.removesuffix('_s')}"] = _err(s, r)
+    for phase in PHASES:  # where TTFT goes: the error's attribution
+        row[f"runtime_{phase}_s"] = getattr(real.breakdown, f"{phase}_s")
+        row[f"sim_{phase}_s"] = getattr(sim.breakdown, f"{phase}_s")
     return row
 
 
@@ -64,6 +69,16 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             f"{_pct(r['err_ttft']):>7}  {_ms(r['runtime_tpot_s']):>10} "
             f"{_ms(r['sim_tpot_s']):>11} {_pct(r['err_tpot']):>7}"
         )
+    return "\n".join(lines)
+
+
+def format_breakdown(rows: list[dict[str, Any]]) -> str:
+    """Mean TTFT by phase, runtime vs simulator, per system (seconds)."""
+    head = f"{'TTFT mean s':<12}" + "".join(f" {p + ' rt':>11} {p + ' sim':>11}" for p in PHASES)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = "".join(f" {r[f'runtime_{p}_s']:>11.3f} {r[f'sim_{p}_s']:>11.3f}" for p in PHASES)
+        lines.append(f"{r['system']:<12}{cells}")
     return "\n".join(lines)
 
 
@@ -132,6 +147,7 @@ def run_validate(args: argparse.Namespace) -> int:
         result = simulate(sim_config, run.system, config.sim, trajectories=trajs)
         rows.append(_row(run.system, run.summary, summarize(result.records, "offline")))
     print(format_rows(rows))
+    print(format_breakdown(rows))
     worst = max(abs(r["err_jct"]) for r in rows)
     verdict = "within" if worst <= args.target else "NOT within"
     print(f"JCT error: worst {worst:.1%}, {verdict} the {args.target:.0%} target")
