@@ -105,9 +105,12 @@ class RemoteSlots:
         """Nothing to detach: the owner unlinks the buffer."""
 
 
-def _actor_env(env: ProcEnv, kv_host: str) -> ProcEnv:
-    """The env inside an actor: its parent is its raylet; transports serve on ``kv_host``."""
-    os.environ[KV_HOST_ENV] = kv_host
+def _actor_env(env: ProcEnv) -> ProcEnv:
+    """The env inside an actor: its parent is its raylet; transports serve on the address
+    of its Ray node (loopback in tests, the cluster network on a cluster)."""
+    import ray
+
+    os.environ[KV_HOST_ENV] = ray.util.get_node_ip_address()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return replace(env, parent_pid=os.getppid())
 
@@ -137,10 +140,10 @@ class Mailbox:
 class StorageActor:
     """Node ``node``'s storage worker; creates and owns the node's buffer."""
 
-    def __init__(self, env: ProcEnv, node: int, kv_host: str, crash_on_read: bool) -> None:
+    def __init__(self, env: ProcEnv, node: int, crash_on_read: bool) -> None:
         from dualpath.runtime.storage import StorageWorker, inject_write_failures
 
-        env = _actor_env(env, kv_host)
+        env = _actor_env(env)
         if env.options.faults.fail_writes:
             inject_write_failures(env.options.faults.fail_writes)
         lock = threading.Lock()  # every allocation of this node runs in this process
@@ -176,10 +179,11 @@ class StorageActor:
 
 
 class EngineActor:
-    """Engine ``engine_id`` (PE or DE by id); the same class as a local engine process."""
+    """Engine ``engine_id`` (PE or DE by id); the same class as a local engine process. It is
+    built while the storage actors start; ``run`` gets their buffers' regions."""
 
-    def __init__(self, env: ProcEnv, engine_id: int, kv_host: str, crash_at: int) -> None:
-        env = _actor_env(env, kv_host)
+    def __init__(self, env: ProcEnv, engine_id: int, crash_at: int) -> None:
+        env = _actor_env(env)
         self.env, self.engine_id = env, engine_id
         if env.topology.is_pe(engine_id):
             from dualpath.runtime.prefill import PrefillEngine
@@ -197,9 +201,10 @@ class EngineActor:
     def deliver(self, msg: Any) -> None:
         self.inbox.put(msg)
 
-    def run(self) -> None:
+    def run(self, regions: tuple[RegionHandle, ...]) -> None:
         from dualpath.runtime.messages import ErrorMsg
 
+        self.engine.env = self.env = replace(self.env, regions=regions)
         try:
             self.engine.serve(self.inbox)
         except Exception as err:

@@ -126,7 +126,7 @@ class RayLauncher(Launcher):
         self._mailbox: Any = None
         self._placement: list[dict[str, Any]] = []
         self._session: contextlib.ExitStack | None = None
-        self._hosts: list[str] = []
+        self._regions: tuple[Any, ...] = ()  # per node: its buffer as a transport region
         self._epoch_s = time.time()
 
     # ------------------------------------------------------------------ placement
@@ -195,28 +195,27 @@ class RayLauncher(Launcher):
                        layout.full_block_bytes)
             for n in range(topo.num_nodes)
         )  # fmt: skip
-        hosts = self._node_hosts(ray)
         storage = [
             self._actor(ray, StorageActor, n).remote(
-                self._base_env(specs, ()), n, hosts[n], n == opts.faults.crash_storage
+                self._base_env(specs, ()), n, n == opts.faults.crash_storage
             )
             for n in range(topo.num_nodes)
         ]
-        inboxes = tuple(ActorInbox(a) for a in storage)
         self.buffers = [RemoteSlots(a, specs[n]) for n, a in enumerate(storage)]
-        for n, actor in enumerate(storage):
-            self._started(f"storage@node{n}", actor)
-        env = self._base_env(specs, inboxes)
-        self.env = env
-        regions = self._await_ready(set(self.procs))
-        self.env = env = replace(
-            env,
-            regions=tuple(regions[f"storage@node{n}"] for n in range(topo.num_nodes)),
+        env = replace(
+            self._base_env(specs, tuple(ActorInbox(a) for a in storage)),
             slot_owners=tuple(self.buffers),
         )
-        self._hosts = hosts
+        self.env = env
+        for e in topo.engine_ids:  # built (torch, model) while the storage actors start
+            self._new_engine(e, first=True)
+        for n, actor in enumerate(storage):
+            self._started(f"storage@node{n}", actor)
+        regions = self._await_ready({f"storage@node{n}" for n in range(topo.num_nodes)})
+        self._regions = tuple(regions[f"storage@node{n}"] for n in range(topo.num_nodes))
+        self.env = env = replace(env, regions=self._regions)
         for e in topo.engine_ids:
-            self._spawn_engine(e, first=True)
+            self._run_engine(e)
         self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
         return env
 
@@ -226,18 +225,11 @@ class RayLauncher(Launcher):
                        self.results, inboxes, self._epoch_s, os.getpid(),
                        wall_clock=True)  # fmt: skip
 
-    def _node_hosts(self, ray: Any) -> list[str]:
-        """The address each emulated node's transports serve on (its Ray node's IP)."""
-        task = ray.remote(_node_ip)
-        refs = [task.options(num_cpus=0, **p).remote() for p in self._placement]
-        hosts: list[str] = ray.get(refs, timeout=self.options.ready_timeout_s)
-        return hosts
-
     def _started(self, name: str, actor: Any) -> None:
         self.procs[name] = actor
         self._runs[name] = actor.run.remote()
 
-    def _spawn_engine(self, engine: int, first: bool) -> None:
+    def _new_engine(self, engine: int, first: bool) -> None:
         import ray
 
         from dualpath.runtime.ray_actors import ActorInbox, EngineActor
@@ -245,12 +237,19 @@ class RayLauncher(Launcher):
         assert self.env is not None
         faults = self.options.faults
         crash_at = faults.crash_at_message if first and faults.crash_engine == engine else -1
-        node = self.topology.node_of(engine)
-        actor = self._actor(ray, EngineActor, node).remote(
-            self.env, engine, self._hosts[node], crash_at
+        actor = self._actor(ray, EngineActor, self.topology.node_of(engine)).remote(
+            self.env, engine, crash_at
         )
         self.engine_inbox[engine] = ActorInbox(actor)
-        self._started(self.topology.engine_name(engine), actor)
+        self.procs[self.topology.engine_name(engine)] = actor
+
+    def _run_engine(self, engine: int) -> None:
+        name = self.topology.engine_name(engine)
+        self._runs[name] = self.procs[name].run.remote(self._regions)
+
+    def _spawn_engine(self, engine: int, first: bool) -> None:
+        self._new_engine(engine, first)
+        self._run_engine(engine)
 
     def _check_bootstrap(self, waiting: set[str]) -> None:
         """An actor whose constructor or loop ended during start-up fails the start."""
@@ -324,13 +323,6 @@ class RayLauncher(Launcher):
                 with contextlib.suppress(Exception):
                     self._pids[name] = ray.get(actor.pid.remote(), timeout=5.0)
         return sorted(self._pids.values())
-
-
-def _node_ip() -> str:
-    import ray
-
-    ip: str = ray.util.get_node_ip_address()
-    return ip
 
 
 def _first_line(err: BaseException) -> str:
