@@ -5,11 +5,12 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+import socket
 from typing import Any
 
 import pytest
 
-from dualpath.runtime.transport import KV_HOST_ENV, make_transport
+from dualpath.runtime.transport import KV_DSCP_ENV, KV_HOST_ENV, make_transport
 from dualpath.runtime.transport.base import RegionHandle
 from dualpath.runtime.transport.mooncake import listening_sockets, non_loopback
 from dualpath.runtime.transport.tcp import TcpTransport, TransportError
@@ -88,3 +89,22 @@ def test_transfers_cross_processes_on_the_configured_host(monkeypatch: pytest.Mo
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+def test_dscp_marks_every_kv_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KV_DSCP_ENV, "16")  # the traffic manager's KV lane (CS2)
+    owner, peer = make_transport("tcp"), make_transport("tcp")
+    assert isinstance(owner, TcpTransport) and isinstance(peer, TcpTransport)
+    try:
+        remote = owner.register("buf", memoryview(bytearray(4096)))
+        local = peer.register("hbm", memoryview(bytearray(4096)))
+        peer.write(local, 0, remote, 0, 4096).wait()
+        socks = peer._conns + owner._conns  # the client's and the accepted side
+        assert len(socks) == 2
+        assert {s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) for s in socks} == {16 << 2}
+    finally:
+        peer.close()
+        owner.close()
+    monkeypatch.setenv(KV_DSCP_ENV, "64")
+    with pytest.raises(ValueError, match="DUALPATH_KV_DSCP='64' is invalid"):
+        make_transport("tcp")

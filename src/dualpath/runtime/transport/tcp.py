@@ -63,7 +63,12 @@ class _FutureTransfer(Transfer):
 class TcpTransport(KVTransport):
     """Regions are served by name from this process's listener at ``endpoint``."""
 
-    def __init__(self, host: str = "127.0.0.1", num_threads: int = 4) -> None:
+    def __init__(self, host: str = "127.0.0.1", num_threads: int = 4, dscp: int = -1) -> None:
+        """``dscp`` (0..63; -1: unmarked) marks every KV packet, both directions, so switches
+        and NICs classify it into the traffic manager's low lane (``dualpath qos``)."""
+        if not -1 <= dscp <= 63:
+            raise ValueError(f"dscp={dscp} is invalid: must be in 0..63 (or -1: unmarked)")
+        self._dscp = dscp
         self._local: dict[str, memoryview] = {}
         self._server = socket.create_server((host, 0))
         self.endpoint = f"{PREFIX}{host}:{self._server.getsockname()[1]}"
@@ -77,6 +82,8 @@ class TcpTransport(KVTransport):
     # ------------------------------------------------------------------ server side
     def _track(self, sock: socket.socket) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._dscp >= 0:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self._dscp << 2)
         with self._conns_lock:
             self._conns.append(sock)
         return sock
