@@ -1,8 +1,9 @@
 """Ray actor bodies of the runtime: a node's storage worker, an engine, the results mailbox.
 
 Each actor runs the same main loop as its local process (``StorageWorker.serve``,
-``Engine.serve``) on a plain ``queue.Queue`` inbox that peers fill through ``deliver`` (one
-thread, so a sender's messages stay in order). The storage actor owns its node's buffer and
+``Engine.serve``) on a plain ``queue.Queue`` inbox that peers fill through ``deliver``, which
+runs in its own one-thread concurrency group (``MAIL_GROUP``): a sender's messages arrive and
+are queued in the order it sent them, as on a multiprocessing queue. The storage actor owns its node's buffer and
 is the only allocator of its slots (``alloc`` / ``free`` are actor calls). Imported only in
 Ray workers and by the Ray launcher; never calls the scheduler.
 """
@@ -22,6 +23,12 @@ from dualpath.runtime.transport import KV_HOST_ENV
 from dualpath.runtime.transport.base import RegionHandle
 
 ALLOC_POLL_S = 0.002
+MAIL_GROUP = "mail"  # the one-thread concurrency group of every actor's ``deliver``
+
+
+def deliver(handle: Any, msg: Any) -> None:
+    """Send ``msg`` to the actor ``handle`` (asynchronous, in order per sender)."""
+    handle.deliver.options(concurrency_group=MAIL_GROUP).remote(msg)
 
 
 class ActorInbox:
@@ -31,7 +38,7 @@ class ActorInbox:
         self.handle = handle
 
     def put(self, msg: Any) -> None:
-        self.handle.deliver.remote(msg)
+        deliver(self.handle, msg)
 
 
 class MailboxInbox:
@@ -49,7 +56,7 @@ class MailboxInbox:
         self.handle, self._got = state["handle"], []
 
     def put(self, msg: Any) -> None:
-        self.handle.deliver.remote(msg)
+        deliver(self.handle, msg)
 
     def get(self, timeout: float | None = None) -> Any:
         import ray

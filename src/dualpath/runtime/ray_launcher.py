@@ -39,7 +39,7 @@ from dualpath.runtime.topology import Topology
 
 RESOURCE_PREFIX = "dualpath_node"
 RESOURCE_SHARE = 0.001  # of a node's marker resource per actor: any number fit on a node
-MAILBOX_THREADS = 8
+MAILBOX_THREADS = 2
 ACTOR_THREADS = 8  # concurrent calls into an engine / storage actor (its loop is one of them)
 LOCAL_OBJECT_STORE_BYTES = 80 * 1024 * 1024  # a local instance: control messages only
 CONNECT_TIMEOUT_S = 5.0
@@ -152,16 +152,22 @@ class RayLauncher(Launcher):
     def _actor(self, ray: Any, cls: type, node: int | None) -> Any:
         """``cls`` as a Ray actor class: no CPU reserved (the emulated engines limit their own
         threads), pinned to emulated node ``node`` (None: the driver's node)."""
-        opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_concurrency": ACTOR_THREADS}
+        from dualpath.runtime.ray_actors import MAIL_GROUP
+
+        opts: dict[str, Any] = {
+            "num_cpus": 0,
+            "max_restarts": 0,
+            "max_concurrency": ACTOR_THREADS,  # the default group: loop, allocator, queries
+        }
         if node is None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             here = ray.get_runtime_context().get_node_id()
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
-            opts["max_concurrency"] = MAILBOX_THREADS
+            opts["max_concurrency"] = MAILBOX_THREADS  # ``take`` waits; ``deliver`` does not
         else:
             opts.update(self._placement[node])
-        return ray.remote(cls).options(**opts)
+        return ray.remote(concurrency_groups={MAIL_GROUP: 1})(cls).options(**opts)
 
     # ------------------------------------------------------------------ start
     def start(self) -> ProcEnv:
@@ -300,9 +306,10 @@ class RayLauncher(Launcher):
         except ImportError:
             return
         if ray.is_initialized() and self.procs:
-            stop = StopMsg()
+            from dualpath.runtime.ray_actors import deliver
+
             for actor in self.procs.values():
-                actor.deliver.remote(stop)
+                deliver(actor, StopMsg())
             ray.wait(list(self._runs.values()), num_returns=len(self._runs),
                      timeout=JOIN_TIMEOUT_S)  # fmt: skip
             for actor in [*self.procs.values(), self._mailbox]:
