@@ -38,6 +38,8 @@ def test_bad_ray_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -
     assert f"--ray-address '127.0.0.1:{port}' is unreachable" in _one_line(capsys)
     assert main(["bench", "--runtime", "ray", "--ray-address", "head-node"]) == 2
     assert "expected HOST:PORT" in _one_line(capsys)
+    assert main(["bench", "--runtime", "ray", "--ray-address", "ray://head:10001"]) == 2
+    assert "ray:// addresses are not supported" in _one_line(capsys)
     assert main(["bench", "--ray-address", "127.0.0.1:6379"]) == 2
     assert "only valid with --runtime ray" in _one_line(capsys)
     assert main(["bench", "--runtime", "ray", "--transport", "shm"]) == 2

@@ -62,7 +62,12 @@ def require_ray() -> Any:
 
 def check_address(address: str) -> None:
     """ValueError (one line) unless ``host:port`` accepts a TCP connection (Ray's GCS)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if "://" in address:
+        raise ValueError(
+            f"--ray-address {address!r} is invalid: give the head's GCS address HOST:PORT "
+            "(Ray Client ray:// addresses are not supported)"
+        )
+    host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"--ray-address {address!r} is invalid: expected HOST:PORT")
     try:
