@@ -147,7 +147,7 @@ class Mailbox:
 class StorageActor:
     """Node ``node``'s storage worker; creates and owns the node's buffer."""
 
-    def __init__(self, env: ProcEnv, node: int, crash_on_read: bool) -> None:
+    def __init__(self, env: ProcEnv, node: int) -> None:
         from dualpath.runtime.storage import StorageWorker, inject_write_failures
 
         env = _actor_env(env)
@@ -157,7 +157,6 @@ class StorageActor:
         self._owner = SlotBuffer.create(env.buffers[node], lock)
         locks = tuple(lock if n == node else None for n in range(len(env.buffers)))
         self.worker = StorageWorker(replace(env, locks=locks, slot_owners=()), node)
-        self.worker.crash_on_read = crash_on_read
         self.inbox: queue.Queue[Any] = queue.Queue()
 
     def pid(self) -> int:
@@ -167,8 +166,13 @@ class StorageActor:
         self.inbox.put(msg)
 
     def run(self) -> None:
+        from dualpath.runtime.messages import ErrorMsg
+
         try:
             self.worker.serve(self.inbox)
+        except Exception as err:  # report, then end: the scheduler shuts the run down
+            self.worker.env.results.put(ErrorMsg(self.worker.name, f"{type(err).__name__}: {err}"))
+            raise
         finally:
             self._owner.close()  # unlinks the segment
 

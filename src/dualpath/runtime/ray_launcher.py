@@ -207,9 +207,7 @@ class RayLauncher(Launcher):
             for n in range(topo.num_nodes)
         )  # fmt: skip
         storage = [
-            self._actor(ray, StorageActor, n).remote(
-                self._base_env(specs, ()), n, n == opts.faults.crash_storage
-            )
+            self._actor(ray, StorageActor, n).remote(self._base_env(specs, ()), n)
             for n in range(topo.num_nodes)
         ]
         self.buffers = [RemoteSlots(a, specs[n]) for n, a in enumerate(storage)]
