@@ -1,9 +1,10 @@
-"""KV transport throughput on this machine: plain memcpy vs shared memory vs Mooncake (TCP).
+"""KV transport throughput on this machine: plain memcpy vs shared memory, TCP and Mooncake.
 
 Run: .venv/bin/python benchmarks/bench_transport.py [--mib 256 --repeat 3]
 Prints GB/s for large copies and for 64 KiB Layer-Block-sized copies (what layerwise prefill
 moves; 64 in flight). The peer region lives in another process; the shared-memory backend memcpys into its
-segment, the Mooncake backend writes over its TCP transport (metadata "P2PHANDSHAKE").
+segment, the TCP backend sends to the peer's listener on loopback, the Mooncake backend writes
+over its TCP transport (metadata "P2PHANDSHAKE").
 """
 
 from __future__ import annotations
@@ -71,6 +72,33 @@ def bench_transport(
     return best_big, best_small
 
 
+def _tcp_peer(nbytes: int, q: Any, stop: Any) -> None:
+    from dualpath.runtime.transport.tcp import TcpTransport
+
+    tx = TcpTransport()
+    region = mmap.mmap(-1, nbytes)
+    q.put(tx.register("peer", memoryview(region)))
+    stop.get()
+    tx.close()
+
+
+def bench_peer(target: Any, make: Any, nbytes: int, repeat: int) -> tuple[float, float]:
+    """``make()``'s transport writing into a region of a peer process started by ``target``."""
+    ctx = mp.get_context("spawn")
+    q, stop = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=target, args=(nbytes, q, stop), daemon=True)
+    proc.start()
+    try:
+        peer = q.get(timeout=60)
+        tx = make()
+        result = bench_transport(tx, peer, nbytes, repeat)
+        tx.close()
+        return result
+    finally:
+        stop.put(None)
+        proc.join(30)
+
+
 def _mooncake_peer(nbytes: int, q: Any, stop: Any) -> None:
     from dualpath.runtime.transport.mooncake import MooncakeTransport
 
@@ -102,6 +130,11 @@ def main() -> None:
     finally:
         peer_buf.close()
 
+    from dualpath.runtime.transport.tcp import TcpTransport
+
+    big, small = bench_peer(_tcp_peer, TcpTransport, nbytes, args.repeat)
+    print(f"TCP transport (loopback)         {big:6.2f} GB/s   64 KiB pieces {small:6.2f} GB/s")
+
     try:
         from dualpath.runtime.transport.mooncake import MooncakeTransport, load_engine_class
 
@@ -109,20 +142,8 @@ def main() -> None:
     except ImportError as err:
         print(f"Mooncake transport               skipped: {err}")
         return
-    q, stop = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_mooncake_peer, args=(nbytes, q, stop), daemon=True)
-    proc.start()
-    try:
-        peer = q.get(timeout=60)
-        mtx = MooncakeTransport()
-        big, small = bench_transport(mtx, peer, nbytes, args.repeat)
-        mtx.close()
-        print(
-            f"Mooncake transport (TCP, loopback) {big:4.2f} GB/s   64 KiB pieces {small:6.2f} GB/s"
-        )
-    finally:
-        stop.put(None)
-        proc.join(30)
+    big, small = bench_peer(_mooncake_peer, MooncakeTransport, nbytes, args.repeat)
+    print(f"Mooncake transport (TCP, loopback) {big:4.2f} GB/s   64 KiB pieces {small:6.2f} GB/s")
 
 
 if __name__ == "__main__":

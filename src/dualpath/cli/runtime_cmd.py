@@ -1,4 +1,5 @@
-"""`dualpath bench --runtime local`: replay a small agentic workload through the real runtime.
+"""`dualpath bench`: replay a small agentic workload through the real runtime, as processes on
+this host (``--runtime local``) or as Ray actors over a Ray cluster's nodes (``--runtime ray``).
 
 Each system runs on its own empty KV store (so no system inherits another's hits), with the
 emulated SNICs slow enough that loading dominates; reports JCT, TTFT/TTST/TPOT, bytes per
@@ -8,6 +9,7 @@ path and achieved SNIC utilisation through ``dualpath.metrics`` (the simulator's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import shutil
@@ -39,36 +41,58 @@ def run_runtime_systems(
     kv_root: str = "./.dualpath/kv",
     progress: bool = True,
     transport: str = "shm",
+    runtime: str = "local",
+    ray_address: str = "",
 ) -> list[BenchRun]:
-    """Run every system on the same agents; each on a fresh store under ``kv_root``."""
-    from tqdm import tqdm
-
+    """Run every system on the same agents; each on a fresh store under ``kv_root``. With
+    ``runtime="ray"`` one Ray session (``ray_address``, or a local instance) serves them all."""
     from dualpath.runtime.options import RuntimeOptions
-    from dualpath.runtime.session import LocalRuntime
-    from dualpath.runtime.workload import agent_scripts, small_trajectories
+    from dualpath.runtime.workload import small_trajectories
+
+    def options(system: str, root: str) -> RuntimeOptions:
+        return RuntimeOptions(system=system, kv_root=root, transport=transport,
+                              runtime=runtime, ray_address=ray_address)  # fmt: skip
 
     for s in systems:
-        RuntimeOptions(system=s, transport=transport)  # ValueError before anything starts
+        options(s, kv_root)  # ValueError before anything starts
     block = config.scheduler.block_tokens
     trajs = small_trajectories(config.workload, block, num_turns, token_scale, max_gen_tokens)
     num_turns_total = sum(len(t.turns) for t in trajs)
     runs = []
     Path(kv_root).mkdir(parents=True, exist_ok=True)
-    for system in systems:
-        root = tempfile.mkdtemp(prefix=f"bench-{system}-", dir=kv_root)
-        agents = agent_scripts(trajs, config.model.vocab_size, config.workload.seed)
-        try:
-            with (
-                tqdm(total=num_turns_total, desc=system, disable=not progress, unit="turn") as bar,
-                LocalRuntime(
-                    config, RuntimeOptions(system=system, kv_root=root, transport=transport)
-                ) as rt,
-            ):
-                result = rt.run(agents, on_turn=lambda _: bar.update(1))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-        runs.append(BenchRun(system, summarize(result.records, "offline"), result))
+    session = contextlib.ExitStack()
+    if runtime == "ray":
+        from dualpath.runtime.ray_launcher import ray_session
+
+        num_nodes = config.cluster.num_prefill_nodes + config.cluster.num_decode_nodes
+        session.enter_context(ray_session(ray_address, num_nodes))
+    with session:
+        for system in systems:
+            root = tempfile.mkdtemp(prefix=f"bench-{system}-", dir=kv_root)
+            try:
+                result = _run_system(config, trajs, num_turns_total, progress,
+                                     options(system, root))  # fmt: skip
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            runs.append(BenchRun(system, summarize(result.records, "offline"), result))
     return runs
+
+
+def _run_system(
+    config: Config, trajs: Any, num_turns_total: int, progress: bool, options: Any
+) -> Any:
+    """One system's run (its own KV root in ``options``): the ``RunResult``."""
+    from tqdm import tqdm
+
+    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.workload import agent_scripts
+
+    agents = agent_scripts(trajs, config.model.vocab_size, config.workload.seed)
+    with (
+        tqdm(total=num_turns_total, desc=options.system, disable=not progress, unit="turn") as bar,
+        LocalRuntime(config, options) as rt,
+    ):
+        return rt.run(agents, on_turn=lambda _: bar.update(1))
 
 
 def _pct(x: float) -> str:
@@ -141,9 +165,30 @@ def check_kv_root(kv_root: str) -> None:
         raise ValueError(f"--kv-root {kv_root!r} is invalid: not writable ({reason})") from None
 
 
+def resolve_runtime(args: argparse.Namespace) -> str:
+    """The KV transport for ``--runtime`` / ``--transport`` / ``--ray-address``; ValueError
+    (one line) on a bad combination, a missing Ray or an unreachable ``--ray-address``."""
+    if args.runtime not in ("local", "ray"):
+        raise ValueError(f"--runtime {args.runtime!r} is invalid: must be 'local' or 'ray'")
+    if args.runtime == "local":
+        if args.ray_address:
+            raise ValueError("--ray-address is only valid with --runtime ray")
+        return str(args.transport or "shm")
+    from dualpath.runtime.ray_launcher import check_address, require_ray
+
+    require_ray()
+    if args.transport == "shm":
+        raise ValueError(
+            "--transport shm is invalid with --runtime ray: shared memory cannot cross nodes "
+            "(use tcp or mooncake)"
+        )
+    if args.ray_address:
+        check_address(args.ray_address)
+    return str(args.transport or "tcp")
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    if args.runtime != "local":
-        raise ValueError(f"--runtime {args.runtime!r} is invalid: must be 'local'")
+    transport = resolve_runtime(args)
     config = build_config(args)
     check_runnable(config)
     for name in ("token_scale", "snic_mb_per_s"):
@@ -174,7 +219,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--turns {args.turns} is invalid: must be >= 1")
     runs = run_runtime_systems(
         config, systems, args.turns, args.token_scale, args.max_gen, args.kv_root,
-        progress=not args.no_progress, transport=args.transport,
+        progress=not args.no_progress, transport=transport, runtime=args.runtime,
+        ray_address=args.ray_address or "",
     )  # fmt: skip
     print(format_runs(runs))
     if args.json:
@@ -189,7 +235,15 @@ def run_bench(args: argparse.Namespace) -> int:
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("bench", help="run the real multi-process runtime (tiny model, CPU)")
     add_config_args(p, default_preset=DEFAULT_PRESET)
-    p.add_argument("--runtime", default="local", help="where engines run (only: local)")
+    p.add_argument(
+        "--runtime",
+        default="local",
+        help="local (processes on this host) or ray (actors per node; see docs/deploy.md)",
+    )
+    p.add_argument(
+        "--ray-address",
+        help="Ray cluster to join (HOST:PORT of its head); default: start a local Ray instance",
+    )
     p.add_argument("--agents", type=int, help="number of agents (workload.num_agents)")
     p.add_argument("--turns", type=int, default=12, help="turns per agent (default 12)")
     p.add_argument(
@@ -208,7 +262,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument(
         "--kv-root", default="./.dualpath/kv", help="KV store root (default ./.dualpath/kv)"
     )
-    p.add_argument("--transport", default="shm", help="KV transport: shm or mooncake")
+    p.add_argument(
+        "--transport",
+        help="KV transport: shm, tcp or mooncake (default: shm locally, tcp with Ray)",
+    )
     p.add_argument("--json", help="also write the summaries to this JSON file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)

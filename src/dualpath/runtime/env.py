@@ -1,7 +1,7 @@
 """What every runtime process receives at spawn: config, ids, buffers, queues, the clock.
 
 ``Clock`` is the one place a process reads time: seconds since the run's epoch on the
-host-wide monotonic clock (one host here; on a cluster, a synchronised clock would go here).
+host-wide monotonic clock, or across hosts (Ray) on the wall clock, which NTP/PTP keeps in step.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from dualpath.runtime.transport.base import RegionHandle
 @dataclass(frozen=True, slots=True)
 class Clock:
     epoch: float
+    wall: bool = False  # time.time(): the one clock several hosts share (synchronised)
 
     def now(self) -> float:
-        return time.monotonic() - self.epoch
+        return (time.time() if self.wall else time.monotonic()) - self.epoch
 
 
 HEARTBEAT_S = 0.2  # children's heartbeat period (liveness_timeout_s is many of these)
@@ -86,6 +87,10 @@ class ProcEnv:
     parent_pid: int
     regions: tuple[RegionHandle, ...] = ()  # per node, as announced by its storage worker
     heartbeats: Any = None  # shared doubles: last beat (clock seconds) per child, see below
+    # per node, an object with SlotBuffer's alloc / alloc_wait / free / num_free / spec / close
+    # that allocates through the node's storage worker (Ray: nodes share no memory); () = attach
+    slot_owners: tuple[Any, ...] = ()
+    wall_clock: bool = False
 
     def heartbeat_slot(self, who: str) -> int:
         """Index of ``who``'s heartbeat: engines by id, then storage workers by node."""
@@ -109,7 +114,7 @@ class ProcEnv:
 
     @property
     def clock(self) -> Clock:
-        return Clock(self.epoch)
+        return Clock(self.epoch, self.wall_clock)
 
     @property
     def block_tokens(self) -> int:
@@ -124,7 +129,10 @@ class ProcEnv:
     def namespace(self) -> str:
         return kv_namespace(self.config, self.options.weight_seed, self.options.tenant)
 
-    def attach_buffer(self, node: int) -> SlotBuffer:
+    def attach_buffer(self, node: int) -> Any:
+        """Node ``node``'s buffer (a ``SlotBuffer``, or its owner's remote allocator)."""
+        if self.slot_owners:
+            return self.slot_owners[node]
         return SlotBuffer.attach(self.buffers[node], self.locks[node])
 
     def region(self, node: int) -> RegionHandle:

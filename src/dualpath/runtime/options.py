@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SYSTEMS = ("basic", "layer", "dpl", "dualpath", "oracle")
-TRANSPORTS = ("shm", "mooncake")
+TRANSPORTS = ("shm", "tcp", "mooncake")
+RUNTIMES = ("local", "ray")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,9 @@ class RuntimeOptions:
     buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``). ``hbm_tokens``: KV
     capacity of each engine's paged HBM, in tokens of all layers (pages of one Layer Block).
     ``batching``: False runs one request per PE forward pass and per DE decode batch (the
-    one-at-a-time baseline of the benchmark)."""
+    one-at-a-time baseline of the benchmark). ``runtime``: ``local`` (processes on this host)
+    or ``ray`` (Ray actors placed per node, ``ray_address`` the cluster's GCS address, "" = a
+    local Ray instance); Ray needs a transport that crosses nodes (tcp or mooncake)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
@@ -50,6 +53,8 @@ class RuntimeOptions:
     request_timeout_s: float = 300.0
     liveness_timeout_s: float = 5.0  # a child silent this long is declared dead (killed)
     faults: FaultPlan = FaultPlan()
+    runtime: str = "local"
+    ray_address: str = ""
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:
@@ -59,6 +64,15 @@ class RuntimeOptions:
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"transport={self.transport!r} is invalid: must be one of {', '.join(TRANSPORTS)}"
+            )
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"runtime={self.runtime!r} is invalid: must be one of {', '.join(RUNTIMES)}"
+            )
+        if self.runtime == "ray" and self.transport == "shm":
+            raise ValueError(
+                "transport='shm' is invalid with runtime='ray': shared memory cannot cross "
+                "nodes (use tcp or mooncake)"
             )
         if self.hbm_tokens < 1:
             raise ValueError(f"hbm_tokens={self.hbm_tokens} is invalid: must be >= 1")

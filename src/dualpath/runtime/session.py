@@ -21,8 +21,18 @@ from dualpath.runtime.requests import AgentState, RunResult
 from dualpath.runtime.scheduler import Scheduler
 
 
+def make_launcher(config: Config, options: RuntimeOptions) -> Launcher:
+    """Local processes, or Ray actors placed per node (``options.runtime == "ray"``)."""
+    if options.runtime == "ray":
+        from dualpath.runtime.ray_launcher import RayLauncher
+
+        return RayLauncher(config, options)
+    return Launcher(config, options)
+
+
 class LocalRuntime:
-    """Processes on this host emulating the cluster of ``config`` (SPEC §2)."""
+    """Processes emulating the cluster of ``config`` (SPEC §2): on this host, or as Ray
+    actors over a Ray cluster's nodes (``RuntimeOptions.runtime``)."""
 
     def __init__(self, config: Config, options: RuntimeOptions) -> None:
         if config.scheduler.split_reads:  # rejected, never silently ignored
@@ -33,7 +43,7 @@ class LocalRuntime:
         sched = replace(config.scheduler, policy=options.policy_name)
         self.config = replace(config, scheduler=sched)
         self.options = options
-        self.launcher = Launcher(self.config, options)
+        self.launcher = make_launcher(self.config, options)
         self._scheduler: Scheduler | None = None
 
     def __enter__(self) -> LocalRuntime:

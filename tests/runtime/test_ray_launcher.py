@@ -1,0 +1,111 @@
+"""The runtime on a local multi-node Ray cluster: one raylet per emulated node, loopback only.
+
+Each raylet offers its node's marker resource, so the PE and the DE (and each node's storage
+actor) land on different Ray nodes and every KV byte between them crosses nodes over TCP.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualpath.runtime.options import FaultPlan, RuntimeOptions
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.workload import agent_scripts, small_trajectories
+
+from .conftest import reference_outputs, small_config
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = [pytest.mark.slow, pytest.mark.runtime]
+
+# the smallest footprint Ray accepts: 75 MiB is its object store's floor
+NODE_ARGS: dict[str, Any] = {
+    "num_cpus": 1,
+    "object_store_memory": 80 * 1024 * 1024,
+    "include_dashboard": False,
+    "node_ip_address": "127.0.0.1",
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Two raylets on this host: node 0 (head) and node 1, each with its marker resource;
+    a private temp dir, so no other Ray instance on the host is found or disturbed."""
+    temp = tempfile.mkdtemp(prefix="dpray-", dir="/tmp")  # short: Ray's socket paths
+    args = {**NODE_ARGS, "temp_dir": temp}
+    constants = ray._private.ray_constants
+    enabled = constants.ENABLE_RAY_CLUSTER
+    c = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={**args, "resources": {"dualpath_node0": 1}}
+    )
+    try:
+        c.add_node(**args, resources={"dualpath_node1": 1})
+        c.wait_for_nodes()
+        # Ray rewrites a loopback address to the host's own IP; loopback only: keep it
+        constants.ENABLE_RAY_CLUSTER = False
+        ray.init(address=c.address, logging_level="WARNING")
+        yield c
+    finally:
+        constants.ENABLE_RAY_CLUSTER = enabled
+        ray.shutdown()
+        c.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _agents(num_agents: int, num_turns: int, seed: int) -> list[AgentState]:
+    cfg = small_config()
+    wl = replace(cfg.workload, num_agents=num_agents, seed=seed)
+    trajs = small_trajectories(wl, 64, num_turns=num_turns, token_scale=0.15, max_gen_tokens=4)
+    return agent_scripts(trajs, cfg.model.vocab_size, seed)
+
+
+def _nodes_of(rt: LocalRuntime) -> dict[str, str]:
+    """Ray node id of every actor, by process name."""
+    out = {}
+    for name, actor in rt.launcher.procs.items():
+        out[name] = ray.get(
+            actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+        )
+    return out
+
+
+@pytest.mark.timeout(150)
+def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_tokens(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """One run (each start costs a process per actor): both read paths across the two nodes,
+    and the DE actor dying at its 3rd work message is replaced on its node."""
+    cfg = small_config()  # 1 PE node, 1 DE node, one engine each
+    agents = _agents(2, 3, seed=2)
+    want = reference_outputs(cfg, agents)
+    faults = FaultPlan(crash_engine=1, crash_at_message=3)
+    opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="tcp", runtime="ray",
+                          faults=faults)  # fmt: skip
+    with LocalRuntime(cfg, opts) as rt:
+        launcher = rt.launcher
+        first_de = launcher.procs["de1@node1"]
+        before = _nodes_of(rt)
+        result = rt.run([AgentState(a.agent_id, a.appends, a.outputs) for a in agents])
+        after = _nodes_of(rt)
+        respawned = launcher.procs["de1@node1"] is not first_de
+        regions, specs = launcher.env.regions, launcher.env.buffers
+    assert before["pe0@node0"] == before["storage@node0"] != before["de1@node1"]
+    assert before["de1@node1"] == before["storage@node1"] == after["de1@node1"]  # same node
+    assert all(r.endpoint.startswith("tcp://127.0.0.1:") for r in regions)  # loopback only
+    assert respawned and result.requeued >= 1  # the dead DE's requests ran again
+    assert result.outputs == want  # every token equals the recompute reference
+    assert len(result.records) == 6  # every turn finished exactly once
+    sides = {r.read_side for r in result.records if r.hit_tokens}
+    assert sides == {"pe", "de"}  # both paths; DE reads reach the PE from the other node
+    assert result.bytes_by_path["de_read"] > 0 and result.bytes_by_path["pe_to_de_buffer"] > 0
+    assert not launcher.procs  # closed: every actor killed
+    assert not [s.name for s in specs if Path("/dev/shm", s.name).exists()]  # buffers unlinked
