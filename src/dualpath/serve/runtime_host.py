@@ -1,0 +1,224 @@
+"""The scheduler process behind ``RuntimeBackend``: it owns a ``LocalRuntime`` (storage workers
+and engines are its children) and serves the HTTP process's commands until told to stop.
+
+The HTTP process sends ``SubmitCmd`` / ``CancelCmd`` / ``StopCmd`` on one queue; this process
+answers on another: ``ReadyEvt`` once every runtime process acked, ``TokensEvt`` as the engines
+generate (new tokens only), ``RejectedEvt`` for a request the runtime refuses, ``StatsEvt``
+twice a second, ``ClosedEvt`` after the runtime has shut down (shared memory unlinked).
+Nothing here decides anything: the scheduler (``runtime/scheduler.py``) does.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualpath.config import Config
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.sampling import SamplingParams
+
+STATS_PERIOD_S = 0.5
+POLL_S = 0.2  # command poll: lets an orphaned host notice that its server is gone
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitCmd:
+    key: int  # the server's id for the request (the runtime's id is not known yet)
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCmd:
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopCmd:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyEvt:
+    pids: tuple[int, ...]  # this process and every runtime child
+
+
+@dataclass(frozen=True, slots=True)
+class TokensEvt:
+    key: int
+    tokens: tuple[int, ...]  # new since the last event of this request
+    cached_tokens: int  # prompt tokens whose KV was read from the store (verified)
+    done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEvt:
+    key: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatsEvt:
+    """Runtime state for ``/metrics``: counters are totals since start."""
+
+    num_live: int  # submitted, not finished
+    num_waiting: int  # not yet assigned by the policy, or waiting for buffer slots
+    prompt_tokens: int
+    cached_tokens: int
+    requeued: int
+    cancelled: int
+    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)
+    queue_lengths: dict[str, int] = field(default_factory=dict)
+    nic_busy_s: dict[str, float] = field(default_factory=dict)  # Σ pacer busy time per NIC
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedEvt:
+    error: str = ""  # empty: a clean stop
+
+
+class _Host:
+    """Relays between the command queue and the scheduler (which runs on the main thread)."""
+
+    def __init__(self, rt: Any, outbox: Any) -> None:
+        self.rt = rt
+        self.sched = rt.scheduler
+        self.outbox = outbox
+        self.stop = threading.Event()
+        self.rids: dict[int, int] = {}  # key → runtime request id
+        self.cancel_early: set[int] = set()  # cancelled before their id was known
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.num_live = 0
+        self.next_agent = 0
+        self.lock = threading.Lock()
+
+    def submit(self, cmd: SubmitCmd) -> None:
+        # a request is a one-turn trajectory: the whole conversation is its prompt (reuse
+        # comes from the hash chain, not from the agent's context)
+        agent = AgentState(self.next_agent, (cmd.prompt,), (cmd.max_tokens,))
+        self.next_agent += 1
+        sent = [0]
+
+        def on_tokens(rid: int, tokens: tuple[int, ...], done: bool) -> None:
+            cached = self.sched.reqs[rid].cached
+            if sent[0] == 0:
+                with self.lock:
+                    self.prompt_tokens += len(cmd.prompt)
+                    self.cached_tokens += cached
+            new, sent[0] = tokens[sent[0] :], len(tokens)
+            if done:
+                with self.lock:
+                    self.num_live -= 1
+                self.rids.pop(cmd.key, None)
+            self.outbox.put(TokensEvt(cmd.key, new, cached, done))
+
+        def submitted(fut: Future[int]) -> None:
+            err = fut.exception()
+            if err is not None:
+                self.outbox.put(RejectedEvt(cmd.key, str(err)))
+                return
+            with self.lock:
+                self.num_live += 1
+            rid = fut.result()
+            self.rids[cmd.key] = rid
+            if cmd.key in self.cancel_early:
+                self.cancel_early.discard(cmd.key)
+                self.cancel(cmd.key)
+
+        fut = self.sched.submit_threadsafe(agent, cmd.prompt, cmd.max_tokens, on_tokens,
+                                           cmd.sampling)  # fmt: skip
+        fut.add_done_callback(submitted)
+
+    def cancel(self, key: int) -> None:
+        rid = self.rids.pop(key, None)
+        if rid is None:
+            self.cancel_early.add(key)
+            return
+        with self.lock:
+            self.num_live -= 1
+        self.sched.cancel_threadsafe(rid)
+
+    def commands(self, inbox: Any, parent_pid: int) -> None:
+        while not self.stop.is_set():
+            if os.getppid() != parent_pid:  # the server died: stop, clean up
+                self.stop.set()
+                return
+            try:
+                cmd = inbox.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(cmd, SubmitCmd):
+                self.submit(cmd)
+            elif isinstance(cmd, CancelCmd):
+                self.cancel(cmd.key)
+            elif isinstance(cmd, StopCmd):
+                self.stop.set()
+
+    def stats_loop(self, nic_busy: Any) -> None:
+        while not self.stop.wait(STATS_PERIOD_S):
+            self.outbox.put(self.snapshot(nic_busy))
+
+    def snapshot(self, nic_busy: Any) -> StatsEvt:
+        s = self.sched
+        c = s.counters
+        full = s.env.layout.full_block_bytes
+        paths = {
+            "pe_read": c.pe_read_bytes, "de_read": c.de_read_bytes,
+            "pd_transfer": c.pd_bytes, "layer_blocks_to_pe": c.layer_in_bytes,
+            "de_buffer_to_hbm": c.h2d_bytes, "persist": c.persisted_blocks * full,
+        }  # fmt: skip
+        queues = {f"read_node{n}_tokens": q for n, q in enumerate(list(s.read_q))}
+        for e, q in sorted(s.pe_queue.items()):
+            queues[f"prefill_pe{e}"] = len(q)
+        queues["policy_waiting"] = s.policy.num_waiting
+        queues["buffer_alloc_waiting"] = len(s.alloc_wait)
+        with self.lock:
+            return StatsEvt(
+                num_live=self.num_live,
+                num_waiting=s.policy.num_waiting + len(s.alloc_wait),
+                prompt_tokens=self.prompt_tokens,
+                cached_tokens=self.cached_tokens,
+                requeued=c.requeued,
+                cancelled=s.num_cancelled,
+                kv_bytes_by_path=paths,
+                queue_lengths=queues,
+                nic_busy_s=nic_busy() if nic_busy is not None else {},
+                now_s=s.now(),
+            )
+
+
+def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
+              parent_pid: int) -> None:  # fmt: skip
+    """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
+    from dualpath.runtime.session import LocalRuntime
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    error = ""
+    try:
+        with LocalRuntime(config, options) as rt:
+            host = _Host(rt, outbox)
+            outbox.put(ReadyEvt((os.getpid(), *rt.pids())))
+            nic_busy = rt.launcher.nic_busy_s
+            threads = [
+                threading.Thread(target=host.commands, args=(inbox, parent_pid), daemon=True),
+                threading.Thread(target=host.stats_loop, args=(nic_busy,), daemon=True),
+            ]
+            for t in threads:
+                t.start()
+            try:
+                rt.scheduler.run(until=host.stop)
+            finally:
+                host.stop.set()
+    except Exception as err:  # reported in one line; the server fails its requests
+        error = f"{type(err).__name__}: {err}"
+    outbox.put(ClosedEvt(error))
