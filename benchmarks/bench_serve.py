@@ -9,11 +9,20 @@ the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` second
   recompute  same, prefix cache off (--cache-blocks 0): every turn prefills its whole prompt
   serial     prefix reuse, one sequence per step (--max-batch-seqs 1): no batching
 
-Prints requests/s, output tokens/s, TTFT / TPOT p50 and p99, hit ratio, errors per variant,
-and the host's 1-minute load average before each (the figures only mean something on a quiet
-host: other processes on the CPUs inflate every latency).
-DualPath vs Basic needs the multi-process runtime behind the server (docs/serving.md); the
-in-process backend has one load path, so the reference here is reuse vs recompute.
+  rt-basic     --backend runtime --system basic: the multi-process runtime (scheduler,
+               storage workers, 2 PE + 2 DE engine processes, tiny-1p1d), KV loaded only
+               through the PE node's SNIC
+  rt-dualpath  the same runtime with DualPath: hit KV loaded through the PE or the DE
+               node's SNIC (the second path), the policy picks per request
+
+The runtime variants use the built-in tiny model (same shape as the checkpoint), a fresh KV
+store each, and an emulated SNIC of ``--snic-mb-per-s`` (default 30 MB/s, as ``dualpath
+bench``: low enough that storage reads bind on this host). ``--duration 0`` runs every turn
+of every agent (fixed work: then the job JCT compares the systems).
+
+Prints requests/s, output tokens/s, TTFT / TPOT / agent-JCT p50 and p99, job JCT, hit ratio,
+errors per variant, and the host's 1-minute load average before each (the figures only mean
+something on a quiet host: other processes on the CPUs inflate every latency).
 """
 
 from __future__ import annotations
@@ -38,7 +47,10 @@ VARIANTS = {
     "reuse": [],
     "recompute": ["--cache-blocks", "0"],
     "serial": ["--max-batch-seqs", "1"],
+    "rt-basic": ["--backend", "runtime", "--system", "basic"],
+    "rt-dualpath": ["--backend", "runtime", "--system", "dualpath"],
 }
+RUNTIME_ARGS = ["--preset", "tiny-1p1d", "--hbm-tokens", "16384"]
 
 
 def _free_port() -> int:
@@ -47,13 +59,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(model_dir: Path, extra: list[str], threads: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start(
+    model_args: list[str], extra: list[str], threads: int
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--model-dir", str(model_dir)]
+    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", *model_args]
     cmd += ["--port", str(port), "--threads", str(threads), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -68,7 +82,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=32, help="concurrent agent sessions")
     ap.add_argument("--turns", type=int, default=40, help="turns per agent (bounded by time)")
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per variant")
+    ap.add_argument(
+        "--duration", type=float, default=20.0, help="seconds of load per variant (0: all turns)"
+    )
+    ap.add_argument("--snic-mb-per-s", type=float, default=30.0, help="runtime variants' SNIC")
     ap.add_argument("--token-scale", type=float, default=0.05)
     ap.add_argument("--max-gen", type=int, default=16)
     ap.add_argument(
@@ -88,12 +105,18 @@ def main() -> None:
             Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256, intermediate_size=688
         )
         for name in [v for v in args.variants.split(",") if v]:
-            proc, url = _start(ckpt, VARIANTS[name], args.threads)
+            if name.startswith("rt-"):
+                model_args = [*RUNTIME_ARGS, "--kv-root", str(Path(tmp) / f"kv-{name}")]
+                model_args += ["--snic-mb-per-s", str(args.snic_mb_per_s)]
+            else:
+                model_args = ["--model-dir", str(ckpt)]
+            proc, url = _start(model_args, VARIANTS[name], args.threads)
             try:
                 # warm-up (first forwards of a process are slow), on prompts the run never sends
                 asyncio.run(LoadGenerator(LoadgenOptions(url, concurrency=4)).run(warmup))
                 load_before = os.getloadavg()[0]
-                opts = LoadgenOptions(url, concurrency=args.agents, duration_s=args.duration)
+                duration = args.duration or None
+                opts = LoadgenOptions(url, concurrency=args.agents, duration_s=duration)
                 res = asyncio.run(LoadGenerator(opts).run(scripts))
             finally:
                 proc.terminate()
@@ -103,7 +126,9 @@ def main() -> None:
                 f"{name:<10} req/s {s['requests_per_s']:6.2f}  out tok/s "
                 f"{s['output_tokens_per_s']:7.1f}  TTFT p50/p99 {s['ttft_s']['p50'] * 1e3:7.1f}/"
                 f"{s['ttft_s']['p99'] * 1e3:7.1f} ms  TPOT p50/p99 {s['tpot_s']['p50'] * 1e3:6.1f}/"
-                f"{s['tpot_s']['p99'] * 1e3:6.1f} ms  hit {s['hit_ratio']:.3f}  "
+                f"{s['tpot_s']['p99'] * 1e3:6.1f} ms  agent JCT p50/p99 "
+                f"{s['agent_jct_s']['p50']:6.1f}/{s['agent_jct_s']['p99']:6.1f} s  job JCT "
+                f"{s['job_jct_s']:6.1f} s  hit {s['hit_ratio']:.3f}  "
                 f"requests {s['requests']}  errors {s['errors']}  wall {s['wall_s']:.1f} s  "
                 f"host load {load_before:.1f}",
                 flush=True,
