@@ -78,6 +78,15 @@ def _start(
     raise RuntimeError("server did not start")
 
 
+def _kv_bytes(url: str) -> dict[str, float]:
+    """``dualpath:kv_bytes_total{path=...}`` from the server's /metrics."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith('dualpath:kv_bytes_total{path="'):
+            out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=32, help="concurrent agent sessions")
@@ -118,10 +127,11 @@ def main() -> None:
                 duration = args.duration or None
                 opts = LoadgenOptions(url, concurrency=args.agents, duration_s=duration)
                 res = asyncio.run(LoadGenerator(opts).run(scripts))
+                kv_bytes = _kv_bytes(url)
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
-            results[name] = s = res.summary()
+            results[name] = s = {**res.summary(), "kv_bytes_by_path": kv_bytes}
             print(
                 f"{name:<10} req/s {s['requests_per_s']:6.2f}  out tok/s "
                 f"{s['output_tokens_per_s']:7.1f}  TTFT p50/p99 {s['ttft_s']['p50'] * 1e3:7.1f}/"
@@ -133,6 +143,9 @@ def main() -> None:
                 f"host load {load_before:.1f}",
                 flush=True,
             )
+            if kv_bytes:
+                paths = "  ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(kv_bytes.items()))
+                print(f"{'':<10} KV MB by path (server /metrics): {paths}", flush=True)
     print(
         f"host: {os.cpu_count()} CPUs; server torch threads {args.threads}; "
         f"{args.agents} agents, appends × {args.token_scale}, gen ≤ {args.max_gen}"

@@ -115,6 +115,8 @@ class Scheduler:
         self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.token_callbacks: dict[int, TokenCallback] = {}
         self.num_cancelled = 0
+        # rid → (keys not yet durable, request, output): done reported once they are
+        self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
 
     def now(self) -> float:
@@ -212,6 +214,16 @@ class Scheduler:
             if on_tokens is not None:
                 self.token_callbacks[req.rid] = on_tokens
             fut.set_result(req.rid)
+
+    def forget(self, rid: int) -> None:
+        """Drop a finished request and its agent once no message can refer to them (a
+        server's long run); on the scheduler's thread only (e.g. from a submit callback)."""
+        req = self.reqs.get(rid)
+        if req is not None and req.phase == "done":
+            del self.reqs[rid]
+            agent = self.agents.get(req.agent)
+            if agent is not None and agent.finished and req.agent not in self.unpersisted:
+                del self.agents[req.agent]
 
     def _cancel(self, rid: int) -> None:
         """Abort ``rid`` now if its phase allows, else mark it (aborted when scheduled). Slots
@@ -519,7 +531,13 @@ class Scheduler:
         req.phase = "done"
         record = req.record(msg.second_token_s, msg.finish_s)
         self.records.append(record)
-        self._emit(req, msg.output, True)
+        pending_keys = {k for k in msg.persisted_keys if k not in self.durable}
+        if req.rid in self.token_callbacks and pending_keys:
+            # a server's client may resend the conversation as soon as it has the answer:
+            # report the turn done once its blocks are durable, so that resend hits them
+            self.done_after_persist[req.rid] = (pending_keys, req, msg.output)
+        else:
+            self._emit(req, msg.output, True)
         agent = self.agents[req.agent]
         agent.finish_turn(req.tokens, msg.output)
         if self.on_turn is not None:
@@ -537,6 +555,7 @@ class Scheduler:
 
     def _persisted(self, key: str) -> None:
         self.durable.add(key)
+        self._flush_done(key)
         for agent_id in sorted(self.unpersisted):
             pending, arrival_s = self.unpersisted[agent_id]
             pending.discard(key)
@@ -545,6 +564,15 @@ class Scheduler:
                 nxt = self.agents[agent_id].next_turn()
                 assert nxt is not None
                 self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
+
+    def _flush_done(self, key: str | None) -> None:
+        """Report the turns whose blocks are now all durable (``key`` None: all of them)."""
+        for rid in sorted(self.done_after_persist):
+            pending, req, output = self.done_after_persist[rid]
+            pending.discard(key)
+            if not pending or key is None:
+                del self.done_after_persist[rid]
+                self._emit(req, output, True)
 
     # ------------------------------------------------------------------ faults
     def _free_slots(self, req: Req) -> None:
@@ -601,6 +629,7 @@ class Scheduler:
             if req.phase == "reading" and req.read_node == node:
                 self.counters.requeued += 1
                 self._start_read(req)  # the same slots: the retry overwrites them
+        self._flush_done(None)  # lost writes will never be acknowledged
         for agent_id in sorted(self.unpersisted):
             _, arrival_s = self.unpersisted.pop(agent_id)
             nxt = self.agents[agent_id].next_turn()
@@ -635,8 +664,10 @@ class Scheduler:
         timeout_s = self.env.options.request_timeout_s
         while True:
             self._drain_external()
-            busy = any(not a.finished for a in self.agents.values()) or any(
-                r.phase not in ("done", "aborted") for r in self.reqs.values()
+            busy = (
+                any(not a.finished for a in self.agents.values())
+                or any(r.phase not in ("done", "aborted") for r in self.reqs.values())
+                or bool(self.done_after_persist)  # turns reported done once durable
             )
             if until is not None and until.is_set():
                 for rid in sorted(self.reqs):

@@ -17,6 +17,7 @@ import itertools
 import multiprocessing as mp
 import os
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
@@ -152,6 +153,8 @@ class RuntimeBackend:
             elif isinstance(evt, (TokensEvt, RejectedEvt)):
                 self._deliver(evt.key, evt)
             elif isinstance(evt, ClosedEvt):
+                if evt.error:  # the runtime failed: say so once; requests now get 503s
+                    print(f"dualpath serve: runtime stopped: {evt.error}", file=sys.stderr)
                 self._closed = evt
                 for key in list(self._streams):
                     self._deliver(key, evt)
@@ -180,6 +183,7 @@ class RuntimeBackend:
         generated = 0
         cached = 0
         finished = False
+        held: TokenEvent | None = None  # the final event, until the runtime reports done
 
         def event(ids: tuple[int, ...], delta: str, finish: str | None) -> TokenEvent:
             return TokenEvent(ids, delta, len(request.prompt_tokens), cached, generated, finish)
@@ -195,6 +199,12 @@ class RuntimeBackend:
                     yield event((), "", "abort")
                     return
                 cached = evt.cached_tokens
+                if held is not None:
+                    if evt.done:  # the turn's blocks are durable: a resend will hit them
+                        finished = True
+                        yield held
+                        return
+                    continue
                 for token in evt.tokens:
                     generated += 1
                     is_eos = token in eos
@@ -206,13 +216,19 @@ class RuntimeBackend:
                         finish = "length"
                     if finish is not None and not text.stopped:
                         delta += text.finish()
-                    yield event((token,), delta, finish)
-                    if finish is not None:
-                        # EOS and max_tokens end it in the runtime too; a stop string does
-                        # not: it is cancelled below
-                        finished = not text.stopped
+                    if finish is None:
+                        yield event((token,), delta, None)
+                    elif text.stopped:  # the runtime would go on: cancelled below
+                        yield event((token,), delta, finish)
                         return
-                if evt.done:  # ended without a stop reason here (cannot happen normally)
+                    else:  # EOS or max_tokens end it in the runtime too
+                        held = event((token,), delta, finish)
+                        break
+                if held is not None and evt.done:
+                    finished = True
+                    yield held
+                    return
+                if held is None and evt.done:  # ended without a reason here (not normally)
                     finished = True
                     yield event((), text.finish(), "length")
                     return

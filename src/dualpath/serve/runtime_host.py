@@ -97,14 +97,16 @@ class _Host:
         self.cancel_early: set[int] = set()  # cancelled before their id was known
         self.prompt_tokens = 0
         self.cached_tokens = 0
-        self.num_live = 0
+        self.live: set[int] = set()  # keys submitted, neither done nor cancelled
         self.next_agent = 0
+        self.finished: list[int] = []  # runtime ids of finished requests, to forget
         self.lock = threading.Lock()
 
     def submit(self, cmd: SubmitCmd) -> None:
-        # a request is a one-turn trajectory: the whole conversation is its prompt (reuse
-        # comes from the hash chain, not from the agent's context)
-        agent = AgentState(self.next_agent, (cmd.prompt,), (cmd.max_tokens,))
+        # a request is a turn of a new, scriptless agent: the whole conversation is its prompt
+        # (reuse comes from the hash chain, not from the agent's context); the agent counts
+        # as finished, so the run never waits for a turn of it that will not come
+        agent = AgentState(self.next_agent, (), ())
         self.next_agent += 1
         sent = [0]
 
@@ -117,17 +119,22 @@ class _Host:
             new, sent[0] = tokens[sent[0] :], len(tokens)
             if done:
                 with self.lock:
-                    self.num_live -= 1
+                    self.live.discard(cmd.key)
                 self.rids.pop(cmd.key, None)
+                self.finished.append(rid)
             self.outbox.put(TokensEvt(cmd.key, new, cached, done))
 
         def submitted(fut: Future[int]) -> None:
+            # on the scheduler's (main) thread, between its loops; rarely the future is done
+            # before this callback is added, and it runs here on the command thread instead
+            while self.finished and threading.current_thread() is threading.main_thread():
+                self.sched.forget(self.finished.pop())
             err = fut.exception()
             if err is not None:
                 self.outbox.put(RejectedEvt(cmd.key, str(err)))
                 return
             with self.lock:
-                self.num_live += 1
+                self.live.add(cmd.key)
             rid = fut.result()
             self.rids[cmd.key] = rid
             if cmd.key in self.cancel_early:
@@ -144,7 +151,7 @@ class _Host:
             self.cancel_early.add(key)
             return
         with self.lock:
-            self.num_live -= 1
+            self.live.discard(key)
         self.sched.cancel_threadsafe(rid)
 
     def commands(self, inbox: Any, parent_pid: int) -> None:
@@ -183,7 +190,7 @@ class _Host:
         queues["buffer_alloc_waiting"] = len(s.alloc_wait)
         with self.lock:
             return StatsEvt(
-                num_live=self.num_live,
+                num_live=len(self.live),
                 num_waiting=s.policy.num_waiting + len(s.alloc_wait),
                 prompt_tokens=self.prompt_tokens,
                 cached_tokens=self.cached_tokens,
@@ -211,6 +218,7 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
             nic_busy = rt.launcher.nic_busy_s
             threads = [
                 threading.Thread(target=host.commands, args=(inbox, parent_pid), daemon=True),
+                # (the scheduler itself runs on this, the main, thread)
                 threading.Thread(target=host.stats_loop, args=(nic_busy,), daemon=True),
             ]
             for t in threads:
