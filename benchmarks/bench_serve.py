@@ -16,9 +16,17 @@ the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` second
                node's SNIC (the second path), the policy picks per request
 
 The runtime variants use the built-in tiny model (same shape as the checkpoint), a fresh KV
-store each, and an emulated SNIC of ``--snic-mb-per-s`` (default 30 MB/s, as ``dualpath
-bench``: low enough that storage reads bind on this host). ``--duration 0`` runs every turn
-of every agent (fixed work: then the job JCT compares the systems).
+store each, and an emulated SNIC of ``--snic-mb-per-s`` (default 5 MB/s: low enough that
+storage reads bind on a 2-core host; at 30 MB/s the CPUs bind and the systems tie).
+``--duration 0`` runs every turn of every agent (fixed work: then the job JCT compares the
+systems).
+
+Measured (2-core host shared with other jobs, load 10–20; docs/serving.md has the table):
+  bench_serve.py --variants rt-basic,rt-dualpath --agents 32 --turns 4 --duration 0 \
+      --snic-mb-per-s 5
+  rt-basic     job JCT 114.2 s  TTFT p50/p99 16.7/27.3 s  TPOT p50/p99 55/2708 ms  hit 0.694
+  rt-dualpath  job JCT  60.1 s  TTFT p50/p99  5.4/11.1 s  TPOT p50/p99 504/1310 ms hit 0.694
+  (128 requests each, 0 errors; PE/DE read MB: Basic 406.8/0, DualPath 200.0/206.8)
 
 Prints requests/s, output tokens/s, TTFT / TPOT / agent-JCT p50 and p99, job JCT, hit ratio,
 errors per variant, and the host's 1-minute load average before each (the figures only mean
@@ -94,7 +102,7 @@ def main() -> None:
     ap.add_argument(
         "--duration", type=float, default=20.0, help="seconds of load per variant (0: all turns)"
     )
-    ap.add_argument("--snic-mb-per-s", type=float, default=30.0, help="runtime variants' SNIC")
+    ap.add_argument("--snic-mb-per-s", type=float, default=5.0, help="runtime variants' SNIC")
     ap.add_argument("--token-scale", type=float, default=0.05)
     ap.add_argument("--max-gen", type=int, default=16)
     ap.add_argument(
