@@ -81,9 +81,11 @@ class RuntimeBackend:
         self._proc: Any = None
         self._reader: threading.Thread | None = None
         self._closed: ClosedEvt | None = None
-        self._stats = StatsEvt(0, 0, 0, 0, 0, 0)
+        self._stats = StatsEvt(0, 0, 0, 0)
         self._history: deque[StatsEvt] = deque()
         self._num_aborted = 0
+        self._prompt_tokens = 0  # counted here, so /metrics agrees with the responses at once
+        self._cached_tokens = 0
         self.pids: tuple[int, ...] = ()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -198,6 +200,9 @@ class RuntimeBackend:
                     finished = True
                     yield event((), "", "abort")
                     return
+                if not generated and held is None:  # the first event: prompt accounting
+                    self._prompt_tokens += len(request.prompt_tokens)
+                    self._cached_tokens += evt.cached_tokens
                 cached = evt.cached_tokens
                 if held is not None:
                     if evt.done:  # the turn's blocks are durable: a resend will hit them
@@ -246,8 +251,8 @@ class RuntimeBackend:
         return BackendStats(
             num_running=max(0, s.num_live - s.num_waiting),
             num_waiting=s.num_waiting,
-            prefix_query_tokens=s.prompt_tokens,
-            prefix_hit_tokens=s.cached_tokens,
+            prefix_query_tokens=self._prompt_tokens,
+            prefix_hit_tokens=self._cached_tokens,
             num_preempted=s.requeued,
             num_aborted=self._num_aborted,
             kv_bytes_by_path=dict(s.kv_bytes_by_path),

@@ -70,8 +70,6 @@ class StatsEvt:
 
     num_live: int  # submitted, not finished
     num_waiting: int  # not yet assigned by the policy, or waiting for buffer slots
-    prompt_tokens: int
-    cached_tokens: int
     requeued: int
     cancelled: int
     kv_bytes_by_path: dict[str, int] = field(default_factory=dict)
@@ -95,8 +93,6 @@ class _Host:
         self.stop = threading.Event()
         self.rids: dict[int, int] = {}  # key → runtime request id
         self.cancel_early: set[int] = set()  # cancelled before their id was known
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
         self.live: set[int] = set()  # keys submitted, neither done nor cancelled
         self.next_agent = 0
         self.finished: list[int] = []  # runtime ids of finished requests, to forget
@@ -112,10 +108,6 @@ class _Host:
 
         def on_tokens(rid: int, tokens: tuple[int, ...], done: bool) -> None:
             cached = self.sched.reqs[rid].cached
-            if sent[0] == 0:
-                with self.lock:
-                    self.prompt_tokens += len(cmd.prompt)
-                    self.cached_tokens += cached
             new, sent[0] = tokens[sent[0] :], len(tokens)
             if done:
                 with self.lock:
@@ -192,8 +184,6 @@ class _Host:
             return StatsEvt(
                 num_live=len(self.live),
                 num_waiting=s.policy.num_waiting + len(s.alloc_wait),
-                prompt_tokens=self.prompt_tokens,
-                cached_tokens=self.cached_tokens,
                 requeued=c.requeued,
                 cancelled=s.num_cancelled,
                 kv_bytes_by_path=paths,
