@@ -27,6 +27,7 @@ Measured (2-core host shared with other jobs, load 10–20; docs/serving.md has 
   rt-basic     job JCT 114.2 s  TTFT p50/p99 16.7/27.3 s  TPOT p50/p99 55/2708 ms  hit 0.694
   rt-dualpath  job JCT  60.1 s  TTFT p50/p99  5.4/11.1 s  TPOT p50/p99 504/1310 ms hit 0.694
   (128 requests each, 0 errors; PE/DE read MB: Basic 406.8/0, DualPath 200.0/206.8)
+  again with --variants rt-dualpath,rt-basic: job JCT 62.7 s vs 98.5 s, TTFT p50 5.4 vs 14.8 s
 
 Prints requests/s, output tokens/s, TTFT / TPOT / agent-JCT p50 and p99, job JCT, hit ratio,
 errors per variant, and the host's 1-minute load average before each (the figures only mean
