@@ -9,11 +9,29 @@ the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` second
   recompute  same, prefix cache off (--cache-blocks 0): every turn prefills its whole prompt
   serial     prefix reuse, one sequence per step (--max-batch-seqs 1): no batching
 
-Prints requests/s, output tokens/s, TTFT / TPOT p50 and p99, hit ratio, errors per variant,
-and the host's 1-minute load average before each (the figures only mean something on a quiet
-host: other processes on the CPUs inflate every latency).
-DualPath vs Basic needs the multi-process runtime behind the server (docs/serving.md); the
-in-process backend has one load path, so the reference here is reuse vs recompute.
+  rt-basic     --backend runtime --system basic: the multi-process runtime (scheduler,
+               storage workers, 2 PE + 2 DE engine processes, tiny-1p1d), KV loaded only
+               through the PE node's SNIC
+  rt-dualpath  the same runtime with DualPath: hit KV loaded through the PE or the DE
+               node's SNIC (the second path), the policy picks per request
+
+The runtime variants use the built-in tiny model (same shape as the checkpoint), a fresh KV
+store each, and an emulated SNIC of ``--snic-mb-per-s`` (default 5 MB/s: low enough that
+storage reads bind on a 2-core host; at 30 MB/s the CPUs bind and the systems tie).
+``--duration 0`` runs every turn of every agent (fixed work: then the job JCT compares the
+systems).
+
+Measured (2-core host shared with other jobs, load 10–20; docs/serving.md has the table):
+  bench_serve.py --variants rt-basic,rt-dualpath --agents 32 --turns 4 --duration 0 \
+      --snic-mb-per-s 5
+  rt-basic     job JCT 114.2 s  TTFT p50/p99 16.7/27.3 s  TPOT p50/p99 55/2708 ms  hit 0.694
+  rt-dualpath  job JCT  60.1 s  TTFT p50/p99  5.4/11.1 s  TPOT p50/p99 504/1310 ms hit 0.694
+  (128 requests each, 0 errors; PE/DE read MB: Basic 406.8/0, DualPath 200.0/206.8)
+  again with --variants rt-dualpath,rt-basic: job JCT 62.7 s vs 98.5 s, TTFT p50 5.4 vs 14.8 s
+
+Prints requests/s, output tokens/s, TTFT / TPOT / agent-JCT p50 and p99, job JCT, hit ratio,
+errors per variant, and the host's 1-minute load average before each (the figures only mean
+something on a quiet host: other processes on the CPUs inflate every latency).
 """
 
 from __future__ import annotations
@@ -38,7 +56,10 @@ VARIANTS = {
     "reuse": [],
     "recompute": ["--cache-blocks", "0"],
     "serial": ["--max-batch-seqs", "1"],
+    "rt-basic": ["--backend", "runtime", "--system", "basic"],
+    "rt-dualpath": ["--backend", "runtime", "--system", "dualpath"],
 }
+RUNTIME_ARGS = ["--preset", "tiny-1p1d", "--hbm-tokens", "16384"]
 
 
 def _free_port() -> int:
@@ -47,13 +68,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(model_dir: Path, extra: list[str], threads: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start(
+    model_args: list[str], extra: list[str], threads: int
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--model-dir", str(model_dir)]
+    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", *model_args]
     cmd += ["--port", str(port), "--threads", str(threads), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -64,11 +87,23 @@ def _start(model_dir: Path, extra: list[str], threads: int) -> tuple[subprocess.
     raise RuntimeError("server did not start")
 
 
+def _kv_bytes(url: str) -> dict[str, float]:
+    """``dualpath:kv_bytes_total{path=...}`` from the server's /metrics."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith('dualpath:kv_bytes_total{path="'):
+            out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=32, help="concurrent agent sessions")
     ap.add_argument("--turns", type=int, default=40, help="turns per agent (bounded by time)")
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per variant")
+    ap.add_argument(
+        "--duration", type=float, default=20.0, help="seconds of load per variant (0: all turns)"
+    )
+    ap.add_argument("--snic-mb-per-s", type=float, default=5.0, help="runtime variants' SNIC")
     ap.add_argument("--token-scale", type=float, default=0.05)
     ap.add_argument("--max-gen", type=int, default=16)
     ap.add_argument(
@@ -88,26 +123,38 @@ def main() -> None:
             Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256, intermediate_size=688
         )
         for name in [v for v in args.variants.split(",") if v]:
-            proc, url = _start(ckpt, VARIANTS[name], args.threads)
+            if name.startswith("rt-"):
+                model_args = [*RUNTIME_ARGS, "--kv-root", str(Path(tmp) / f"kv-{name}")]
+                model_args += ["--snic-mb-per-s", str(args.snic_mb_per_s)]
+            else:
+                model_args = ["--model-dir", str(ckpt)]
+            proc, url = _start(model_args, VARIANTS[name], args.threads)
             try:
                 # warm-up (first forwards of a process are slow), on prompts the run never sends
                 asyncio.run(LoadGenerator(LoadgenOptions(url, concurrency=4)).run(warmup))
                 load_before = os.getloadavg()[0]
-                opts = LoadgenOptions(url, concurrency=args.agents, duration_s=args.duration)
+                duration = args.duration or None
+                opts = LoadgenOptions(url, concurrency=args.agents, duration_s=duration)
                 res = asyncio.run(LoadGenerator(opts).run(scripts))
+                kv_bytes = _kv_bytes(url)
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
-            results[name] = s = res.summary()
+            results[name] = s = {**res.summary(), "kv_bytes_by_path": kv_bytes}
             print(
                 f"{name:<10} req/s {s['requests_per_s']:6.2f}  out tok/s "
                 f"{s['output_tokens_per_s']:7.1f}  TTFT p50/p99 {s['ttft_s']['p50'] * 1e3:7.1f}/"
                 f"{s['ttft_s']['p99'] * 1e3:7.1f} ms  TPOT p50/p99 {s['tpot_s']['p50'] * 1e3:6.1f}/"
-                f"{s['tpot_s']['p99'] * 1e3:6.1f} ms  hit {s['hit_ratio']:.3f}  "
+                f"{s['tpot_s']['p99'] * 1e3:6.1f} ms  agent JCT p50/p99 "
+                f"{s['agent_jct_s']['p50']:6.1f}/{s['agent_jct_s']['p99']:6.1f} s  job JCT "
+                f"{s['job_jct_s']:6.1f} s  hit {s['hit_ratio']:.3f}  "
                 f"requests {s['requests']}  errors {s['errors']}  wall {s['wall_s']:.1f} s  "
                 f"host load {load_before:.1f}",
                 flush=True,
             )
+            if kv_bytes:
+                paths = "  ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(kv_bytes.items()))
+                print(f"{'':<10} KV MB by path (server /metrics): {paths}", flush=True)
     print(
         f"host: {os.cpu_count()} CPUs; server torch threads {args.threads}; "
         f"{args.agents} agents, appends × {args.token_scale}, gen ≤ {args.max_gen}"

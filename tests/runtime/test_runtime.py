@@ -218,3 +218,65 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
     assert_no_processes(pids)
     assert result.outputs == want
     assert result.bytes_by_path["pe_to_de_buffer"] > 0
+
+
+def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
+    tmp_path: Path,
+) -> None:
+    import threading
+    import time
+
+    from dualpath.runtime.sampling import SamplingParams
+
+    cfg = small_config()
+    script = _agents(1, 1, seed=7)[0]
+    prompt, n = script.appends[0], 8
+    want = reference_outputs(cfg, [AgentState(0, (prompt,), (n,))])[0][0]
+    seen: dict[int, list[tuple[tuple[int, ...], bool]]] = {}
+
+    def cb(rid: int, toks: tuple[int, ...], done: bool) -> None:
+        seen.setdefault(rid, []).append((toks, done))
+
+    opts = RuntimeOptions(kv_root=str(tmp_path), stream_tokens=True, hbm_tokens=4096)
+    stop = threading.Event()
+    with LocalRuntime(cfg, opts) as rt:
+        sched = rt.scheduler
+        loop = threading.Thread(target=sched.run, args=(stop,))
+        loop.start()
+
+        def submit(out: int, sampling: SamplingParams | None = None, agent: int = 0) -> int:
+            fut = sched.submit_threadsafe(AgentState(agent, (), ()), prompt, out, cb, sampling)
+            return fut.result(timeout=60)
+
+        def wait_done(rid: int) -> tuple[int, ...]:
+            deadline = time.monotonic() + 120
+            while not (seen.get(rid) and seen[rid][-1][1]) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return seen[rid][-1][0]
+
+        greedy = submit(n, agent=1)
+        assert wait_done(greedy) == want  # equal to recompute
+        # one event per decode step: tokens so far grow by one, then the final one
+        assert [len(t) for t, _ in seen[greedy]] == [*range(1, n + 1), n]
+        hot = SamplingParams(temperature=1.0, top_p=0.95, seed=3)
+        a, b = submit(n, hot, agent=2), submit(n, hot, agent=3)
+        assert wait_done(a) == wait_done(b) != want  # seeded on the engines
+        eos = SamplingParams(stop_token_ids=(want[3],))
+        cut = want[: want.index(want[3]) + 1]
+        assert wait_done(submit(n, eos, agent=4)) == cut  # the DE ends at a stop token
+        long = submit(3000, agent=5)
+        while len(seen.get(long, [])) < 3:
+            time.sleep(0.01)
+        sched.cancel_threadsafe(long)
+        deadline = time.monotonic() + 60
+        full = sched.hbm_pages
+        while time.monotonic() < deadline and set(sched.free_pages.values()) != {full}:
+            time.sleep(0.05)
+        assert set(sched.free_pages.values()) == {full}  # the DE dropped it: HBM back
+        assert not any(done for _, done in seen[long])
+        assert sched.num_cancelled == 1
+        stop.set()
+        loop.join(timeout=30)
+        assert not loop.is_alive()
+        pids = rt.pids()
+    assert_no_processes(pids)

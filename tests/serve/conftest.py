@@ -28,6 +28,7 @@ def free_port() -> int:
 class ServerProc:
     def __init__(self, args: list[str]) -> None:
         self.port = free_port()
+        self.args = args
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(

@@ -12,7 +12,14 @@ from dualpath.cli.main import main
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--backend", "runtime"], "--backend 'runtime' is invalid"),
+        (["--backend", "ray"], "--backend 'ray' is invalid"),
+        (["--backend", "runtime", "--system", "fancy"], "--system 'fancy' is invalid"),
+        (["--backend", "runtime", "--model-dir", "x"], "built-in model"),
+        (["--backend", "runtime", "--device", "cuda"], "cpu only"),
+        (["--backend", "runtime", "--api-key", "a=k1", "--api-key", "b=k2"], "one tenant"),
+        (["--backend", "runtime", "--preset", "ds660b-2p4d"], "cannot run on the local runtime"),
+        (["--backend", "runtime", "--kv-root", "/proc/no"], "--kv-root '/proc/no' is invalid"),
+        (["--snic-mb-per-s", "0"], "--snic-mb-per-s 0.0 is invalid"),
         (["--port", "70000"], "--port 70000 is invalid"),
         (["--device", "tpu"], "--device 'tpu' is invalid"),
         (["--api-key", "acme="], "--api-key 'acme=' is invalid"),

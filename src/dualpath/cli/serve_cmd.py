@@ -31,7 +31,26 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--backend", default="local", help="inference backend (only: local)")
+    p.add_argument(
+        "--backend",
+        default="local",
+        help="local (default: in-process, any HF checkpoint) or runtime (the multi-process "
+        "DualPath runtime: scheduler, storage workers, PE/DE engines; built-in tiny model)",
+    )
+    p.add_argument(
+        "--system",
+        default="dualpath",
+        help="--backend runtime: basic, layer, dpl, dualpath, oracle",
+    )
+    p.add_argument("--kv-root", default="./.dualpath/kv", help="--backend runtime: KV store root")
+    p.add_argument(
+        "--hbm-tokens", type=int, default=65536, help="--backend runtime: KV tokens per engine"
+    )
+    p.add_argument(
+        "--snic-mb-per-s",
+        type=float,
+        help="--backend runtime: emulated SNIC bandwidth, MB/s (default: the preset's)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="weights of the tiny model; sampling")
     p.add_argument(
@@ -54,6 +73,18 @@ def run_serve(args: argparse.Namespace) -> int:
     from dualpath.serve.server import ServeOptions, build_backend, run_server
 
     config = build_config(args)
+    if args.snic_mb_per_s is not None:
+        if not args.snic_mb_per_s > 0:
+            raise ValueError(f"--snic-mb-per-s {args.snic_mb_per_s} is invalid: must be > 0")
+        from dataclasses import replace
+
+        hw = replace(config.hardware, snic_bytes_per_s=args.snic_mb_per_s * 1e6)
+        config = replace(config, hardware=hw)
+    if args.backend == "runtime":
+        from dualpath.cli.runtime_cmd import check_kv_root, check_runnable
+
+        check_runnable(config)
+        check_kv_root(args.kv_root)
     if args.init_tiny_checkpoint:
         if not args.model_dir:
             raise ValueError("--init-tiny-checkpoint needs --model-dir DIR")
@@ -80,6 +111,9 @@ def run_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         api_keys=_api_keys(args.api_key),
         local=local,
+        system=args.system,
+        kv_root=args.kv_root,
+        hbm_tokens=args.hbm_tokens,
         default_max_tokens=args.default_max_tokens,
         log_level=args.log_level,
     )
@@ -92,7 +126,9 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"dualpath serve: warning: listening on {opts.host}, not loopback", file=sys.stderr)
     print(
         f"dualpath serve: {backend.model_name} on http://{opts.host}:{opts.port}/v1 "
-        f"(backend {opts.backend}, device {opts.device})",
+        f"(backend {opts.backend}"
+        + (f", system {opts.system}" if opts.backend == "runtime" else "")
+        + f", device {opts.device})",
         flush=True,
     )
     return run_server(backend, opts)

@@ -21,7 +21,15 @@ from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.engine import Engine
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.kvstore import block_keys
-from dualpath.runtime.messages import DecodeDoneMsg, DecodeMsg, LoadedMsg, PersistMsg
+from dualpath.runtime.messages import (
+    CancelMsg,
+    DecodeDoneMsg,
+    DecodeMsg,
+    LoadedMsg,
+    PersistMsg,
+    TokensMsg,
+)
+from dualpath.runtime.sampling import pick
 
 
 @dataclass(slots=True)
@@ -33,10 +41,13 @@ class _Running:
     persisted: list[str] = field(default_factory=list)
     second_s: float = 0.0
     bytes_in: int = 0
+    generator: torch.Generator | None = None  # the request's sampling stream (None: greedy)
+    cancelled: bool = False
 
     @property
     def done(self) -> bool:
-        return len(self.out) >= self.msg.output_tokens
+        stops = self.msg.sampling.stop_token_ids if self.msg.sampling else ()
+        return self.cancelled or len(self.out) >= self.msg.output_tokens or self.out[-1] in stops
 
 
 class DecodeEngine(Engine):
@@ -52,8 +63,21 @@ class DecodeEngine(Engine):
         self.buffer.close()
 
     def handle(self, msg: Any) -> None:
+        if isinstance(msg, CancelMsg):
+            self._cancel(msg.request_id)
+            return
         assert isinstance(msg, DecodeMsg)
         self.waiting.append(msg)
+
+    def _cancel(self, request_id: int) -> None:
+        for m in self.waiting:
+            if m.request_id == request_id:  # never admitted: its slots are free to reuse
+                self.waiting.remove(m)
+                self.env.results.put(LoadedMsg(request_id, self.engine_id, self.pool.num_free))
+                return
+        for r in self.running:
+            if r.msg.request_id == request_id:
+                r.cancelled = True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -85,6 +109,8 @@ class DecodeEngine(Engine):
             self.waiting.popleft()
             tables = [pages[i * per_layer : (i + 1) * per_layer] for i in range(layers)]
             r = _Running(msg, list(msg.tokens), tables, [msg.first_token])
+            if msg.sampling is not None:
+                r.generator = msg.sampling.generator(1)
             num_prompt = len(msg.tokens)
             window = []  # every Layer Block of the prompt in flight at once
             for b, slot in enumerate(msg.de_slots):
@@ -118,11 +144,14 @@ class DecodeEngine(Engine):
             now = self.clock.now()
             for i, r in enumerate(active):
                 r.tokens.append(r.out[-1])
-                r.out.append(int(logits[i].argmax()))
+                r.out.append(pick(logits[i], r.msg.sampling, r.generator))
                 if len(r.out) == 2:
                     r.second_s = now
                 if len(r.tokens) % self.block_tokens == 0:
                     self._persist(r, len(r.tokens) // self.block_tokens - 1)
+            if self.env.options.stream_tokens:
+                step = tuple((r.msg.request_id, r.out[-1]) for r in active)
+                self.env.results.put(TokensMsg(self.engine_id, step))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
             self.pool.free([p for t in r.tables for p in t])

@@ -53,6 +53,7 @@ class Engine:
         self.cnic = NicPacer.of(
             env.config.hardware.cnic_bytes_per_s, f"cnic{engine_id}", clock=self.clock.now
         )
+        env.publish_nic_busy(f"cnic_engine{engine_id}_tx", [self.cnic.tx, self.cnic.rx])
         self.paced = env.options.paced_kv
         self.layer_block_bytes = env.layout.layer_block_bytes
         self._crash_at = crash_at

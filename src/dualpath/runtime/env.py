@@ -91,6 +91,7 @@ class ProcEnv:
     # that allocates through the node's storage worker (Ray: nodes share no memory); () = attach
     slot_owners: tuple[Any, ...] = ()
     wall_clock: bool = False
+    nic_busy: Any = None  # shared doubles: busy seconds of each NIC direction's pacer, below
 
     def heartbeat_slot(self, who: str) -> int:
         """Index of ``who``'s heartbeat: engines by id, then storage workers by node."""
@@ -111,6 +112,31 @@ class ProcEnv:
                 time.sleep(HEARTBEAT_S)
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+    def nic_names(self) -> list[str]:
+        """Names of the ``nic_busy`` slots: each engine's CNIC (tx, rx), then each node's SNIC
+        (read, write)."""
+        names = []
+        for e in self.topology.engine_ids:
+            names += [f"cnic_engine{e}_tx", f"cnic_engine{e}_rx"]
+        for n in range(self.topology.num_nodes):
+            names += [f"snic_node{n}_read", f"snic_node{n}_write"]
+        return names
+
+    def publish_nic_busy(self, first_name: str, pacers: list[Any]) -> None:
+        """Copy ``pacers``' busy seconds into their ``nic_busy`` slots (from ``first_name`` on)
+        every ``HEARTBEAT_S`` from a daemon thread, for a server's utilisation metrics."""
+        if self.nic_busy is None:
+            return
+        first, slots = self.nic_names().index(first_name), self.nic_busy
+
+        def publish() -> None:
+            while True:
+                for i, pacer in enumerate(pacers):
+                    slots[first + i] = pacer.stats.busy_s
+                time.sleep(HEARTBEAT_S)
+
+        threading.Thread(target=publish, name="nic-busy", daemon=True).start()
 
     @property
     def clock(self) -> Clock:

@@ -80,6 +80,7 @@ class Launcher:
         self.results: Any = self.ctx.Queue()
         self.env: ProcEnv | None = None
         self.heartbeats: Any = None  # RawArray of doubles, one per child (see ProcEnv)
+        self.nic_busy: Any = None  # RawArray: busy seconds per NIC direction (see ProcEnv)
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
@@ -100,9 +101,10 @@ class Launcher:
             locks.append(lock)
         storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
         self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
+        self.nic_busy = self.ctx.RawArray("d", 2 * (len(topo.engine_ids) + topo.num_nodes))
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
                       storage_inboxes, time.monotonic(), os.getpid(),
-                      heartbeats=self.heartbeats)  # fmt: skip
+                      heartbeats=self.heartbeats, nic_busy=self.nic_busy)  # fmt: skip
         self.env = env
         crash = self.options.faults.crash_storage
         for node in range(topo.num_nodes):
@@ -244,6 +246,13 @@ class Launcher:
         for buf in self.buffers:
             buf.close()
         self.buffers.clear()
+
+    def nic_busy_s(self) -> dict[str, float]:
+        """Busy seconds of every emulated NIC direction so far, as its pacer counted them
+        (published by the processes every heartbeat)."""
+        if self.env is None or self.nic_busy is None:
+            return {}
+        return dict(zip(self.env.nic_names(), list(self.nic_busy), strict=True))
 
     def pids(self) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.pid is not None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.transport.base import RegionHandle
 
 
@@ -91,6 +92,7 @@ class ChunkWork:
     de_slots: tuple[int, ...]
     send_from: int
     is_last: bool
+    sampling: SamplingParams | None = None  # None: greedy (the first token, on the last chunk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,7 @@ class DecodeMsg:
     output_tokens: int
     de_slots: tuple[int, ...]
     stored_blocks: int
+    sampling: SamplingParams | None = None  # None: greedy, to ``output_tokens``
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +154,20 @@ class DecodeDoneMsg:
     bytes_in: int
     persisted_keys: tuple[str, ...]  # blocks handed to the storage worker for this turn
     free_pages: int  # the DE's HBM pool after releasing it
+
+
+@dataclass(frozen=True, slots=True)
+class TokensMsg:
+    """A DE's decode step, when ``RuntimeOptions.stream_tokens``: the token each request got
+    (``(request_id, token)``), so a server can stream them as they are generated."""
+
+    engine_id: int
+    tokens: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMsg:
+    """DE: drop the request (its client is gone). A waiting one answers ``LoadedMsg`` (its DE
+    buffer slots are free to reuse); a running one ends at the next step (``DecodeDoneMsg``)."""
+
+    request_id: int

@@ -23,6 +23,7 @@ from dualpath.models import cost
 from dualpath.runtime.engine import Engine
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.messages import ForwardDoneMsg, ForwardMsg
+from dualpath.runtime.sampling import pick
 from dualpath.types import EngineKind, TrafficClass
 
 
@@ -145,7 +146,12 @@ class PrefillEngine(Engine):
         if errors:
             raise errors[0]
         firsts = tuple(
-            (c.request_id, int(logits[i].argmax())) for i, c in enumerate(chunks) if c.is_last
+            (
+                c.request_id,
+                pick(logits[i], c.sampling, c.sampling.generator(0) if c.sampling else None),
+            )
+            for i, c in enumerate(chunks)
+            if c.is_last
         )
         self.env.results.put(
             ForwardDoneMsg(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from dualpath.metrics import TurnRecord
 from dualpath.policy.commands import Assign
+from dualpath.runtime.sampling import SamplingParams
 from dualpath.types import ReadSide
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ class Req:
     read_done_s: float = 0.0
     prefill_start_s: float = 0.0
     first_token_s: float = 0.0
+    sampling: SamplingParams | None = None  # None: greedy
+    streamed: list[int] = field(default_factory=list)  # tokens reported so far (servers)
+    cancelled: bool = False  # its client is gone: abort as soon as its phase allows
 
     def record(self, second_token_s: float, finish_s: float) -> TurnRecord:
         # one output token: there is no second token (the record requires second == first)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
+    CancelMsg,
     ChunkWork,
     DecodeDoneMsg,
     DecodeMsg,
@@ -37,13 +39,16 @@ from dualpath.runtime.messages import (
     ReadDoneMsg,
     ReadMsg,
     ReadyMsg,
+    TokensMsg,
 )
 from dualpath.runtime.requests import AgentState, Req, RunResult
+from dualpath.runtime.sampling import SamplingParams
 from dualpath.types import ReadSide
 
 IDLE_WAIT_S = 0.005
 
-# on_tokens(request_id, tokens so far, done): the first token when prefill ends, then all
+# on_tokens(request_id, tokens so far, done): the first token when prefill ends, then each
+# decode step's with ``RuntimeOptions.stream_tokens``, then all (done)
 TokenCallback = Callable[[int, tuple[int, ...], bool], None]
 
 
@@ -107,7 +112,11 @@ class Scheduler:
         self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
         # turns submitted from other threads (a server); drained by the run loop
         self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.token_callbacks: dict[int, TokenCallback] = {}
+        self.num_cancelled = 0
+        # rid → (keys not yet durable, request, output): done reported once they are
+        self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
 
     def now(self) -> float:
@@ -123,9 +132,10 @@ class Scheduler:
         append: tuple[int, ...],
         output_tokens: int,
         arrival_s: float | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Req:
         """Build and submit the next turn of ``agent_id`` (arrived at ``arrival_s``, default
-        now); ValueError on a bad request."""
+        now; ``sampling`` None: greedy); ValueError on a bad request."""
         agent = self.agents.get(agent_id)
         if agent is None:
             raise ValueError(f"request for agent {agent_id} is invalid: unknown agent")
@@ -155,7 +165,7 @@ class Scheduler:
         hit = min(self.store.lookup(keys), (len(tokens) - 1) // self.block * self.block)
         arrival = self.now() if arrival_s is None else arrival_s
         req = Req(self.next_rid, agent_id, agent.turn, tokens, output_tokens, tuple(keys), hit,
-                  arrival)  # fmt: skip
+                  arrival, sampling=sampling)  # fmt: skip
         self.next_rid += 1
         self.reqs[req.rid] = req
         info = RequestInfo(req.rid, len(tokens), hit, output_tokens, req.arrival_s, agent_id)
@@ -169,29 +179,73 @@ class Scheduler:
         append: tuple[int, ...],
         output_tokens: int,
         on_tokens: TokenCallback | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Future[int]:
         """Submit a turn of ``agent`` from any thread (added if new; its context grows with
         each finished turn). The future gets the request id, or the ValueError of a bad
         request; ``on_tokens`` is called on the scheduler's thread as tokens arrive."""
         fut: Future[int] = Future()
-        self._external.put((agent, append, output_tokens, on_tokens, fut))
+        self._external.put((agent, append, output_tokens, on_tokens, fut, sampling))
         return fut
+
+    def cancel_threadsafe(self, request_id: int) -> None:
+        """Abort request ``request_id`` from any thread (its client is gone): its callback
+        gets no more tokens; buffer slots and HBM are freed once no process writes them."""
+        self._cancels.put(request_id)
 
     def _drain_external(self) -> None:
         while True:
             try:
-                agent, append, output_tokens, on_tokens, fut = self._external.get_nowait()
+                rid = self._cancels.get_nowait()
+            except queue.Empty:
+                break
+            self._cancel(rid)
+        while True:
+            try:
+                agent, append, output_tokens, on_tokens, fut, sampling = self._external.get_nowait()
             except queue.Empty:
                 return
             self.agents.setdefault(agent.agent_id, agent)
             try:
-                req = self.submit_turn(agent.agent_id, append, output_tokens)
+                req = self.submit_turn(agent.agent_id, append, output_tokens, sampling=sampling)
             except ValueError as err:
                 fut.set_exception(err)
                 continue
             if on_tokens is not None:
                 self.token_callbacks[req.rid] = on_tokens
             fut.set_result(req.rid)
+
+    def forget(self, rid: int) -> None:
+        """Drop a finished request and its agent once no message can refer to them (a
+        server's long run); on the scheduler's thread only (e.g. from a submit callback)."""
+        req = self.reqs.get(rid)
+        if req is not None and req.phase == "done":
+            del self.reqs[rid]
+            agent = self.agents.get(req.agent)
+            if agent is not None and agent.finished and req.agent not in self.unpersisted:
+                del self.agents[req.agent]
+
+    def _cancel(self, rid: int) -> None:
+        """Abort ``rid`` now if its phase allows, else mark it (aborted when scheduled). Slots
+        a process may still write (a read, a pass, a DE not yet loaded) are freed when it
+        reports back; a DE drops the request on ``CancelMsg``."""
+        req = self.reqs.get(rid)
+        self.token_callbacks.pop(rid, None)
+        if req is None or req.phase in ("done", "aborted"):
+            return
+        self.num_cancelled += 1
+        if req.phase == "queued":  # the policy still holds it: aborted when it assigns it
+            req.cancelled = True
+            return
+        a = req.assign
+        assert a is not None
+        in_flight = req.phase == "reading" or req.in_pass
+        if req.phase == "decode":
+            in_flight = not req.loaded
+            self.launcher.engine_inbox[a.de].put(CancelMsg(rid))
+        self._abort(req, free_now=not in_flight)
+        if req.phase == "aborted" and not in_flight:
+            self.kick(self.topo.group_of(a.pe))
 
     def _emit(self, req: Req, tokens: tuple[int, ...], done: bool) -> None:
         cb = self.token_callbacks.get(req.rid)
@@ -250,6 +304,9 @@ class Scheduler:
             if side is not ReadSide.NONE:
                 req.read_node = self.topo.node_of(a.pe if side is ReadSide.PE else a.de)
                 self.read_q[req.read_node] += req.hit
+            if req.cancelled:  # its client left while it waited in the policy's queue
+                self._abort(req, free_now=True)
+                continue
             self.alloc_wait.append(req.rid)
 
     def try_alloc(self) -> None:
@@ -379,7 +436,7 @@ class Scheduler:
         return ChunkWork(
             req.rid, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
             tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(a.de),
-            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last,
+            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last, req.sampling,
         )  # fmt: skip
 
     def _forward_done(self, msg: ForwardDoneMsg) -> None:
@@ -420,11 +477,18 @@ class Scheduler:
         if isinstance(msg, ForwardDoneMsg):
             self._forward_done(msg)
             return
+        if isinstance(msg, TokensMsg):
+            for rid, token in msg.tokens:
+                req = self.reqs.get(rid)
+                if req is not None and req.phase == "decode":
+                    req.streamed.append(token)
+                    self._emit(req, (req.first_token, *req.streamed), False)
+            return
         if isinstance(msg, (LoadedMsg, DecodeDoneMsg)):
             self.free_pages[msg.engine_id] = msg.free_pages
         req = self.reqs.get(msg.request_id)
         if req is None or req.phase in ("aborted", "done"):
-            if req is not None and isinstance(msg, ReadDoneMsg):
+            if req is not None and isinstance(msg, (ReadDoneMsg, LoadedMsg)):
                 self._free_slots(req)  # the last writer of an aborted request is done
             return
         if isinstance(msg, ReadDoneMsg):
@@ -454,7 +518,7 @@ class Scheduler:
         req.phase = "decode"
         self.launcher.engine_inbox[a.de].put(DecodeMsg(
             req.rid, req.tokens, first_token, req.output_tokens, tuple(req.de_slots),
-            req.cached // self.block,
+            req.cached // self.block, req.sampling,
         ))  # fmt: skip
 
     def _decode_done(self, req: Req, msg: DecodeDoneMsg) -> None:
@@ -467,7 +531,13 @@ class Scheduler:
         req.phase = "done"
         record = req.record(msg.second_token_s, msg.finish_s)
         self.records.append(record)
-        self._emit(req, msg.output, True)
+        pending_keys = {k for k in msg.persisted_keys if k not in self.durable}
+        if req.rid in self.token_callbacks and pending_keys:
+            # a server's client may resend the conversation as soon as it has the answer:
+            # report the turn done once its blocks are durable, so that resend hits them
+            self.done_after_persist[req.rid] = (pending_keys, req, msg.output)
+        else:
+            self._emit(req, msg.output, True)
         agent = self.agents[req.agent]
         agent.finish_turn(req.tokens, msg.output)
         if self.on_turn is not None:
@@ -485,6 +555,7 @@ class Scheduler:
 
     def _persisted(self, key: str) -> None:
         self.durable.add(key)
+        self._flush_done(key)
         for agent_id in sorted(self.unpersisted):
             pending, arrival_s = self.unpersisted[agent_id]
             pending.discard(key)
@@ -493,6 +564,15 @@ class Scheduler:
                 nxt = self.agents[agent_id].next_turn()
                 assert nxt is not None
                 self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
+
+    def _flush_done(self, key: str | None) -> None:
+        """Report the turns whose blocks are now all durable (``key`` None: all of them)."""
+        for rid in sorted(self.done_after_persist):
+            pending, req, output = self.done_after_persist[rid]
+            pending.discard(key)
+            if not pending or key is None:
+                del self.done_after_persist[rid]
+                self._emit(req, output, True)
 
     # ------------------------------------------------------------------ faults
     def _free_slots(self, req: Req) -> None:
@@ -528,7 +608,9 @@ class Scheduler:
                 self._abort(req, free_now=not in_flight)
                 self.counters.requeued += 1
                 append = req.tokens[len(self.agents[req.agent].context) :]
-                again = self.submit_turn(req.agent, append, req.output_tokens)
+                again = self.submit_turn(
+                    req.agent, append, req.output_tokens, sampling=req.sampling
+                )
                 if req.rid in self.token_callbacks:
                     self.token_callbacks[again.rid] = self.token_callbacks.pop(req.rid)
             for group in sorted(self.groups):
@@ -547,6 +629,7 @@ class Scheduler:
             if req.phase == "reading" and req.read_node == node:
                 self.counters.requeued += 1
                 self._start_read(req)  # the same slots: the retry overwrites them
+        self._flush_done(None)  # lost writes will never be acknowledged
         for agent_id in sorted(self.unpersisted):
             _, arrival_s = self.unpersisted.pop(agent_id)
             nxt = self.agents[agent_id].next_turn()
@@ -573,17 +656,27 @@ class Scheduler:
             self._free_slots(req)
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> RunResult:
+    def run(self, until: threading.Event | None = None) -> RunResult:
+        """Drive every turn to the end; with ``until`` (a server), keep serving submitted
+        turns until it is set, then abort what is still running."""
         start = self.now()
         last_progress = start
         timeout_s = self.env.options.request_timeout_s
         while True:
             self._drain_external()
-            if not (
+            busy = (
                 any(not a.finished for a in self.agents.values())
                 or any(r.phase not in ("done", "aborted") for r in self.reqs.values())
-            ):
+                or bool(self.done_after_persist)  # turns reported done once durable
+            )
+            if until is not None and until.is_set():
+                for rid in sorted(self.reqs):
+                    self._cancel(rid)
                 break
+            if not busy and until is None:
+                break
+            if not busy:
+                last_progress = self.now()  # idle is not stuck
             self.recover()
             self.schedule()
             self.try_alloc()

@@ -86,6 +86,7 @@ class StorageWorker:
         now = env.clock.now  # the process's one clock
         self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
         self.snic_write = Pacer(rate, f"node{node}.snic.write", clock=now)
+        env.publish_nic_busy(f"snic_node{node}_read", [self.snic_read, self.snic_write])
         self.paced = env.options.paced_kv
         self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")

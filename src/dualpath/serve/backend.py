@@ -2,8 +2,8 @@
 
 A backend takes a tokenised ``GenerateRequest`` and yields ``TokenEvent``s; closing the
 iterator early (client gone, shutdown) must free the request. ``stats()`` feeds ``/metrics``.
-The local backend (``serve/local.py``) implements it in-process; the DualPath multi-process
-runtime implements the same protocol through an adapter (docs/serving.md).
+The local backend (``serve/local.py``) implements it in-process; ``serve/runtime_backend.py``
+over the DualPath multi-process runtime (docs/serving.md).
 """
 
 from __future__ import annotations

@@ -5,26 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-from torch import Tensor
-
+from dualpath.runtime.sampling import sample
 from dualpath.serve.tokenizer import TextTokenizer
 
-
-def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
-    """One token from ``logits`` [vocab]: greedy at temperature 0, else nucleus sampling.
-
-    Ties in the nucleus cut keep every token whose cumulative mass *before* it is < top_p."""
-    if temperature <= 0.0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        sorted_p = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))
-        choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=generator)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=generator))
+__all__ = ["TextStream", "sample"]
 
 
 class TextStream:

@@ -2,7 +2,8 @@
 
 uvicorn handles SIGINT / SIGTERM: it stops accepting, lets in-flight requests finish for up
 to ``graceful_s``, then cancels them; the app's lifespan then stops the backend (the engine
-thread exits, queued requests end with ``abort``). The local backend holds no shared memory.
+thread exits, queued requests end with ``abort``). The local backend holds no shared memory;
+the runtime backend's scheduler process stops its engines and unlinks the node buffers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
 from dualpath.serve.local import LocalBackend, LocalOptions
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "runtime")
+RUNTIME_SYSTEMS = ("basic", "layer", "dpl", "dualpath", "oracle")
 DEVICES = ("cpu", "cuda")
 
 
@@ -33,6 +35,9 @@ class ServeOptions:
     seed: int = 0
     api_keys: dict[str, str] = field(default_factory=dict)
     local: LocalOptions = field(default_factory=LocalOptions)
+    system: str = "dualpath"  # --backend runtime: the policy (runtime's RuntimeOptions.system)
+    kv_root: str = "./.dualpath/kv"  # --backend runtime: the persistent KV store
+    hbm_tokens: int = 65536  # --backend runtime: each engine's paged HBM, tokens
     default_max_tokens: int = 256
     graceful_s: float = 5.0
     log_level: str = "warning"
@@ -40,9 +45,25 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(
-                f"--backend {self.backend!r} is invalid: must be one of {', '.join(BACKENDS)} "
-                "(the multi-process runtime backend is not attached yet; docs/serving.md)"
+                f"--backend {self.backend!r} is invalid: must be one of {', '.join(BACKENDS)}"
             )
+        if self.system not in RUNTIME_SYSTEMS:
+            raise ValueError(
+                f"--system {self.system!r} is invalid: must be one of {', '.join(RUNTIME_SYSTEMS)}"
+            )
+        if self.backend == "runtime":
+            if self.model_dir is not None:
+                raise ValueError(
+                    "--model-dir: the runtime backend's engines run the preset's built-in "
+                    "model (use --backend local for an HF checkpoint)"
+                )
+            if self.device != "cpu":
+                raise ValueError("--device: the runtime backend's engines run on cpu only")
+            if len(set(self.api_keys.values())) > 1:
+                raise ValueError(
+                    "--api-key: the runtime backend serves one tenant per run (its KV "
+                    "namespace); give keys of one tenant, or use --backend local"
+                )
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"--device {self.device!r} is invalid: must be cpu or cuda[:N]")
         if not 0 <= self.port <= 65535:
@@ -59,7 +80,10 @@ class ServeOptions:
 
 
 def build_backend(config: Config, opts: ServeOptions) -> Backend:
-    """The local backend over an HF checkpoint (``model_dir``) or the preset's tiny model."""
+    """The local backend over an HF checkpoint (``model_dir``) or the preset's tiny model;
+    or the multi-process runtime (``--backend runtime``) on the preset's tiny model."""
+    if opts.backend == "runtime":
+        return _runtime_backend(config, opts)
     import torch
 
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
@@ -83,6 +107,28 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
         ByteTokenizer(config.model.vocab_size),
         f"dualpath-{config.model.name}",
         opts.local,
+    )
+
+
+def _runtime_backend(config: Config, opts: ServeOptions) -> Backend:
+    from dualpath.runtime.options import RuntimeOptions
+    from dualpath.serve.runtime_backend import RuntimeBackend
+    from dualpath.serve.tokenizer import ByteTokenizer
+
+    tenants = sorted(set(opts.api_keys.values()))
+    options = RuntimeOptions(
+        system=opts.system,
+        kv_root=opts.kv_root,
+        hbm_tokens=opts.hbm_tokens,
+        weight_seed=opts.seed,
+        tenant=tenants[0] if tenants else "",
+    )
+    return RuntimeBackend(
+        config,
+        options,
+        ByteTokenizer(config.model.vocab_size),
+        f"dualpath-{config.model.name}",
+        seed=opts.seed,
     )
 
 

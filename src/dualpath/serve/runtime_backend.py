@@ -1,0 +1,274 @@
+"""``Backend`` over the DualPath multi-process runtime (``dualpath serve --backend runtime``).
+
+The scheduler runs in its own process (``serve/runtime_host.py``) with the storage workers
+and engines as its children: every request goes through the policy core, the storage read
+(PE or DE side), layerwise prefill on a PE and batched decode on a DE, which streams each
+step's tokens back (``RuntimeOptions.stream_tokens``). Sampling (temperature, top-p, seed,
+EOS) happens on the engines; stop strings here, which then cancel the request in the runtime.
+KV reuse is the persistent store's content hash chain: a resent conversation gets its
+durable Full Blocks as hits. The model is the preset's built-in tiny model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dualpath.config import Config
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.sampling import SamplingParams
+from dualpath.serve.backend import BackendStats, GenerateRequest, TokenEvent
+from dualpath.serve.generation import TextStream
+from dualpath.serve.runtime_host import (
+    CancelCmd,
+    ClosedEvt,
+    ReadyEvt,
+    RejectedEvt,
+    StatsEvt,
+    StopCmd,
+    SubmitCmd,
+    TokensEvt,
+    host_main,
+)
+from dualpath.serve.tokenizer import TextTokenizer
+
+UTIL_WINDOW_S = 5.0  # NIC utilisation: busy time over the last few stats snapshots
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(eq=False, slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokensEvt | RejectedEvt | ClosedEvt]
+
+
+class RuntimeBackend:
+    """``Backend`` over ``LocalRuntime`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        options: RuntimeOptions,
+        tokenizer: TextTokenizer,
+        model_name: str,
+        seed: int = 0,
+    ) -> None:
+        self.config = config
+        self.options = replace(options, stream_tokens=True)
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        # a request's whole KV (prompt + output) must fit one engine's HBM pool
+        block = config.scheduler.block_tokens
+        pool_tokens = max(1, options.hbm_tokens // block) * block
+        self.max_context_tokens = min(config.model.max_context_tokens, pool_tokens)
+        self.vocab_size = config.model.vocab_size
+        self._seeds = itertools.count(seed * 1_000_003 + 1)
+        self._keys = itertools.count()
+        self._streams: dict[int, _Stream] = {}
+        self._ctx = mp.get_context("spawn")
+        self._inbox: Any = None
+        self._outbox: Any = None
+        self._proc: Any = None
+        self._reader: threading.Thread | None = None
+        self._closed: ClosedEvt | None = None
+        self._stats = StatsEvt(0, 0, 0, 0)
+        self._history: deque[StatsEvt] = deque()
+        self._num_aborted = 0
+        self._prompt_tokens = 0  # counted here, so /metrics agrees with the responses at once
+        self._cached_tokens = 0
+        self.pids: tuple[int, ...] = ()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start_blocking)
+
+    def _start_blocking(self) -> None:
+        self._inbox, self._outbox = self._ctx.Queue(), self._ctx.Queue()
+        self._proc = self._ctx.Process(
+            target=host_main,
+            args=(self.config, self.options, self._inbox, self._outbox, os.getpid()),
+            name="dualpath-scheduler",
+        )
+        self._proc.start()
+        timeout_s = self.options.ready_timeout_s + 10.0
+        try:
+            first = self._outbox.get(timeout=timeout_s)
+        except queue.Empty:
+            self._kill()
+            raise RuntimeError(f"the runtime did not start within {timeout_s:g} s") from None
+        if isinstance(first, ClosedEvt):
+            self._proc.join(timeout=STOP_TIMEOUT_S)
+            raise RuntimeError(f"the runtime failed to start: {first.error}")
+        assert isinstance(first, ReadyEvt)
+        self.pids = first.pids
+        self._reader = threading.Thread(target=self._read_loop, name="runtime-events")
+        self._reader.start()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._stop_blocking)
+
+    def _stop_blocking(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            self._inbox.put(StopCmd())
+        self._proc.join(timeout=STOP_TIMEOUT_S)
+        if self._proc.is_alive():
+            self._kill()
+        if self._reader is not None:
+            self._reader.join(timeout=5.0)
+        self._closed = self._closed or ClosedEvt("stopped")
+        for key in list(self._streams):
+            self._deliver(key, self._closed)
+        self._proc = None
+
+    def _kill(self) -> None:
+        self._proc.kill()
+        self._proc.join(timeout=5.0)
+
+    def _read_loop(self) -> None:
+        """Relay the scheduler process's events to the waiting requests' event loops."""
+        while True:
+            try:
+                evt = self._outbox.get(timeout=0.5)
+            except queue.Empty:
+                if self._proc is None or not self._proc.is_alive():
+                    evt = ClosedEvt("the scheduler process exited")
+                else:
+                    continue
+            if isinstance(evt, StatsEvt):
+                self._stats = evt
+                self._history.append(evt)
+                while self._history and evt.now_s - self._history[0].now_s > UTIL_WINDOW_S:
+                    self._history.popleft()
+            elif isinstance(evt, (TokensEvt, RejectedEvt)):
+                self._deliver(evt.key, evt)
+            elif isinstance(evt, ClosedEvt):
+                if evt.error:  # the runtime failed: say so once; requests now get 503s
+                    print(f"dualpath serve: runtime stopped: {evt.error}", file=sys.stderr)
+                self._closed = evt
+                for key in list(self._streams):
+                    self._deliver(key, evt)
+                return
+
+    def _deliver(self, key: int, evt: TokensEvt | RejectedEvt | ClosedEvt) -> None:
+        s = self._streams.get(key)
+        if s is None:
+            return
+        with contextlib.suppress(RuntimeError):  # its event loop is closed (shutdown)
+            s.loop.call_soon_threadsafe(s.queue.put_nowait, evt)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        if self._closed is not None or self._proc is None:
+            raise RuntimeError("the runtime is not running")
+        seed = request.seed if request.seed is not None else next(self._seeds)
+        eos = () if request.ignore_eos else tuple(self.tokenizer.eos_token_ids)
+        sampling = SamplingParams(request.temperature, request.top_p, seed, eos)
+        key = next(self._keys)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[key] = stream
+        self._inbox.put(SubmitCmd(key, request.prompt_tokens, request.max_tokens, sampling))
+        text = TextStream(self.tokenizer, request.stop)
+        generated = 0
+        cached = 0
+        finished = False
+        held: TokenEvent | None = None  # the final event, until the runtime reports done
+
+        def event(ids: tuple[int, ...], delta: str, finish: str | None) -> TokenEvent:
+            return TokenEvent(ids, delta, len(request.prompt_tokens), cached, generated, finish)
+
+        try:
+            while True:
+                evt = await stream.queue.get()
+                if isinstance(evt, RejectedEvt):
+                    finished = True
+                    raise ValueError(evt.text)
+                if isinstance(evt, ClosedEvt):
+                    finished = True
+                    yield event((), "", "abort")
+                    return
+                if not generated and held is None:  # the first event: prompt accounting
+                    self._prompt_tokens += len(request.prompt_tokens)
+                    self._cached_tokens += evt.cached_tokens
+                cached = evt.cached_tokens
+                if held is not None:
+                    if evt.done:  # the turn's blocks are durable: a resend will hit them
+                        finished = True
+                        yield held
+                        return
+                    continue
+                for token in evt.tokens:
+                    generated += 1
+                    is_eos = token in eos
+                    delta = "" if is_eos else text.push(token)
+                    finish = None
+                    if text.stopped or is_eos:
+                        finish = "stop"
+                    elif generated >= request.max_tokens:
+                        finish = "length"
+                    if finish is not None and not text.stopped:
+                        delta += text.finish()
+                    if finish is None:
+                        yield event((token,), delta, None)
+                    elif text.stopped:  # the runtime would go on: cancelled below
+                        yield event((token,), delta, finish)
+                        return
+                    else:  # EOS or max_tokens end it in the runtime too
+                        held = event((token,), delta, finish)
+                        break
+                if held is not None and evt.done:
+                    finished = True
+                    yield held
+                    return
+                if held is None and evt.done:  # ended without a reason here (not normally)
+                    finished = True
+                    yield event((), text.finish(), "length")
+                    return
+        finally:
+            self._streams.pop(key, None)
+            if not finished and self._closed is None and self._inbox is not None:
+                self._inbox.put(CancelCmd(key))  # client gone or stop string: free it
+                if not text.stopped:
+                    self._num_aborted += 1
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def stats(self) -> BackendStats:
+        s = self._stats
+        return BackendStats(
+            num_running=max(0, s.num_live - s.num_waiting),
+            num_waiting=s.num_waiting,
+            prefix_query_tokens=self._prompt_tokens,
+            prefix_hit_tokens=self._cached_tokens,
+            num_preempted=s.requeued,
+            num_aborted=self._num_aborted,
+            kv_bytes_by_path=dict(s.kv_bytes_by_path),
+            utilisation=self._utilisation(),
+            queue_lengths=dict(s.queue_lengths),
+        )
+
+    def _utilisation(self) -> dict[str, float]:
+        """Busy fraction of each emulated NIC over the last ``UTIL_WINDOW_S`` (pacer time)."""
+        if len(self._history) < 2:
+            return {}
+        a, b = self._history[0], self._history[-1]
+        span = b.now_s - a.now_s
+        if span <= 0:
+            return {}
+        return {
+            nic: min(1.0, max(0.0, (busy - a.nic_busy_s.get(nic, 0.0)) / span))
+            for nic, busy in sorted(b.nic_busy_s.items())
+        }

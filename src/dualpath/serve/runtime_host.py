@@ -1,0 +1,222 @@
+"""The scheduler process behind ``RuntimeBackend``: it owns a ``LocalRuntime`` (storage workers
+and engines are its children) and serves the HTTP process's commands until told to stop.
+
+The HTTP process sends ``SubmitCmd`` / ``CancelCmd`` / ``StopCmd`` on one queue; this process
+answers on another: ``ReadyEvt`` once every runtime process acked, ``TokensEvt`` as the engines
+generate (new tokens only), ``RejectedEvt`` for a request the runtime refuses, ``StatsEvt``
+twice a second, ``ClosedEvt`` after the runtime has shut down (shared memory unlinked).
+Nothing here decides anything: the scheduler (``runtime/scheduler.py``) does.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualpath.config import Config
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.sampling import SamplingParams
+
+STATS_PERIOD_S = 0.5
+POLL_S = 0.2  # command poll: lets an orphaned host notice that its server is gone
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitCmd:
+    key: int  # the server's id for the request (the runtime's id is not known yet)
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCmd:
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopCmd:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyEvt:
+    pids: tuple[int, ...]  # this process and every runtime child
+
+
+@dataclass(frozen=True, slots=True)
+class TokensEvt:
+    key: int
+    tokens: tuple[int, ...]  # new since the last event of this request
+    cached_tokens: int  # prompt tokens whose KV was read from the store (verified)
+    done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEvt:
+    key: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatsEvt:
+    """Runtime state for ``/metrics``: counters are totals since start."""
+
+    num_live: int  # submitted, not finished
+    num_waiting: int  # not yet assigned by the policy, or waiting for buffer slots
+    requeued: int
+    cancelled: int
+    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)
+    queue_lengths: dict[str, int] = field(default_factory=dict)
+    nic_busy_s: dict[str, float] = field(default_factory=dict)  # Σ pacer busy time per NIC
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedEvt:
+    error: str = ""  # empty: a clean stop
+
+
+class _Host:
+    """Relays between the command queue and the scheduler (which runs on the main thread)."""
+
+    def __init__(self, rt: Any, outbox: Any) -> None:
+        self.rt = rt
+        self.sched = rt.scheduler
+        self.outbox = outbox
+        self.stop = threading.Event()
+        self.rids: dict[int, int] = {}  # key → runtime request id
+        self.cancel_early: set[int] = set()  # cancelled before their id was known
+        self.live: set[int] = set()  # keys submitted, neither done nor cancelled
+        self.next_agent = 0
+        self.finished: list[int] = []  # runtime ids of finished requests, to forget
+        self.lock = threading.Lock()
+
+    def submit(self, cmd: SubmitCmd) -> None:
+        # a request is a turn of a new, scriptless agent: the whole conversation is its prompt
+        # (reuse comes from the hash chain, not from the agent's context); the agent counts
+        # as finished, so the run never waits for a turn of it that will not come
+        agent = AgentState(self.next_agent, (), ())
+        self.next_agent += 1
+        sent = [0]
+
+        def on_tokens(rid: int, tokens: tuple[int, ...], done: bool) -> None:
+            cached = self.sched.reqs[rid].cached
+            new, sent[0] = tokens[sent[0] :], len(tokens)
+            if done:
+                with self.lock:
+                    self.live.discard(cmd.key)
+                self.rids.pop(cmd.key, None)
+                self.finished.append(rid)
+            self.outbox.put(TokensEvt(cmd.key, new, cached, done))
+
+        def submitted(fut: Future[int]) -> None:
+            # on the scheduler's (main) thread, between its loops; rarely the future is done
+            # before this callback is added, and it runs here on the command thread instead
+            while self.finished and threading.current_thread() is threading.main_thread():
+                self.sched.forget(self.finished.pop())
+            err = fut.exception()
+            if err is not None:
+                self.outbox.put(RejectedEvt(cmd.key, str(err)))
+                return
+            with self.lock:
+                self.live.add(cmd.key)
+            rid = fut.result()
+            self.rids[cmd.key] = rid
+            if cmd.key in self.cancel_early:
+                self.cancel_early.discard(cmd.key)
+                self.cancel(cmd.key)
+
+        fut = self.sched.submit_threadsafe(agent, cmd.prompt, cmd.max_tokens, on_tokens,
+                                           cmd.sampling)  # fmt: skip
+        fut.add_done_callback(submitted)
+
+    def cancel(self, key: int) -> None:
+        rid = self.rids.pop(key, None)
+        if rid is None:
+            self.cancel_early.add(key)
+            return
+        with self.lock:
+            self.live.discard(key)
+        self.sched.cancel_threadsafe(rid)
+
+    def commands(self, inbox: Any, parent_pid: int) -> None:
+        while not self.stop.is_set():
+            if os.getppid() != parent_pid:  # the server died: stop, clean up
+                self.stop.set()
+                return
+            try:
+                cmd = inbox.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(cmd, SubmitCmd):
+                self.submit(cmd)
+            elif isinstance(cmd, CancelCmd):
+                self.cancel(cmd.key)
+            elif isinstance(cmd, StopCmd):
+                self.stop.set()
+
+    def stats_loop(self, nic_busy: Any) -> None:
+        while not self.stop.wait(STATS_PERIOD_S):
+            self.outbox.put(self.snapshot(nic_busy))
+
+    def snapshot(self, nic_busy: Any) -> StatsEvt:
+        s = self.sched
+        c = s.counters
+        full = s.env.layout.full_block_bytes
+        paths = {
+            "pe_read": c.pe_read_bytes, "de_read": c.de_read_bytes,
+            "pd_transfer": c.pd_bytes, "layer_blocks_to_pe": c.layer_in_bytes,
+            "de_buffer_to_hbm": c.h2d_bytes, "persist": c.persisted_blocks * full,
+        }  # fmt: skip
+        queues = {f"read_node{n}_tokens": q for n, q in enumerate(list(s.read_q))}
+        for e, q in sorted(s.pe_queue.items()):
+            queues[f"prefill_pe{e}"] = len(q)
+        queues["policy_waiting"] = s.policy.num_waiting
+        queues["buffer_alloc_waiting"] = len(s.alloc_wait)
+        with self.lock:
+            return StatsEvt(
+                num_live=len(self.live),
+                num_waiting=s.policy.num_waiting + len(s.alloc_wait),
+                requeued=c.requeued,
+                cancelled=s.num_cancelled,
+                kv_bytes_by_path=paths,
+                queue_lengths=queues,
+                nic_busy_s=nic_busy() if nic_busy is not None else {},
+                now_s=s.now(),
+            )
+
+
+def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
+              parent_pid: int) -> None:  # fmt: skip
+    """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
+    from dualpath.runtime.session import LocalRuntime
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    error = ""
+    try:
+        with LocalRuntime(config, options) as rt:
+            host = _Host(rt, outbox)
+            outbox.put(ReadyEvt((os.getpid(), *rt.pids())))
+            nic_busy = rt.launcher.nic_busy_s
+            threads = [
+                threading.Thread(target=host.commands, args=(inbox, parent_pid), daemon=True),
+                # (the scheduler itself runs on this, the main, thread)
+                threading.Thread(target=host.stats_loop, args=(nic_busy,), daemon=True),
+            ]
+            for t in threads:
+                t.start()
+            try:
+                rt.scheduler.run(until=host.stop)
+            finally:
+                host.stop.set()
+    except Exception as err:  # reported in one line; the server fails its requests
+        error = f"{type(err).__name__}: {err}"
+    outbox.put(ClosedEvt(error))

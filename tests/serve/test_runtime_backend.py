@@ -1,0 +1,243 @@
+"""Acceptance: `dualpath serve --backend runtime` (scheduler, storage workers and PE/DE engines
+as processes) on loopback, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from tests.serve.conftest import ServerProc  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+MODEL = "dualpath-tiny"
+# a prompt of several 64-token Full Blocks (tiny-1p1d's block size)
+SYSTEM = "You are a careful coding agent. Think step by step and call one tool per turn. " * 2
+TASK = "List the repository layout, then open the README file and summarise the build steps."
+
+
+def _runtime_args(kv_root: Path, system: str = "dualpath") -> list[str]:
+    return ["--backend", "runtime", "--system", system, "--preset", "tiny-1p1d",
+            "--kv-root", str(kv_root), "--hbm-tokens", "4096"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    server = ServerProc(_runtime_args(tmp_path_factory.mktemp("kv")))
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+def _client(server: ServerProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=90)
+
+
+def _chat(messages: list[dict[str, str]], tag: str = "") -> list[dict[str, str]]:
+    return [{"role": "system", "content": tag + SYSTEM}, *messages]
+
+
+def test_streaming_equals_non_streaming_greedy(rt_server: ServerProc) -> None:
+    client = _client(rt_server)
+    msgs = _chat([{"role": "user", "content": "stream test " + TASK}])
+    whole = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert whole.usage is not None and whole.usage.completion_tokens == 12
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    # tokens stream one decode step at a time: more than the first and the final chunk
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 3
+
+
+def test_second_turn_reports_cached_prompt_tokens(rt_server: ServerProc) -> None:
+    client = _client(rt_server)
+    msgs = _chat([{"role": "user", "content": TASK}], tag="session test. ")  # a new prefix
+    first = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+        extra_headers={"X-Session-Id": "agent-1"},
+    )  # fmt: skip
+    assert first.usage is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert first.usage.prompt_tokens >= 128
+    msgs += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Observation: 3 passed, 1 failed. Fix the failing test."},
+    ]
+    second = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+        extra_headers={"X-Session-Id": "agent-1"},
+    )  # fmt: skip
+    assert second.usage is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # every Full Block of the first prompt: durable before the first answer was returned
+    assert cached >= first.usage.prompt_tokens // 64 * 64
+    assert 0 < cached < second.usage.prompt_tokens
+    assert rt_server.metric("dualpath:prefix_cache_hits_total") >= cached
+    # the hit KV was read from the store through a SNIC (PE or DE side) and sent PE → DE
+    # (the runtime's counters reach /metrics with its next stats snapshot: every 0.5 s)
+    time.sleep(1.2)
+    read = rt_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + rt_server.metric(
+        'dualpath:kv_bytes_total{path="de_read"}'
+    )
+    assert read >= cached * 4 * 2 * 2 * 64 * 4  # layers × (K, V) × kv_heads × head_dim × 4 B
+    assert rt_server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
+    assert rt_server.metric('dualpath:kv_bytes_total{path="persist"}') > 0
+
+
+def test_sampling_is_seeded_and_stop_strings_cut_the_text(rt_server: ServerProc) -> None:
+    client = _client(rt_server)
+
+    def complete(**kw: object) -> openai.types.Completion:
+        return client.completions.create(  # type: ignore[call-overload,no-any-return]
+            model=MODEL, prompt="sampling test " + TASK, max_tokens=16,
+            extra_body={"ignore_eos": True}, **kw,
+        )  # fmt: skip
+
+    greedy = complete(temperature=0)
+    a = complete(temperature=1.0, top_p=0.9, seed=7)
+    b = complete(temperature=1.0, top_p=0.9, seed=7)
+    assert a.choices[0].text == b.choices[0].text
+    assert a.choices[0].text != greedy.choices[0].text  # 16 tokens from ~1024: never equal
+    text = greedy.choices[0].text
+    assert len(text) >= 4
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = complete(temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+
+
+def test_bad_request_is_400_while_a_concurrent_good_one_succeeds(rt_server: ServerProc) -> None:
+    client = _client(rt_server)
+    result: dict[str, object] = {}
+
+    def good() -> None:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=_chat([{"role": "user", "content": "A long answer."}]),
+            max_tokens=64, stream=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        result["text"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        result["done"] = True
+
+    t = threading.Thread(target=good)
+    t.start()
+    for bad in (
+        dict(messages=[]),
+        dict(messages=[{"role": "user", "content": "x"}], temperature=7),
+        dict(messages=[{"role": "user", "content": "x"}], max_tokens=10**6),
+        dict(messages=[{"role": "user", "content": "x"}], max_tokens=5000),  # > HBM pool
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=MODEL, **bad)  # type: ignore[call-overload]
+        assert err.value.status_code == 400
+    t.join(timeout=180)
+    assert result.get("done") is True
+
+
+def test_client_disconnect_mid_stream_frees_the_request(rt_server: ServerProc) -> None:
+    client = _client(rt_server)
+    aborted_before = rt_server.metric("dualpath:num_aborted_requests_total")
+    stream = client.completions.create(
+        model=MODEL, prompt="disconnect test", max_tokens=3000, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for got, _ in enumerate(stream, start=1):
+        if got == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        running = rt_server.metric("dualpath:num_requests_running")
+        aborted = rt_server.metric("dualpath:num_aborted_requests_total")
+        if aborted > aborted_before and running == 0:
+            break
+        time.sleep(0.2)
+    assert rt_server.metric("dualpath:num_aborted_requests_total") == aborted_before + 1
+    assert rt_server.metric("dualpath:num_requests_running") == 0  # gone from the runtime too
+    r = client.completions.create(model=MODEL, prompt="hello", max_tokens=3)
+    assert r.usage is not None and r.usage.completion_tokens >= 1
+
+
+def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> None:
+    import httpx
+
+    time.sleep(1.2)  # two stats snapshots
+    text = httpx.get(rt_server.url + "/metrics").text
+    for name in (
+        'dualpath:nic_utilization{nic="snic_node0_read"}',
+        'dualpath:nic_utilization{nic="cnic_engine0_tx"}',
+        'dualpath:queue_length{queue="policy_waiting"}',
+        'dualpath:kv_bytes_total{path="pd_transfer"}',
+        "dualpath:num_preemptions_total",
+    ):
+        assert name in text, name
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parents.items() if p in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def _shm_used_by(pids: list[int]) -> set[str]:
+    used: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            used |= {line.split()[-1] for line in maps if "/dev/shm/" in line}
+    return used
+
+
+def test_sigterm_stops_every_process_and_unlinks_shared_memory(rt_server: ServerProc) -> None:
+    """Runs last: it stops the module's server (its fixture then finds it stopped)."""
+    _stop_with_a_request_in_flight(rt_server)
+
+
+def _stop_with_a_request_in_flight(server: ServerProc) -> None:
+    client = _client(server)
+    stream = client.completions.create(
+        model=MODEL, prompt="x", max_tokens=4000, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))  # the request is running in the engines
+    pid = server.proc.pid
+    procs = _descendants(pid)
+    assert len(procs) >= 7  # scheduler + 2 storage workers + 4 engines (+ resource tracker)
+    shm = _shm_used_by(procs)
+    assert shm  # the node buffers
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) == 0
+    with pytest.raises(openai.APIError):  # the stream ends without [DONE]
+        for _ in stream:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in procs):
+        time.sleep(0.1)
+    assert [p for p in procs if Path(f"/proc/{p}").exists()] == []
+    assert [f for f in shm if Path(f).exists()] == []
+    kv_root = Path(server.args[server.args.index("--kv-root") + 1])
+    assert any(kv_root.rglob("*"))  # the store stays: it is persistent
