@@ -14,6 +14,7 @@ from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
 from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.types import TrafficClass
 from dualpath.workload import persisted_tokens
 
 from .conftest import assert_no_processes, reference_outputs, replay_policy_log, small_config
@@ -218,3 +219,33 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
     assert_no_processes(pids)
     assert result.outputs == want
     assert result.bytes_by_path["pe_to_de_buffer"] > 0
+
+
+def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Path) -> None:
+    cfg = small_config(gpus_per_node=2)  # PEs 0, 1 form a group; DEs 2, 3 on node 1
+    agents = _agents(4, 2, seed=5)
+    want = reference_outputs(cfg, agents)
+    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path), transfer_window=2)) as rt:
+        result = rt.run(_fresh(agents))
+        links = rt.launcher.link_stats()
+    assert result.outputs == want  # tokens unchanged by the exchange and the window
+    high, low = TrafficClass.HIGH, TrafficClass.LOW
+    row = cfg.model.hidden_size * 4 * cfg.model.num_layers
+    sent = [links[f"pe{e}@node0.tx"].bytes_by_class[high] for e in (0, 1)]
+    got = [links[f"pe{e}@node0.rx"].bytes_by_class[high] for e in (0, 1)]
+    assert sent[0] > 0 and sent[1] > 0  # the PEs exchanged hidden states (real all-gather)
+    assert sent == got[::-1]  # each send charged on the sender's tx and the peer's rx
+    assert sent[0] % row == 0 and sent[1] % row == 0  # whole tokens × every layer
+    paths = result.bytes_by_path
+
+    def total(names: list[str], klass: TrafficClass = low) -> int:
+        return sum(links[n].bytes_by_class[klass] for n in names)
+
+    pe_tx, pe_rx = ["pe0@node0.tx", "pe1@node0.tx"], ["pe0@node0.rx", "pe1@node0.rx"]
+    de_rx = ["de2@node1.rx", "de3@node1.rx"]
+    assert total(pe_tx) == paths["pe_to_de_buffer"] > 0
+    assert total(pe_rx) == paths["layer_blocks_to_pe"]
+    # the DE side's CNIC carries the PE's sends too (both ends charged), plus its own H2D
+    assert total(de_rx) == paths["pe_to_de_buffer"] + paths["de_buffer_to_hbm"]
+    assert links["dram@node1"].bytes_by_class[low] >= total(de_rx)  # DRAM paced per node
+    assert links["dram@node0"].bytes_by_class[low] > 0

@@ -2,7 +2,10 @@
 
 "HBM" is an ``HbmPool`` of Layer-Block pages registered with the transport, so Layer Blocks
 land in it by transport and torch reads it in place. Every byte into or out of the engine
-passes its CNIC pacer (``rx`` in, ``tx`` out).
+passes its CNIC pacer (``rx`` in, ``tx`` out); a transfer to or from another node's buffer is
+also charged on that side's CNIC (the request's DE) and every transfer touching a node buffer
+on the node's DRAM (shared links, ``pacer.transfer_all``). At most ``transfer_window``
+transfers of one engine thread are outstanding (``TransferWindow``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import os
 import queue
 import signal
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -18,12 +23,30 @@ from dualpath.runtime.env import ProcEnv, child_setup
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
 from dualpath.runtime.model import TinyTransformer
-from dualpath.runtime.pacer import NicPacer
+from dualpath.runtime.pacer import NicPacer, Pacer, transfer_all
 from dualpath.runtime.transport import make_transport
 from dualpath.runtime.transport.base import RegionHandle, Transfer
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5
+
+
+class TransferWindow:
+    """Issued transfers of one thread, at most ``size`` outstanding: adding one more waits
+    for the oldest, so transport latency overlaps the issuing of the next ones."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._open: deque[Transfer] = deque()
+
+    def add(self, transfer: Transfer) -> None:
+        self._open.append(transfer)
+        while len(self._open) > self.size:
+            self._open.popleft().wait()
+
+    def drain(self) -> None:
+        while self._open:
+            self._open.popleft().wait()
 
 
 class Engine:
@@ -50,9 +73,11 @@ class Engine:
         self.hbm: RegionHandle = self.transport.register(
             f"hbm{engine_id}", memoryview(self.pool.region)
         )
-        self.cnic = NicPacer.of(
-            env.config.hardware.cnic_bytes_per_s, f"cnic{engine_id}", clock=self.clock.now
-        )
+        self._cnics: dict[int, NicPacer] = {}
+        self.cnic = self.cnic_of(engine_id)
+        self._drams: dict[int, Pacer] = {}
+        self._pace_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pace")
+        self.ready_region: RegionHandle | None = None  # announced in the readiness ack
         self.paced = env.options.paced_kv
         self.layer_block_bytes = env.layout.layer_block_bytes
         self._crash_at = crash_at
@@ -61,15 +86,52 @@ class Engine:
         empty = self.model.empty_kv()
         self.model.forward_batch([[0], [0, 1]], lambda layer: [empty, empty])
 
+    def cnic_of(self, engine: int) -> NicPacer:
+        """Engine ``engine``'s CNIC (shared links, so this process's charges contend with its
+        owner's)."""
+        if engine in self._cnics:
+            return self._cnics[engine]
+        nic = self._cnics[engine] = NicPacer.of(
+            self.env.config.hardware.cnic_bytes_per_s,
+            f"cnic{engine}",
+            clock=self.clock.now,
+            links=self.env.cnic_links(engine),
+        )
+        return nic
+
+    def _route(self, node: int, remote: int, receive: bool) -> list[Pacer]:
+        """The links a KV transfer between this engine's HBM and node ``node``'s buffer
+        crosses: this CNIC (rx to receive, tx to send), the remote engine's CNIC (the other
+        direction) when the buffer is on another node, and the node's DRAM."""
+        route = [self.cnic.rx if receive else self.cnic.tx]
+        if node != self.node and remote >= 0 and self.env.links:
+            far = self.cnic_of(remote)
+            route.append(far.tx if receive else far.rx)
+        link = self.env.dram_link(node)
+        if link is not None:
+            if node not in self._drams:
+                rate = self.env.config.hardware.dram_bytes_per_s
+                self._drams[node] = Pacer(rate, f"dram{node}", clock=self.clock.now, link=link)
+            route.append(self._drams[node])
+        return route
+
     def pull_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
+        remote: int = -1,
     ) -> tuple[int, Transfer]:
         """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
-        buffer → the same rows of HBM page ``page`` (paced on the CNIC's receive side); the
-        caller waits on the transfer, so several can be outstanding (a window)."""
+        buffer → the same rows of HBM page ``page`` (paced on this CNIC's receive side, the
+        sending side's CNIC ``remote`` and the node's DRAM); the caller waits on the transfer,
+        so several can be outstanding (a window)."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            self.cnic.rx.transfer(nbytes, TrafficClass.LOW)
+            transfer_all(self._route(node, remote, True), nbytes, TrafficClass.LOW, self._pace_pool)
         spec = self.env.buffers[node]
         src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.read(
@@ -78,13 +140,23 @@ class Engine:
         return nbytes, done
 
     def push_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
+        remote: int = -1,
     ) -> tuple[int, Transfer]:
         """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
-        Block ``layer`` (paced on the CNIC's send side); the caller waits on the transfer."""
+        Block ``layer`` (paced on this CNIC's send side, the receiving CNIC ``remote`` and the
+        node's DRAM); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            self.cnic.tx.transfer(nbytes, TrafficClass.LOW)
+            transfer_all(
+                self._route(node, remote, False), nbytes, TrafficClass.LOW, self._pace_pool
+            )
         spec = self.env.buffers[node]
         dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.write(
@@ -103,7 +175,7 @@ class Engine:
         """One unit of that work (a DE's batched decode step), between messages."""
 
     def serve(self, inbox: Any) -> None:
-        self.env.results.put(ReadyMsg(self.name, os.getpid()))
+        self.env.results.put(ReadyMsg(self.name, os.getpid(), self.ready_region))
         while self.env.parent_alive():
             try:
                 msg = inbox.get_nowait() if self.has_work() else inbox.get(timeout=POLL_S)
@@ -123,6 +195,7 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        self._pace_pool.shutdown(wait=False)
         self.transport.close()
 
 

@@ -91,6 +91,25 @@ class ChunkWork:
     de_slots: tuple[int, ...]
     send_from: int
     is_last: bool
+    de_engine: int = -1  # the request's DE: its CNIC carries the DE-buffer side of transfers
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangePlan:
+    """One group pass's exchange, the same for every participant: ``pass_id`` (unique per
+    group pass), the participating PEs in group order, their exchange regions, their pids and
+    how many new tokens each computes in this pass."""
+
+    pass_id: int
+    engines: tuple[int, ...]
+    regions: tuple[RegionHandle, ...]
+    pids: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.engines)
+        if not (len(self.regions) == len(self.pids) == len(self.new_tokens) == n):
+            raise ValueError(f"ExchangePlan: {n} engines need as many regions, pids, token counts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +120,7 @@ class ForwardMsg:
 
     chunks: tuple[ChunkWork, ...]
     layerwise: bool
+    exchange: ExchangePlan | None = None  # the group's per-layer hidden-state all-gather
 
 
 @dataclass(frozen=True, slots=True)

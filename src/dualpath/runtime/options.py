@@ -35,7 +35,8 @@ class RuntimeOptions:
     buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``). ``hbm_tokens``: KV
     capacity of each engine's paged HBM, in tokens of all layers (pages of one Layer Block).
     ``batching``: False runs one request per PE forward pass and per DE decode batch (the
-    one-at-a-time baseline of the benchmark)."""
+    one-at-a-time baseline of the benchmark). ``transfer_window``: Layer-Block transfers one
+    engine thread keeps outstanding (1 = each waited for before the next is issued)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
@@ -43,6 +44,7 @@ class RuntimeOptions:
     buffer_slots: int = 0
     hbm_tokens: int = 65536
     batching: bool = True
+    transfer_window: int = 16
     weight_seed: int = 0
     tenant: str = ""  # per-tenant salt of the KV namespace ("" = the one default tenant)
     direct_io: bool = False
@@ -62,6 +64,8 @@ class RuntimeOptions:
             )
         if self.hbm_tokens < 1:
             raise ValueError(f"hbm_tokens={self.hbm_tokens} is invalid: must be >= 1")
+        if self.transfer_window < 1:
+            raise ValueError(f"transfer_window={self.transfer_window} is invalid: must be >= 1")
         if self.buffer_slots < 0:
             raise ValueError(f"buffer_slots={self.buffer_slots} is invalid: must be >= 0")
 

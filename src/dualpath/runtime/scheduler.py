@@ -29,6 +29,7 @@ from dualpath.runtime.messages import (
     DecodeDoneMsg,
     DecodeMsg,
     ErrorMsg,
+    ExchangePlan,
     ForwardDoneMsg,
     ForwardMsg,
     LoadedMsg,
@@ -109,6 +110,7 @@ class Scheduler:
         self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.token_callbacks: dict[int, TokenCallback] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
+        self.next_pass_id = 0  # ids of group passes (the exchange's sequence numbers)
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -336,11 +338,13 @@ class Scheduler:
 
     def kick(self, group: int) -> None:
         """If the EP group is idle, plan every member PE's next pass (``plan_forward``, PEs in
-        id order) and start them together: the group runs in lockstep."""
+        id order) and start them together: the group runs in lockstep, and the planned PEs
+        exchange their hidden states every layer (``ExchangePlan``)."""
         members = self.groups[group]
         if any(e in self.in_pass for e in members):
             return
         now = self.now()
+        planned: list[tuple[int, ForwardBatch]] = []
         for e in members:
             rids = self.pe_queue[e]
             if not self.env.options.batching:
@@ -362,9 +366,29 @@ class Scheduler:
             self.counters.max_pass_tokens = max(
                 self.counters.max_pass_tokens, sum(c.cached + c.new for c in batch.chunks)
             )
+            planned.append((e, batch))
+        exchange = self._exchange_plan(planned)
+        for e, batch in planned:
+            ex = exchange if exchange is not None and e in exchange.engines else None
             self.launcher.engine_inbox[e].put(
-                ForwardMsg(tuple(self._work(c) for c in batch.chunks), self.layerwise)
+                ForwardMsg(tuple(self._work(c) for c in batch.chunks), self.layerwise, ex)
             )
+
+    def _exchange_plan(self, planned: list[tuple[int, ForwardBatch]]) -> ExchangePlan | None:
+        """The all-gather of one group pass among its planned PEs that announced an exchange
+        region (a respawned PE joins once its readiness ack arrived); None for fewer than 2."""
+        names = [(e, b, self.topo.engine_name(e)) for e, b in planned]
+        ready = [(e, b, n) for e, b, n in names if n in self.launcher.engine_regions]
+        if len(ready) < 2:
+            return None
+        self.next_pass_id += 1
+        return ExchangePlan(
+            self.next_pass_id,
+            tuple(e for e, _, _ in ready),
+            tuple(self.launcher.engine_regions[n] for _, _, n in ready),
+            tuple(self.launcher.procs[n].pid for _, _, n in ready),
+            tuple(sum(c.new for c in b.chunks) for _, b, _ in ready),
+        )
 
     def _work(self, c: Any) -> ChunkWork:
         req = self.reqs[c.request_id]
@@ -379,7 +403,7 @@ class Scheduler:
         return ChunkWork(
             req.rid, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
             tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(a.de),
-            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last,
+            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last, a.de,
         )  # fmt: skip
 
     def _forward_done(self, msg: ForwardDoneMsg) -> None:
@@ -410,7 +434,9 @@ class Scheduler:
     def on_message(self, msg: Any) -> None:
         if isinstance(msg, ErrorMsg):
             raise RuntimeFailure(f"{msg.who}: {msg.text}")
-        if isinstance(msg, ReadyMsg):
+        if isinstance(msg, ReadyMsg):  # a respawned engine: its exchange region is new
+            if msg.region is not None and msg.who in self.launcher.procs:
+                self.launcher.engine_regions[msg.who] = msg.region
             return
         if isinstance(msg, PersistedMsg):
             self._persisted(msg.key)
