@@ -74,7 +74,7 @@ def test_all_gather_delivers_every_peer_states_each_layer_in_several_rounds(grou
     states = [[torch.randn(n, HIDDEN, generator=gen) for n in tokens] for _ in range(3)]
     steps = [x.run_pass(plan, HIDDEN) for x in xs]
     for layer in range(3):  # consecutive layers reuse the slots by parity, never unread
-        got = _both([lambda e=e: steps[e](layer, states[layer][e]) for e in range(2)])
+        got = _both([lambda e=e, n=layer: steps[e](n, states[n][e]) for e in range(2)])
         assert torch.equal(got[0][0], states[layer][1])  # PE 0 received PE 1's states
         assert torch.equal(got[1][0], states[layer][0])
     # each send charged once per peer with its real bytes (on tx and the peer's rx)
