@@ -223,12 +223,20 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
 
 def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Path) -> None:
     cfg = small_config(gpus_per_node=2)  # PEs 0, 1 form a group; DEs 2, 3 on node 1
+    cfg = replace(cfg, scheduler=replace(cfg.scheduler, compute_quota_s=0.01))  # forces chunks
     agents = _agents(4, 2, seed=5)
     want = reference_outputs(cfg, agents)
-    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path), transfer_window=2)) as rt:
+    opts = RuntimeOptions(kv_root=str(tmp_path), transfer_window=2, pe_hbm_tokens=1024)
+    with LocalRuntime(cfg, opts) as rt:
         result = rt.run(_fresh(agents))
         links = rt.launcher.link_stats()
-    assert result.outputs == want  # tokens unchanged by the exchange and the window
+        free = dict(rt.scheduler.free_pages)
+    # batched, chunked, paged (a small PE pool), both load paths, the exchange, a window of 2:
+    # the same tokens as recompute
+    assert result.outputs == want
+    assert result.chunked > 0 and result.mean_batch > 1.0
+    assert {r.read_side for r in result.records if r.hit_tokens} == {"pe", "de"}
+    assert free[0] == free[1] == 1024 // 64 * cfg.model.num_layers  # every PE page back
     high, low = TrafficClass.HIGH, TrafficClass.LOW
     row = cfg.model.hidden_size * 4 * cfg.model.num_layers
     sent = [links[f"pe{e}@node0.tx"].bytes_by_class[high] for e in (0, 1)]

@@ -39,8 +39,10 @@ def run_runtime_systems(
     kv_root: str = "./.dualpath/kv",
     progress: bool = True,
     transport: str = "shm",
+    transfer_window: int = 16,
 ) -> list[BenchRun]:
-    """Run every system on the same agents; each on a fresh store under ``kv_root``."""
+    """Run every system on the same agents; each on a fresh store under ``kv_root``
+    (``transfer_window``: see ``RuntimeOptions``)."""
     from tqdm import tqdm
 
     from dualpath.runtime.options import RuntimeOptions
@@ -61,7 +63,13 @@ def run_runtime_systems(
             with (
                 tqdm(total=num_turns_total, desc=system, disable=not progress, unit="turn") as bar,
                 LocalRuntime(
-                    config, RuntimeOptions(system=system, kv_root=root, transport=transport)
+                    config,
+                    RuntimeOptions(
+                        system=system,
+                        kv_root=root,
+                        transport=transport,
+                        transfer_window=transfer_window,
+                    ),
                 ) as rt,
             ):
                 result = rt.run(agents, on_turn=lambda _: bar.update(1))

@@ -64,7 +64,7 @@ class Engine:
         self.row_bytes = m.kv_bytes_per_token_per_layer
         self.block_tokens = env.block_tokens
         self.pool = HbmPool(
-            env.options.hbm_pages(m.num_layers, self.block_tokens),
+            env.options.hbm_pages(m.num_layers, self.block_tokens, env.topology.is_pe(engine_id)),
             self.block_tokens,
             m.num_kv_heads,
             m.head_dim,

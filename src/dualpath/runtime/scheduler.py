@@ -85,8 +85,9 @@ class Scheduler:
         self.layerwise = bool(getattr(policy, "layerwise", True))
         self.num_layers = env.config.model.num_layers
         # every engine's HBM pool: pages of one Layer Block; engines report their free pages
-        self.hbm_pages = env.options.hbm_pages(self.num_layers, self.block)
-        self.free_pages = dict.fromkeys(self.topo.engine_ids, self.hbm_pages)
+        self.hbm_pages = env.options.hbm_pages(self.num_layers, self.block)  # a DE's
+        self.pe_hbm_pages = env.options.hbm_pages(self.num_layers, self.block, pe=True)
+        self.free_pages = {e: self._pool_pages(e) for e in self.topo.engine_ids}
         self.pe_queue: dict[int, list[int]] = {e: [] for e in self.topo.pe_ids}
         self.in_pass: dict[int, ForwardBatch] = {}  # PE → its pass in flight
         self.groups: dict[int, list[int]] = {}
@@ -114,6 +115,9 @@ class Scheduler:
 
     def now(self) -> float:
         return self.env.clock.now()
+
+    def _pool_pages(self, engine: int) -> int:
+        return self.pe_hbm_pages if self.topo.is_pe(engine) else self.hbm_pages
 
     # ------------------------------------------------------------------ submission
     def add_agent(self, agent: AgentState) -> None:
@@ -328,13 +332,25 @@ class Scheduler:
         self.kick(self.topo.group_of(a.pe))
 
     # ------------------------------------------------------------------ forward passes
-    def kv_budget_tokens(self, queue_len: int) -> int:
+    def kv_budget_tokens(self, pending: tuple[PendingPrefill, ...]) -> int:
         """Cached + new tokens one pass may hold: Basic holds every layer of the batch,
         layerwise two layers (one computing, the next loading). A page is a Layer Block, so
-        each request may waste up to one page per layer: one page per queued request is kept
-        back."""
+        each chunk of the pass may waste up to one page per layer: the budget keeps back one
+        page per chunk the pass can hold (the queue's FIFO prefix that fits, plus one chunked
+        request), the fewest that is still safe."""
         window = min(2, self.num_layers) if self.layerwise else self.num_layers
-        return max(0, self.hbm_pages // window - queue_len) * self.block
+        pages = self.pe_hbm_pages // window
+        for reserve in range(len(pending) + 1):
+            budget = max(0, pages - reserve) * self.block
+            num_chunks, resident = 0, 0
+            for p in pending:
+                num_chunks += 1
+                resident += p.cached + p.new
+                if resident > budget:  # chunked or left out: the last one of the pass
+                    break
+            if num_chunks <= reserve:
+                return budget
+        return max(0, pages - len(pending)) * self.block
 
     def kick(self, group: int) -> None:
         """If the EP group is idle, plan every member PE's next pass (``plan_forward``, PEs in
@@ -355,7 +371,7 @@ class Scheduler:
                 PendingPrefill(r, self.reqs[r].kv_tokens, len(self.reqs[r].tokens) - self.reqs[r].kv_tokens)
                 for r in rids
             )  # fmt: skip
-            budget = self.kv_budget_tokens(len(pending))
+            budget = self.kv_budget_tokens(pending)
             batch = self.policy.plan_forward(e, pending, now, budget)
             self.policy_log.append(("plan", (e, pending, budget), now, batch))
             if not batch.chunks:
@@ -542,7 +558,7 @@ class Scheduler:
         for e in self.launcher.dead_engines():
             self.launcher.respawn(e)
             self.in_pass.pop(e, None)
-            self.free_pages[e] = self.hbm_pages
+            self.free_pages[e] = self._pool_pages(e)
             for req in sorted(self.reqs.values(), key=lambda r: r.rid):
                 a = req.assign
                 if a is None or req.phase in ("done", "aborted", "queued"):
