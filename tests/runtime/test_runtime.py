@@ -250,10 +250,17 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
         return sum(links[n].bytes_by_class[klass] for n in names)
 
     pe_tx, pe_rx = ["pe0@node0.tx", "pe1@node0.tx"], ["pe0@node0.rx", "pe1@node0.rx"]
-    de_rx = ["de2@node1.rx", "de3@node1.rx"]
-    assert total(pe_tx) == paths["pe_to_de_buffer"] > 0
-    assert total(pe_rx) == paths["layer_blocks_to_pe"]
-    # the DE side's CNIC carries the PE's sends too (both ends charged), plus its own H2D
-    assert total(de_rx) == paths["pe_to_de_buffer"] + paths["de_buffer_to_hbm"]
+    de_tx, de_rx = ["de2@node1.tx", "de3@node1.tx"], ["de2@node1.rx", "de3@node1.rx"]
+    assert paths["pe_to_de_buffer"] > 0 and paths["persisted"] > 0
+    assert total(pe_rx) == paths["layer_blocks_to_pe"]  # every Layer Block load
+    # the DE node's CNICs carry the PEs' sends too (both ends charged), plus the DEs'
+    # loopback H2D and persist copies (both directions of their own CNIC)
+    assert total(de_rx) == paths["pe_to_de_buffer"] + paths["de_buffer_to_hbm"] + paths["persisted"]
+    # every byte left through one tx: a PE's (its sends, loopback loads from the PE buffer)
+    # or a DE's (loads from the DE buffer, loopback H2D and persist copies)
+    sent = sum(paths[k] for k in ("pe_to_de_buffer", "layer_blocks_to_pe", "de_buffer_to_hbm"))
+    sent += paths["persisted"]
+    assert total(pe_tx) + total(de_tx) == sent
+    assert total(de_tx) > paths["persisted"]  # the DE read path carried layer loads
     assert links["dram@node1"].bytes_by_class[low] >= total(de_rx)  # DRAM paced per node
     assert links["dram@node0"].bytes_by_class[low] > 0

@@ -3,7 +3,7 @@
 "HBM" is an ``HbmPool`` of Layer-Block pages registered with the transport, so Layer Blocks
 land in it by transport and torch reads it in place. Every byte into or out of the engine
 passes its CNIC pacer (``rx`` in, ``tx`` out); a transfer to or from another node's buffer is
-also charged on that side's CNIC (the request's DE) and every transfer touching a node buffer
+also charged on that node's CNIC of the same rail, and every transfer touching a node buffer
 on the node's DRAM (shared links, ``pacer.transfer_all``). At most ``transfer_window``
 transfers of one engine thread are outstanding (``TransferWindow``).
 """
@@ -57,6 +57,7 @@ class Engine:
         self.env = env
         self.engine_id = engine_id
         self.node = env.topology.node_of(engine_id)
+        self.rail = engine_id % env.topology.gpus_per_node  # local index: the CNIC's rail
         self.name = env.topology.engine_name(engine_id)
         self.clock = env.clock
         m = env.config.model
@@ -99,14 +100,17 @@ class Engine:
         )
         return nic
 
-    def _route(self, node: int, remote: int, receive: bool) -> list[Pacer]:
+    def _route(self, node: int, receive: bool) -> list[Pacer]:
         """The links a KV transfer between this engine's HBM and node ``node``'s buffer
-        crosses: this CNIC (rx to receive, tx to send), the remote engine's CNIC (the other
-        direction) when the buffer is on another node, and the node's DRAM."""
-        route = [self.cnic.rx if receive else self.cnic.tx]
-        if node != self.node and remote >= 0 and self.env.links:
-            far = self.cnic_of(remote)
-            route.append(far.tx if receive else far.rx)
+        crosses (as the simulator routes it, docs/simulator.md): to another node, this CNIC
+        (rx to receive, tx to send) and the other direction of that node's CNIC on the same
+        rail (the engine with this engine's local index); within the node, a loopback through
+        both directions of this CNIC; either way the node's DRAM."""
+        if node == self.node:
+            route = [self.cnic.rx, self.cnic.tx]
+        else:
+            far = self.cnic_of(node * self.env.topology.gpus_per_node + self.rail)
+            route = [self.cnic.rx, far.tx] if receive else [self.cnic.tx, far.rx]
         link = self.env.dram_link(node)
         if link is not None:
             if node not in self._drams:
@@ -123,15 +127,13 @@ class Engine:
         first: int,
         num_tokens: int,
         page: int,
-        remote: int = -1,
     ) -> tuple[int, Transfer]:
         """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
-        buffer → the same rows of HBM page ``page`` (paced on this CNIC's receive side, the
-        sending side's CNIC ``remote`` and the node's DRAM); the caller waits on the transfer,
-        so several can be outstanding (a window)."""
+        buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``); the
+        caller waits on the transfer, so several can be outstanding (a window)."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            transfer_all(self._route(node, remote, True), nbytes, TrafficClass.LOW, self._pace_pool)
+            transfer_all(self._route(node, True), nbytes, TrafficClass.LOW, self._pace_pool)
         spec = self.env.buffers[node]
         src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.read(
@@ -147,16 +149,12 @@ class Engine:
         first: int,
         num_tokens: int,
         page: int,
-        remote: int = -1,
     ) -> tuple[int, Transfer]:
         """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
-        Block ``layer`` (paced on this CNIC's send side, the receiving CNIC ``remote`` and the
-        node's DRAM); the caller waits on the transfer."""
+        Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            transfer_all(
-                self._route(node, remote, False), nbytes, TrafficClass.LOW, self._pace_pool
-            )
+            transfer_all(self._route(node, False), nbytes, TrafficClass.LOW, self._pace_pool)
         spec = self.env.buffers[node]
         dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.write(

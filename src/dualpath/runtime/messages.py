@@ -91,7 +91,6 @@ class ChunkWork:
     de_slots: tuple[int, ...]
     send_from: int
     is_last: bool
-    de_engine: int = -1  # the request's DE: its CNIC carries the DE-buffer side of transfers
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ class PrefillEngine(Engine):
             hit = b * self.block_tokens < c.hit
             node = c.hit_node if hit else c.de_node
             slot = c.hit_slots[b] if hit else c.de_slots[b]
-            out.append(self.pull_nowait(node, slot, layer, 0, rows, table[b], c.de_engine))
+            out.append(self.pull_nowait(node, slot, layer, 0, rows, table[b]))
         return out
 
     def handle(self, msg: Any) -> None:
@@ -158,7 +158,7 @@ class PrefillEngine(Engine):
                         table = tables[layer][i]
                         for b, r, n in self._spans(c.send_from, c.cached + c.new):
                             nbytes, done = self.push_nowait(
-                                c.de_node, c.de_slots[b], layer, r, n, table[b], c.de_engine
+                                c.de_node, c.de_slots[b], layer, r, n, table[b]
                             )
                             moved["out"] += nbytes
                             window.add(done)

@@ -419,7 +419,7 @@ class Scheduler:
         return ChunkWork(
             req.rid, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
             tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(a.de),
-            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last, a.de,
+            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last,
         )  # fmt: skip
 
     def _forward_done(self, msg: ForwardDoneMsg) -> None:
