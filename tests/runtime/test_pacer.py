@@ -96,8 +96,6 @@ def test_a_shared_link_serialises_transfers_of_two_processes() -> None:
 
 
 def test_transfer_all_paces_every_link_and_a_dead_owners_ticket_is_skipped() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     import dualpath.runtime.pacer as pacer_mod
     from dualpath.runtime.pacer import transfer_all
 
@@ -112,8 +110,7 @@ def test_transfer_all_paces_every_link_and_a_dead_owners_ticket_is_skipped() -> 
     b.state[pacer_mod._NEXT + 1] = 1.0
     b.state[pacer_mod._OWNER + pacer_mod._RING] = dead
     links = [Pacer(50e6, "a", link=a), Pacer(10e6, "b", link=b)]  # type: ignore[arg-type]
-    with ThreadPoolExecutor(2) as pool:
-        transfer_all(links, 100_000, TrafficClass.LOW, pool)
+    transfer_all(links, 100_000, TrafficClass.LOW)
     assert links[0].stats.bytes_by_class[TrafficClass.LOW] == 100_000  # charged on both links
     assert links[1].stats.bytes_by_class[TrafficClass.LOW] == 100_000
     assert links[1].stats.busy_s == pytest.approx(0.01)

@@ -14,7 +14,6 @@ import os
 import queue
 import signal
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -77,7 +76,6 @@ class Engine:
         self._cnics: dict[int, NicPacer] = {}
         self.cnic = self.cnic_of(engine_id)
         self._drams: dict[int, Pacer] = {}
-        self._pace_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pace")
         self.ready_region: RegionHandle | None = None  # announced in the readiness ack
         self.paced = env.options.paced_kv
         self.layer_block_bytes = env.layout.layer_block_bytes
@@ -133,7 +131,7 @@ class Engine:
         caller waits on the transfer, so several can be outstanding (a window)."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            transfer_all(self._route(node, True), nbytes, TrafficClass.LOW, self._pace_pool)
+            transfer_all(self._route(node, True), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.read(
@@ -154,7 +152,7 @@ class Engine:
         Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            transfer_all(self._route(node, False), nbytes, TrafficClass.LOW, self._pace_pool)
+            transfer_all(self._route(node, False), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.write(
@@ -193,7 +191,6 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        self._pace_pool.shutdown(wait=False)
         self.transport.close()
 
 

@@ -22,7 +22,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,13 +124,18 @@ class Pacer:
         return min(waiting, key=lambda i: (self._s[_SERVED + i], i))
 
     def transfer(self, nbytes: int, klass: TrafficClass = TrafficClass.LOW) -> None:
-        """Block until ``nbytes`` have crossed the link in class ``klass``.
+        """Block until ``nbytes`` have crossed the link in class ``klass``."""
+        self._sleep_until(self.reserve(nbytes, klass))
+
+    def reserve(self, nbytes: int, klass: TrafficClass = TrafficClass.LOW) -> float:
+        """Reserve the link for ``nbytes`` in class ``klass``; returns when the bytes will
+        have arrived (clock time). Blocks only while the link is busy with earlier quanta.
 
         The transfer keeps its place in its class's FIFO until its last quantum is granted,
         and requests each quantum while the previous one is still in flight (link never idles
         between quanta of a busy class)."""
         if nbytes <= 0:
-            return
+            return self._clock()
         i, s = _ix(klass), self._s
         with self._cond:
             if not self._waiting(i):  # an idle class does not bank credit while away
@@ -149,8 +153,7 @@ class Pacer:
                 remaining -= chunk
             s[_HEAD + i] = max(s[_HEAD + i], ticket + 1)
             self._cond.notify_all()
-            finish = s[_BUSY_UNTIL]
-        self._sleep_until(finish)
+            return float(s[_BUSY_UNTIL])
 
     def _grant(self, nbytes: int, i: int, ticket: float) -> None:
         """Wait (lock held) until ``ticket`` may send its next quantum, then reserve the link."""
@@ -192,23 +195,15 @@ class Pacer:
             self._sleep(delay)
 
 
-def transfer_all(
-    pacers: Sequence[Pacer], nbytes: int, klass: TrafficClass, pool: Executor | None
-) -> None:
-    """Charge one transfer on every link it crosses (sender's tx, receiver's rx, DRAM): each
-    link paces it independently and the bytes have arrived when the slowest link has carried
-    them (links in parallel, cut-through, never the sum). The first link is charged in the
-    calling thread, the others on ``pool``."""
+def transfer_all(pacers: Sequence[Pacer], nbytes: int, klass: TrafficClass) -> None:
+    """Charge one transfer on every link it crosses (sender's tx, receiver's rx, DRAM): it is
+    reserved on each link in turn (never holding one link's queue while waiting for another,
+    so there is no deadlock) and has arrived when the slowest link has carried it: links in
+    parallel, cut-through, never the sum of their times."""
     if not pacers:
         return
-    if len(pacers) == 1 or pool is None:
-        for p in pacers:  # no pool: in turn (tests, single links)
-            p.transfer(nbytes, klass)
-        return
-    others = [pool.submit(p.transfer, nbytes, klass) for p in pacers[1:]]
-    pacers[0].transfer(nbytes, klass)
-    for f in others:
-        f.result()
+    finish = max(p.reserve(nbytes, klass) for p in pacers)
+    pacers[0]._sleep_until(finish)
 
 
 @dataclass(slots=True)

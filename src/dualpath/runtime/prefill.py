@@ -52,7 +52,7 @@ class PrefillEngine(Engine):
     def _charge_collective(self, peer: int, nbytes: int) -> None:
         """HIGH on this CNIC's tx and the peer's rx (collectives are paced in every system)."""
         route = [self.cnic.tx, self.cnic_of(peer).rx]
-        transfer_all(route, nbytes, TrafficClass.HIGH, self._pace_pool)
+        transfer_all(route, nbytes, TrafficClass.HIGH)
 
     def close(self) -> None:
         super().close()

@@ -94,7 +94,6 @@ class StorageWorker:
         ]  # fmt: skip
         self.read_route = [self.snic_read, *dram]
         self.write_route = [self.snic_write, *dram]
-        self.pace_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pace")
         self.paced = env.options.paced_kv
         self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
@@ -106,7 +105,7 @@ class StorageWorker:
     def _read_one(self, key: str, slot: int) -> bool:
         if self.paced:
             nbytes = self.store.layout.full_block_bytes
-            transfer_all(self.read_route, nbytes, TrafficClass.LOW, self.pace_pool)
+            transfer_all(self.read_route, nbytes, TrafficClass.LOW)
         try:
             self.store.read_block(key, self.buffer.slot(slot))
         except BlockCorrupt:
@@ -127,7 +126,7 @@ class StorageWorker:
         while (msg := self.writes.get()) is not None:
             if self.paced:
                 nbytes = self.store.layout.full_block_bytes
-                transfer_all(self.write_route, nbytes, TrafficClass.LOW, self.pace_pool)
+                transfer_all(self.write_route, nbytes, TrafficClass.LOW)
             try:
                 err = persist_with_retry(self.store, msg.key, self.buffer.slot(msg.slot))
             except Exception as bug:  # not an I/O error: fail the run, loudly
