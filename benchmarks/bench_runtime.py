@@ -10,6 +10,8 @@ Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--age
 - ``hbm``: Basic vs +Layer (``layer``) under a small HBM pool, many agents starting together
   so that requests queue at the PE: tokens per pass (from the forward plans) and prefill
   throughput.
+- ``window``: Oracle (unpaced), one request per pass, cached prefixes: prefill speed with
+  ``--windows`` transfers outstanding per engine thread, per ``--transport``.
 - ``jct``: storage-bound 1P1D, the agentic workload (SPEC §9, scaled down), each system on a
   fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2.
 """
@@ -120,6 +122,29 @@ def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
               f"{jct:.1f} |")  # fmt: skip
 
 
+def part_window(cfg: Config, args: argparse.Namespace) -> None:
+    """Transport latency vs the transfer window: Oracle (no pacing), so a pass's Layer Block
+    loads wait only on the transport; turn 2 of each agent loads a 1024-token cached prefix
+    (16 Layer Blocks per layer) and computes a 32-token append."""
+    print(f"\n## transfer window: {args.concurrent} agents x 2 turns (1024 tokens, then +32 on "
+          "the cached prefix), Oracle (unpaced), 1 PE + 1 DE, one request per pass")  # fmt: skip
+    print("| transport | window | passes | prefill tok/s (Σ pass time) | mean pass ms | JCT s |")
+    print("|---|---|---|---|---|---|")
+    agents = _agents(args.concurrent, (1024, 32), (1, 1), seed=11)
+    for transport in args.transport.split(","):
+        for window in (int(w) for w in args.windows.split(",")):
+            fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
+            opts = RuntimeOptions(
+                system="oracle", transport=transport, transfer_window=window, batching=False
+            )
+            res = _run(cfg, opts, fresh, args.kv_root)
+            recs = res.records
+            jct = max(r.finish_s for r in recs) - min(r.arrival_s for r in recs)
+            print(f"| {transport} | {window} | {res.forward_passes} | "
+                  f"{res.pass_new_tokens / res.pass_busy_s:,.0f} | "
+                  f"{1e3 * res.pass_busy_s / res.forward_passes:.1f} | {jct:.1f} |")  # fmt: skip
+
+
 def part_jct(cfg: Config, args: argparse.Namespace) -> None:
     cfg = replace(
         cfg,
@@ -165,6 +190,8 @@ def main() -> None:
         part_batch(one, args)
     if "hbm" in parts:
         part_hbm(replace(one, hardware=replace(one.hardware, snic_bytes_per_s=1e9)), args)
+    if "window" in parts:
+        part_window(one, args)
     if "jct" in parts:
         part_jct(base, args)
 
