@@ -102,7 +102,7 @@ def test_transfer_all_paces_every_link_and_a_dead_owners_ticket_is_skipped() -> 
     class _Local:  # SharedLink's shape over in-process state (no other process needed)
         def __init__(self) -> None:
             self.state = [0.0] * pacer_mod._STATE_LEN
-            self.cond = threading.Condition()
+            self.lock = threading.Lock()
 
     a, b = _Local(), _Local()
     dead = 2**22 + 4321  # beyond pid_max: no such process

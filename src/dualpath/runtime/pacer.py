@@ -34,7 +34,8 @@ _SERVED, _NEXT, _HEAD, _BYTES = 2, 4, 6, 8  # + class index (HIGH 0, LOW 1)
 _RING = 256  # owner pid of ticket t of class i at _OWNER + i·_RING + t % _RING
 _OWNER = 10
 _STATE_LEN = _OWNER + 2 * _RING
-_STALE_CHECK_S = 0.2  # how often a waiter behind an idle link checks the head's owner
+_STALE_CHECK_S = 0.2  # a waiter behind an idle link this long checks the head's owner
+_POLL_S = 2e-4  # a cross-process waiter re-checks the link this often
 
 
 def _pid_alive(pid: int) -> bool:
@@ -65,15 +66,43 @@ class PacerStats:
 
 @dataclass(frozen=True, slots=True)
 class SharedLink:
-    """One link's state in shared memory plus the condition that guards it; created by the
-    parent (``create``) and handed to child processes at spawn."""
+    """One link's state in shared memory plus the lock that guards it; created by the parent
+    (``create``) and handed to child processes at spawn."""
 
     state: Any  # multiprocessing RawArray("d", _STATE_LEN)
-    cond: Any  # multiprocessing Condition
+    lock: Any  # multiprocessing Lock
 
     @classmethod
     def create(cls, ctx: Any) -> SharedLink:
-        return cls(ctx.RawArray("d", _STATE_LEN), ctx.Condition(ctx.Lock()))
+        return cls(ctx.RawArray("d", _STATE_LEN), ctx.Lock())
+
+
+class _PollingCondition:
+    """The condition interface over a cross-process lock: ``wait`` releases the lock and
+    sleeps (its timeout: the link is busy until then, so nothing can be granted earlier; or,
+    without one, ``_POLL_S``) instead of being notified. A multiprocessing Condition's
+    ``notify_all`` blocks until every sleeper has woken, which on a loaded host costs a
+    context switch per waiter on every grant."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> bool:
+        return bool(self._lock.acquire())
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._lock.release()
+        try:
+            time.sleep(_POLL_S if timeout is None else max(0.0, timeout))
+        finally:
+            self._lock.acquire()
+        return timeout is None
+
+    def notify_all(self) -> None:
+        return None
 
 
 class Pacer:
@@ -102,7 +131,7 @@ class Pacer:
         self._clock = clock
         self._sleep = sleep
         self._s: Any = link.state if link is not None else [0.0] * _STATE_LEN
-        self._cond: Any = link.cond if link is not None else threading.Condition()
+        self._cond: Any = _PollingCondition(link.lock) if link else threading.Condition()
         self._shared = link is not None
         self.grant_log: list[TrafficClass] | None = None  # set to [] to record grant order
 
@@ -158,6 +187,7 @@ class Pacer:
     def _grant(self, nbytes: int, i: int, ticket: float) -> None:
         """Wait (lock held) until ``ticket`` may send its next quantum, then reserve the link."""
         s = self._s
+        idle_since: float | None = None
         while True:
             now = self._clock()
             lead_s = s[_BUSY_UNTIL] - now
@@ -165,9 +195,13 @@ class Pacer:
                 break
             if lead_s > self._slack_s:
                 self._cond.wait(timeout=lead_s - self._slack_s)
+                idle_since = None
             elif self._shared:  # idle link, not our turn: is the head's owner still alive?
-                if not self._cond.wait(timeout=_STALE_CHECK_S):
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since > _STALE_CHECK_S:
                     self._skip_dead_heads()
+                    idle_since = None
+                self._cond.wait()
             else:
                 self._cond.wait()
         s[_BUSY_UNTIL] = max(now, s[_BUSY_UNTIL]) + nbytes / self.rate_bytes_per_s
