@@ -81,6 +81,7 @@ class HiddenExchange:
         group: Sequence[int],
         charge: Callable[[int, int], None],
         timeout_s: float,
+        orphaned: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine_id = engine_id
         self.transport = transport
@@ -89,6 +90,7 @@ class HiddenExchange:
         self._mem = np.frombuffer(local_memory, dtype=np.uint8)
         self._charge = charge
         self._timeout_s = timeout_s
+        self._orphaned = orphaned  # the run is gone (parent died): stop waiting
         self._staging_bytes = bytearray(HEADER_BYTES + SLOT_BYTES)
         self._staging = np.frombuffer(self._staging_bytes, dtype=np.uint8)
         self._staging_handle = transport.register(
@@ -185,6 +187,8 @@ class HiddenExchange:
             if checks % 20 == 0 and not is_alive(plan.pids[j]):
                 self._lose(j, lost)
                 return None
+            if checks % 20 == 0 and self._orphaned():
+                raise RuntimeError("exchange: the scheduler is gone")
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"exchange: no valid hidden states from PE {plan.engines[j]} "

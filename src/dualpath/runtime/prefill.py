@@ -46,7 +46,7 @@ class PrefillEngine(Engine):
             self.exchange = HiddenExchange(
                 engine_id, self.transport, self.ready_region, shm.buf,
                 env.group_members(engine_id), self._charge_collective,
-                env.options.request_timeout_s,
+                env.options.request_timeout_s, lambda: not env.parent_alive(),
             )  # fmt: skip
 
     def _charge_collective(self, peer: int, nbytes: int) -> None:
