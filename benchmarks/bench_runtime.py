@@ -7,8 +7,11 @@ Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--age
   and per DE decode batch) and once batched. Prefill tokens/s = tokens computed by the PE's
   passes / Σ pass durations (engine-measured); decode tokens/s = tokens decoded after the
   first / (last finish − first first token). Both runs go through the same code path.
-- ``hbm``: Basic vs +Layer (``layer``) under a small HBM pool: requests with long cached
-  prefixes; mean chunks per pass and the most tokens one pass held.
+- ``hbm``: Basic vs +Layer (``layer``) under a small HBM pool, many agents starting together
+  so that requests queue at the PE: tokens per pass (from the forward plans) and prefill
+  throughput.
+- ``window``: Oracle (unpaced), one request per pass, cached prefixes: prefill speed with
+  ``--windows`` transfers outstanding per engine thread, per ``--transport``.
 - ``jct``: storage-bound 1P1D, the agentic workload (SPEC §9, scaled down), each system on a
   fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2.
 """
@@ -21,6 +24,7 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from dualpath.cli.runtime_cmd import format_runs, run_runtime_systems
 from dualpath.config import Config, preset
@@ -35,6 +39,19 @@ def _run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: s
     try:
         with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
             return rt.run(agents)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_logged(
+    cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: str
+) -> tuple[RunResult, list[Any]]:
+    """``_run`` that also returns the scheduler's policy log (its forward plans)."""
+    Path(kv_root).mkdir(parents=True, exist_ok=True)
+    root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
+    try:
+        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+            return rt.run(agents), rt.scheduler.policy_log
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -76,18 +93,58 @@ def part_batch(cfg: Config, args: argparse.Namespace) -> None:
 
 
 def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
-    hbm = args.hbm_tokens
-    print(f"\n## Basic vs +Layer under an HBM pool of {hbm} tokens (all layers), "
-          f"{args.concurrent} agents x 2 turns, cached prefix then a short append")  # fmt: skip
-    print("| system | mean chunks/pass | most tokens in one pass | passes | chunked | JCT s |")
-    print("|---|---|---|---|---|---|")
-    agents = _agents(args.concurrent, (1000, 32), (1, 1), seed=7)
+    """SPEC §8's larger batch: many agents start together, so requests queue at the PE, and
+    every pass is packed up to the HBM budget (Basic: all layers of the batch resident;
+    +Layer: two layers)."""
+    hbm, n = args.hbm_tokens, args.hbm_agents
+    print(f"\n## Basic vs +Layer under a PE HBM pool of {hbm} tokens (all layers; DE: default): {n} agents "
+          f"start together, turn 1 = {args.hbm_prompt} new tokens, turn 2 = +32 after the "
+          "cached prefix; 1 PE + 1 DE, SNIC 1 GB/s")  # fmt: skip
+    print(
+        "| system | passes | mean chunks/pass | mean tokens/pass (cached+new) | most tokens "
+        "in a pass | prefill tok/s (Σ pass time) | prefill tok/s (makespan) | JCT s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    agents = _agents(n, (args.hbm_prompt, 32), (1, 1), seed=7)
     for system in ("basic", "layer"):
         fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
-        res = _run(cfg, RuntimeOptions(system=system, hbm_tokens=hbm), fresh, args.kv_root)
-        jct = max(r.finish_s for r in res.records) - min(r.arrival_s for r in res.records)
-        print(f"| {system} | {res.mean_batch:.2f} | {res.max_pass_tokens} | "
-              f"{res.forward_passes} | {res.chunked} | {jct:.1f} |")  # fmt: skip
+        opts = RuntimeOptions(system=system, pe_hbm_tokens=hbm)  # the DEs keep the default
+        res, log = _run_logged(cfg, opts, fresh, args.kv_root)
+        plans = [batch for kind, _, _, batch in log if kind == "plan"]
+        tokens = [sum(c.cached + c.new for c in b.chunks) for b in plans]
+        recs = res.records
+        span = max(r.first_token_s for r in recs) - min(r.arrival_s for r in recs)
+        computed = sum(r.prompt_tokens - r.hit_tokens for r in recs)
+        jct = max(r.finish_s for r in recs) - min(r.arrival_s for r in recs)
+        print(f"| {system} | {len(plans)} | {res.mean_batch:.2f} | "
+              f"{sum(tokens) / len(tokens):,.0f} | {max(tokens):,} | "
+              f"{res.pass_new_tokens / res.pass_busy_s:,.0f} | {computed / span:,.0f} | "
+              f"{jct:.1f} |")  # fmt: skip
+
+
+def part_window(cfg: Config, args: argparse.Namespace) -> None:
+    """Transport latency vs the transfer window: Oracle (no pacing), so a pass's Layer Block
+    loads wait only on the transport; turn 2 of each agent loads a 1024-token cached prefix
+    (16 Layer Blocks per layer) and computes a 32-token append."""
+    print(f"\n## transfer window: {args.concurrent} agents x 2 turns (1024 tokens, then +32 on "
+          "the cached prefix), Oracle (unpaced), 1 PE + 1 DE, one request per pass")  # fmt: skip
+    print("| transport | window | turn-2 prefill ms mean (p50) | all passes: mean ms | JCT s |")
+    print("|---|---|---|---|---|")
+    agents = _agents(args.concurrent, (1024, 32), (1, 1), seed=11)
+    for transport in args.transport.split(","):
+        for window in (int(w) for w in args.windows.split(",")):
+            fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
+            opts = RuntimeOptions(
+                system="oracle", transport=transport, transfer_window=window, batching=False
+            )
+            res = _run(cfg, opts, fresh, args.kv_root)
+            recs = res.records
+            jct = max(r.finish_s for r in recs) - min(r.arrival_s for r in recs)
+            # turn 2: one pass that loads the cached prefix's 64 Layer Blocks, then 32 tokens
+            hits = sorted(1e3 * (r.first_token_s - r.prefill_start_s) for r in recs if r.hit_tokens)
+            print(f"| {transport} | {window} | {sum(hits) / len(hits):.1f} "
+                  f"({hits[len(hits) // 2]:.1f}) | "
+                  f"{1e3 * res.pass_busy_s / res.forward_passes:.1f} | {jct:.1f} |")  # fmt: skip
 
 
 def part_jct(cfg: Config, args: argparse.Namespace) -> None:
@@ -96,16 +153,18 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
         hardware=replace(cfg.hardware, gpus_per_node=2, snic_bytes_per_s=args.snic_mb_per_s * 1e6),
         workload=replace(cfg.workload, num_agents=args.agents),
     )
-    runs = run_runtime_systems(
-        cfg, args.systems.split(","), args.turns, args.token_scale, args.max_gen, args.kv_root,
-        False, args.transport,
-    )  # fmt: skip
-    print(
-        f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {args.snic_mb_per_s:g} MB/s, "
-        f"{args.agents} agents x {args.turns} turns, transport {args.transport}; "
-        "ideal DualPath/Basic speedup (P+D)/P = 2"
-    )
-    print(format_runs(runs))
+    for transport in args.transport.split(","):
+        for window in (int(w) for w in args.windows.split(",")):
+            runs = run_runtime_systems(
+                cfg, args.systems.split(","), args.turns, args.token_scale, args.max_gen,
+                args.kv_root, False, transport, window,
+            )  # fmt: skip
+            print(
+                f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {args.snic_mb_per_s:g} MB/s,"
+                f" {args.agents} agents x {args.turns} turns, transport {transport}, transfer "
+                f"window {window}; ideal DualPath/Basic speedup (P+D)/P = 2"
+            )
+            print(format_runs(runs))
 
 
 def main() -> None:
@@ -113,7 +172,9 @@ def main() -> None:
     ap.add_argument("--parts", default="batch,hbm,jct")
     ap.add_argument("--concurrent", type=int, default=16, help="requests in the batch / hbm parts")
     ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--hbm-tokens", type=int, default=4096)
+    ap.add_argument("--hbm-tokens", type=int, default=2048, help="PE/DE HBM pool (hbm part)")
+    ap.add_argument("--hbm-agents", type=int, default=32, help="agents of the hbm part")
+    ap.add_argument("--hbm-prompt", type=int, default=512, help="turn-1 tokens (hbm part)")
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--snic-mb-per-s", type=float, default=30.0, help="emulated SNIC, MB/s")
@@ -121,7 +182,8 @@ def main() -> None:
     ap.add_argument("--max-gen", type=int, default=4)
     ap.add_argument("--systems", default="basic,dualpath")
     ap.add_argument("--kv-root", default="./.dualpath/bench-kv")
-    ap.add_argument("--transport", default="shm", help="shm or mooncake")
+    ap.add_argument("--transport", default="shm", help="shm, mooncake or both: shm,mooncake")
+    ap.add_argument("--windows", default="16", help="transfer windows to run, e.g. 1,16")
     args = ap.parse_args()
     base = preset("tiny-1p1d")
     one = replace(base, hardware=replace(base.hardware, gpus_per_node=1))
@@ -130,6 +192,8 @@ def main() -> None:
         part_batch(one, args)
     if "hbm" in parts:
         part_hbm(replace(one, hardware=replace(one.hardware, snic_bytes_per_s=1e9)), args)
+    if "window" in parts:
+        part_window(one, args)
     if "jct" in parts:
         part_jct(base, args)
 

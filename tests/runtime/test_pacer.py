@@ -67,3 +67,51 @@ def test_bad_parameters_are_rejected() -> None:
         Pacer(1e6, low_weight=1.0)
     nic = NicPacer.of(1e9, "cnic0")
     assert nic.tx.name == "cnic0.tx" and nic.rx.rate_bytes_per_s == 1e9
+
+
+def _charge_shared(link: object, nbytes: int) -> None:
+    Pacer(10e6, "shared", link=link).transfer(nbytes, TrafficClass.LOW)  # type: ignore[arg-type]
+
+
+def test_a_shared_link_serialises_transfers_of_two_processes() -> None:
+    import multiprocessing as mp
+    import time
+
+    from dualpath.runtime.pacer import SharedLink
+
+    ctx = mp.get_context("spawn")
+    link = SharedLink.create(ctx)
+    start = time.monotonic()
+    procs = [ctx.Process(target=_charge_shared, args=(link, 1_000_000)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    mine = Pacer(10e6, "shared", link=link)  # this process sees both processes' charges
+    assert mine.stats.bytes_by_class[TrafficClass.LOW] == 2_000_000
+    assert mine.stats.busy_s == pytest.approx(0.2)
+    # one link: the two 0.1 s transfers were reserved one after the other, not side by side
+    assert link.state[0] - start >= 0.2  # the link's reservation horizon
+
+
+def test_transfer_all_paces_every_link_and_a_dead_owners_ticket_is_skipped() -> None:
+    import dualpath.runtime.pacer as pacer_mod
+    from dualpath.runtime.pacer import transfer_all
+
+    class _Local:  # SharedLink's shape over in-process state (no other process needed)
+        def __init__(self) -> None:
+            self.state = [0.0] * pacer_mod._STATE_LEN
+            self.lock = threading.Lock()
+
+    a, b = _Local(), _Local()
+    dead = 2**22 + 4321  # beyond pid_max: no such process
+    # a LOW ticket of a dead process heads link b's queue (it died while queued)
+    b.state[pacer_mod._NEXT + 1] = 1.0
+    b.state[pacer_mod._OWNER + pacer_mod._RING] = dead
+    links = [Pacer(50e6, "a", link=a), Pacer(10e6, "b", link=b)]  # type: ignore[arg-type]
+    transfer_all(links, 100_000, TrafficClass.LOW)
+    assert links[0].stats.bytes_by_class[TrafficClass.LOW] == 100_000  # charged on both links
+    assert links[1].stats.bytes_by_class[TrafficClass.LOW] == 100_000
+    assert links[1].stats.busy_s == pytest.approx(0.01)
+    assert b.state[pacer_mod._HEAD + 1] == 2.0  # the dead ticket and ours both passed

@@ -14,6 +14,7 @@ from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
 from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.types import TrafficClass
 from dualpath.workload import persisted_tokens
 
 from .conftest import assert_no_processes, reference_outputs, replay_policy_log, small_config
@@ -280,3 +281,48 @@ def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
         assert not loop.is_alive()
         pids = rt.pids()
     assert_no_processes(pids)
+
+
+def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Path) -> None:
+    cfg = small_config(gpus_per_node=2)  # PEs 0, 1 form a group; DEs 2, 3 on node 1
+    cfg = replace(cfg, scheduler=replace(cfg.scheduler, compute_quota_s=0.01))  # forces chunks
+    agents = _agents(4, 2, seed=5)
+    want = reference_outputs(cfg, agents)
+    opts = RuntimeOptions(kv_root=str(tmp_path), transfer_window=2, pe_hbm_tokens=1024)
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+        links = rt.launcher.link_stats()
+        free = dict(rt.scheduler.free_pages)
+    # batched, chunked, paged (a small PE pool), both load paths, the exchange, a window of 2:
+    # the same tokens as recompute
+    assert result.outputs == want
+    assert result.chunked > 0 and result.mean_batch > 1.0
+    assert {r.read_side for r in result.records if r.hit_tokens} == {"pe", "de"}
+    assert free[0] == free[1] == 1024 // 64 * cfg.model.num_layers  # every PE page back
+    high, low = TrafficClass.HIGH, TrafficClass.LOW
+    row = cfg.model.hidden_size * 4 * cfg.model.num_layers
+    sent = [links[f"pe{e}@node0.tx"].bytes_by_class[high] for e in (0, 1)]
+    got = [links[f"pe{e}@node0.rx"].bytes_by_class[high] for e in (0, 1)]
+    assert sent[0] > 0 and sent[1] > 0  # the PEs exchanged hidden states (real all-gather)
+    assert sent == got[::-1]  # each send charged on the sender's tx and the peer's rx
+    assert sent[0] % row == 0 and sent[1] % row == 0  # whole tokens × every layer
+    paths = result.bytes_by_path
+
+    def total(names: list[str], klass: TrafficClass = low) -> int:
+        return sum(links[n].bytes_by_class[klass] for n in names)
+
+    pe_tx, pe_rx = ["pe0@node0.tx", "pe1@node0.tx"], ["pe0@node0.rx", "pe1@node0.rx"]
+    de_tx, de_rx = ["de2@node1.tx", "de3@node1.tx"], ["de2@node1.rx", "de3@node1.rx"]
+    assert paths["pe_to_de_buffer"] > 0 and paths["persisted"] > 0
+    assert total(pe_rx) == paths["layer_blocks_to_pe"]  # every Layer Block load
+    # the DE node's CNICs carry the PEs' sends too (both ends charged), plus the DEs'
+    # loopback H2D and persist copies (both directions of their own CNIC)
+    assert total(de_rx) == paths["pe_to_de_buffer"] + paths["de_buffer_to_hbm"] + paths["persisted"]
+    # every byte left through one tx: a PE's (its sends, loopback loads from the PE buffer)
+    # or a DE's (loads from the DE buffer, loopback H2D and persist copies)
+    sent = sum(paths[k] for k in ("pe_to_de_buffer", "layer_blocks_to_pe", "de_buffer_to_hbm"))
+    sent += paths["persisted"]
+    assert total(pe_tx) + total(de_tx) == sent
+    assert total(de_tx) > paths["persisted"]  # the DE read path carried layer loads
+    assert links["dram@node1"].bytes_by_class[low] >= total(de_rx)  # DRAM paced per node
+    assert links["dram@node0"].bytes_by_class[low] > 0

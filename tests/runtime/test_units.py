@@ -39,16 +39,6 @@ def test_topology_groups_agree_with_the_simulator_at_paper_scale() -> None:
     assert runtime.group_nodes(EngineKind.PE) == 2 and runtime.group_nodes(EngineKind.DE) == 4
 
 
-def test_collective_traffic_size() -> None:
-    pytest.importorskip("torch")
-    from dualpath.runtime.env import ProcEnv
-    from dualpath.runtime.prefill import collective_bytes_per_layer
-
-    cfg = preset("tiny-1p1d")
-    env = ProcEnv(cfg, RuntimeOptions(), Topology.from_config(cfg), (), (), None, (), 0.0, 0)
-    assert collective_bytes_per_layer(env, 100) == 100 * cfg.model.hidden_size * 4
-
-
 def test_agent_scripts_are_seeded_and_in_vocab() -> None:
     cfg = preset("tiny-1p1d")
     wl = replace(cfg.workload, num_agents=3)

@@ -43,15 +43,18 @@ def run_runtime_systems(
     transport: str = "shm",
     runtime: str = "local",
     ray_address: str = "",
+    transfer_window: int = 16,
 ) -> list[BenchRun]:
     """Run every system on the same agents; each on a fresh store under ``kv_root``. With
-    ``runtime="ray"`` one Ray session (``ray_address``, or a local instance) serves them all."""
+    ``runtime="ray"`` one Ray session (``ray_address``, or a local instance) serves them all
+    (``transfer_window``: see ``RuntimeOptions``)."""
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.runtime.workload import small_trajectories
 
     def options(system: str, root: str) -> RuntimeOptions:
         return RuntimeOptions(system=system, kv_root=root, transport=transport,
-                              runtime=runtime, ray_address=ray_address)  # fmt: skip
+                              runtime=runtime, ray_address=ray_address,
+                              transfer_window=transfer_window)  # fmt: skip
 
     for s in systems:
         options(s, kv_root)  # ValueError before anything starts

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from dualpath.runtime.buffer import SlotBuffer
-from dualpath.runtime.engine import Engine
+from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import (
@@ -86,12 +86,10 @@ class DecodeEngine(Engine):
         bt = self.block_tokens
         key = block_keys(r.tokens[: (block + 1) * bt], bt, self.env.namespace)[block]
         slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
-        window = [
-            self.push_nowait(self.node, slot, layer, 0, bt, r.tables[layer][block])[1]
-            for layer in range(self.model.num_layers)
-        ]
-        for done in window:
-            done.wait()
+        window = TransferWindow(self.env.options.transfer_window)
+        for layer in range(self.model.num_layers):
+            window.add(self.push_nowait(self.node, slot, layer, 0, bt, r.tables[layer][block])[1])
+        window.drain()
         self.storage.put(PersistMsg(key, slot))
         r.persisted.append(key)
 
@@ -112,15 +110,14 @@ class DecodeEngine(Engine):
             if msg.sampling is not None:
                 r.generator = msg.sampling.generator(1)
             num_prompt = len(msg.tokens)
-            window = []  # every Layer Block of the prompt in flight at once
+            window = TransferWindow(self.env.options.transfer_window)
             for b, slot in enumerate(msg.de_slots):
                 n = min(self.block_tokens, num_prompt - b * self.block_tokens)
                 for layer in range(layers):
                     nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, tables[layer][b])
                     r.bytes_in += nbytes
-                    window.append(done)
-            for done in window:
-                done.wait()
+                    window.add(done)
+            window.drain()
             self.env.results.put(LoadedMsg(msg.request_id, self.engine_id, self.pool.num_free))
             for b in range(msg.stored_blocks, num_prompt // self.block_tokens):
                 self._persist(r, b)

@@ -2,7 +2,10 @@
 
 "HBM" is an ``HbmPool`` of Layer-Block pages registered with the transport, so Layer Blocks
 land in it by transport and torch reads it in place. Every byte into or out of the engine
-passes its CNIC pacer (``rx`` in, ``tx`` out).
+passes its CNIC pacer (``rx`` in, ``tx`` out); a transfer to or from another node's buffer is
+also charged on that node's CNIC of the same rail, and every transfer touching a node buffer
+on the node's DRAM (shared links, ``pacer.transfer_all``). At most ``transfer_window``
+transfers of one engine thread are outstanding (``TransferWindow``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+from collections import deque
 from typing import Any
 
 import torch
@@ -18,12 +22,30 @@ from dualpath.runtime.env import ProcEnv, child_setup
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
 from dualpath.runtime.model import TinyTransformer
-from dualpath.runtime.pacer import NicPacer
+from dualpath.runtime.pacer import NicPacer, Pacer, transfer_all
 from dualpath.runtime.transport import make_transport
 from dualpath.runtime.transport.base import RegionHandle, Transfer
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5
+
+
+class TransferWindow:
+    """Issued transfers of one thread, at most ``size`` outstanding: adding one more waits
+    for the oldest, so transport latency overlaps the issuing of the next ones."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._open: deque[Transfer] = deque()
+
+    def add(self, transfer: Transfer) -> None:
+        self._open.append(transfer)
+        while len(self._open) > self.size:
+            self._open.popleft().wait()
+
+    def drain(self) -> None:
+        while self._open:
+            self._open.popleft().wait()
 
 
 class Engine:
@@ -34,6 +56,7 @@ class Engine:
         self.env = env
         self.engine_id = engine_id
         self.node = env.topology.node_of(engine_id)
+        self.rail = engine_id % env.topology.gpus_per_node  # local index: the CNIC's rail
         self.name = env.topology.engine_name(engine_id)
         self.clock = env.clock
         m = env.config.model
@@ -41,7 +64,7 @@ class Engine:
         self.row_bytes = m.kv_bytes_per_token_per_layer
         self.block_tokens = env.block_tokens
         self.pool = HbmPool(
-            env.options.hbm_pages(m.num_layers, self.block_tokens),
+            env.options.hbm_pages(m.num_layers, self.block_tokens, env.topology.is_pe(engine_id)),
             self.block_tokens,
             m.num_kv_heads,
             m.head_dim,
@@ -50,9 +73,10 @@ class Engine:
         self.hbm: RegionHandle = self.transport.register(
             f"hbm{engine_id}", memoryview(self.pool.region)
         )
-        self.cnic = NicPacer.of(
-            env.config.hardware.cnic_bytes_per_s, f"cnic{engine_id}", clock=self.clock.now
-        )
+        self._cnics: dict[int, NicPacer] = {}
+        self.cnic = self.cnic_of(engine_id)
+        self._drams: dict[int, Pacer] = {}
+        self.ready_region: RegionHandle | None = None  # announced in the readiness ack
         env.publish_nic_busy(f"cnic_engine{engine_id}_tx", [self.cnic.tx, self.cnic.rx])
         self.paced = env.options.paced_kv
         self.layer_block_bytes = env.layout.layer_block_bytes
@@ -62,15 +86,53 @@ class Engine:
         empty = self.model.empty_kv()
         self.model.forward_batch([[0], [0, 1]], lambda layer: [empty, empty])
 
+    def cnic_of(self, engine: int) -> NicPacer:
+        """Engine ``engine``'s CNIC (shared links, so this process's charges contend with its
+        owner's)."""
+        if engine in self._cnics:
+            return self._cnics[engine]
+        nic = self._cnics[engine] = NicPacer.of(
+            self.env.config.hardware.cnic_bytes_per_s,
+            f"cnic{engine}",
+            clock=self.clock.now,
+            links=self.env.cnic_links(engine),
+        )
+        return nic
+
+    def _route(self, node: int, receive: bool) -> list[Pacer]:
+        """The links a KV transfer between this engine's HBM and node ``node``'s buffer
+        crosses (as the simulator routes it, docs/simulator.md): to another node, this CNIC
+        (rx to receive, tx to send) and the other direction of that node's CNIC on the same
+        rail (the engine with this engine's local index); within the node, a loopback through
+        both directions of this CNIC; either way the node's DRAM."""
+        if node == self.node:
+            route = [self.cnic.rx, self.cnic.tx]
+        else:
+            far = self.cnic_of(node * self.env.topology.gpus_per_node + self.rail)
+            route = [self.cnic.rx, far.tx] if receive else [self.cnic.tx, far.rx]
+        link = self.env.dram_link(node)
+        if link is not None:
+            if node not in self._drams:
+                rate = self.env.config.hardware.dram_bytes_per_s
+                self._drams[node] = Pacer(rate, f"dram{node}", clock=self.clock.now, link=link)
+            route.append(self._drams[node])
+        return route
+
     def pull_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
     ) -> tuple[int, Transfer]:
         """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
-        buffer → the same rows of HBM page ``page`` (paced on the CNIC's receive side); the
+        buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``); the
         caller waits on the transfer, so several can be outstanding (a window)."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            self.cnic.rx.transfer(nbytes, TrafficClass.LOW)
+            transfer_all(self._route(node, True), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.read(
@@ -79,13 +141,19 @@ class Engine:
         return nbytes, done
 
     def push_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
     ) -> tuple[int, Transfer]:
         """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
-        Block ``layer`` (paced on the CNIC's send side); the caller waits on the transfer."""
+        Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            self.cnic.tx.transfer(nbytes, TrafficClass.LOW)
+            transfer_all(self._route(node, False), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
         done = self.transport.write(
@@ -104,7 +172,7 @@ class Engine:
         """One unit of that work (a DE's batched decode step), between messages."""
 
     def serve(self, inbox: Any) -> None:
-        self.env.results.put(ReadyMsg(self.name, os.getpid()))
+        self.env.results.put(ReadyMsg(self.name, os.getpid(), self.ready_region))
         while self.env.parent_alive():
             try:
                 msg = inbox.get_nowait() if self.has_work() else inbox.get(timeout=POLL_S)

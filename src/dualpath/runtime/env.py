@@ -92,6 +92,11 @@ class ProcEnv:
     slot_owners: tuple[Any, ...] = ()
     wall_clock: bool = False
     nic_busy: Any = None  # shared doubles: busy seconds of each NIC direction's pacer, below
+    # shared pacer links (``pacer.SharedLink``): engine e's CNIC tx at 2e, rx at 2e + 1, then
+    # node n's DRAM at 2·engines + n; empty: every process paces its own links only
+    links: tuple[Any, ...] = ()
+    # per PE (index = engine id): its hidden-state exchange segment ("" = none, group of one)
+    exchange_names: tuple[str, ...] = ()
 
     def heartbeat_slot(self, who: str) -> int:
         """Index of ``who``'s heartbeat: engines by id, then storage workers by node."""
@@ -154,6 +159,23 @@ class ProcEnv:
     @property
     def namespace(self) -> str:
         return kv_namespace(self.config, self.options.weight_seed, self.options.tenant)
+
+    def cnic_links(self, engine: int) -> tuple[Any, Any] | None:
+        """Shared (tx, rx) links of ``engine``'s CNIC, or None when links are per process."""
+        if not self.links:
+            return None
+        return self.links[2 * engine], self.links[2 * engine + 1]
+
+    def dram_link(self, node: int) -> Any:
+        """Shared link of ``node``'s DRAM (half duplex), or None."""
+        if not self.links:
+            return None
+        return self.links[2 * len(self.topology.engine_ids) + node]
+
+    def group_members(self, engine: int) -> tuple[int, ...]:
+        """The PEs of ``engine``'s group, in id order."""
+        g = self.topology.group_of(engine)
+        return tuple(e for e in self.topology.pe_ids if self.topology.group_of(e) == g)
 
     def attach_buffer(self, node: int) -> Any:
         """Node ``node``'s buffer (a ``SlotBuffer``, or its owner's remote allocator)."""

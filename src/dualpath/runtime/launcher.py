@@ -16,6 +16,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import replace
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ from dualpath.config import Config
 from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.engine import engine_main
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.exchange import region_bytes
 from dualpath.runtime.kvstore import BlockLayout
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.pacer import Pacer, PacerStats, SharedLink
 from dualpath.runtime.storage import storage_main
 from dualpath.runtime.topology import Topology
 from dualpath.runtime.transport.base import RegionHandle
@@ -81,6 +84,8 @@ class Launcher:
         self.env: ProcEnv | None = None
         self.heartbeats: Any = None  # RawArray of doubles, one per child (see ProcEnv)
         self.nic_busy: Any = None  # RawArray: busy seconds per NIC direction (see ProcEnv)
+        self.exchanges: list[SharedMemory] = []  # PEs' hidden-state exchange segments
+        self.engine_regions: dict[str, RegionHandle] = {}  # engine name → exchange region
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
@@ -102,9 +107,12 @@ class Launcher:
         storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
         self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         self.nic_busy = self.ctx.RawArray("d", 2 * (len(topo.engine_ids) + topo.num_nodes))
+        links = tuple(SharedLink.create(self.ctx)
+                      for _ in range(2 * len(topo.engine_ids) + topo.num_nodes))  # fmt: skip
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
                       storage_inboxes, time.monotonic(), os.getpid(),
-                      heartbeats=self.heartbeats, nic_busy=self.nic_busy)  # fmt: skip
+                      heartbeats=self.heartbeats, nic_busy=self.nic_busy, links=links,
+                      exchange_names=self._create_exchanges(tag, topo))  # fmt: skip
         self.env = env
         crash = self.options.faults.crash_storage
         for node in range(topo.num_nodes):
@@ -117,8 +125,22 @@ class Launcher:
         self.env = env
         for e in topo.engine_ids:
             self._spawn_engine(e, first=True)
-        self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
+        self.engine_regions = self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
         return env
+
+    def _create_exchanges(self, tag: str, topo: Topology) -> tuple[str, ...]:
+        """One shared-memory exchange segment per PE whose group has other PEs (sparse: only
+        pages written are backed)."""
+        names = []
+        for e in topo.pe_ids:
+            size = sum(1 for p in topo.pe_ids if topo.group_of(p) == topo.group_of(e))
+            if size < 2:
+                names.append("")
+                continue
+            shm = SharedMemory(name=f"{tag}-x{e}", create=True, size=region_bytes(size))
+            self.exchanges.append(shm)
+            names.append(shm.name)
+        return tuple(names)
 
     def _spawn(self, name: str, target: Any, args: tuple[Any, ...]) -> None:
         proc = self.ctx.Process(target=target, args=args, name=name, daemon=True)
@@ -177,6 +199,7 @@ class Launcher:
         old.join(timeout=1.0)
         assert self.env is not None
         self.heartbeats[self.env.heartbeat_slot(name)] = 0.0  # silent until its first beat
+        self.engine_regions.pop(name, None)  # until the new incarnation announces its own
         self._spawn_engine(engine, first=False)
 
     def respawn_storage(self, node: int) -> list[Any]:
@@ -246,6 +269,25 @@ class Launcher:
         for buf in self.buffers:
             buf.close()
         self.buffers.clear()
+        for shm in self.exchanges:
+            shm.close()
+            shm.unlink()
+        self.exchanges.clear()
+
+    def link_stats(self) -> dict[str, PacerStats]:
+        """Bytes per class and busy time of every shared link so far: each engine's CNIC
+        (``<engine>.tx`` / ``.rx``, charged by both ends of a transfer) and node DRAM."""
+        if self.env is None or not self.env.links:
+            return {}
+        hw, topo, out = self.config.hardware, self.topology, {}
+        for e in topo.engine_ids:
+            tx, rx = self.env.links[2 * e], self.env.links[2 * e + 1]
+            out[f"{topo.engine_name(e)}.tx"] = Pacer(hw.cnic_bytes_per_s, link=tx).stats
+            out[f"{topo.engine_name(e)}.rx"] = Pacer(hw.cnic_bytes_per_s, link=rx).stats
+        for n in range(topo.num_nodes):
+            link = self.env.links[2 * len(topo.engine_ids) + n]
+            out[f"dram@node{n}"] = Pacer(hw.dram_bytes_per_s, link=link).stats
+        return out
 
     def nic_busy_s(self) -> dict[str, float]:
         """Busy seconds of every emulated NIC direction so far, as its pacer counted them

@@ -96,6 +96,24 @@ class ChunkWork:
 
 
 @dataclass(frozen=True, slots=True)
+class ExchangePlan:
+    """One group pass's exchange, the same for every participant: ``pass_id`` (unique per
+    group pass), the participating PEs in group order, their exchange regions, their pids and
+    how many new tokens each computes in this pass."""
+
+    pass_id: int
+    engines: tuple[int, ...]
+    regions: tuple[RegionHandle, ...]
+    pids: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.engines)
+        if not (len(self.regions) == len(self.pids) == len(self.new_tokens) == n):
+            raise ValueError(f"ExchangePlan: {n} engines need as many regions, pids, token counts")
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardMsg:
     """PE: run one forward pass over ``chunks`` (the policy's plan for this PE).
     ``layerwise``: load/compute/send one layer at a time (SPEC §8), else every layer's KV of
@@ -103,6 +121,7 @@ class ForwardMsg:
 
     chunks: tuple[ChunkWork, ...]
     layerwise: bool
+    exchange: ExchangePlan | None = None  # the group's per-layer hidden-state all-gather
 
 
 @dataclass(frozen=True, slots=True)

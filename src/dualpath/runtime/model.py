@@ -207,12 +207,14 @@ class TinyTransformer:
         new_tokens: Sequence[Sequence[int]],
         get_pasts: PastsFn,
         on_layers: LayersHook | None = None,
+        on_hidden: Callable[[int, Tensor], None] | None = None,
     ) -> Tensor:
         """Batched layerwise forward of several sequences (prefill chunks or decode steps);
         returns the logits of each sequence's last new token, ``[B, vocab]``.
 
         ``get_pasts(layer)`` gives each sequence's cached KV (its length must not change
-        across layers); ``on_layers(layer, new_kvs)`` receives each sequence's new KV."""
+        across layers); ``on_layers(layer, new_kvs)`` receives each sequence's new KV;
+        ``on_hidden(layer, h)`` the layer's output hidden states ``[Σ new, hidden]``."""
         lens = [len(t) for t in new_tokens]
         if not lens or min(lens) < 1:
             raise ValueError(f"forward_batch needs >= 1 new token per sequence (got {lens})")
@@ -222,6 +224,8 @@ class TinyTransformer:
             h, news = self.layer_forward_batch(layer, h, lens, get_pasts(layer))
             if on_layers is not None:
                 on_layers(layer, news)
+            if on_hidden is not None:
+                on_hidden(layer, h)
         last = torch.tensor(lens).cumsum(0) - 1
         return self.logits(h[last])
 

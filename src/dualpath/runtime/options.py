@@ -34,18 +34,23 @@ class RuntimeOptions:
     (on a cluster, a shared file-system mount). ``tenant``: salt of the KV namespace, so one
     tenant never reads another's blocks. ``buffer_slots``: Full-Block slots per node
     buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``). ``hbm_tokens``: KV
-    capacity of each engine's paged HBM, in tokens of all layers (pages of one Layer Block).
+    capacity of each engine's paged HBM, in tokens of all layers (pages of one Layer Block);
+    ``pe_hbm_tokens`` overrides it for PEs.
     ``batching``: False runs one request per PE forward pass and per DE decode batch (the
-    one-at-a-time baseline of the benchmark). ``runtime``: ``local`` (processes on this host)
-    or ``ray`` (Ray actors placed per node, ``ray_address`` the cluster's GCS address, "" = a
-    local Ray instance); Ray needs a transport that crosses nodes (tcp or mooncake)."""
+    one-at-a-time baseline of the benchmark). ``transfer_window``: Layer-Block transfers one
+    engine thread keeps outstanding (1 = each waited for before the next is issued).
+    ``runtime``: ``local`` (processes on this host) or ``ray`` (Ray actors placed per node,
+    ``ray_address`` the cluster's GCS address, "" = a local Ray instance); Ray needs a
+    transport that crosses nodes (tcp or mooncake)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
     transport: str = "shm"
     buffer_slots: int = 0
     hbm_tokens: int = 65536
+    pe_hbm_tokens: int = 0  # the PEs' pool when it differs (0 = hbm_tokens)
     batching: bool = True
+    transfer_window: int = 16
     weight_seed: int = 0
     tenant: str = ""  # per-tenant salt of the KV namespace ("" = the one default tenant)
     direct_io: bool = False
@@ -77,12 +82,17 @@ class RuntimeOptions:
             )
         if self.hbm_tokens < 1:
             raise ValueError(f"hbm_tokens={self.hbm_tokens} is invalid: must be >= 1")
+        if self.pe_hbm_tokens < 0:
+            raise ValueError(f"pe_hbm_tokens={self.pe_hbm_tokens} is invalid: must be >= 0")
+        if self.transfer_window < 1:
+            raise ValueError(f"transfer_window={self.transfer_window} is invalid: must be >= 1")
         if self.buffer_slots < 0:
             raise ValueError(f"buffer_slots={self.buffer_slots} is invalid: must be >= 0")
 
-    def hbm_pages(self, num_layers: int, block_tokens: int) -> int:
-        """Pages (one Layer Block each) of an engine's HBM pool."""
-        return max(1, self.hbm_tokens // block_tokens) * num_layers
+    def hbm_pages(self, num_layers: int, block_tokens: int, pe: bool = False) -> int:
+        """Pages (one Layer Block each) of an engine's HBM pool (a PE's with ``pe``)."""
+        tokens = self.pe_hbm_tokens if pe and self.pe_hbm_tokens else self.hbm_tokens
+        return max(1, tokens // block_tokens) * num_layers
 
     @property
     def policy_name(self) -> str:

@@ -1,24 +1,53 @@
-"""Emulated NICs (SPEC §2, §6): a link of fixed bytes/s shared by two traffic classes.
+"""Emulated NICs and DRAM (SPEC §2, §6): a link of fixed bytes/s shared by two traffic classes.
 
-A ``Pacer`` is one direction of one NIC. Transfers are cut into quanta; each quantum reserves
-the link for ``quantum / rate`` seconds and the caller sleeps until its bytes have "arrived".
-Quanta are granted only when the link is (nearly) free, by weighted fair queueing between
-HIGH (model collectives, weight ≈ 99%) and LOW (KV, ≥ 1% floor, all idle capacity), which is
-what the CNIC's hardware weighted-round-robin arbiter does. Waiters sleep on a condition
-variable with a deadline: never a busy spin. Thread-safe, per process.
+A ``Pacer`` is one direction of one NIC (or a node's half-duplex DRAM). Transfers are cut into
+quanta; each quantum reserves the link for ``quantum / rate`` seconds and the caller sleeps
+until its bytes have "arrived". Quanta are granted only when the link is (nearly) free, by
+weighted fair queueing between HIGH (model collectives, weight ≈ 99%) and LOW (KV, ≥ 1%
+floor, all idle capacity), which is what the CNIC's hardware weighted-round-robin arbiter
+does. Waiters sleep on a condition variable with a deadline: never a busy spin.
+
+A link's state is either local to the process (threads share it) or a ``SharedLink`` in
+shared memory, so that several processes charge one link: a transfer between two engines is
+charged on the sender's ``tx`` and the receiver's ``rx`` (``transfer_all``), each engine
+owning its links. Each queued ticket records its process id: a waiter that finds the link
+idle behind the ticket of a dead process (e.g. a killed storage worker's) skips that ticket,
+so a crash never stalls a shared link. (A process killed while holding the link's lock, a
+few microseconds per grant, would still stall it.)
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dualpath.types import TrafficClass
 
 _CLASSES = (TrafficClass.HIGH, TrafficClass.LOW)
+# the link's state: one float64 each (exact for integer counters below 2**53)
+_BUSY_UNTIL, _BUSY_S = 0, 1
+_SERVED, _NEXT, _HEAD, _BYTES = 2, 4, 6, 8  # + class index (HIGH 0, LOW 1)
+_RING = 256  # owner pid of ticket t of class i at _OWNER + i·_RING + t % _RING
+_OWNER = 10
+_STATE_LEN = _OWNER + 2 * _RING
+_STALE_CHECK_S = 0.2  # a waiter behind an idle link this long checks the head's owner
+_POLL_S = 2e-4  # a cross-process waiter re-checks the link this often
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _ix(klass: TrafficClass) -> int:
+    return 0 if klass is TrafficClass.HIGH else 1
 
 
 @dataclass(slots=True)
@@ -35,8 +64,50 @@ class PacerStats:
         return sum(self.bytes_by_class.values())
 
 
+@dataclass(frozen=True, slots=True)
+class SharedLink:
+    """One link's state in shared memory plus the lock that guards it; created by the parent
+    (``create``) and handed to child processes at spawn."""
+
+    state: Any  # multiprocessing RawArray("d", _STATE_LEN)
+    lock: Any  # multiprocessing Lock
+
+    @classmethod
+    def create(cls, ctx: Any) -> SharedLink:
+        return cls(ctx.RawArray("d", _STATE_LEN), ctx.Lock())
+
+
+class _PollingCondition:
+    """The condition interface over a cross-process lock: ``wait`` releases the lock and
+    sleeps (its timeout: the link is busy until then, so nothing can be granted earlier; or,
+    without one, ``_POLL_S``) instead of being notified. A multiprocessing Condition's
+    ``notify_all`` blocks until every sleeper has woken, which on a loaded host costs a
+    context switch per waiter on every grant."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> bool:
+        return bool(self._lock.acquire())
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._lock.release()
+        try:
+            time.sleep(_POLL_S if timeout is None else max(0.0, timeout))
+        finally:
+            self._lock.acquire()
+        return timeout is None
+
+    def notify_all(self) -> None:
+        return None
+
+
 class Pacer:
-    """One direction of an emulated NIC at ``rate_bytes_per_s``."""
+    """One direction of an emulated NIC (or a DRAM) at ``rate_bytes_per_s``; ``link``: shared
+    state, so that other processes' pacers over the same link contend with this one."""
 
     def __init__(
         self,
@@ -46,6 +117,7 @@ class Pacer:
         quantum_s: float = 0.001,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        link: SharedLink | None = None,
     ) -> None:
         if rate_bytes_per_s <= 0:
             raise ValueError(f"{name}: rate_bytes_per_s={rate_bytes_per_s} must be > 0")
@@ -53,74 +125,119 @@ class Pacer:
             raise ValueError(f"{name}: low_weight={low_weight} must be in (0, 1)")
         self.name = name
         self.rate_bytes_per_s = rate_bytes_per_s
-        self._weights = {TrafficClass.HIGH: 1.0 - low_weight, TrafficClass.LOW: low_weight}
+        self._weights = (1.0 - low_weight, low_weight)  # HIGH, LOW
         self._quantum_bytes = max(4096, int(rate_bytes_per_s * quantum_s))
         self._slack_s = self._quantum_bytes / rate_bytes_per_s  # grant one quantum ahead
         self._clock = clock
         self._sleep = sleep
-        self._cond = threading.Condition()
-        self._queues: dict[TrafficClass, deque[int]] = {c: deque() for c in _CLASSES}
-        self._served: dict[TrafficClass, float] = {c: 0.0 for c in _CLASSES}  # bytes / weight
-        self._busy_until = 0.0
-        self._next_ticket = 0
-        self.stats = PacerStats()
+        self._s: Any = link.state if link is not None else [0.0] * _STATE_LEN
+        self._cond: Any = _PollingCondition(link.lock) if link else threading.Condition()
+        self._shared = link is not None
         self.grant_log: list[TrafficClass] | None = None  # set to [] to record grant order
 
-    def _pick(self) -> TrafficClass | None:
-        """Class to serve next: the waiting class least served relative to its weight."""
-        waiting = [c for c in _CLASSES if self._queues[c]]
+    @property
+    def stats(self) -> PacerStats:
+        """A snapshot (of every process's charges, for a shared link)."""
+        with self._cond:
+            s = self._s
+            return PacerStats({c: int(s[_BYTES + _ix(c)]) for c in _CLASSES}, s[_BUSY_S])
+
+    def _waiting(self, i: int) -> bool:
+        return self._s[_NEXT + i] > self._s[_HEAD + i]
+
+    def _pick(self) -> int | None:
+        """Class index to serve next: the waiting class least served relative to its weight."""
+        waiting = [i for i in (0, 1) if self._waiting(i)]
         if not waiting:
             return None
-        return min(waiting, key=lambda c: (self._served[c], c.value))
+        return min(waiting, key=lambda i: (self._s[_SERVED + i], i))
 
     def transfer(self, nbytes: int, klass: TrafficClass = TrafficClass.LOW) -> None:
-        """Block until ``nbytes`` have crossed the link in class ``klass``.
+        """Block until ``nbytes`` have crossed the link in class ``klass``."""
+        self._sleep_until(self.reserve(nbytes, klass))
+
+    def reserve(self, nbytes: int, klass: TrafficClass = TrafficClass.LOW) -> float:
+        """Reserve the link for ``nbytes`` in class ``klass``; returns when the bytes will
+        have arrived (clock time). Blocks only while the link is busy with earlier quanta.
 
         The transfer keeps its place in its class's FIFO until its last quantum is granted,
         and requests each quantum while the previous one is still in flight (link never idles
         between quanta of a busy class)."""
         if nbytes <= 0:
-            return
+            return self._clock()
+        i, s = _ix(klass), self._s
         with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            queue = self._queues[klass]
-            if not queue:  # an idle class does not bank credit while away
-                others = [self._served[c] for c in _CLASSES if c is not klass and self._queues[c]]
-                self._served[klass] = max(self._served[klass], min(others, default=0.0))
-            queue.append(ticket)
+            if not self._waiting(i):  # an idle class does not bank credit while away
+                j = 1 - i
+                other = s[_SERVED + j] if self._waiting(j) else 0.0
+                s[_SERVED + i] = max(s[_SERVED + i], other)
+            ticket = s[_NEXT + i]
+            s[_NEXT + i] = ticket + 1
+            s[_OWNER + i * _RING + int(ticket) % _RING] = os.getpid()
             self._cond.notify_all()
             remaining = nbytes
             while remaining > 0:
                 chunk = min(remaining, self._quantum_bytes)
-                self._grant(chunk, klass, ticket)
+                self._grant(chunk, i, ticket)
                 remaining -= chunk
-            queue.popleft()
+            s[_HEAD + i] = max(s[_HEAD + i], ticket + 1)
             self._cond.notify_all()
-            finish = self._busy_until
-        self._sleep_until(finish)
+            return float(s[_BUSY_UNTIL])
 
-    def _grant(self, nbytes: int, klass: TrafficClass, ticket: int) -> None:
+    def _grant(self, nbytes: int, i: int, ticket: float) -> None:
         """Wait (lock held) until ``ticket`` may send its next quantum, then reserve the link."""
-        queue = self._queues[klass]
+        s = self._s
+        idle_since: float | None = None
         while True:
             now = self._clock()
-            lead_s = self._busy_until - now
-            if self._pick() is klass and queue[0] == ticket and lead_s <= self._slack_s:
+            lead_s = s[_BUSY_UNTIL] - now
+            if self._pick() == i and s[_HEAD + i] >= ticket and lead_s <= self._slack_s:
                 break
-            self._cond.wait(timeout=lead_s - self._slack_s if lead_s > self._slack_s else None)
-        self._busy_until = max(now, self._busy_until) + nbytes / self.rate_bytes_per_s
-        self._served[klass] += nbytes / self._weights[klass]
-        self.stats.bytes_by_class[klass] += nbytes
-        self.stats.busy_s += nbytes / self.rate_bytes_per_s
+            if lead_s > self._slack_s:
+                self._cond.wait(timeout=lead_s - self._slack_s)
+                idle_since = None
+            elif self._shared:  # idle link, not our turn: is the head's owner still alive?
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since > _STALE_CHECK_S:
+                    self._skip_dead_heads()
+                    idle_since = None
+                self._cond.wait()
+            else:
+                self._cond.wait()
+        s[_BUSY_UNTIL] = max(now, s[_BUSY_UNTIL]) + nbytes / self.rate_bytes_per_s
+        s[_SERVED + i] += nbytes / self._weights[i]
+        s[_BYTES + i] += nbytes
+        s[_BUSY_S] += nbytes / self.rate_bytes_per_s
         if self.grant_log is not None:
-            self.grant_log.append(klass)
+            self.grant_log.append(_CLASSES[i])
         self._cond.notify_all()
+
+    def _skip_dead_heads(self) -> None:
+        """Drop queued tickets whose process died (lock held)."""
+        s = self._s
+        for j in (0, 1):
+            while self._waiting(j):
+                owner = int(s[_OWNER + j * _RING + int(s[_HEAD + j]) % _RING])
+                if _pid_alive(owner):
+                    break
+                s[_HEAD + j] += 1
+                self._cond.notify_all()
 
     def _sleep_until(self, t: float) -> None:
         delay = t - self._clock()
         if delay > 0:
             self._sleep(delay)
+
+
+def transfer_all(pacers: Sequence[Pacer], nbytes: int, klass: TrafficClass) -> None:
+    """Charge one transfer on every link it crosses (sender's tx, receiver's rx, DRAM): it is
+    reserved on each link in turn (never holding one link's queue while waiting for another,
+    so there is no deadlock) and has arrived when the slowest link has carried it: links in
+    parallel, cut-through, never the sum of their times."""
+    if not pacers:
+        return
+    finish = max(p.reserve(nbytes, klass) for p in pacers)
+    pacers[0]._sleep_until(finish)
 
 
 @dataclass(slots=True)
@@ -137,8 +254,10 @@ class NicPacer:
         name: str,
         low_weight: float = 0.01,
         clock: Callable[[], float] = time.monotonic,
+        links: tuple[SharedLink, SharedLink] | None = None,
     ) -> NicPacer:
+        tx_link, rx_link = links if links is not None else (None, None)
         return cls(
-            Pacer(rate_bytes_per_s, f"{name}.tx", low_weight, clock=clock),
-            Pacer(rate_bytes_per_s, f"{name}.rx", low_weight, clock=clock),
+            Pacer(rate_bytes_per_s, f"{name}.tx", low_weight, clock=clock, link=tx_link),
+            Pacer(rate_bytes_per_s, f"{name}.rx", low_weight, clock=clock, link=rx_link),
         )

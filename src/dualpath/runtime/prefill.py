@@ -1,48 +1,66 @@
 """The PE process: batched, chunked, layerwise prefill (SPEC §4, §7.2, §8) over a paged HBM.
 
 Each ``ForwardMsg`` is one forward pass packed by the policy's intra-engine plan: several
-requests' chunks, computed together (``TinyTransformer.forward_batch``). For each layer a
-loader thread allocates the layer's pages for every chunk and pulls the cached prefix's Layer
-Blocks (storage hits from the PE or DE buffer, earlier chunks from the DE buffer); the layer
-computes; its model-parallel traffic goes out as HIGH; a sender thread writes the new KV (and,
-on the PE read path's first chunk, the hit KV) into the DE buffer slots as LOW, then frees the
-layer's pages. Non-layerwise (Basic): every layer's pages of the whole batch are allocated and
-loaded before the pass computes, so HBM caps its batch.
+requests' chunks, computed together (``TinyTransformer.forward_batch``). A loader thread
+allocates each layer's pages for every chunk and pulls the cached prefix's Layer Blocks
+(storage hits from the PE or DE buffer, earlier chunks from the DE buffer), keeping up to
+``transfer_window`` transfers outstanding and running ahead into the next layers while pages
+are free; the layer computes; the PEs of the group exchange the layer's hidden states (HIGH,
+in lockstep: ``exchange.HiddenExchange``); a sender thread writes the new KV (and, on the PE
+read path's first chunk, the hit KV) into the DE buffer slots as LOW, then frees the layer's
+pages. Non-layerwise (Basic): every layer's pages of the whole batch are allocated and loaded
+before the pass computes, so HBM caps its batch.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Sequence
+from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import torch
 
-from dualpath.models import cost
-from dualpath.runtime.engine import Engine
+from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
-from dualpath.runtime.messages import ForwardDoneMsg, ForwardMsg
+from dualpath.runtime.exchange import HiddenExchange
+from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
+from dualpath.runtime.pacer import transfer_all
 from dualpath.runtime.sampling import pick
-from dualpath.types import EngineKind, TrafficClass
-
-
-def collective_bytes_per_layer(env: ProcEnv, num_tokens: int) -> int:
-    """HIGH bytes one PE sends per layer: the MoE dispatch+combine share (cost model), or for
-    a dense model an all-gather of the layer's float32 hidden states (tokens × hidden × 4),
-    standing in for the TP/EP collective a bigger model would run."""
-    m = env.config.model
-    if m.is_moe:
-        topo = env.topology
-        ep = topo.group_nodes(EngineKind.PE) * topo.gpus_per_node  # EP size of the group
-        moe = cost.moe_collective_bytes(m, num_tokens, ep, env.topology.gpus_per_node)
-        return int(moe / max(1, m.num_layers - m.num_dense_layers))
-    return num_tokens * m.hidden_size * 4
+from dualpath.runtime.transport.base import Transfer
+from dualpath.types import TrafficClass
 
 
 class PrefillEngine(Engine):
     def __init__(self, env: ProcEnv, engine_id: int, crash_at: int) -> None:
         super().__init__(env, engine_id, crash_at)
+        self.exchange: HiddenExchange | None = None
+        self._exchange_shm: SharedMemory | None = None
+        name = env.exchange_names[engine_id] if env.exchange_names else ""
+        if name:  # the launcher's segment, registered with this process's transport
+            shm = SharedMemory(name=name)
+            assert shm.buf is not None
+            self._exchange_shm = shm
+            self.ready_region = self.transport.register(name, shm.buf)
+            self.exchange = HiddenExchange(
+                engine_id, self.transport, self.ready_region, shm.buf,
+                env.group_members(engine_id), self._charge_collective,
+                env.options.request_timeout_s, lambda: not env.parent_alive(),
+            )  # fmt: skip
+
+    def _charge_collective(self, peer: int, nbytes: int) -> None:
+        """HIGH on this CNIC's tx and the peer's rx (collectives are paced in every system)."""
+        route = [self.cnic.tx, self.cnic_of(peer).rx]
+        transfer_all(route, nbytes, TrafficClass.HIGH)
+
+    def close(self) -> None:
+        super().close()
+        if self.exchange is not None:
+            self.exchange.close()
+        if self._exchange_shm is not None:
+            self._exchange_shm.close()
 
     def _spans(self, first: int, last: int) -> list[tuple[int, int, int]]:
         """(block index, first row in block, rows) covering tokens ``first..last``."""
@@ -55,42 +73,77 @@ class PrefillEngine(Engine):
             t += n
         return out
 
+    def _pull_cached(
+        self, c: ChunkWork, layer: int, table: list[int]
+    ) -> list[tuple[int, Transfer]]:
+        """Issue every Layer Block of chunk ``c``'s cached prefix for ``layer``."""
+        out = []
+        for b in range(self.pool.pages_for(c.cached)):
+            rows = min(self.block_tokens, c.cached - b * self.block_tokens)
+            hit = b * self.block_tokens < c.hit
+            node = c.hit_node if hit else c.de_node
+            slot = c.hit_slots[b] if hit else c.de_slots[b]
+            out.append(self.pull_nowait(node, slot, layer, 0, rows, table[b]))
+        return out
+
     def handle(self, msg: Any) -> None:
         assert isinstance(msg, ForwardMsg)
         start = self.clock.now()
         layers, chunks, pool = self.model.num_layers, msg.chunks, self.pool
         timeout_s = self.env.options.request_timeout_s
+        window_size = self.env.options.transfer_window
         tables: list[list[list[int]]] = [[[] for _ in chunks] for _ in range(layers)]
         loaded = [threading.Event() for _ in range(layers)]
         moved = {"in": 0, "out": 0}
         errors: list[BaseException] = []  # a failed transfer thread fails the pass loudly
+
+        def try_alloc_layer(layer: int) -> bool:
+            got: list[list[int]] = []
+            for c in chunks:
+                pages = pool.alloc(pool.pages_for(c.cached + c.new))
+                if pages is None:
+                    pool.free([p for g in got for p in g])
+                    return False
+                got.append(pages)
+            tables[layer] = got
+            return True
 
         def alloc_layer(layer: int) -> None:
             for i, c in enumerate(chunks):
                 tables[layer][i] = pool.alloc_wait(pool.pages_for(c.cached + c.new), timeout_s)
 
         def load() -> None:
+            window = TransferWindow(window_size)
+            in_flight: deque[tuple[int, list[Transfer]]] = deque()
+
+            def complete(block: bool) -> None:
+                """Mark loaded the oldest layers whose transfers are all done."""
+                while in_flight and (block or all(t.done() for t in in_flight[0][1])):
+                    layer, transfers = in_flight.popleft()
+                    for t in transfers:
+                        t.wait()
+                    loaded[layer].set()
+
             try:
                 if not msg.layerwise:  # Basic: the whole batch's KV is resident at once
                     for layer in range(layers):
                         alloc_layer(layer)
                 for layer in range(layers):
-                    if msg.layerwise:  # one layer of the batch (waits for sent layers' pages)
+                    # layerwise: one layer of the batch; issued ahead of the layers still in
+                    # flight while pages are free, else after them (their compute frees pages)
+                    if msg.layerwise and not try_alloc_layer(layer):
+                        complete(block=True)
                         alloc_layer(layer)
-                    window = []  # the layer's Layer Blocks are all in flight at once
+                    transfers = []
                     for i, c in enumerate(chunks):
-                        for b in range(pool.pages_for(c.cached)):
-                            rows = min(self.block_tokens, c.cached - b * self.block_tokens)
-                            hit = b * self.block_tokens < c.hit
-                            node = c.hit_node if hit else c.de_node
-                            slot = c.hit_slots[b] if hit else c.de_slots[b]
-                            page = tables[layer][i][b]
-                            nbytes, done = self.pull_nowait(node, slot, layer, 0, rows, page)
+                        for nbytes, done in self._pull_cached(c, layer, tables[layer][i]):
                             moved["in"] += nbytes
-                            window.append(done)
-                    for done in window:
-                        done.wait()
-                    loaded[layer].set()
+                            window.add(done)
+                            transfers.append(done)
+                            complete(block=False)
+                    in_flight.append((layer, transfers))
+                    complete(block=False)
+                complete(block=True)
             except BaseException as err:
                 errors.append(err)
                 for event in loaded:
@@ -100,17 +153,17 @@ class PrefillEngine(Engine):
 
         def send() -> None:
             try:
+                window = TransferWindow(window_size)
                 while (layer := sends.get()) is not None:
-                    window = []  # the layer's sends are all in flight at once
                     for i, c in enumerate(chunks):
                         table = tables[layer][i]
                         for b, r, n in self._spans(c.send_from, c.cached + c.new):
-                            slot = c.de_slots[b]
-                            nbytes, done = self.push_nowait(c.de_node, slot, layer, r, n, table[b])
+                            nbytes, done = self.push_nowait(
+                                c.de_node, c.de_slots[b], layer, r, n, table[b]
+                            )
                             moved["out"] += nbytes
-                            window.append(done)
-                    for done in window:
-                        done.wait()
+                            window.add(done)
+                    window.drain()  # the layer is in the DE buffer: its pages can go
                     for i in range(len(chunks)):
                         pool.free(tables[layer][i])
                         tables[layer][i] = []
@@ -121,7 +174,10 @@ class PrefillEngine(Engine):
         sender = threading.Thread(target=send, name="send", daemon=True)
         loader.start()
         sender.start()
-        high = collective_bytes_per_layer(self.env, sum(c.new for c in chunks))
+        plan = msg.exchange
+        step = None
+        if plan is not None and self.exchange is not None:
+            step = self.exchange.run_pass(plan, self.model.config.hidden_size)
 
         def get_pasts(layer: int) -> list[torch.Tensor]:
             loaded[layer].wait()
@@ -132,13 +188,15 @@ class PrefillEngine(Engine):
         def on_layers(layer: int, news: Sequence[torch.Tensor]) -> None:
             for i, c in enumerate(chunks):
                 pool.scatter(tables[layer][i], c.cached, news[i])
-            if high and self.paced:
-                self.cnic.tx.transfer(high, TrafficClass.HIGH)  # collectives block compute
             sends.put(layer)
+
+        def on_hidden(layer: int, h: torch.Tensor) -> None:
+            if step is not None:  # the collective blocks compute, as on a GPU
+                step(layer, h)
 
         new_tokens = [c.tokens[c.cached : c.cached + c.new] for c in chunks]
         try:
-            logits = self.model.forward_batch(new_tokens, get_pasts, on_layers)
+            logits = self.model.forward_batch(new_tokens, get_pasts, on_layers, on_hidden)
         finally:
             sends.put(None)
             loader.join()

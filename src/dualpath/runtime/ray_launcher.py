@@ -126,6 +126,10 @@ class RayLauncher(Launcher):
         self.results: Any = None
         self.env: ProcEnv | None = None
         self.heartbeats = None
+        # no cross-node shared memory: no hidden-state exchange segments, no shared NIC/DRAM
+        # links (each actor paces its own), no published NIC busy times
+        self.engine_regions: dict[str, Any] = {}
+        self.nic_busy = None
         self._runs: dict[str, Any] = {}  # name → ObjectRef of the actor's main loop
         self._pids: dict[str, int] = {}
         self._mailbox: Any = None

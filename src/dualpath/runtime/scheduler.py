@@ -31,6 +31,7 @@ from dualpath.runtime.messages import (
     DecodeDoneMsg,
     DecodeMsg,
     ErrorMsg,
+    ExchangePlan,
     ForwardDoneMsg,
     ForwardMsg,
     LoadedMsg,
@@ -89,8 +90,9 @@ class Scheduler:
         self.layerwise = bool(getattr(policy, "layerwise", True))
         self.num_layers = env.config.model.num_layers
         # every engine's HBM pool: pages of one Layer Block; engines report their free pages
-        self.hbm_pages = env.options.hbm_pages(self.num_layers, self.block)
-        self.free_pages = dict.fromkeys(self.topo.engine_ids, self.hbm_pages)
+        self.hbm_pages = env.options.hbm_pages(self.num_layers, self.block)  # a DE's
+        self.pe_hbm_pages = env.options.hbm_pages(self.num_layers, self.block, pe=True)
+        self.free_pages = {e: self._pool_pages(e) for e in self.topo.engine_ids}
         self.pe_queue: dict[int, list[int]] = {e: [] for e in self.topo.pe_ids}
         self.in_pass: dict[int, ForwardBatch] = {}  # PE → its pass in flight
         self.groups: dict[int, list[int]] = {}
@@ -118,9 +120,13 @@ class Scheduler:
         # rid → (keys not yet durable, request, output): done reported once they are
         self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
+        self.next_pass_id = 0  # ids of group passes (the exchange's sequence numbers)
 
     def now(self) -> float:
         return self.env.clock.now()
+
+    def _pool_pages(self, engine: int) -> int:
+        return self.pe_hbm_pages if self.topo.is_pe(engine) else self.hbm_pages
 
     # ------------------------------------------------------------------ submission
     def add_agent(self, agent: AgentState) -> None:
@@ -383,21 +389,35 @@ class Scheduler:
         self.kick(self.topo.group_of(a.pe))
 
     # ------------------------------------------------------------------ forward passes
-    def kv_budget_tokens(self, queue_len: int) -> int:
+    def kv_budget_tokens(self, pending: tuple[PendingPrefill, ...]) -> int:
         """Cached + new tokens one pass may hold: Basic holds every layer of the batch,
         layerwise two layers (one computing, the next loading). A page is a Layer Block, so
-        each request may waste up to one page per layer: one page per queued request is kept
-        back."""
+        each chunk of the pass may waste up to one page per layer: the budget keeps back one
+        page per chunk the pass can hold (the queue's FIFO prefix that fits, plus one chunked
+        request), the fewest that is still safe."""
         window = min(2, self.num_layers) if self.layerwise else self.num_layers
-        return max(0, self.hbm_pages // window - queue_len) * self.block
+        pages = self.pe_hbm_pages // window
+        for reserve in range(len(pending) + 1):
+            budget = max(0, pages - reserve) * self.block
+            num_chunks, resident = 0, 0
+            for p in pending:
+                num_chunks += 1
+                resident += p.cached + p.new
+                if resident > budget:  # chunked or left out: the last one of the pass
+                    break
+            if num_chunks <= reserve:
+                return budget
+        return max(0, pages - len(pending)) * self.block
 
     def kick(self, group: int) -> None:
         """If the EP group is idle, plan every member PE's next pass (``plan_forward``, PEs in
-        id order) and start them together: the group runs in lockstep."""
+        id order) and start them together: the group runs in lockstep, and the planned PEs
+        exchange their hidden states every layer (``ExchangePlan``)."""
         members = self.groups[group]
         if any(e in self.in_pass for e in members):
             return
         now = self.now()
+        planned: list[tuple[int, ForwardBatch]] = []
         for e in members:
             rids = self.pe_queue[e]
             if not self.env.options.batching:
@@ -408,7 +428,7 @@ class Scheduler:
                 PendingPrefill(r, self.reqs[r].kv_tokens, len(self.reqs[r].tokens) - self.reqs[r].kv_tokens)
                 for r in rids
             )  # fmt: skip
-            budget = self.kv_budget_tokens(len(pending))
+            budget = self.kv_budget_tokens(pending)
             batch = self.policy.plan_forward(e, pending, now, budget)
             self.policy_log.append(("plan", (e, pending, budget), now, batch))
             if not batch.chunks:
@@ -419,9 +439,29 @@ class Scheduler:
             self.counters.max_pass_tokens = max(
                 self.counters.max_pass_tokens, sum(c.cached + c.new for c in batch.chunks)
             )
+            planned.append((e, batch))
+        exchange = self._exchange_plan(planned)
+        for e, batch in planned:
+            ex = exchange if exchange is not None and e in exchange.engines else None
             self.launcher.engine_inbox[e].put(
-                ForwardMsg(tuple(self._work(c) for c in batch.chunks), self.layerwise)
+                ForwardMsg(tuple(self._work(c) for c in batch.chunks), self.layerwise, ex)
             )
+
+    def _exchange_plan(self, planned: list[tuple[int, ForwardBatch]]) -> ExchangePlan | None:
+        """The all-gather of one group pass among its planned PEs that announced an exchange
+        region (a respawned PE joins once its readiness ack arrived); None for fewer than 2."""
+        names = [(e, b, self.topo.engine_name(e)) for e, b in planned]
+        ready = [(e, b, n) for e, b, n in names if n in self.launcher.engine_regions]
+        if len(ready) < 2:
+            return None
+        self.next_pass_id += 1
+        return ExchangePlan(
+            self.next_pass_id,
+            tuple(e for e, _, _ in ready),
+            tuple(self.launcher.engine_regions[n] for _, _, n in ready),
+            tuple(self.launcher.procs[n].pid for _, _, n in ready),
+            tuple(sum(c.new for c in b.chunks) for _, b, _ in ready),
+        )
 
     def _work(self, c: Any) -> ChunkWork:
         req = self.reqs[c.request_id]
@@ -467,7 +507,9 @@ class Scheduler:
     def on_message(self, msg: Any) -> None:
         if isinstance(msg, ErrorMsg):
             raise RuntimeFailure(f"{msg.who}: {msg.text}")
-        if isinstance(msg, ReadyMsg):
+        if isinstance(msg, ReadyMsg):  # a respawned engine: its exchange region is new
+            if msg.region is not None and msg.who in self.launcher.procs:
+                self.launcher.engine_regions[msg.who] = msg.region
             return
         if isinstance(msg, PersistedMsg):
             self._persisted(msg.key)
@@ -596,7 +638,7 @@ class Scheduler:
         for e in self.launcher.dead_engines():
             self.launcher.respawn(e)
             self.in_pass.pop(e, None)
-            self.free_pages[e] = self.hbm_pages
+            self.free_pages[e] = self._pool_pages(e)
             for req in sorted(self.reqs.values(), key=lambda r: r.rid):
                 a = req.assign
                 if a is None or req.phase in ("done", "aborted", "queued"):

@@ -30,8 +30,9 @@ from dualpath.runtime.messages import (
     ReadyMsg,
     StopMsg,
 )
-from dualpath.runtime.pacer import Pacer
+from dualpath.runtime.pacer import Pacer, transfer_all
 from dualpath.runtime.transport import make_transport
+from dualpath.types import TrafficClass
 
 POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
 PERSIST_ATTEMPTS = 3  # a failed block write (full disk, I/O error) is retried ...
@@ -86,6 +87,13 @@ class StorageWorker:
         now = env.clock.now  # the process's one clock
         self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
         self.snic_write = Pacer(rate, f"node{node}.snic.write", clock=now)
+        # the node's DRAM (shared with its engines): a read lands in it, a persist leaves it
+        link = env.dram_link(node)
+        dram = [] if link is None else [
+            Pacer(env.config.hardware.dram_bytes_per_s, f"dram{node}", clock=now, link=link)
+        ]  # fmt: skip
+        self.read_route = [self.snic_read, *dram]
+        self.write_route = [self.snic_write, *dram]
         env.publish_nic_busy(f"snic_node{node}_read", [self.snic_read, self.snic_write])
         self.paced = env.options.paced_kv
         self.crash_on_read = False
@@ -97,7 +105,8 @@ class StorageWorker:
 
     def _read_one(self, key: str, slot: int) -> bool:
         if self.paced:
-            self.snic_read.transfer(self.store.layout.full_block_bytes)
+            nbytes = self.store.layout.full_block_bytes
+            transfer_all(self.read_route, nbytes, TrafficClass.LOW)
         try:
             self.store.read_block(key, self.buffer.slot(slot))
         except BlockCorrupt:
@@ -117,7 +126,8 @@ class StorageWorker:
     def _write_loop(self) -> None:
         while (msg := self.writes.get()) is not None:
             if self.paced:
-                self.snic_write.transfer(self.store.layout.full_block_bytes)
+                nbytes = self.store.layout.full_block_bytes
+                transfer_all(self.write_route, nbytes, TrafficClass.LOW)
             try:
                 err = persist_with_retry(self.store, msg.key, self.buffer.slot(msg.slot))
             except Exception as bug:  # not an I/O error: fail the run, loudly

@@ -142,22 +142,16 @@ class MooncakeTransport(KVTransport):
         self._local(dst)
         check_range(src, src_offset, nbytes)
         check_range(dst, dst_offset, nbytes)
-        rc = self._engine.transfer_sync_read(
-            src.endpoint, dst.address + dst_offset, src.address + src_offset, nbytes
+        # the batch API's asynchronous read (one entry): returns at once, like a write, so
+        # the caller keeps a window of reads in flight
+        bid = self._engine.batch_transfer_async_read(
+            src.endpoint, [dst.address + dst_offset], [src.address + src_offset], [nbytes]
         )
-        if rc != 0:
-            raise RuntimeError(f"Mooncake read from {src.name!r} failed with {rc}")
-        return _DoneTransfer()
+        if bid < 0:
+            raise RuntimeError(f"Mooncake read from {src.name!r} failed to submit ({bid})")
+        return _MooncakeTransfer(self._engine, bid, self._poll_s)
 
     def close(self) -> None:
         for handle in self._regions.values():
             self._engine.unregister_memory(handle.address)
         self._regions.clear()
-
-
-class _DoneTransfer(Transfer):
-    def wait(self) -> None:
-        return None
-
-    def done(self) -> bool:
-        return True
