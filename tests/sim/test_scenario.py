@@ -114,7 +114,7 @@ def test_least_read_tie_break_evens_out_storage_nics() -> None:
         config = small_config("ds660b-2p4d", 32, "32k", f"scheduler.read_tie_break={tie}")
         cluster = build_cluster(config, "dualpath")
         run_cluster(cluster)
-        read = [cluster.net.bytes_carried(r) for r in cluster.topo.snic_read]
+        read = [cluster.net.bytes_carried(r) for r in cluster.fabric.snic_read]
         ratios[tie] = max_over_avg(read)
     # max/avg of SNIC read bytes over the run: 4.4 with ties to the PE, 1.37 with least_read
     # (not 1.0: 32 agents leave some engines, hence nodes, with few requests)

@@ -18,6 +18,7 @@ from typing import Any
 
 from dualpath.cli.common import add_config_args, build_config
 from dualpath.config import Config
+from dualpath.config.systems import config_for
 from dualpath.metrics import RunSummary, format_summary, summarize
 
 DEFAULT_PRESET = "tiny-1p1d"
@@ -48,7 +49,8 @@ def run_runtime_systems(
     from dualpath.runtime.workload import agent_scripts, small_trajectories
 
     for s in systems:
-        RuntimeOptions(system=s, transport=transport)  # ValueError before anything starts
+        options = RuntimeOptions(system=s, transport=transport)  # ValueErrors before anything
+        config_for(config, options.spec)  # starts
     block = config.scheduler.block_tokens
     trajs = small_trajectories(config.workload, block, num_turns, token_scale, max_gen_tokens)
     num_turns_total = sum(len(t.turns) for t in trajs)

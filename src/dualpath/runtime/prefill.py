@@ -23,7 +23,7 @@ from dualpath.models import cost
 from dualpath.runtime.engine import Engine
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.messages import ForwardDoneMsg, ForwardMsg
-from dualpath.types import EngineKind, TrafficClass
+from dualpath.types import TrafficClass
 
 
 def collective_bytes_per_layer(env: ProcEnv, num_tokens: int) -> int:
@@ -33,7 +33,7 @@ def collective_bytes_per_layer(env: ProcEnv, num_tokens: int) -> int:
     m = env.config.model
     if m.is_moe:
         topo = env.topology
-        ep = topo.group_nodes(EngineKind.PE) * topo.gpus_per_node  # EP size of the group
+        ep = topo.prefill_group_gpus  # EP size of the group
         moe = cost.moe_collective_bytes(m, num_tokens, ep, env.topology.gpus_per_node)
         return int(moe / max(1, m.num_layers - m.num_dense_layers))
     return num_tokens * m.hidden_size * 4
