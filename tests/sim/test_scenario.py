@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dualpath.config.sim import SimConfig
+from dualpath.ledger import Assigned
 from dualpath.sim.runner import build_cluster, run_cluster, simulate
 
 from .conftest import small_config
@@ -75,14 +76,12 @@ def test_replicated_units_share_the_work() -> None:
     )
     cluster = build_cluster(two_cfg, "dualpath")
     groups: dict[str, set[int]] = {"pe": set(), "de": set()}
-    assign = cluster._assign
 
-    def spy(a):  # type: ignore[no-untyped-def]
-        groups["pe"].add(cluster.topo.group_of(a.pe))
-        groups["de"].add(cluster.topo.group_of(a.de))
-        assign(a)
+    def on_assigned(ev: Assigned) -> None:
+        groups["pe"].add(cluster.topo.group_of(ev.turn.pe))
+        groups["de"].add(cluster.topo.group_of(ev.turn.de))
 
-    cluster._assign = spy  # type: ignore[method-assign]
+    cluster.events.subscribe(Assigned, on_assigned)
     run_cluster(cluster)
     assert cluster.num_turns_done == cluster.num_turns_total
     assert groups == {"pe": {0, 1}, "de": {2, 3}}
