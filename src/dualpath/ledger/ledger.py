@@ -175,17 +175,19 @@ class Ledger:
         comparison per DE group; unchanged states are the very same objects as before."""
         states, seq, tok = self._engines, self.seq, self.tok
         dirty = self._dirty_engines
+        generated = self._generated
         for members, report, last in self._decode_groups:
             now_gen = report()
-            if now_gen != last:
-                for i, (g, before) in enumerate(zip(now_gen, last, strict=True)):
-                    if g != before:
-                        e = members[i]
-                        dirty.add(e)
-                        self._generated[e] = last[i] = g
+            if now_gen == last:  # the group did not step since the last pull
+                continue
+            for e, g, before in zip(members, now_gen, last, strict=True):
+                if g != before:
+                    generated[e] = g
+                    dirty.add(e)
+            last[:] = now_gen
         changed = bool(dirty)
         if dirty:
-            capacity, reserved, generated = self.hbm_capacity_tokens, self.reserved, self._generated
+            capacity, reserved = self.hbm_capacity_tokens, self.reserved
             pe = EngineKind.PE
             for e in dirty:
                 old = states[e]

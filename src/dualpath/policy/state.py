@@ -6,7 +6,9 @@ authoritative and these copies are rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import compress
+from operator import is_not
 
 from dualpath.policy.view import ClusterView, EngineState, NodeState
 from dualpath.types import EngineKind
@@ -96,9 +98,8 @@ class ViewIndex:
         ):
             return None
         nodes: list[NodeState] = []
-        for n, old_n in zip(view.nodes, old_nodes, strict=True):
-            if n is old_n:
-                continue
+        for i in _changed(view.nodes, old_nodes):
+            n, old_n = view.nodes[i], old_nodes[i]
             if not (
                 isinstance(n, NodeState)
                 and (n.node_id, n.kind) == (old_n.node_id, old_n.kind)
@@ -107,13 +108,14 @@ class ViewIndex:
                 return None
             nodes.append(n)
         engines: list[EngineState] = []
-        for e, o in zip(view.engines, old_engines, strict=True):
-            if e is o:
-                continue
+        for i in _changed(view.engines, old_engines):
+            e, o = view.engines[i], old_engines[i]
             if not (
                 isinstance(e, EngineState)
-                and (e.engine_id, e.node_id, e.group_id, e.kind)
-                == (o.engine_id, o.node_id, o.group_id, o.kind)
+                and e.engine_id == o.engine_id
+                and e.node_id == o.node_id
+                and e.group_id == o.group_id
+                and e.kind is o.kind
                 and _counts_ok(e)
             ):
                 return None
@@ -287,6 +289,11 @@ def _counts_ok(e: EngineState) -> bool:
         and type(e.free_hbm_tokens) is int_
         and e.free_hbm_tokens >= 0
     )
+
+
+def _changed(new: Sequence[object], old: Sequence[object]) -> list[int]:
+    """Indices where ``new`` holds another object than ``old`` (an identity scan in C)."""
+    return list(compress(range(len(new)), map(is_not, new, old)))
 
 
 def _node_counts_ok(n: NodeState) -> bool:
