@@ -17,6 +17,7 @@ from dualpath.config.systems import SystemSpec, config_for
 from dualpath.ledger import (
     EventBus,
     Ledger,
+    Persisted,
     Topology,
     TurnDone,
     decode_block_tokens,
@@ -238,8 +239,8 @@ class Cluster:
         if req.pe_buffer_bytes:
             self.node_ios[self.topo.node_of(pe)].release(req.pe_buffer_bytes)
         new_blocks = prompt_block_tokens(req, self.block_tokens)
-        if new_blocks > 0 and self.sim.persistence:  # the turn's new prompt blocks
-            self.writers[self.topo.node_of(de)].send(new_blocks * self.kv_per_token)
+        if new_blocks > 0:  # the turn's new prompt blocks
+            self._persist(de, new_blocks)
         self.request_pull()
         if req.output_tokens == 1:
             req.second_token_s = req.finish_s = now
@@ -247,6 +248,15 @@ class Cluster:
             self._finish(req)
             return
         self.h2d[de].send(req.prompt_tokens * self.kv_per_token, req)
+
+    def _persist(self, de: int, tokens: int) -> None:
+        """Hand ``tokens`` of whole KV blocks in ``de``'s node buffer to storage."""
+        if not self.sim.persistence:
+            return
+        node, num_bytes = self.topo.node_of(de), tokens * self.kv_per_token
+        self.writers[node].send(num_bytes)
+        if self.events.wants(Persisted):
+            self.events.emit(Persisted(self.loop.now, node, num_bytes))
 
     def _release_de_buffer(self, req: Req) -> None:
         if req.de_buffer_bytes:
@@ -264,8 +274,8 @@ class Cluster:
         de = req.de
         self.ledger.finish(req, self.loop.now)  # records it (TurnDone)
         filled = decode_block_tokens(req, self.block_tokens)
-        if filled > 0 and self.sim.persistence:  # blocks filled during decode
-            self.writers[self.topo.node_of(de)].send(filled * self.kv_per_token)
+        if filled > 0:  # blocks filled during decode
+            self._persist(de, filled)
         del self.reqs[req.request_id]
         self.num_turns_done += 1
         self.request_pull()
