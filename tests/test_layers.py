@@ -19,10 +19,11 @@ RANK = {
     "metrics": 2,
     "deploy": 2,
     "policy": 3,
-    "sim": 4,
-    "runtime": 4,
-    "serve": 5,
-    "cli": 6,
+    "ledger": 4,
+    "sim": 5,
+    "runtime": 5,
+    "serve": 6,
+    "cli": 7,
 }
 POLICY_FORBIDDEN = {"time", "datetime", "socket", "torch", "multiprocessing", "threading", "zmq"}
 
@@ -71,8 +72,11 @@ def test_imports_point_down(path: Path) -> None:
         )
 
 
-def test_policy_is_pure() -> None:
-    for path in sorted((SRC / "policy").rglob("*.py")):
+@pytest.mark.parametrize("layer", ["policy", "ledger"])
+def test_core_layers_are_pure(layer: str) -> None:
+    paths = sorted((SRC / layer).rglob("*.py"))
+    assert paths, f"no modules under {layer}/"
+    for path in paths:
         for module in _imports(path):
             assert module.split(".")[0] not in POLICY_FORBIDDEN, f"{path} imports {module}"
 

@@ -1,4 +1,4 @@
-"""Small runtime pieces: ids, HIGH traffic sizes, workload scripts, options."""
+"""Small runtime pieces: HIGH traffic sizes, workload scripts, options."""
 
 from __future__ import annotations
 
@@ -9,34 +9,7 @@ import pytest
 from dualpath.config import preset
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState, _union_s
-from dualpath.runtime.topology import Topology
 from dualpath.runtime.workload import agent_scripts, small_trajectories
-from dualpath.types import EngineKind
-
-
-def test_topology_matches_the_simulator_layout() -> None:
-    topo = Topology.from_config(preset("tiny-1p1d"))
-    assert topo.pe_ids == (0, 1) and topo.de_ids == (2, 3)
-    assert [topo.node_of(e) for e in topo.engine_ids] == [0, 0, 1, 1]
-    assert topo.kind_of(2) is EngineKind.DE and topo.node_kind(0) is EngineKind.PE
-    assert [topo.group_of(e) for e in topo.engine_ids] == [0, 0, 1, 1]  # no EP: node groups
-    ep = Topology.from_config(preset("ds27b-1p1d"))
-    assert ep.group_of(3) == 0 and ep.group_of(8) == 1  # EP group id = its first node
-    assert Topology(8, 2, 4, True, True).group_of(47) == 2  # default: one group of all nodes
-
-
-def test_topology_groups_agree_with_the_simulator_at_paper_scale() -> None:
-    from dualpath.sim.events import EventLoop
-    from dualpath.sim.network import FluidNetwork
-    from dualpath.sim.topology import Topology as SimTopology
-
-    config = preset("ds660b-48p96d")
-    runtime = Topology.from_config(config)
-    sim = SimTopology(config, FluidNetwork(EventLoop()).add_resource)
-    assert [runtime.group_of(e) for e in runtime.engine_ids] == [
-        sim.group_of(e) for e in sim.engine_ids
-    ]
-    assert runtime.group_nodes(EngineKind.PE) == 2 and runtime.group_nodes(EngineKind.DE) == 4
 
 
 def test_agent_scripts_are_seeded_and_in_vocab() -> None:
@@ -68,7 +41,7 @@ def test_union_of_read_windows() -> None:
 
 
 def test_options_derive_policy_and_pacing() -> None:
-    assert RuntimeOptions(system="oracle").policy_name == "dualpath"
+    assert RuntimeOptions(system="oracle").spec.policy == "dualpath"
     assert not RuntimeOptions(system="oracle").paced_kv
     assert RuntimeOptions(system="basic").paced_kv
     with pytest.raises(ValueError, match="buffer_slots"):

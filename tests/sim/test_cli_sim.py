@@ -68,6 +68,7 @@ def test_sim_overrides_reach_sim_config(tmp_path: Path) -> None:
         (["--set", "sim.reads_per_node=two"], "sim.reads_per_node"),
         (["--mal", "99k"], "workload.mal"),
         (["--agents", "0"], "workload.num_agents"),
+        (["--set", "scheduler.policy=dpl"], "scheduler.policy='dpl' conflicts with system 'basic'"),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(

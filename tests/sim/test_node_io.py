@@ -1,4 +1,4 @@
-"""Storage read queue: FIFO order, read_q accounting and buffer backpressure."""
+"""Storage read queue: FIFO order, reported read starts and buffer backpressure."""
 
 from __future__ import annotations
 
@@ -36,13 +36,14 @@ def _req(rid: int) -> Req:
 
 def test_fifo_one_at_a_time_at_full_rate() -> None:
     loop, node, done = _node(100 * GB)
+    started: list[tuple[int, float, float]] = []
+    node.on_read_start = lambda req, _n, size: started.append((req.request_id, loop.now, size))
     for rid, size in ((0, 2), (1, 1), (2, 3)):
         node.enqueue(_req(rid), int(size * 100), size * GB)
-    assert node.read_queue_tokens == 600
     loop.run()
     assert [r for r, _ in done] == [0, 1, 2]
     assert [t for _, t in done] == [2.0, 3.0, 6.0]
-    assert node.read_queue_tokens == 0 and node.bytes_read == 6 * GB
+    assert started == [(0, 0.0, 2 * GB), (1, 2.0, 1 * GB), (2, 3.0, 3 * GB)]
 
 
 def test_backpressure_waits_for_buffer_space() -> None:

@@ -34,11 +34,11 @@ def _snapshot(cluster: Cluster) -> dict[str, float]:
         ids: list[int] = []
         if attr in ("tx", "rx"):
             engines = topo.pe_ids if kind == "pe" else topo.de_ids
-            ids = [getattr(topo, attr)[e] for e in engines]
+            ids = [getattr(cluster.fabric, attr)[e] for e in engines]
         else:
             want = EngineKind.PE if kind == "pe" else EngineKind.DE
             nodes = [n for n in range(topo.num_nodes) if topo.kind_of_node(n) is want]
-            ids = [getattr(topo, attr)[n] for n in nodes]
+            ids = [getattr(cluster.fabric, attr)[n] for n in nodes]
         out[name] = sum(net.bytes_carried(r) for r in ids) / len(ids)
     return out
 

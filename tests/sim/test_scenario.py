@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dualpath.config.sim import SimConfig
+from dualpath.ledger import Assigned
 from dualpath.sim.runner import build_cluster, run_cluster, simulate
 
 from .conftest import small_config
@@ -75,14 +76,12 @@ def test_replicated_units_share_the_work() -> None:
     )
     cluster = build_cluster(two_cfg, "dualpath")
     groups: dict[str, set[int]] = {"pe": set(), "de": set()}
-    assign = cluster._assign
 
-    def spy(a):  # type: ignore[no-untyped-def]
-        groups["pe"].add(cluster.topo.group_of(a.pe))
-        groups["de"].add(cluster.topo.group_of(a.de))
-        assign(a)
+    def on_assigned(ev: Assigned) -> None:
+        groups["pe"].add(cluster.topo.group_of(ev.turn.pe))
+        groups["de"].add(cluster.topo.group_of(ev.turn.de))
 
-    cluster._assign = spy  # type: ignore[method-assign]
+    cluster.events.subscribe(Assigned, on_assigned)
     run_cluster(cluster)
     assert cluster.num_turns_done == cluster.num_turns_total
     assert groups == {"pe": {0, 1}, "de": {2, 3}}
@@ -114,7 +113,7 @@ def test_least_read_tie_break_evens_out_storage_nics() -> None:
         config = small_config("ds660b-2p4d", 32, "32k", f"scheduler.read_tie_break={tie}")
         cluster = build_cluster(config, "dualpath")
         run_cluster(cluster)
-        read = [cluster.net.bytes_carried(r) for r in cluster.topo.snic_read]
+        read = [cluster.net.bytes_carried(r) for r in cluster.fabric.snic_read]
         ratios[tie] = max_over_avg(read)
     # max/avg of SNIC read bytes over the run: 4.4 with ties to the PE, 1.37 with least_read
     # (not 1.0: 32 agents leave some engines, hence nodes, with few requests)

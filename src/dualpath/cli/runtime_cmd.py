@@ -20,6 +20,7 @@ from typing import Any
 
 from dualpath.cli.common import add_config_args, build_config
 from dualpath.config import Config
+from dualpath.config.systems import config_for
 from dualpath.metrics import RunSummary, format_summary, summarize
 
 DEFAULT_PRESET = "tiny-1p1d"
@@ -57,7 +58,7 @@ def run_runtime_systems(
                               transfer_window=transfer_window)  # fmt: skip
 
     for s in systems:
-        options(s, kv_root)  # ValueError before anything starts
+        config_for(config, options(s, kv_root).spec)  # ValueErrors before anything starts
     block = config.scheduler.block_tokens
     trajs = small_trajectories(config.workload, block, num_turns, token_scale, max_gen_tokens)
     num_turns_total = sum(len(t.turns) for t in trajs)

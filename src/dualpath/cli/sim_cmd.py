@@ -21,6 +21,7 @@ from typing import Any
 from dualpath.cli.common import add_config_args
 from dualpath.config import Config, apply_overrides, load_toml, preset, to_dict
 from dualpath.config.sim import SimConfig, parse_systems
+from dualpath.config.systems import config_for, system_spec
 from dualpath.sim.plots import plot_results, plot_sweep
 from dualpath.sim.report import (
     CSV_COLUMNS,
@@ -76,6 +77,8 @@ def run_systems(config: Config, sim: SimConfig, progress: bool = True) -> dict[s
     """Every system of ``sim.systems`` on the same config (workload, seed, cost model)."""
     from tqdm import tqdm
 
+    for name in sim.system_list:  # a scheduler.policy no system may run: fail before any
+        config_for(config, system_spec(name))
     results: dict[str, SimResult] = {}
     for name in order_systems(sim.system_list):
         bar = tqdm(desc=f"{name:<8}", unit="turn", disable=not progress, leave=True)

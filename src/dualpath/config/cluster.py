@@ -74,14 +74,6 @@ class ClusterConfig:
             return 1
         return self.decode_ep_nodes or self.num_decode_nodes
 
-    def group_of_node(self, node: int) -> int:
-        """Group id of a node's engines: the id of the group's first node (prefill nodes
-        are ``0..P-1``, decode nodes ``P..P+D-1``)."""
-        p = self.num_prefill_nodes
-        if node < p:
-            return node - node % self.prefill_group_nodes
-        return node - (node - p) % self.decode_group_nodes
-
     @property
     def label(self) -> str:
         return f"{self.num_prefill_nodes}P{self.num_decode_nodes}D"

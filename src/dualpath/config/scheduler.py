@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dualpath.config.checks import one_of, positive, require
+from dualpath.config.systems import POLICY_NAMES
 
-POLICY_NAMES = ("basic", "layer", "dpl", "dualpath")
 ENGINE_CHOICES = ("round_robin", "least_loaded")
 READ_TIE_BREAKS = ("pe", "least_read")
 
@@ -14,9 +14,12 @@ READ_TIE_BREAKS = ("pe", "least_read")
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """α and β are given as seconds of work and converted to tokens from hardware and model,
-    unless ``alpha_tokens`` / ``beta_tokens`` are set (0 = derive)."""
+    unless ``alpha_tokens`` / ``beta_tokens`` are set (0 = derive).
 
-    policy: str = "dualpath"
+    ``policy``: "" (default) takes the policy of the system being run (``config.systems``;
+    ``dualpath`` where no system is named); a policy set here must match that system's."""
+
+    policy: str = ""
     alpha_read_s: float = 3.0  # α: tokens the node's SNIC reads in this many seconds
     beta_prefill_s: float = 5.0  # β: tokens one PE GPU prefills in this many seconds
     alpha_tokens: int = 0  # explicit α (0 = derive from alpha_read_s)
@@ -33,7 +36,7 @@ class SchedulerConfig:
     record_decisions: bool = False  # keep a decision trace (JSONL-able)
 
     def __post_init__(self) -> None:
-        one_of("scheduler.policy", self.policy, POLICY_NAMES)
+        one_of("scheduler.policy", self.policy, ("", *POLICY_NAMES))
         one_of("scheduler.basic_engine_choice", self.basic_engine_choice, ENGINE_CHOICES)
         one_of("scheduler.read_tie_break", self.read_tie_break, READ_TIE_BREAKS)
         positive("scheduler.alpha_read_s", self.alpha_read_s)

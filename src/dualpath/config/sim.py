@@ -1,4 +1,4 @@
-"""Simulator settings (issue 4): which systems to run, traffic manager, fidelity knobs, output.
+"""Simulator settings: which systems to run, traffic manager, fidelity knobs, output.
 
 Frozen and validated like every config section; the simulator reads it, never writes it.
 """
@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dualpath.config.checks import non_negative, positive, require
-
-SYSTEM_NAMES = ("basic", "layer", "dpl", "dualpath", "oracle")
+from dualpath.config.systems import SYSTEM_NAMES
 
 
 def parse_systems(text: str) -> tuple[str, ...]:

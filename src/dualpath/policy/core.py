@@ -17,9 +17,9 @@ from dualpath.policy.intra import GroupForwardPlan, Predictor, pack_forward, pla
 from dualpath.policy.params import PolicyParams
 from dualpath.policy.prefill import PrefillRule
 from dualpath.policy.side import SideRule
-from dualpath.policy.state import RoundState, validate_view
+from dualpath.policy.state import RoundState, ViewIndex
 from dualpath.policy.trace import DecisionTrace
-from dualpath.policy.view import ClusterView, EngineState, RequestInfo
+from dualpath.policy.view import ClusterView, RequestInfo
 
 ALL_GROUPS = -1  # the group id of a pull made for several PE groups at once
 
@@ -57,9 +57,7 @@ class PolicyCore:
         self._holds: dict[int, list[int]] = {}  # PE id → [tokens, requests] held for it
         self._ids: set[int] = set()  # request ids submitted and not yet assigned
         self._trace = DecisionTrace(params.record_decisions)
-        # the last view that passed validation (engines, node ids and kinds): see validate_view
-        self._checked_engines: tuple[EngineState, ...] = ()
-        self._checked_nodes: list[tuple[object, object]] | None = None
+        self._index = ViewIndex()  # the last view that passed validation, indexed
 
     @property
     def alpha_tokens(self) -> int:
@@ -95,18 +93,8 @@ class PolicyCore:
 
     def schedule(self, view: ClusterView, now: float) -> list[Assign]:
         holds = {pe: h[1] for pe, h in self._holds.items()}
-        nodes_key: list[tuple[object, object]] | None = None  # only plain views are cached
-        checked: tuple[EngineState, ...] = ()
-        if type(view) is ClusterView:
-            nodes_key = [
-                (getattr(n, "node_id", None), getattr(n, "kind", None)) for n in view.nodes
-            ]
-            if nodes_key == self._checked_nodes:
-                checked = self._checked_engines
-        validate_view(view, holds, self._decode.queued_by_group(), checked)
-        self._checked_engines = view.engines if nodes_key is not None else ()
-        self._checked_nodes = nodes_key
-        st = RoundState(view, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
+        self._index.refresh(view, holds, self._decode.queued_by_group())
+        st = RoundState(self._index, {pe: (h[0], h[1]) for pe, h in self._holds.items()})
         held: list[tuple[RequestInfo, int]] = []
         ids = st.pe_group_ids
         if len(ids) == 1:  # the group leader pulls

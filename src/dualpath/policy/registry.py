@@ -1,5 +1,8 @@
 """Build a policy by name from config (SPEC §11): ``basic``, ``layer``, ``dpl``, ``dualpath``.
 
+Which system runs which policy, and whether a policy prefills layerwise, is the system table
+(``dualpath.config.systems``); this module wires each policy's rules.
+
 | name     | PE choice            | DE choice              | read side          | quota | layerwise |
 |----------|----------------------|------------------------|--------------------|-------|-----------|
 | basic    | round robin / least  | round robin / least    | PE only            | no    | no        |
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from dualpath.config import Config
+from dualpath.config.systems import POLICY_NAMES, SYSTEMS
 from dualpath.models import cost
 from dualpath.policy.core import PolicyCore
 from dualpath.policy.decode import DecodeRule, SimpleDecode
@@ -23,7 +27,7 @@ from dualpath.policy.params import PolicyParams, params_from_config
 from dualpath.policy.prefill import CategoryPrefill, PrefillRule, RoundRobinPrefill
 from dualpath.policy.side import SideRule
 
-POLICY_NAMES = ("basic", "layer", "dpl", "dualpath")
+DEFAULT_POLICY = "dualpath"  # where no system names one
 
 
 def _baseline_prefill(params: PolicyParams, choice: str) -> PrefillRule:
@@ -59,13 +63,17 @@ def build_policy(
             params.split_reads,
             params.read_tie_break,
         )
-        return PolicyCore(name, params, prefill, decode, side, predict, layerwise=True)
+        return PolicyCore(name, params, prefill, decode, side, predict, _layerwise(name))
     no_quota = replace(params, compute_quota_s=None)
     prefill = _baseline_prefill(params, engine_choice)
     decode = SimpleDecode(engine_choice)
     rule = "round_robin" if name == "dpl" else "pe"
     side = SideRule(rule, params.alpha_tokens, params.block_tokens, split=False)
-    return PolicyCore(name, no_quota, prefill, decode, side, predict, layerwise=name != "basic")
+    return PolicyCore(name, no_quota, prefill, decode, side, predict, _layerwise(name))
+
+
+def _layerwise(policy: str) -> bool:
+    return SYSTEMS[policy].layerwise  # each policy is also the system of its own name
 
 
 def attention_predictor(config: Config) -> Callable[[Sequence[tuple[int, int]]], float]:
@@ -74,12 +82,12 @@ def attention_predictor(config: Config) -> Callable[[Sequence[tuple[int, int]]],
 
 
 def make_policy(config: Config) -> PolicyCore:
-    """The policy named by ``config.scheduler.policy``, α and β derived unless given.
+    """The policy named by ``config.scheduler.policy`` (``dualpath`` if unset), α and β
+    derived unless given.
 
     Returns a ``PolicyCore`` (satisfies ``Policy``; also exposes ``alpha_tokens``,
     ``beta_tokens``, ``params``, ``plan_group``)."""
     sched = config.scheduler
-    params = params_from_config(config, compute_quota=sched.policy == "dualpath")
-    return build_policy(
-        sched.policy, params, attention_predictor(config), sched.basic_engine_choice
-    )
+    name = sched.policy or DEFAULT_POLICY
+    params = params_from_config(config, compute_quota=name == "dualpath")
+    return build_policy(name, params, attention_predictor(config), sched.basic_engine_choice)

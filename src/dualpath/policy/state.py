@@ -7,19 +7,156 @@ authoritative and these copies are rebuilt.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import compress
+from operator import is_not
 
 from dualpath.policy.view import ClusterView, EngineState, NodeState
 from dualpath.types import EngineKind
 
 
-class RoundState:
-    """Mutable per-round counters keyed by engine / node id.
+class ViewIndex:
+    """The numbers of the last view that passed validation, kept across rounds.
 
-    ``tok``/``seq``: tok_e / seq_e (PEs include the requests the policy holds for them);
-    ``free``: DE free HBM tokens; ``read_q``: node read queue tokens; ``read_bytes``: bytes
-    each node's storage NICs have read (for the ``least_read`` tie-break). Group member lists are
-    sorted by engine id; ``pe_group_ids`` / ``de_group_ids`` are sorted group ids.
+    Shells rebuild only the ``EngineState`` / ``NodeState`` objects whose numbers changed
+    (``dualpath.ledger``). A plain ``ClusterView`` whose states sit at the same indices with
+    the same ids, kinds, nodes and groups as the last one is checked and indexed only where
+    its state objects differ (O(changed) Python work, plus one identity scan); anything else is
+    validated in full and indexed from scratch. A view that fails leaves the index unchanged.
+
+    ``tok`` / ``seq``: tok_e / seq_e; ``free``: DE free HBM tokens; ``node``: engine → node;
+    ``read_q`` / ``read_bytes``: per node. Group member lists are sorted by engine id;
+    ``pe_group_ids`` / ``de_group_ids`` are sorted group ids. All read-only outside this class.
     """
+
+    __slots__ = (
+        "_engines",
+        "_kinds",
+        "_nodes",
+        "de_group_ids",
+        "de_groups",
+        "free",
+        "node",
+        "pe_group_ids",
+        "pe_groups",
+        "read_bytes",
+        "read_q",
+        "seq",
+        "tok",
+    )
+
+    def __init__(self) -> None:
+        self._engines: tuple[EngineState, ...] = ()
+        self._nodes: tuple[NodeState, ...] = ()
+        self._kinds: dict[int, EngineKind] = {}
+        self.tok: dict[int, int] = {}
+        self.seq: dict[int, int] = {}
+        self.free: dict[int, int] = {}
+        self.node: dict[int, int] = {}
+        self.read_q: dict[int, int] = {}
+        self.read_bytes: dict[int, float] = {}
+        self.pe_groups: dict[int, list[int]] = {}
+        self.de_groups: dict[int, list[int]] = {}
+        self.pe_group_ids: list[int] = []
+        self.de_group_ids: list[int] = []
+
+    def refresh(
+        self,
+        view: ClusterView,
+        held_pes: Mapping[int, int],
+        queued_de_groups: Mapping[int, int],
+    ) -> None:
+        """Check ``view`` (``ValueError`` naming the first inconsistency) and index it."""
+        delta = self._delta(view)
+        if delta is None:
+            validate_view(view, held_pes, queued_de_groups)
+            self._index_all(view)
+            return
+        engines, nodes = delta
+        _check_holds(self._kinds, set(self.de_groups), held_pes, queued_de_groups)
+        tok, seq, free, de = self.tok, self.seq, self.free, EngineKind.DE
+        for e in engines:
+            eid = e.engine_id
+            tok[eid] = e.tokens
+            seq[eid] = e.seq
+            if e.kind is de:
+                free[eid] = e.free_hbm_tokens
+        for n in nodes:
+            self.read_q[n.node_id] = n.read_queue_tokens
+            self.read_bytes[n.node_id] = n.bytes_read
+        self._engines, self._nodes = view.engines, view.nodes
+
+    def _delta(self, view: ClusterView) -> tuple[list[EngineState], list[NodeState]] | None:
+        """The states of ``view`` that differ from the last view's, checked; None when the
+        view must be validated in full (another shape, a changed id / kind / node / group,
+        a bad count, or not a plain ``ClusterView``)."""
+        old_engines, old_nodes = self._engines, self._nodes
+        if not (
+            type(view) is ClusterView
+            and old_engines
+            and len(view.engines) == len(old_engines)
+            and len(view.nodes) == len(old_nodes)
+        ):
+            return None
+        nodes: list[NodeState] = []
+        for i in _changed(view.nodes, old_nodes):
+            n, old_n = view.nodes[i], old_nodes[i]
+            if not (
+                isinstance(n, NodeState)
+                and (n.node_id, n.kind) == (old_n.node_id, old_n.kind)
+                and _node_counts_ok(n)
+            ):
+                return None
+            nodes.append(n)
+        engines: list[EngineState] = []
+        for i in _changed(view.engines, old_engines):
+            e, o = view.engines[i], old_engines[i]
+            if not (
+                isinstance(e, EngineState)
+                and e.engine_id == o.engine_id
+                and e.node_id == o.node_id
+                and e.group_id == o.group_id
+                and e.kind is o.kind
+                and _counts_ok(e)
+            ):
+                return None
+            engines.append(e)
+        return engines, nodes
+
+    def _index_all(self, view: ClusterView) -> None:
+        tok: dict[int, int] = {}
+        seq: dict[int, int] = {}
+        free: dict[int, int] = {}
+        node: dict[int, int] = {}
+        kinds: dict[int, EngineKind] = {}
+        pe_groups: dict[int, list[int]] = {}
+        de_groups: dict[int, list[int]] = {}
+        pe = EngineKind.PE
+        for e in view.engines:
+            eid = e.engine_id
+            tok[eid] = e.tokens
+            seq[eid] = e.seq
+            node[eid] = e.node_id
+            kinds[eid] = e.kind
+            if e.kind is pe:
+                pe_groups.setdefault(e.group_id, []).append(eid)
+            else:
+                free[eid] = e.free_hbm_tokens
+                de_groups.setdefault(e.group_id, []).append(eid)
+        self.tok, self.seq, self.free, self.node, self._kinds = tok, seq, free, node, kinds
+        self.read_q = {n.node_id: n.read_queue_tokens for n in view.nodes}
+        self.read_bytes = {n.node_id: n.bytes_read for n in view.nodes}
+        self.pe_groups, self.de_groups = pe_groups, de_groups
+        self.pe_group_ids, self.de_group_ids = sorted(pe_groups), sorted(de_groups)
+        plain = type(view) is ClusterView  # only plain views are reused (see _delta)
+        self._engines = view.engines if plain else ()
+        self._nodes = view.nodes if plain else ()
+
+
+class RoundState:
+    """One round's working copies of the indexed counters (the rules mutate ``tok``, ``seq``,
+    ``free`` and ``read_q`` as they place requests); PEs include the requests the policy
+    holds for them. ``node``, the group lists and ``read_bytes`` are the index's own
+    (read-only)."""
 
     __slots__ = (
         "de_group_ids",
@@ -34,33 +171,20 @@ class RoundState:
         "tok",
     )
 
-    def __init__(self, view: ClusterView, pe_holds: Mapping[int, tuple[int, int]]) -> None:
-        self.tok: dict[int, int] = {}
-        self.seq: dict[int, int] = {}
-        self.free: dict[int, int] = {}
-        self.node: dict[int, int] = {}
-        self.read_q: dict[int, int] = {n.node_id: n.read_queue_tokens for n in view.nodes}
-        self.read_bytes: dict[int, float] = {n.node_id: n.bytes_read for n in view.nodes}
-        pe_groups: dict[int, list[int]] = {}
-        de_groups: dict[int, list[int]] = {}
-        tok, seq, free, node, pe = self.tok, self.seq, self.free, self.node, EngineKind.PE
-        for e in view.engines:
-            eid = e.engine_id
-            tok[eid] = e.tokens
-            seq[eid] = e.seq
-            node[eid] = e.node_id
-            if e.kind is pe:
-                pe_groups.setdefault(e.group_id, []).append(eid)
-            else:
-                free[eid] = e.free_hbm_tokens
-                de_groups.setdefault(e.group_id, []).append(eid)
+    def __init__(self, index: ViewIndex, pe_holds: Mapping[int, tuple[int, int]]) -> None:
+        self.tok = tok = index.tok.copy()
+        self.seq = seq = index.seq.copy()
+        self.free = index.free.copy()
+        self.read_q = index.read_q.copy()
+        self.node = index.node
+        self.read_bytes = index.read_bytes
+        self.pe_groups = index.pe_groups
+        self.de_groups = index.de_groups
+        self.pe_group_ids = index.pe_group_ids
+        self.de_group_ids = index.de_group_ids
         for held, (tokens, count) in pe_holds.items():
             tok[held] += tokens
             seq[held] += count
-        self.pe_group_ids = sorted(pe_groups)
-        self.de_group_ids = sorted(de_groups)
-        self.pe_groups = pe_groups
-        self.de_groups = de_groups
 
 
 def _is_count(value: object) -> bool:
@@ -71,15 +195,11 @@ def validate_view(
     view: ClusterView,
     held_pes: Mapping[int, int],
     queued_de_groups: Mapping[int, int],
-    checked: Sequence[EngineState] = (),
 ) -> None:
     """Raise ``ValueError`` naming the first inconsistency; mutate nothing.
 
     ``held_pes``: PE id → requests the policy holds for it (must still be a PE in the view);
     ``queued_de_groups``: DE group id → requests in its private queue (group must exist).
-    ``checked``: the engines of an earlier view that passed against nodes of the same ids and
-    kinds; an engine that is the very same (immutable) object at the same index is not
-    checked field by field again, only for id order.
     """
     if not isinstance(view, ClusterView):
         raise ValueError(f"view must be a ClusterView, got {type(view).__name__}")
@@ -96,20 +216,22 @@ def validate_view(
     last = -1
     kinds: dict[int, EngineKind] = {}
     de = EngineKind.DE
-    num_checked = len(checked)
-    for i, e in enumerate(view.engines):
-        if i < num_checked and e is checked[i]:
-            if e.engine_id <= last:
-                raise ValueError(
-                    f"view.engines: engine ids must be unique and sorted, got {e.engine_id}"
-                )
-        else:
-            _check_engine(e, last, nodes)
+    for e in view.engines:
+        _check_engine(e, last, nodes)
         last = e.engine_id
         kind = e.kind
         kinds[last] = kind
         if kind is de:
             de_group_ids.add(e.group_id)
+    _check_holds(kinds, de_group_ids, held_pes, queued_de_groups)
+
+
+def _check_holds(
+    kinds: Mapping[int, EngineKind],
+    de_group_ids: set[int],
+    held_pes: Mapping[int, int],
+    queued_de_groups: Mapping[int, int],
+) -> None:
     for pe, count in sorted(held_pes.items()):
         if count and kinds.get(pe) is not EngineKind.PE:
             raise ValueError(
@@ -155,6 +277,28 @@ def _check_engine(e: EngineState, last: int, nodes: Mapping[int, NodeState]) -> 
             f"engine {eid}: kind={e.kind.value} on node {nid} of kind "
             f"{node.kind.value}: engine and node kinds must match"
         )
+
+
+def _counts_ok(e: EngineState) -> bool:
+    int_ = int
+    return (
+        type(e.seq) is int_
+        and e.seq >= 0
+        and type(e.tokens) is int_
+        and e.tokens >= 0
+        and type(e.free_hbm_tokens) is int_
+        and e.free_hbm_tokens >= 0
+    )
+
+
+def _changed(new: Sequence[object], old: Sequence[object]) -> list[int]:
+    """Indices where ``new`` holds another object than ``old`` (an identity scan in C)."""
+    return list(compress(range(len(new)), map(is_not, new, old)))
+
+
+def _node_counts_ok(n: NodeState) -> bool:
+    q = n.read_queue_tokens
+    return type(q) is int and q >= 0 and 0.0 <= n.bytes_read < float("inf")
 
 
 def _check_counts(e: EngineState) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 import dualpath.runtime.kvstore as kvs
 from dualpath.config import Config
+from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.topology import Topology
 from dualpath.runtime.transport.base import RegionHandle
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.config import Config
+from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.engine import engine_main
 from dualpath.runtime.env import ProcEnv
@@ -30,7 +31,6 @@ from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.pacer import Pacer, PacerStats, SharedLink
 from dualpath.runtime.storage import storage_main
-from dualpath.runtime.topology import Topology
 from dualpath.runtime.transport.base import RegionHandle
 
 JOIN_TIMEOUT_S = 10.0
@@ -98,7 +98,7 @@ class Launcher:
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
         specs, locks = [], []
         for node in range(topo.num_nodes):
-            slots = buffer_slots(cfg, self.options, topo.node_kind(node).value == "pe")
+            slots = buffer_slots(cfg, self.options, topo.kind_of_node(node).value == "pe")
             spec = BufferSpec(f"{tag}-n{node}", slots, layout.full_block_bytes)
             lock = self.ctx.Lock()
             self.buffers.append(SlotBuffer.create(spec, lock))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SYSTEMS = ("basic", "layer", "dpl", "dualpath", "oracle")
+from dualpath.config.systems import SystemSpec, system_spec
+
 TRANSPORTS = ("shm", "tcp", "mooncake")
 RUNTIMES = ("local", "ray")
 
@@ -29,8 +30,9 @@ class FaultPlan:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
-    """``system``: policy name, or ``oracle`` (= dualpath with KV traffic unpaced: storage reads,
-    buffer loads and PD transfers take no emulated NIC time). ``kv_root``: the KV store root
+    """``system``: one of ``SYSTEM_NAMES`` (``dualpath.config.systems``); ``oracle`` runs dualpath
+    with KV traffic unpaced (storage reads, buffer loads and PD transfers take no emulated NIC
+    time). ``kv_root``: the KV store root
     (on a cluster, a shared file-system mount). ``tenant``: salt of the KV namespace, so one
     tenant never reads another's blocks. ``buffer_slots``: Full-Block slots per node
     buffer (0 = from ``hardware.pe_buffer_bytes`` / ``de_buffer_bytes``). ``hbm_tokens``: KV
@@ -63,10 +65,7 @@ class RuntimeOptions:
     ray_address: str = ""
 
     def __post_init__(self) -> None:
-        if self.system not in SYSTEMS:
-            raise ValueError(
-                f"system={self.system!r} is invalid: must be one of {', '.join(SYSTEMS)}"
-            )
+        system_spec(self.system)  # ValueError naming the allowed systems
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"transport={self.transport!r} is invalid: must be one of {', '.join(TRANSPORTS)}"
@@ -95,9 +94,9 @@ class RuntimeOptions:
         return max(1, tokens // block_tokens) * num_layers
 
     @property
-    def policy_name(self) -> str:
-        return "dualpath" if self.system == "oracle" else self.system
+    def spec(self) -> SystemSpec:
+        return system_spec(self.system)
 
     @property
     def paced_kv(self) -> bool:
-        return self.system != "oracle"
+        return not self.spec.oracle

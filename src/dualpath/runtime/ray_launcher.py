@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from dualpath.config import Config
+from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.kvstore import BlockLayout
@@ -35,7 +36,7 @@ from dualpath.runtime.launcher import (
 )
 from dualpath.runtime.messages import StopMsg
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.topology import Topology
+from dualpath.types import EngineKind
 
 RESOURCE_PREFIX = "dualpath_node"
 RESOURCE_SHARE = 0.001  # of a node's marker resource per actor: any number fit on a node
@@ -206,7 +207,7 @@ class RayLauncher(Launcher):
                              cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
         specs = tuple(
-            BufferSpec(f"{tag}-n{n}", buffer_slots(cfg, opts, topo.node_kind(n).value == "pe"),
+            BufferSpec(f"{tag}-n{n}", buffer_slots(cfg, opts, topo.kind_of_node(n) is EngineKind.PE),
                        layout.full_block_bytes)
             for n in range(topo.num_nodes)
         )  # fmt: skip

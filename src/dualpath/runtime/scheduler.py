@@ -287,7 +287,7 @@ class Scheduler:
             free = max(0, self.free_pages[e] // self.num_layers * self.block - ld.reserved)
             engines.append(EngineState(e, self.topo.node_of(e), self.topo.group_of(e),
                                        self.topo.kind_of(e), ld.seq, ld.tokens, free))  # fmt: skip
-        nodes = tuple(NodeState(n, self.topo.node_kind(n), self.read_q[n], self.node_read_bytes[n])
+        nodes = tuple(NodeState(n, self.topo.kind_of_node(n), self.read_q[n], self.node_read_bytes[n])
                       for n in range(self.topo.num_nodes))  # fmt: skip
         return ClusterView(tuple(engines), nodes)
 

@@ -9,10 +9,10 @@ Ctrl-C or any failure stops every process and removes the shared-memory buffers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from types import TracebackType
 
 from dualpath.config import Config
+from dualpath.config.systems import config_for
 from dualpath.metrics import TurnRecord
 from dualpath.policy import make_policy
 from dualpath.runtime.launcher import Launcher
@@ -40,8 +40,7 @@ class LocalRuntime:
                 "scheduler.split_reads=true is not supported by the runtime (each request reads "
                 "its hit KV through one node): use the simulator, or set it to false"
             )
-        sched = replace(config.scheduler, policy=options.policy_name)
-        self.config = replace(config, scheduler=sched)
+        self.config = config_for(config, options.spec)
         self.options = options
         self.launcher = make_launcher(self.config, options)
         self._scheduler: Scheduler | None = None

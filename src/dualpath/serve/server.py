@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dualpath.config import Config
+from dualpath.config.systems import SYSTEMS
 from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
 from dualpath.serve.local import LocalBackend, LocalOptions
 
 BACKENDS = ("local", "runtime")
-RUNTIME_SYSTEMS = ("basic", "layer", "dpl", "dualpath", "oracle")
+RUNTIME_SYSTEMS = tuple(SYSTEMS)  # every system the runtime runs
 DEVICES = ("cpu", "cuda")
 
 

@@ -1,9 +1,9 @@
 """Discrete-event cluster simulator: a shell around the policy core (docs/simulator.md)."""
 
+from dualpath.config.systems import SystemSpec, system_spec
 from dualpath.sim.cluster import Cluster
 from dualpath.sim.results import SimResult, collect
 from dualpath.sim.runner import build_cluster, offline_arrivals, run_cluster, simulate
-from dualpath.sim.systems import SystemSpec, system_spec
 
 __all__ = [
     "Cluster",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from dualpath.sim.events import Priority
 from dualpath.sim.transfers import Transfers
 
 T = TypeVar("T")
@@ -58,7 +59,7 @@ class Channel(Generic[T]):
         if loop.now < due:
             self.busy = False
             self.waiting = True
-            loop.at(due, self._flush, 0, "channel_flush")
+            loop.at(due, self._flush, Priority.COMPLETION, "channel_flush")
             return
         self.last_start_s = loop.now
         size, self.queued_bytes = self.queued_bytes, 0.0

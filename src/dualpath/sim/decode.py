@@ -13,7 +13,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 
 from dualpath.config import HardwareConfig, ModelConfig
-from dualpath.sim.events import Event, EventLoop
+from dualpath.ledger import DecodeStepsDone, EventBus
+from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.request import Req
 from dualpath.sim.steptime import step_time_fn
 
@@ -36,6 +37,7 @@ class DecodeGroup:
         num_gpus: int,
         macro_steps: int,
         on_finish: Callable[[Req], None],
+        events: EventBus | None = None,
     ) -> None:
         self.members = members
         self.loop = loop
@@ -44,6 +46,7 @@ class DecodeGroup:
         self.num_gpus = num_gpus
         self.macro_steps = macro_steps
         self.on_finish = on_finish
+        self.events = events if events is not None else EventBus()
         self.step_time_s = step_time_fn(model, hw, num_gpus)
         self.index = {de: i for i, de in enumerate(members)}
         n = len(members)
@@ -82,20 +85,26 @@ class DecodeGroup:
         if not self.running:
             self.running = True
             self.times = []
-            self.event = self.loop.at(now, self._boundary, 1, "de_boundary")
+            self.event = self.loop.at(now, self._boundary, Priority.START, "de_boundary")
             return
         j = bisect_left(self.times, now)  # the step in progress ends at times[j]
         if j < len(self.times) - 1:
             assert self.event is not None
             self.loop.cancel(self.event)
             del self.times[j + 1 :]
-            self.event = self.loop.at(self.times[j], self._boundary, 0, "de_boundary")
+            self.event = self.loop.at(
+                self.times[j], self._boundary, Priority.COMPLETION, "de_boundary"
+            )
 
     # ------------------------------------------------------------------ boundaries
     def _boundary(self) -> None:
         now = self.loop.now
         steps = len(self.times)
         batch, context, generated = self.batch, self.context, self.generated
+        if steps and self.events.wants(DecodeStepsDone):
+            self.events.emit(
+                DecodeStepsDone(now, self.members, tuple(batch), steps, self.interval_start_s)
+            )
         if steps:
             span = now - self.interval_start_s
             for i, b in enumerate(batch):
@@ -130,7 +139,9 @@ class DecodeGroup:
         self._plan_interval(heap[0][0] - self.step)
         for req in joined:
             req.second_token_s = self.times[0]
-        self.event = self.loop.at(self.times[-1], self._boundary, 0, "de_boundary")
+        self.event = self.loop.at(
+            self.times[-1], self._boundary, Priority.COMPLETION, "de_boundary"
+        )
 
     def _plan_interval(self, until_next_finish: int) -> None:
         """Step end times of the next ``min(until_next_finish, macro_steps)`` steps."""

@@ -11,7 +11,19 @@ import heapq
 import math
 from array import array
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Any
+
+
+class Priority(IntEnum):
+    """Tie order of the simulator's events at one instant (lower runs first); every
+    ``EventLoop.at`` / ``after`` in the simulator names one of these."""
+
+    COMPLETION = 0  # something finished: a flow landed, a pass or decode interval ended
+    START = 1  # start work after every completion of the instant (batch what arrived together)
+    PULL = 3  # the group leaders pull from the policy after every start of the instant
+    SETTLE = 2**62  # the network recomputes its rates after every other event of the instant
+
 
 _LOG_CHUNK = 512  # processed events held before folding into the hash (small: cache-friendly)
 _COMPACT_MIN = 4_096  # rebuild the heap when at least this many cancelled entries...

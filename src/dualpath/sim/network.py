@@ -12,11 +12,11 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 
-from dualpath.sim.events import Event, EventLoop
-from dualpath.sim.rates import SETTLE_PRIORITY, SLACK_REL, RateSolver
+from dualpath.sim.events import Event, EventLoop, Priority
+from dualpath.sim.rates import SLACK_REL, RateSolver
 from dualpath.types import TrafficClass
 
-__all__ = ["DONE_REL", "SETTLE_PRIORITY", "FluidNetwork"]
+__all__ = ["DONE_REL", "FluidNetwork"]
 
 DONE_REL = 1e-9  # a flow is done once remaining <= DONE_REL * size
 
@@ -34,7 +34,7 @@ class FluidNetwork(RateSolver):
     path carries that flow k times (e.g. half-duplex DRAM read and written by one transfer).
 
     Timing: starts, cancels and completions mark resources dirty; rates are recomputed once
-    per instant (a loop event at ``SETTLE_PRIORITY``, or earlier on any query), which is exact
+    per instant (a loop event at ``Priority.SETTLE``, or earlier on any query), which is exact
     since no time passes in between, and only where they can change (``RateSolver``, in
     ``rates.py``: results bit-identical to refilling whole components). Completions are fired by one loop event (``priority``, label ``net.done``); flows
     finishing at the same instant get ``on_done()`` in order of (finish time, flow id).
@@ -46,7 +46,7 @@ class FluidNetwork(RateSolver):
         loop: EventLoop,
         traffic_manager: bool = True,
         low_floor: float = 0.01,
-        priority: int = 0,
+        priority: int = Priority.COMPLETION,
     ) -> None:
         if not 0.0 <= low_floor < 1.0:
             raise ValueError(f"low_floor={low_floor!r} is invalid: must be in [0, 1)")

@@ -17,7 +17,8 @@ from dualpath.sim.transfers import Transfers
 
 
 class NodeIO:
-    """``read_queue_tokens`` is SPEC §13.4's ``read_q``: hit tokens queued or being read."""
+    """Reports each read's start (``on_read_start(req, node, bytes)``) and end
+    (``on_read_done(req, node)``); SPEC §13.4's ``read_q`` is counted by the ledger."""
 
     def __init__(
         self,
@@ -28,6 +29,7 @@ class NodeIO:
         reads_at_once: int,
         transfers: Transfers,
         on_read_done: Callable[[Req, int], None],
+        on_read_start: Callable[[Req, int, float], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.path_kind = path_kind
@@ -36,17 +38,15 @@ class NodeIO:
         self.reads_at_once = reads_at_once
         self.transfers = transfers
         self.on_read_done = on_read_done
+        self.on_read_start = on_read_start
         self.queue: deque[tuple[Req, int, float]] = deque()
-        self.read_queue_tokens = 0
         self.in_flight = 0
         self.buffer_used_bytes = 0.0
         self.buffer_peak_bytes = 0.0
-        self.bytes_read = 0.0
 
     def enqueue(self, req: Req, tokens: int, size_bytes: float) -> None:
         """Queue a read of ``tokens`` hit tokens (``size_bytes`` of Full Blocks) for ``req``."""
         self.queue.append((req, tokens, size_bytes))
-        self.read_queue_tokens += tokens
         self.pump()
 
     def hold(self, size_bytes: float) -> None:
@@ -73,9 +73,8 @@ class NodeIO:
             queue.popleft()
             self.in_flight += 1
             self.hold(size)
-            if req.read_start_s < 0:
-                req.read_start_s = self.transfers.loop.now
-            self.bytes_read += size
+            if self.on_read_start is not None:
+                self.on_read_start(req, self.node_id, size)
             self.transfers.start(
                 self.path_kind,
                 self.read_path,
@@ -85,6 +84,5 @@ class NodeIO:
 
     def _done(self, req: Req, tokens: int) -> None:
         self.in_flight -= 1
-        self.read_queue_tokens -= tokens
         self.on_read_done(req, self.node_id)
         self.pump()

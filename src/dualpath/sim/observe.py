@@ -1,23 +1,20 @@
-"""Read-only observation of a running ``Cluster``: spans, per-forward attention, SNIC bytes.
+"""Read-only observation of a running ``Cluster`` through its events: spans, per-forward
+attention, SNIC bytes.
 
-An ``Observer`` wraps a few cluster methods on the *instance* (never the class) before the
-run starts, records what happened and hands it to ``dualpath.metrics``: Chrome-trace spans
-(reads and every other transfer, each prefill forward pass per PE, decode macro-steps per DE
-group), each forward's attention time per GPU of the EP group (recomputed with the same
-``cost.attention_time_s`` call the prefill group makes) and cumulative SNIC read bytes per
-node sampled by the driver. It changes no timing and no decision: a run with and without an
+An ``Observer`` subscribes to the cluster's ``EventBus`` before the run starts and records
+Chrome-trace spans (every transfer that takes time, each forward pass per PE, decode
+intervals per DE), each forward's attention time per GPU of the EP group (the same
+``cost.attention_time_s`` the prefill group charges) and cumulative SNIC read bytes per node
+sampled by the driver. It changes no timing and no decision: a run with and without an
 observer has the same event-log digest (tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
+from dualpath.ledger import DecodeStepsDone, ForwardDone, ForwardStarted, TransferDone
 from dualpath.metrics.chrome_trace import Span
 from dualpath.models import cost
 from dualpath.sim.cluster import Cluster
-from dualpath.types import EngineKind
 
 
 class Observer:
@@ -29,111 +26,64 @@ class Observer:
         self.spans: list[Span] = []
         self.attention: list[tuple[float, list[float]]] = []  # (pass start s, s per GPU)
         self.snic_samples: list[tuple[float, list[float]]] = []  # (time s, cumulative bytes)
-        for group in cluster.prefill_groups:
-            self._wrap_prefill(group)
+        self._names = self._resource_names()
+        events = cluster.events
+        events.subscribe(ForwardStarted, self._on_forward_started)
         if spans:
-            self._wrap_transfers()
-            for dgroup in cluster.decode_groups:
-                self._wrap_decode(dgroup)
+            events.subscribe(ForwardDone, self._on_forward_done)
+            events.subscribe(TransferDone, self._on_transfer_done)
+            events.subscribe(DecodeStepsDone, self._on_decode_steps)
 
     # ------------------------------------------------------------------ samples
     def sample_snic(self) -> None:
         """Append (now, cumulative SNIC read bytes per node) — call at regular times."""
         c = self.cluster
-        carried = [c.net.bytes_carried(c.topo.snic_read[n]) for n in range(c.topo.num_nodes)]
+        carried = [c.net.bytes_carried(c.fabric.snic_read[n]) for n in range(c.topo.num_nodes)]
         self.snic_samples.append((c.loop.now, carried))
 
-    # ------------------------------------------------------------------ wrappers
-    def _wrap_prefill(self, group: Any) -> None:
-        make_plan: Callable[[Any], Any] = group._make_plan
-        end_pass: Callable[[], None] = group._end_pass
-        model, hw, loop = self.cluster.config.model, self.cluster.config.hardware, self.cluster.loop
-        members: Sequence[int] = group.members
-        started: list[tuple[float, dict[int, int]]] = []
+    # ------------------------------------------------------------------ subscriptions
+    def _on_forward_started(self, ev: ForwardStarted) -> None:
+        if len(ev.members) < 2:
+            return
+        model, hw = self.cluster.config.model, self.cluster.config.hardware
+        per_gpu = dict.fromkeys(ev.members, 0.0)
+        for pe, chunks in ev.batches:
+            per_gpu[pe] = cost.attention_time_s(model, hw, list(chunks))
+        self.attention.append((ev.now, [per_gpu[pe] for pe in ev.members]))
 
-        def observed_plan(batches: list[tuple[int, Any]]) -> Any:
-            per_gpu = dict.fromkeys(members, 0.0)
-            tokens: dict[int, int] = {}
-            for pe, chunks in batches:
-                per_gpu[pe] = cost.attention_time_s(model, hw, [(c.cached, c.new) for c in chunks])
-                tokens[pe] = sum(c.new for c in chunks)
-            if len(members) > 1:
-                self.attention.append((loop.now, [per_gpu[pe] for pe in members]))
-            started.append((loop.now, tokens))
-            return make_plan(batches)
+    def _on_forward_done(self, ev: ForwardDone) -> None:
+        topo = self.cluster.topo
+        for pe, chunks in sorted(ev.batches):
+            args = {"new_tokens": sum(new for _, new in chunks)}
+            track = f"node{topo.node_of(pe)}"
+            self.spans.append(Span(f"pe{pe} forward", "prefill", ev.start_s, ev.now, args, track))
 
-        def observed_end() -> None:
-            if started and self.record_spans:
-                start, tokens = started[-1]
-                for pe, new in sorted(tokens.items()):
-                    node = self.cluster.topo.node_of(pe)
-                    args = {"new_tokens": new}
-                    self.spans.append(
-                        Span(f"pe{pe} forward", "prefill", start, loop.now, args, f"node{node}")
-                    )
-            started.clear()
-            end_pass()
+    def _on_transfer_done(self, ev: TransferDone) -> None:
+        if ev.now <= ev.start_s:
+            return
+        names = self._names
+        track = names.get(ev.path[0], f"res{ev.path[0]}") if ev.path else "none"
+        args = {"bytes": ev.size_bytes, "path": [names.get(r, str(r)) for r in ev.path]}
+        node = track.split(" ", 1)[0]
+        self.spans.append(Span(f"{track} {ev.kind}", ev.kind, ev.start_s, ev.now, args, node))
 
-        group._make_plan = observed_plan
-        group._end_pass = observed_end
-
-    def _wrap_transfers(self) -> None:
-        transfers = self.cluster.transfers
-        start = transfers.start
-        loop = self.cluster.loop
-        names = self._resource_names()
-
-        def observed_start(
-            kind: str, path: Sequence[int], size_bytes: float, on_done: Any, *a: Any
-        ) -> None:
-            t0 = loop.now
-            track = names.get(path[0], f"res{path[0]}") if path else "none"
-            node = track.split(" ", 1)[0]
-
-            def done() -> None:
-                if loop.now > t0:
-                    args = {"bytes": size_bytes, "path": [names.get(r, str(r)) for r in path]}
-                    self.spans.append(Span(f"{track} {kind}", kind, t0, loop.now, args, node))
-                on_done()
-
-            start(kind, path, size_bytes, done, *a)
-
-        transfers.start = observed_start  # type: ignore[method-assign,assignment]
+    def _on_decode_steps(self, ev: DecodeStepsDone) -> None:
+        topo = self.cluster.topo
+        for de, batch in zip(ev.members, ev.batch, strict=True):
+            if batch:
+                args = {"steps": ev.steps, "batch": batch}
+                track = f"node{topo.node_of(de)}"
+                self.spans.append(Span(f"de{de} decode", "decode", ev.start_s, ev.now, args, track))
 
     def _resource_names(self) -> dict[int, str]:
-        topo = self.cluster.topo
+        topo, fabric = self.cluster.topo, self.cluster.fabric
         names: dict[int, str] = {}
         for n in range(topo.num_nodes):
-            names[topo.snic_read[n]] = f"node{n} snic_read"
-            names[topo.snic_write[n]] = f"node{n} snic_write"
-            names[topo.dram[n]] = f"node{n} dram"
+            names[fabric.snic_read[n]] = f"node{n} snic_read"
+            names[fabric.snic_write[n]] = f"node{n} snic_write"
+            names[fabric.dram[n]] = f"node{n} dram"
         for e in topo.engine_ids:
-            kind = "pe" if topo.kind_of_node(topo.node_of(e)) is EngineKind.PE else "de"
-            names[topo.tx[e]] = f"node{topo.node_of(e)} {kind}{e}_cnic_tx"
-            names[topo.rx[e]] = f"node{topo.node_of(e)} {kind}{e}_cnic_rx"
+            kind = topo.kind_of(e).value
+            names[fabric.tx[e]] = f"node{topo.node_of(e)} {kind}{e}_cnic_tx"
+            names[fabric.rx[e]] = f"node{topo.node_of(e)} {kind}{e}_cnic_rx"
         return names
-
-    def _wrap_decode(self, group: Any) -> None:
-        boundary: Callable[[], None] = group._boundary
-        loop, topo = self.cluster.loop, self.cluster.topo
-
-        def observed_boundary() -> None:
-            steps = len(group.times)
-            if steps:
-                for de, batch in zip(group.members, group.batch, strict=True):
-                    if batch:
-                        node = topo.node_of(de)
-                        args = {"steps": steps, "batch": batch}
-                        self.spans.append(
-                            Span(
-                                f"de{de} decode",
-                                "decode",
-                                group.interval_start_s,
-                                loop.now,
-                                args,
-                                f"node{node}",
-                            )
-                        )
-            boundary()
-
-        group._boundary = observed_boundary

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from dualpath.sim.events import EventLoop
+from dualpath.sim.events import EventLoop, Priority
 from dualpath.sim.pipeline import layerwise_pass_s
 from dualpath.sim.transfers import Transfers
 
@@ -134,7 +134,7 @@ class AggregatePass:
         self.loop.after(
             self.plan.compute_s,
             partial(self._flow_done, -2, self._after_compute),
-            0,
+            Priority.COMPLETION,
             "pe_compute_end",
         )
         if collective:
@@ -152,7 +152,7 @@ class AggregatePass:
         self._end_at(self.loop.now)
 
     def _end_at(self, end_s: float) -> None:
-        self.loop.at(max(end_s, self.loop.now), self.on_done, 0, "pe_pass_end")
+        self.loop.at(max(end_s, self.loop.now), self.on_done, Priority.COMPLETION, "pe_pass_end")
 
 
 class PerLayerPass:
@@ -190,7 +190,7 @@ class PerLayerPass:
         """Start 1/L of each flow; ``then`` once all of them are done."""
         left = [len(flows)]
         if not flows:
-            self.loop.at(self.loop.now, then, 0, "layer_step")
+            self.loop.at(self.loop.now, then, Priority.COMPLETION, "layer_step")
             return
 
         def one_done() -> None:
@@ -231,7 +231,9 @@ class PerLayerPass:
                 self._send()
                 self._compute()
 
-        self.loop.after(self.plan.compute_s / self.num_layers, part_done, 0, "layer_compute")
+        self.loop.after(
+            self.plan.compute_s / self.num_layers, part_done, Priority.COMPLETION, "layer_compute"
+        )
         self._group([self.plan.collective] if self.plan.collective else [], part_done)
 
     def _send(self) -> None:

@@ -14,14 +14,15 @@ from collections import deque
 from collections.abc import Callable
 
 from dualpath.config import HardwareConfig, ModelConfig
+from dualpath.ledger import EventBus, ForwardDone, ForwardStarted
 from dualpath.models import cost
 from dualpath.policy.base import PendingPrefill, Policy
 from dualpath.policy.commands import Chunk
-from dualpath.sim.events import EventLoop
+from dualpath.sim.events import EventLoop, Priority
+from dualpath.sim.fabric import Fabric
 from dualpath.sim.node_io import NodeIO
 from dualpath.sim.passes import AggregatePass, PassPlan, PerLayerPass
 from dualpath.sim.request import Req
-from dualpath.sim.topology import Topology
 from dualpath.sim.transfers import Transfers
 
 
@@ -32,7 +33,7 @@ class PrefillGroup:
         *,
         loop: EventLoop,
         policy: Policy,
-        topo: Topology,
+        fabric: Fabric,
         transfers: Transfers,
         node_ios: list[NodeIO],
         reqs: dict[int, Req],
@@ -42,11 +43,12 @@ class PrefillGroup:
         per_layer: bool,
         collectives: bool,
         on_prefill_done: Callable[[Req], None],
+        events: EventBus | None = None,
     ) -> None:
         self.members = members
         self.loop = loop
         self.policy = policy
-        self.topo = topo
+        self.fabric = fabric
         self.transfers = transfers
         self.node_ios = node_ios
         self.reqs = reqs
@@ -56,6 +58,7 @@ class PrefillGroup:
         self.per_layer = per_layer and layerwise
         self.collectives = collectives and len(members) > 1
         self.on_prefill_done = on_prefill_done
+        self.events = events if events is not None else EventBus()
         self.kv_per_token = cost.kv_bytes_per_token(model)
         self._attention_time = cost.attention_time_fn(model, hw)
         self._fixed_s = cost.prefill_fixed_s(model, hw, len(members))
@@ -73,6 +76,7 @@ class PrefillGroup:
         self._batches: list[tuple[int, tuple[Chunk, ...]]] = []
         self._pass_start = 0.0
         self._aggregate: AggregatePass | None = None
+        self._reported: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None = None
         self.collective_s = 0.0  # how long the collectives took (aggregate passes)
         self.collective_ideal_s = 0.0  # ... at the full CNIC rate
 
@@ -83,11 +87,11 @@ class PrefillGroup:
         self.kick()
 
     def kick(self) -> None:
-        # Start at the current instant, after every same-time event (priority 1), so that
+        # Start at the current instant, after every completion of the instant, so that
         # reads finishing together join one batch.
         if not self.busy and not self.kicked:
             self.kicked = True
-            self.loop.at(self.loop.now, self._start_pass, 1, "pe_pass")
+            self.loop.at(self.loop.now, self._start_pass, Priority.START, "pe_pass")
 
     # ------------------------------------------------------------------ planning
     def _plan_batches(self) -> list[tuple[int, tuple[Chunk, ...]]]:
@@ -106,7 +110,7 @@ class PrefillGroup:
         return out
 
     def _make_plan(self, batches: list[tuple[int, tuple[Chunk, ...]]]) -> PassPlan:
-        model, hw, topo, kvpt = self.model, self.hw, self.topo, self.kv_per_token
+        model, hw, fabric, kvpt = self.model, self.hw, self.fabric, self.kv_per_token
         size = len(self.members)
         total_new = 0
         attention: dict[int, float] = {}
@@ -121,17 +125,17 @@ class PrefillGroup:
                 from_pe = req.pe_read_tokens
                 from_de = c.cached - from_pe  # DE-side hits and earlier chunks (in the DE buffer)
                 if from_pe:
-                    path = topo.pe_load_path(pe)
+                    path = fabric.pe_load_path(pe)
                     loads.setdefault(path, ["pe_buffer_to_pe_hbm", 0.0])[1] += from_pe * kvpt
                 if from_de:
-                    path = topo.de_load_path(req.de, pe)
+                    path = fabric.de_load_path(req.de, pe)
                     loads.setdefault(path, ["de_buffer_to_pe_hbm", 0.0])[1] += from_de * kvpt
                 # Sent to the DE buffer: this chunk's new KV, plus the PE-side hits once.
                 send_bytes = (c.new + (from_pe if first else 0)) * kvpt
-                path = topo.send_path(pe, req.de)
+                path = fabric.send_path(pe, req.de)
                 sends.setdefault(path, ["pe_hbm_to_de_buffer", 0.0])[1] += send_bytes
                 req.de_buffer_bytes += send_bytes
-                self.node_ios[topo.node_of(req.de)].hold(send_bytes)
+                self.node_ios[fabric.topology.node_of(req.de)].hold(send_bytes)
         linear = cost.prefill_linear_time_s(model, hw, total_new / size, size)
         for pe in self.members:
             self.busy_s[pe] += attention.get(pe, 0.0) + linear
@@ -144,7 +148,7 @@ class PrefillGroup:
                 model, round(total_new / size), size, hw.gpus_per_node
             )
             if per_gpu > 0:
-                plan.collective = ("collectives", topo.collective_path(self.members), per_gpu)
+                plan.collective = ("collectives", fabric.collective_path(self.members), per_gpu)
         return plan
 
     # ------------------------------------------------------------------ running a pass
@@ -173,6 +177,9 @@ class PrefillGroup:
             tokens = sum(c.cached + c.new for c in chunks)
             if tokens > self.max_batch_tokens:
                 self.max_batch_tokens = tokens
+        if self.events.wants(ForwardStarted) or self.events.wants(ForwardDone):
+            self._reported = _chunk_sizes(batches)
+            self.events.emit(ForwardStarted(now, self.members, self._reported))
         plan = self._make_plan(batches)
         layers = self.model.num_layers
         if self.per_layer:
@@ -189,6 +196,11 @@ class PrefillGroup:
     def _end_pass(self) -> None:
         batches = self._batches
         self._batches = []
+        if self._reported is not None:
+            self.events.emit(
+                ForwardDone(self.loop.now, self.members, self._reported, self._pass_start)
+            )
+            self._reported = None
         self.num_passes += 1
         self.pass_s += self.loop.now - self._pass_start
         if self._aggregate is not None:
@@ -209,3 +221,10 @@ class PrefillGroup:
             self.on_prefill_done(req)
         if any(self.queues[pe] for pe in self.members):
             self.kick()
+
+
+def _chunk_sizes(
+    batches: list[tuple[int, tuple[Chunk, ...]]],
+) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """``(pe, ((cached, new), ...))`` per PE of a pass, as the forward events report it."""
+    return tuple((pe, tuple((c.cached, c.new) for c in chunks)) for pe, chunks in batches)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import heapq
 import math
 
-from dualpath.sim.events import Event, EventLoop
+from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.maxmin import fill_max_min
 
-SETTLE_PRIORITY = 2**62  # rate recomputation runs after every other event of its instant
 SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
 
 
@@ -119,7 +118,7 @@ class RateSolver:
                 dirty_high[r] = None
         if self._settle_ev is None:
             self._settle_ev = self._loop.at(
-                self._loop.now, self._settle, SETTLE_PRIORITY, "net.settle"
+                self._loop.now, self._settle, Priority.SETTLE, "net.settle"
             )
 
     def _settle(self) -> None:

@@ -1,46 +1,18 @@
-"""Per-turn request state inside the simulator (mutable, private to the shell).
-
-The policy sees only ``RequestInfo``; this object carries what the shell must remember to
-carry out the policy's decisions and to stamp a ``TurnRecord``.
-"""
+"""Per-turn request state inside the simulator: the ledger's ``Turn`` plus what only the
+simulator needs to carry out the policy's decisions (mutable, private to the shell)."""
 
 from __future__ import annotations
 
-from dualpath.types import ReadSide
-
-NO_TIME = -1.0
+from dualpath.ledger import Turn
 
 
-class Req:
-    """One turn of one agent. Times are simulated seconds (``NO_TIME`` until stamped)."""
+class Req(Turn):
+    """``cached_tokens``: KV that exists (hits, then computed chunks);
+    ``remaining_new_tokens``: prompt tokens still to compute; ``pe_buffer_bytes`` /
+    ``de_buffer_bytes``: held in the PE buffer until prefill ends / in the DE buffer until
+    the H2D copy ends."""
 
-    __slots__ = (
-        "agent_id",
-        "arrival_s",
-        "cached_tokens",
-        "de",
-        "de_buffer_bytes",
-        "de_read_tokens",
-        "finish_s",
-        "first_token_s",
-        "hbm_tokens",
-        "hit_tokens",
-        "output_tokens",
-        "pe",
-        "pe_buffer_bytes",
-        "pe_read_tokens",
-        "prefill_start_s",
-        "prompt_tokens",
-        "read_done_s",
-        "read_side",
-        "read_start_s",
-        "reads_left",
-        "remaining_new_tokens",
-        "request_id",
-        "scheduled_s",
-        "second_token_s",
-        "turn_index",
-    )
+    __slots__ = ("cached_tokens", "de_buffer_bytes", "pe_buffer_bytes", "remaining_new_tokens")
 
     def __init__(
         self,
@@ -52,28 +24,10 @@ class Req:
         output_tokens: int,
         arrival_s: float,
     ) -> None:
-        self.request_id = request_id
-        self.agent_id = agent_id
-        self.turn_index = turn_index
-        self.prompt_tokens = prompt_tokens
-        self.hit_tokens = hit_tokens
-        self.output_tokens = output_tokens
-        self.arrival_s = arrival_s
-        self.scheduled_s = NO_TIME
-        self.read_start_s = NO_TIME
-        self.read_done_s = NO_TIME
-        self.prefill_start_s = NO_TIME
-        self.first_token_s = NO_TIME
-        self.second_token_s = NO_TIME
-        self.finish_s = NO_TIME
-        self.pe = -1
-        self.de = -1
-        self.read_side = ReadSide.NONE
-        self.pe_read_tokens = 0
-        self.de_read_tokens = 0
-        self.reads_left = 0
-        self.cached_tokens = hit_tokens  # KV that exists (hits, then computed chunks)
+        super().__init__(
+            request_id, agent_id, turn_index, prompt_tokens, hit_tokens, output_tokens, arrival_s
+        )
+        self.cached_tokens = hit_tokens
         self.remaining_new_tokens = prompt_tokens - hit_tokens
-        self.pe_buffer_bytes = 0.0  # held in the PE buffer until prefill ends
-        self.de_buffer_bytes = 0.0  # held in the DE buffer until H2D ends
-        self.hbm_tokens = 0  # DE HBM reserved (prompt + output)
+        self.pe_buffer_bytes = 0.0
+        self.de_buffer_bytes = 0.0

@@ -72,7 +72,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def utilisation(cluster: Cluster, jct_s: float) -> dict[str, dict[str, float]]:
-    topo, net = cluster.topo, cluster.net
+    topo, fabric, net = cluster.topo, cluster.fabric, cluster.net
     span = jct_s if jct_s > 0 else 1.0
     groups: dict[str, list[float]] = {name: [] for name in RESOURCE_CLASSES}
 
@@ -81,13 +81,13 @@ def utilisation(cluster: Cluster, jct_s: float) -> dict[str, dict[str, float]]:
 
     for n in range(topo.num_nodes):
         k = "pe" if topo.kind_of_node(n) is EngineKind.PE else "de"
-        groups[f"{k}_snic_read"].append(load(topo.snic_read[n]))
-        groups[f"{k}_snic_write"].append(load(topo.snic_write[n]))
-        groups[f"{k}_dram"].append(load(topo.dram[n]))
+        groups[f"{k}_snic_read"].append(load(fabric.snic_read[n]))
+        groups[f"{k}_snic_write"].append(load(fabric.snic_write[n]))
+        groups[f"{k}_dram"].append(load(fabric.dram[n]))
     for e in topo.engine_ids:
         k = "pe" if topo.is_pe(e) else "de"
-        groups[f"{k}_cnic_tx"].append(load(topo.tx[e]))
-        groups[f"{k}_cnic_rx"].append(load(topo.rx[e]))
+        groups[f"{k}_cnic_tx"].append(load(fabric.tx[e]))
+        groups[f"{k}_cnic_rx"].append(load(fabric.rx[e]))
     for pg in cluster.prefill_groups:
         groups["pe_gpu"].extend(pg.busy_s[pe] / span for pe in pg.members)
     for dg in cluster.decode_groups:
@@ -97,10 +97,10 @@ def utilisation(cluster: Cluster, jct_s: float) -> dict[str, dict[str, float]]:
 
 def cnic_class_bytes(cluster: Cluster) -> dict[str, dict[str, float]]:
     """Bytes per traffic class over the CNICs of each kind and direction."""
-    topo, net = cluster.topo, cluster.net
+    topo, fabric, net = cluster.topo, cluster.fabric, cluster.net
     out: dict[str, dict[str, float]] = {}
     for kind, engines in (("pe", topo.pe_ids), ("de", topo.de_ids)):
-        for direction, rids in (("tx", topo.tx), ("rx", topo.rx)):
+        for direction, rids in (("tx", fabric.tx), ("rx", fabric.rx)):
             out[f"{kind}_cnic_{direction}"] = {
                 klass.name.lower(): sum(net.bytes_carried_by_class(rids[e], klass) for e in engines)
                 for klass in TrafficClass
@@ -128,7 +128,7 @@ def collect(cluster: Cluster) -> SimResult:
             sum(g.collective_s for g in cluster.prefill_groups),
             sum(g.collective_ideal_s for g in cluster.prefill_groups),
         ),
-        "bytes_read": sum(n.bytes_read for n in cluster.node_ios),
+        "bytes_read": sum(cluster.ledger.bytes_read),
         "pe_buffer_peak_bytes": max(
             (n.buffer_peak_bytes for n in cluster.node_ios if n.path_kind.endswith("pe_buffer")),
             default=0.0,

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 
 from dualpath.config import Config
 from dualpath.config.sim import SimConfig
+from dualpath.config.systems import system_spec
 from dualpath.sim.cluster import Cluster
 from dualpath.sim.results import SimResult, collect
-from dualpath.sim.systems import system_spec
 from dualpath.workload import Trajectory, synthesize, turn_requests
 
 Progress = Callable[[float, int, int], None]  # (sim time s, turns done, turns total)

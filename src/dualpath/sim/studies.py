@@ -10,13 +10,13 @@ from pathlib import Path
 
 from dualpath.config import Config
 from dualpath.config.sim import SimConfig
+from dualpath.config.systems import system_spec
 from dualpath.metrics.balance import windowed_max_over_avg
 from dualpath.metrics.breakdown import attention_balance, rates_from_counters
 from dualpath.metrics.capacity import CapacityResult, find_capacity
 from dualpath.sim.cluster import Cluster
 from dualpath.sim.online import OnlineResult, OnlineSettings, run_built, run_online
 from dualpath.sim.runner import simulate
-from dualpath.sim.systems import system_spec
 from dualpath.workload import TurnSpec
 from dualpath.workload.mooncake import TraceRequest, load_mooncake
 

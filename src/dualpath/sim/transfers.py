@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from dualpath.sim.events import EventLoop
+from dualpath.ledger import EventBus, TransferDone
+from dualpath.sim.events import EventLoop, Priority
 from dualpath.sim.network import FluidNetwork
 from dualpath.types import TrafficClass
 
@@ -33,12 +34,21 @@ ORACLE_FREE = frozenset(PATH_KINDS) - {"de_to_storage", "collectives"}
 class Transfers:
     """``start(kind, path, bytes, on_done)``: one flow; ``on_done`` runs when its last byte
     lands. Zero-byte transfers (and every KV transfer in the Oracle) finish at once, through
-    the event loop so that callers never re-enter themselves."""
+    the event loop so that callers never re-enter themselves. A flow that takes time is
+    reported to ``events`` as a ``TransferDone`` when it lands (if anyone subscribed)."""
 
-    def __init__(self, loop: EventLoop, net: FluidNetwork, *, oracle: bool) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        net: FluidNetwork,
+        *,
+        oracle: bool,
+        events: EventBus | None = None,
+    ) -> None:
         self.loop = loop
         self.net = net
         self.oracle = oracle
+        self.events = events if events is not None else EventBus()
         self.bytes_by_kind: dict[str, float] = dict.fromkeys(PATH_KINDS, 0.0)
         self.flows_by_kind: dict[str, int] = dict.fromkeys(PATH_KINDS, 0)
         self.num_flows = 0
@@ -52,13 +62,26 @@ class Transfers:
         max_rate_bytes_per_s: float = math.inf,
     ) -> None:
         if size_bytes <= 0 or (self.oracle and kind in ORACLE_FREE):
-            self.loop.at(self.loop.now, on_done, 0, _LABELS[kind])
+            self.loop.at(self.loop.now, on_done, Priority.COMPLETION, _LABELS[kind])
             return
         self.bytes_by_kind[kind] += size_bytes
         self.flows_by_kind[kind] += 1
         self.num_flows += 1
         klass = TrafficClass.HIGH if kind == "collectives" else TrafficClass.LOW
+        if self.events.wants(TransferDone):
+            on_done = self._reported(kind, tuple(path), size_bytes, on_done)
         self.net.start_flow(path, size_bytes, klass, on_done, max_rate_bytes_per_s)
+
+    def _reported(
+        self, kind: str, path: tuple[int, ...], size_bytes: float, on_done: Callable[[], None]
+    ) -> Callable[[], None]:
+        start_s, loop, events = self.loop.now, self.loop, self.events
+
+        def done() -> None:
+            events.emit(TransferDone(loop.now, kind, path, size_bytes, start_s))
+            on_done()
+
+        return done
 
     def nominal_s(self, path: Sequence[int], size_bytes: float) -> float:
         """Uncontended duration: ``size_bytes`` over the slowest resource of ``path`` (0 for

@@ -1,0 +1,63 @@
+"""The five systems of SPEC §11, one table: which policy, layerwise prefill or not, Oracle.
+
+Both shells, the config checks and the policy registry read this table; a system name means
+the same thing everywhere. Everything else (workload, seed, cost model, hardware) is shared
+by all systems of a comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the root imports the sections, which read this table
+    from dualpath.config.root import Config
+
+
+@dataclass(frozen=True, slots=True)
+class SystemSpec:
+    """``policy``: the policy's name (``dualpath.policy.registry``); ``layerwise``: SPEC §8
+    layerwise prefill; ``oracle``: storage reads, H2D/D2H and PD transfers take zero time
+    (only compute and collectives take time)."""
+
+    name: str
+    policy: str
+    layerwise: bool
+    oracle: bool
+
+
+SYSTEMS: dict[str, SystemSpec] = {
+    s.name: s
+    for s in (
+        SystemSpec("basic", "basic", layerwise=False, oracle=False),
+        SystemSpec("layer", "layer", layerwise=True, oracle=False),
+        SystemSpec("dpl", "dpl", layerwise=True, oracle=False),
+        SystemSpec("dualpath", "dualpath", layerwise=True, oracle=False),
+        SystemSpec("oracle", "dualpath", layerwise=True, oracle=True),
+    )
+}
+SYSTEM_NAMES = tuple(SYSTEMS)
+# every policy is also the system of its own name (that system is the policy, nothing more)
+POLICY_NAMES = tuple(dict.fromkeys(s.policy for s in SYSTEMS.values()))
+
+
+def system_spec(name: str) -> SystemSpec:
+    """The system called ``name`` (case and surrounding blanks ignored)."""
+    key = str(name).strip().lower()
+    if key not in SYSTEMS:
+        raise ValueError(f"system={name!r} is invalid: must be one of {', '.join(SYSTEM_NAMES)}")
+    return SYSTEMS[key]
+
+
+def config_for(config: Config, spec: SystemSpec) -> Config:
+    """``config`` with the system's policy selected (nothing else changes).
+
+    ``scheduler.policy`` left empty takes the system's policy; set to another policy it is a
+    conflict (ValueError), never silently overwritten."""
+    chosen = config.scheduler.policy
+    if chosen and chosen != spec.policy:
+        raise ValueError(
+            f"scheduler.policy={chosen!r} conflicts with system {spec.name!r} (policy "
+            f"{spec.policy!r}): leave scheduler.policy unset or run a system with that policy"
+        )
+    return replace(config, scheduler=replace(config.scheduler, policy=spec.policy))

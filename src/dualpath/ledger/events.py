@@ -1,0 +1,136 @@
+"""Typed past-tense events of a run, and the bus observers subscribe to (STYLE §1, §3).
+
+Turn events (``Submitted`` … ``TurnDone``) are the same in both shells; the simulator also
+reports its physical work (``TransferDone``, ``ForwardStarted``, ``ForwardDone``,
+``DecodeStepsDone``) for traces and balance metrics. An observer must not change what
+happens: handlers run synchronously, in subscription order, and may only record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dualpath.ledger.turn import Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A turn reached the scheduler's queue."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """The policy gave the turn its PE, DE and read side (``turn.pe`` / ``de`` / ``read_side``)."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDone:
+    """Every hit block of the turn is in a buffer (at once when nothing is read)."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The turn's prefill is done: the PE produced token 1 (SPEC §9's TTFT ends here)."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone:
+    """The turn's last token is out; ``record`` is its finished ``TurnRecord``."""
+
+    now: float
+    turn: Turn
+    record: Any  # dualpath.metrics.TurnRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """``num_bytes`` of a node's KV blocks were handed to storage."""
+
+    now: float
+    node: int
+    num_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class TransferDone:
+    """A flow of ``kind`` over ``path`` (resource ids) moved ``size_bytes`` in
+    ``[start_s, now]``."""
+
+    now: float
+    kind: str
+    path: tuple[int, ...]
+    size_bytes: float
+    start_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardStarted:
+    """A PE group started a forward pass: ``batches`` = ``(pe, ((cached, new), ...))`` per PE
+    with work, in PE order; ``members`` = every PE of the group."""
+
+    now: float
+    members: tuple[int, ...]
+    batches: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardDone:
+    """The pass that ``ForwardStarted`` at ``start_s`` ended."""
+
+    now: float
+    members: tuple[int, ...]
+    batches: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    start_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStepsDone:
+    """A DE group ran ``steps`` lockstep decode steps in ``[start_s, now]`` with ``batch[i]``
+    requests resident on ``members[i]``."""
+
+    now: float
+    members: tuple[int, ...]
+    batch: tuple[int, ...]
+    steps: int
+    start_s: float
+
+
+E = TypeVar("E")
+
+
+class EventBus:
+    """``subscribe(kind, handler)``; a shell calls ``wants(kind)`` before building an event it
+    would only emit for observers (so a run without observers pays nothing), then ``emit``."""
+
+    __slots__ = ("_handlers",)
+
+    def __init__(self) -> None:
+        self._handlers: dict[type, list[Callable[[Any], None]]] = {}
+
+    def subscribe(self, kind: type[E], handler: Callable[[E], None]) -> None:
+        self._handlers.setdefault(kind, []).append(handler)
+
+    def wants(self, kind: type) -> bool:
+        return kind in self._handlers
+
+    def emit(self, event: object) -> None:
+        for handler in self._handlers.get(type(event), ()):
+            handler(event)
+
+    def kinds(self) -> Sequence[type]:
+        """Event kinds with at least one subscriber, in first-subscription order."""
+        return tuple(self._handlers)

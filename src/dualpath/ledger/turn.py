@@ -1,0 +1,125 @@
+"""One turn's shared state: ids, sizes, its typed phase, the policy's decision, its timeline.
+
+Both shells keep a ``Turn`` per request (the simulator's ``Req`` extends it with what only the
+simulator needs); the ledger moves it through its phases and builds its ``TurnRecord``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from dualpath.metrics import TurnRecord
+from dualpath.policy import RequestInfo
+from dualpath.types import ReadSide
+
+NO_TIME = -1.0
+
+
+class Phase(Enum):
+    """QUEUED (submitted, waiting for the policy) → READING (hit KV on its way to a buffer)
+    → PREFILLING (in its PE's queue or pass) → DECODING (on its DE) → DONE; ABORTED when a
+    runtime engine it depended on died (it is submitted again as a new turn)."""
+
+    QUEUED = "queued"
+    READING = "reading"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+class Turn:
+    """One turn of one agent. Times are seconds on the shell's clock (``NO_TIME`` until
+    stamped); ``pe`` / ``de`` are -1 until assigned."""
+
+    __slots__ = (
+        "agent_id",
+        "arrival_s",
+        "de",
+        "de_read_tokens",
+        "finish_s",
+        "first_token_s",
+        "hit_tokens",
+        "output_tokens",
+        "pe",
+        "pe_read_tokens",
+        "phase",
+        "prefill_start_s",
+        "prompt_tokens",
+        "read_done_s",
+        "read_side",
+        "read_start_s",
+        "reads_left",
+        "request_id",
+        "scheduled_s",
+        "second_token_s",
+        "turn_index",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        agent_id: int,
+        turn_index: int,
+        prompt_tokens: int,
+        hit_tokens: int,
+        output_tokens: int,
+        arrival_s: float,
+    ) -> None:
+        self.request_id = request_id
+        self.agent_id = agent_id
+        self.turn_index = turn_index
+        self.prompt_tokens = prompt_tokens
+        self.hit_tokens = hit_tokens
+        self.output_tokens = output_tokens
+        self.arrival_s = arrival_s
+        self.phase = Phase.QUEUED
+        self.scheduled_s = NO_TIME
+        self.read_start_s = NO_TIME
+        self.read_done_s = NO_TIME
+        self.prefill_start_s = NO_TIME
+        self.first_token_s = NO_TIME
+        self.second_token_s = NO_TIME
+        self.finish_s = NO_TIME
+        self.pe = -1
+        self.de = -1
+        self.read_side = ReadSide.NONE
+        self.pe_read_tokens = 0
+        self.de_read_tokens = 0
+        self.reads_left = 0  # storage reads (one per node read from) not yet done
+
+    @property
+    def hbm_tokens(self) -> int:
+        """DE HBM the turn reserves from assignment until it leaves: prompt + output."""
+        return self.prompt_tokens + self.output_tokens
+
+    def info(self) -> RequestInfo:
+        """What the policy sees of this turn."""
+        return RequestInfo(
+            self.request_id,
+            self.prompt_tokens,
+            self.hit_tokens,
+            self.output_tokens,
+            self.arrival_s,
+            self.agent_id,
+        )
+
+    def record(self) -> TurnRecord:
+        """The finished turn's ``TurnRecord`` (ValueError if its timeline is out of order)."""
+        return TurnRecord(
+            agent_id=self.agent_id,
+            turn_index=self.turn_index,
+            request_id=self.request_id,
+            arrival_s=self.arrival_s,
+            scheduled_s=self.scheduled_s,
+            read_start_s=self.read_start_s,
+            read_done_s=self.read_done_s,
+            prefill_start_s=self.prefill_start_s,
+            first_token_s=self.first_token_s,
+            second_token_s=self.second_token_s,
+            finish_s=self.finish_s,
+            prompt_tokens=self.prompt_tokens,
+            hit_tokens=self.hit_tokens,
+            output_tokens=self.output_tokens,
+            read_side=self.read_side.value,
+        )

@@ -1,0 +1,97 @@
+"""The ledger's counters, phases and incremental view (SPEC §13.4), driven by hand."""
+
+from __future__ import annotations
+
+from dualpath.ledger import (
+    Assigned,
+    EventBus,
+    FirstToken,
+    Ledger,
+    Phase,
+    ReadDone,
+    Submitted,
+    Topology,
+    Turn,
+    TurnDone,
+    decode_block_tokens,
+    prompt_block_tokens,
+)
+from dualpath.policy import Assign
+from dualpath.types import ReadSide
+
+TOPO = Topology(2, 1, 1, True, True)  # PEs 0, 1 on node 0; DEs 2, 3 on node 1
+CAPACITY = 10_000
+
+
+def _ledger() -> tuple[Ledger, list[int], list[object]]:
+    generated = [0, 0]
+    seen: list[object] = []
+    bus = EventBus()
+    for kind in (Submitted, Assigned, ReadDone, FirstToken, TurnDone):
+        bus.subscribe(kind, seen.append)
+    ledger = Ledger(TOPO, CAPACITY, 64, bus)
+    ledger.track_decode((2, 3), lambda: generated)
+    return ledger, generated, seen
+
+
+def test_a_turn_moves_every_counter_and_returns_them_to_zero() -> None:
+    ledger, generated, seen = _ledger()
+    turn = Turn(7, 0, 0, prompt_tokens=1000, hit_tokens=640, output_tokens=10, arrival_s=0.0)
+    info = ledger.submit(turn, 0.0)
+    assert (info.request_id, info.prompt_tokens, info.hit_tokens) == (7, 1000, 640)
+    reads = ledger.assign(turn, Assign(7, 1, 3, ReadSide.DE, 0, 640), 1.0)
+    assert reads == [(1, 640)] and turn.phase is Phase.READING
+    ledger.read_started(turn, 1, 1e6, 1.5)
+    view = ledger.view()
+    pe, de = view.engines[1], view.engines[3]
+    assert (pe.seq, pe.tokens) == (1, 1000)
+    assert (de.seq, de.tokens, de.free_hbm_tokens) == (1, 1000, CAPACITY - 1010)
+    assert view.nodes[1].read_queue_tokens == 640 and view.nodes[1].bytes_read == 1e6
+    assert ledger.read_done(turn, 1, 2.0) and turn.phase is Phase.PREFILLING
+    ledger.first_token(turn, 3.0)
+    generated[1] = 4  # the DE's decode batch produced 4 tokens for this turn so far
+    view = ledger.view()
+    assert (view.engines[1].seq, view.engines[1].tokens) == (0, 0)
+    assert view.engines[3].tokens == 1004  # tok_e of a DE: prompt + generated (SPEC §13.4)
+    assert view.nodes[1].read_queue_tokens == 0
+    turn.second_token_s, turn.prefill_start_s, turn.finish_s = 3.5, 2.5, 4.0
+    generated[1] = 0  # the turn left the batch
+    record = ledger.finish(turn, 4.0)
+    assert record.read_start_s == 1.5 and record.read_done_s == 2.0 and record.read_side == "de"
+    view = ledger.view()
+    assert (view.engines[3].seq, view.engines[3].tokens) == (0, 0)
+    assert view.engines[3].free_hbm_tokens == CAPACITY
+    assert [type(e).__name__ for e in seen] == [
+        "Submitted", "Assigned", "ReadDone", "FirstToken", "TurnDone"
+    ]  # fmt: skip
+    assert turn.phase is Phase.DONE and ledger.num_done == 1
+
+
+def test_nothing_to_read_is_read_at_once() -> None:
+    ledger, _, _ = _ledger()
+    turn = Turn(1, 0, 0, 100, 0, 1, 0.0)
+    assert ledger.assign(turn, Assign(1, 0, 2, ReadSide.NONE, 0, 0), 2.0) == []
+    assert turn.read_start_s == turn.read_done_s == 2.0 and turn.phase is Phase.PREFILLING
+
+
+def test_a_pull_rebuilds_only_what_changed() -> None:
+    ledger, generated, _ = _ledger()
+    first = ledger.view()
+    assert ledger.view() is first  # nothing changed: the same view
+    assert first.engines[2].free_hbm_tokens == CAPACITY
+    ledger.assign(Turn(1, 0, 0, 100, 0, 5, 0.0), Assign(1, 0, 2, ReadSide.NONE, 0, 0), 0.0)
+    second = ledger.view()
+    same = [a is b for a, b in zip(first.engines, second.engines, strict=True)]
+    assert same == [False, True, False, True]
+    generated[0] = 1
+    third = ledger.view()
+    same = [a is b for a, b in zip(second.engines, third.engines, strict=True)]
+    assert same == [True, True, False, True] and third.engines[2].tokens == 101
+
+
+def test_block_rounding_persists_what_the_next_turn_hits() -> None:
+    turn = Turn(1, 0, 0, prompt_tokens=200, hit_tokens=128, output_tokens=30, arrival_s=0.0)
+    assert prompt_block_tokens(turn, 64) == 192 - 128
+    assert decode_block_tokens(turn, 64) == 192 - 192  # 229 tokens of KV: 3 whole blocks
+    turn.output_tokens = 60  # 259 tokens of KV: 4 whole blocks
+    assert prompt_block_tokens(turn, 64) + decode_block_tokens(turn, 64) == 256 - 128
