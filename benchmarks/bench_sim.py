@@ -4,6 +4,7 @@ Target (issue 4): <= 60 s wall and <= 2 GiB peak RSS on the 2-core dev machine. 
 time, events/s, turns/s and peak RSS. ``--profile`` prints the top functions (cProfile).
 
     .venv/bin/python benchmarks/bench_sim.py [--agents 2048] [--mal 64k] [--system dualpath]
+        [--set workload.synth=per_turn]
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ def main() -> None:
     ap.add_argument("--mal", default="64k")
     ap.add_argument("--system", default="dualpath")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     config = apply_overrides(
-        preset(args.preset), [f"workload.num_agents={args.agents}", f"workload.mal={args.mal}"]
+        preset(args.preset),
+        [f"workload.num_agents={args.agents}", f"workload.mal={args.mal}", *args.set],
     )
     t0 = time.perf_counter()
     cluster = build_cluster(config, args.system, SimConfig())

@@ -83,3 +83,15 @@ def test_latency_constants_reject_bad_values() -> None:
         replace(HW, ep_overlap_share=1.5)
     with pytest.raises(ValueError, match=r"hardware\.prefill_layer_overhead_s"):
         replace(HW, prefill_layer_overhead_s=-1.0)
+
+
+def test_hbm_dma_delay_by_hand() -> None:
+    # 1.34 GB (a 33K-token DS 660B prompt) into HBM at 3.35 TB/s × 0.8 = 2.68 TB/s: 0.5 ms
+    assert cost.hbm_dma_delay_s(HW, 1.34e9) == pytest.approx(1.34e9 / 2.68e12, rel=1e-12)
+    assert cost.hbm_dma_delay_s(HW, 1.34e9) == pytest.approx(0.5e-3, rel=1e-12)
+    doubled = replace(HW, hbm_dma_interference=2.0)
+    assert cost.hbm_dma_delay_s(doubled, 1.34e9) == pytest.approx(1.0e-3, rel=1e-12)
+    assert cost.hbm_dma_delay_s(replace(HW, hbm_dma_interference=0.0), 1.34e9) == 0.0
+    assert cost.hbm_dma_delay_s(HW, 0.0) == 0.0
+    with pytest.raises(ValueError, match=r"hardware\.hbm_dma_interference"):
+        replace(HW, hbm_dma_interference=-0.5)

@@ -17,7 +17,10 @@ from .conftest import small_config
 
 
 def _group(
-    macro: int, members: tuple[int, ...] = (10, 11)
+    macro: int,
+    members: tuple[int, ...] = (10, 11),
+    h2d_bytes_per_token: float = 0.0,
+    d2h_bytes_per_token: float = 0.0,
 ) -> tuple[EventLoop, DecodeGroup, list[Req]]:
     c = preset("ds27b-1p1d")
     loop = EventLoop()
@@ -30,6 +33,8 @@ def _group(
         num_gpus=len(members),
         macro_steps=macro,
         on_finish=done.append,
+        h2d_bytes_per_token=h2d_bytes_per_token,
+        d2h_bytes_per_token=d2h_bytes_per_token,
     )
     return loop, group, done
 
@@ -75,6 +80,35 @@ def test_lockstep_slowest_de_sets_pace_and_join_waits_for_boundary(macro: int) -
     assert small.second_token_s == pytest.approx(s1 + s2 + s3, rel=1e-12)
     assert small.finish_s == pytest.approx(s1 + s2 + s3 + s4, rel=1e-12)
     assert [r.request_id for r in done] == [0, 1]
+
+
+@pytest.mark.parametrize("macro", [1, 64])
+def test_kv_dma_into_and_out_of_hbm_slows_the_steps_by_hand(macro: int) -> None:
+    # KV bytes per token 20,000: H2D of a 10,000-token prompt = 200 MB; D2H = 20 kB a token.
+    c = preset("ds27b-1p1d")
+    bw = c.hardware.hbm_bytes_per_s * c.hardware.hbm_efficiency  # 2.68e12 B/s
+    loop, group, done = _group(macro, h2d_bytes_per_token=20_000, d2h_bytes_per_token=20_000)
+    f = step_time_fn(c.model, c.hardware, 2)
+    first = _req(0, 10, 1000, 5)
+    second = _req(1, 10, 10_000, 3)
+    loop.at(0.0, lambda: group.join(first))  # the group is idle: its H2D overlapped nothing
+    join_s = 1.5 * f(1, 1001)  # mid second step
+    loop.at(join_s, lambda: group.join(second))
+    loop.run()
+    d2h = 20_000 / bw  # per token generated in a step
+    h2d = 10_000 * 20_000 / bw  # the second prompt's H2D: 74.6 µs
+    s1 = f(1, 1001) + d2h
+    s2 = f(1, 1002) + d2h
+    s3 = f(2, 1003 + 10_001) + 2 * d2h + h2d  # the join's H2D is charged to this step
+    s4 = f(2, 1004 + 10_002) + 2 * d2h
+    assert first.finish_s == pytest.approx(s1 + s2 + s3 + s4, rel=1e-12)
+    assert second.second_token_s == pytest.approx(s1 + s2 + s3, rel=1e-12)
+    assert second.finish_s == pytest.approx(s1 + s2 + s3 + s4, rel=1e-12)
+    assert done == [first, second]
+    # charged: 6 generated tokens' D2H and one H2D, all on DE 10; DE 11 had nothing
+    assert group.dma_delay_s[0] == pytest.approx(6 * d2h + h2d, rel=1e-12)
+    assert group.dma_delay_s[1] == 0.0
+    assert h2d == pytest.approx(74.63e-6, rel=1e-3)
 
 
 def test_macro_steps_equal_step_by_step_end_to_end() -> None:

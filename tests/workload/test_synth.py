@@ -1,9 +1,10 @@
-"""Synthesiser: SPEC §9 statistics per MAL on the 500 base trajectories, MAL cap, seeding,
-agent replication."""
+"""Synthesiser: SPEC §9 statistics per MAL on the 500 base trajectories (both forms), MAL
+cap, seeding, agent replication."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -11,14 +12,42 @@ from dualpath.config.workload import MAL_NAMES, WorkloadConfig
 from dualpath.workload import SPEC_TABLE, mal_tokens, synthesize, trajectory_stats, turn_requests
 from dualpath.workload.synth import REPLICA_ROUND_MAX_TOKENS
 
-# Sampling noise of a 500-trajectory mean is about 1% (totals) to 2% (turns).
+# "per_turn" form: sampling noise of a 500-trajectory mean is about 1% (totals) to 2% (turns).
 TOLERANCE = {"total_tokens": 0.04, "context_tokens": 0.04, "turns": 0.06}
+# "table2" form: SPEC §9's five columns, append / gen / context read per trajectory.
+# (turns, total tokens) of agent 0, MAL 64k, seed 0, as the generator drew it before "table2"
+PER_TURN_SEED0_FIRST = (96, 46_113)
+TABLE2_COLUMNS = {
+    "turns": "turns",
+    "append_tokens": "traj_append_tokens",
+    "gen_tokens": "traj_gen_tokens",
+    "total_tokens": "total_tokens",
+    "context_tokens": "trajectory_context_tokens",
+}
 
 
 @pytest.mark.parametrize("mal", MAL_NAMES)
 @pytest.mark.parametrize("seed", [0, 7])
-def test_base_trajectories_match_spec_table(mal: str, seed: int) -> None:
+def test_table2_form_matches_all_five_columns_within_5_percent(mal: str, seed: int) -> None:
     cfg = WorkloadConfig(mal=mal, num_agents=500, num_base_trajectories=500, seed=seed)
+    assert cfg.synth == "table2"  # the default
+    got = trajectory_stats(synthesize(cfg, block_tokens=64))
+    target = SPEC_TABLE[mal]
+    for column, measured in TABLE2_COLUMNS.items():
+        want, have = getattr(target, column), getattr(got, measured)
+        assert abs(have / want - 1) <= 0.05, f"{mal} {column}: {have:.0f} vs {want:.0f}"
+    assert got.max_context_tokens <= mal_tokens(mal)
+    # the spread of turns the table implies (docs/workload.md): sd of ln(turns) ≈ 0.7
+    assert 0.55 <= got.log_turns_sd <= 0.85
+    assert got.hit_ratio > 0.95
+
+
+@pytest.mark.parametrize("mal", MAL_NAMES)
+@pytest.mark.parametrize("seed", [0, 7])
+def test_per_turn_form_matches_turns_total_and_context(mal: str, seed: int) -> None:
+    cfg = WorkloadConfig(
+        mal=mal, num_agents=500, num_base_trajectories=500, seed=seed, synth="per_turn"
+    )
     trajs = synthesize(cfg, block_tokens=64)
     got = trajectory_stats(trajs)
     target = SPEC_TABLE[mal]
@@ -28,6 +57,33 @@ def test_base_trajectories_match_spec_table(mal: str, seed: int) -> None:
     assert got.max_context_tokens <= mal_tokens(mal)
     # the per-turn hit ratio stays in the paper's regime (98.7% at 64k)
     assert got.hit_ratio > 0.95
+
+
+def test_per_turn_form_is_the_earlier_generator_unchanged() -> None:
+    # pins the "per_turn" form's first trajectory so that older results stay reproducible
+    cfg = WorkloadConfig(mal="64k", num_agents=3, synth="per_turn", seed=0)
+    first = synthesize(cfg, 64)[0]
+    assert (len(first.turns), first.total_tokens) == PER_TURN_SEED0_FIRST
+
+
+def test_stats_per_trajectory_means_by_hand() -> None:
+    from dualpath.workload import Turn
+    from dualpath.workload.stats import turns_stats
+
+    # two trajectories: 2 turns and 4 turns; per-trajectory means differ from turn-weighted
+    a = [Turn(100, 10), Turn(50, 30)]
+    b = [Turn(10, 2)] * 4
+    got = turns_stats([a, b])
+    assert got.turns == 3.0
+    assert got.traj_append_tokens == pytest.approx((75 + 10) / 2)
+    assert got.traj_gen_tokens == pytest.approx((20 + 2) / 2)
+    assert got.append_tokens == pytest.approx(190 / 6)  # turn-weighted
+    assert got.log_turns_sd == pytest.approx(math.log(2) / 2)
+
+
+def test_unknown_synth_form_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"workload\.synth"):
+        WorkloadConfig(synth="paper")
 
 
 @pytest.mark.parametrize("mal", MAL_NAMES)

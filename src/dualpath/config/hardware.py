@@ -41,6 +41,7 @@ class HardwareConfig:
     ep_overlap_share: float = 0.5  # share of dispatch + combine hidden by two-micro-batch overlap
     prefill_pass_overhead_s: float = 0.004  # fixed per prefill forward pass (as a decode step)
     prefill_layer_overhead_s: float = 40e-6  # fixed per layer per prefill pass (kernel launches)
+    hbm_dma_interference: float = 1.0  # decode HBM bytes displaced per byte DMA'd in/out of HBM
 
     def __post_init__(self) -> None:
         require(self.gpus_per_node >= 1, "hardware.gpus_per_node", self.gpus_per_node, ">= 1")
@@ -65,6 +66,7 @@ class HardwareConfig:
             "ep_combine_latency_s",
             "prefill_pass_overhead_s",
             "prefill_layer_overhead_s",
+            "hbm_dma_interference",
         ):
             non_negative(f"hardware.{name}", getattr(self, name))
         require(

@@ -8,6 +8,9 @@ from dualpath.config.checks import non_negative, one_of, positive, require
 
 MAL_NAMES = ("32k", "48k", "64k")
 MODES = ("offline", "online")
+# "table2": SPEC §9's five columns as per-trajectory means (default); "per_turn": the
+# earlier form (turns, total, turn-weighted context; append:gen imposed per turn).
+SYNTH_FORMS = ("table2", "per_turn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +23,12 @@ class WorkloadConfig:
     trace: str = ""  # path to a Mooncake-format JSONL trace ("" = synthesise)
     trace_speedup: float = 1.0  # replay a trace this many times faster
     seed: int = 0
+    synth: str = "table2"  # synthesiser form, one of SYNTH_FORMS (docs/workload.md)
 
     def __post_init__(self) -> None:
         one_of("workload.mal", self.mal.lower(), MAL_NAMES)
         one_of("workload.mode", self.mode, MODES)
+        one_of("workload.synth", self.synth, SYNTH_FORMS)
         require(
             isinstance(self.num_agents, int) and self.num_agents >= 1,
             "workload.num_agents",

@@ -354,6 +354,20 @@ def decode_step_time_s(
     )
 
 
+def hbm_dma_delay_s(hw: HardwareConfig, dma_bytes: float) -> float:
+    """Decode-step time lost when ``dma_bytes`` are copied into or out of a GPU's HBM while
+    it decodes: ``dma_bytes · hbm_dma_interference / (hbm_bytes_per_s · hbm_efficiency)``.
+
+    A decode step is HBM-bound (the roofline's memory side); a DMA (H2D through the CNIC, or
+    D2H) is served by the same HBM, so each byte it moves displaces
+    ``hbm_dma_interference`` bytes of the step's reads. Contention model of the decode node,
+    docs/calibration.md.
+    """
+    if dma_bytes <= 0:
+        return 0.0
+    return dma_bytes * hw.hbm_dma_interference / (hw.hbm_bytes_per_s * hw.hbm_efficiency)
+
+
 def moe_collective_bytes(
     model: ModelConfig, tokens: int, ep_size: int, gpus_per_node: int = 8
 ) -> float:

@@ -138,6 +138,10 @@ class Cluster:
                 macro_steps=sim.decode_macro_steps,
                 on_finish=self._finish,
                 events=self.events,
+                h2d_bytes_per_token=0.0 if self.system.oracle else self.kv_per_token,
+                d2h_bytes_per_token=(
+                    self.kv_per_token if sim.persistence and not self.system.oracle else 0.0
+                ),
             )
             for members in de_groups
         ]

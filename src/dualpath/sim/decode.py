@@ -4,6 +4,10 @@ Requests join at the next step boundary after their H2D; each step produces one 
 resident request; a request leaves after its last token. Steps are computed in macro-steps of
 up to ``macro_steps`` steps per event (cut short when a request joins), which gives exactly the
 step-by-step timeline: every step's duration is the same function of the same batch.
+
+KV traffic into and out of a DE's HBM (H2D of joining prompts, D2H of blocks persisted
+during decode) takes HBM bandwidth from its memory-bound decode steps: the contention model
+of ``cost.hbm_dma_delay_s`` (docs/calibration.md, "Decode-node contention").
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 
 from dualpath.config import HardwareConfig, ModelConfig
 from dualpath.ledger import DecodeStepsDone, EventBus
+from dualpath.models import cost
 from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.request import Req
 from dualpath.sim.steptime import step_time_fn
@@ -25,6 +30,12 @@ class DecodeGroup:
     A step lasts the slowest member's ``cost.decode_step_time_s`` (lockstep MoE); members with
     no resident request wait. Context of a resident request = prompt + tokens generated so far
     (the first token, produced by the PE, counts from the join).
+
+    ``h2d_bytes_per_token`` / ``d2h_bytes_per_token``: bytes DMA'd into a DE's HBM per
+    prompt token of a joining request, and out of it per generated token (0 when those
+    transfers are free or off). An H2D that lands while the group is stepping delays that
+    DE's next step by ``cost.hbm_dma_delay_s`` of its bytes; D2H delays every step by that of
+    the step's new tokens. An H2D into an idle group overlaps no step and costs nothing.
     """
 
     def __init__(
@@ -38,6 +49,8 @@ class DecodeGroup:
         macro_steps: int,
         on_finish: Callable[[Req], None],
         events: EventBus | None = None,
+        h2d_bytes_per_token: float = 0.0,
+        d2h_bytes_per_token: float = 0.0,
     ) -> None:
         self.members = members
         self.loop = loop
@@ -62,6 +75,10 @@ class DecodeGroup:
         self.interval_start_s = 0.0
         self.num_steps = 0
         self.busy_s = [0.0] * n  # time each DE spent in steps with a resident request
+        self.h2d_delay_per_token_s = cost.hbm_dma_delay_s(hw, h2d_bytes_per_token)
+        self.d2h_delay_per_token_s = cost.hbm_dma_delay_s(hw, d2h_bytes_per_token)
+        self.h2d_debt_s = [0.0] * n  # H2D delay not yet charged to a step
+        self.dma_delay_s = [0.0] * n  # step time each DE lost to DMA contention, in total
 
     # ------------------------------------------------------------------ queries
     def generated_now(self, de: int) -> int:
@@ -82,7 +99,9 @@ class DecodeGroup:
         """``req``'s KV is in DE HBM: it joins the batch at the next step boundary."""
         self.pending.append(req)
         now = self.loop.now
-        if not self.running:
+        if self.running:  # the H2D overlapped this DE's steps
+            self.h2d_debt_s[self.index[req.de]] += req.prompt_tokens * self.h2d_delay_per_token_s
+        else:
             self.running = True
             self.times = []
             self.event = self.loop.at(now, self._boundary, Priority.START, "de_boundary")
@@ -112,6 +131,7 @@ class DecodeGroup:
                     context[i] += b * steps
                     generated[i] += b * steps
                     self.busy_s[i] += span
+                    self.dma_delay_s[i] += b * steps * self.d2h_delay_per_token_s
             self.step += steps
             self.num_steps += steps
         self.times = []
@@ -146,12 +166,21 @@ class DecodeGroup:
     def _plan_interval(self, until_next_finish: int) -> None:
         """Step end times of the next ``min(until_next_finish, macro_steps)`` steps."""
         step_time = self.step_time_s
+        d2h, debt = self.d2h_delay_per_token_s, self.h2d_debt_s
         active = [
-            (b, c, i) for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True)) if b
+            (b, c, i, b * d2h)
+            for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True))
+            if b
         ]
         t = self.interval_start_s = self.loop.now
         times = self.times
-        for j in range(min(until_next_finish, self.macro_steps)):
-            dur = max([step_time(b, c + b * j) for b, c, _ in active])
+        first = max([step_time(b, c) + extra + debt[i] for b, c, i, extra in active])
+        for _, _, i, _ in active:  # the H2D delay is charged to this first step only
+            self.dma_delay_s[i] += debt[i]
+            debt[i] = 0.0
+        t += first
+        times.append(t)
+        for j in range(1, min(until_next_finish, self.macro_steps)):
+            dur = max([step_time(b, c + b * j) + extra for b, c, _, extra in active])
             t += dur
             times.append(t)

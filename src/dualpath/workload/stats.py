@@ -6,24 +6,20 @@ Pure functions over trajectories; used by tests, the calibration and docs/worklo
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpath.config.checks import require
-from dualpath.workload.synth import (
-    CALIBRATED,
-    REPLICA_ROUND_MAX_TOKENS,
-    SPEC_TABLE,
-    mal_tokens,
-    synthesize_base,
-)
+from dualpath.workload.synth import SPEC_TABLE, base_set, mal_tokens
 from dualpath.workload.trajectory import Trajectory, Turn, turn_requests
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadStats:
-    """Per-trajectory means (turns, total) and turn-weighted means (append, gen, context)."""
+    """Per-trajectory means (turns, total, ``traj_*``) and turn-weighted means (the rest)."""
 
     num_trajectories: int
     turns: float
@@ -35,13 +31,17 @@ class WorkloadStats:
     trajectory_context_tokens: float  # mean over trajectories of each one's mean prompt
     max_context_tokens: int  # largest prompt + generation of any turn
     hit_ratio: float  # sum of hit tokens / sum of prompt tokens (SPEC §3 hits)
+    traj_append_tokens: float  # mean over trajectories of each one's mean append per turn
+    traj_gen_tokens: float  # mean over trajectories of each one's mean generation per turn
+    log_turns_sd: float  # population sd over trajectories of ln(turns)
 
 
 def turns_stats(all_turns: Sequence[Sequence[Turn]], block_tokens: int = 64) -> WorkloadStats:
     """Statistics of trajectories given as their turn sequences."""
     require(len(all_turns) >= 1, "trajectories", len(all_turns), "at least one")
     num_turns = appends = later = gens = totals = prompts = hits = max_context = 0
-    traj_context = 0.0
+    traj_context = traj_append = traj_gen = 0.0
+    log_turns = []
     for turns in all_turns:
         specs = turn_requests(Trajectory(0, tuple(turns)), block_tokens)
         traj_prompts = sum(s.prompt_tokens for s in specs)
@@ -55,6 +55,9 @@ def turns_stats(all_turns: Sequence[Sequence[Turn]], block_tokens: int = 64) -> 
         prompts += traj_prompts
         hits += sum(s.hit_tokens for s in specs)
         traj_context += traj_prompts / len(specs)
+        traj_append += sum(t.append_tokens for t in turns) / len(turns)
+        traj_gen += sum(t.gen_tokens for t in turns) / len(turns)
+        log_turns.append(math.log(len(turns)))
     n = len(all_turns)
     return WorkloadStats(
         num_trajectories=n,
@@ -67,6 +70,9 @@ def turns_stats(all_turns: Sequence[Sequence[Turn]], block_tokens: int = 64) -> 
         trajectory_context_tokens=traj_context / n,
         max_context_tokens=max_context,
         hit_ratio=hits / prompts,
+        traj_append_tokens=traj_append / n,
+        traj_gen_tokens=traj_gen / n,
+        log_turns_sd=statistics.pstdev(log_turns),
     )
 
 
@@ -75,17 +81,28 @@ def trajectory_stats(trajs: Sequence[Trajectory], block_tokens: int = 64) -> Wor
     return turns_stats([t.turns for t in trajs], block_tokens)
 
 
-def format_table(seed: int = 0, num_trajectories: int = 500, block_tokens: int = 64) -> str:
-    """Markdown table: SPEC §9 target vs this synthesiser, per MAL."""
+def format_table(
+    form: str = "table2", seed: int = 0, num_trajectories: int = 500, block_tokens: int = 64
+) -> str:
+    """Markdown table: SPEC §9 target vs the ``form`` synthesiser, per MAL.
+
+    "table2" rows read append, gen and context as per-trajectory means (the columns it
+    matches); "per_turn" rows read them turn-weighted (the columns that form matched).
+    """
     lines = [
-        "| MAL | | turns | append/turn | gen/turn | total | context | traj. context | "
+        "| MAL | | turns | append/turn | gen/turn | total | context | sd ln(turns) | "
         "max context | hit ratio |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mal, target in SPEC_TABLE.items():
-        cap = mal_tokens(mal) - REPLICA_ROUND_MAX_TOKENS
-        turns = synthesize_base(random.Random(seed), CALIBRATED[mal], cap, num_trajectories)
-        got = turns_stats(turns, block_tokens)
+        rng = random.Random(seed)
+        got = turns_stats(
+            base_set(form, mal, rng, num_trajectories, num_trajectories), block_tokens
+        )
+        per_traj = form == "table2"
+        append = got.traj_append_tokens if per_traj else got.append_tokens
+        gen = got.traj_gen_tokens if per_traj else got.gen_tokens
+        context = got.trajectory_context_tokens if per_traj else got.context_tokens
         lines.append(
             f"| {mal} | SPEC | {target.turns:.0f} | {target.append_tokens:.0f} | "
             f"{target.gen_tokens:.0f} | {target.total_tokens:,.0f} | "
@@ -93,10 +110,8 @@ def format_table(seed: int = 0, num_trajectories: int = 500, block_tokens: int =
             f"{'98.7%' if mal == '64k' else 'n/a'} |"
         )
         lines.append(
-            f"| {mal} | ours | {got.turns:.1f} | {got.append_tokens:.0f} "
-            f"({got.later_append_tokens:.0f} after 1st) | {got.gen_tokens:.0f} | "
-            f"{got.total_tokens:,.0f} | {got.context_tokens:,.0f} | "
-            f"{got.trajectory_context_tokens:,.0f} | {got.max_context_tokens:,} | "
-            f"{100 * got.hit_ratio:.2f}% |"
+            f"| {mal} | {form} | {got.turns:.1f} | {append:.0f} | {gen:.0f} | "
+            f"{got.total_tokens:,.0f} | {context:,.0f} | {got.log_turns_sd:.2f} | "
+            f"{got.max_context_tokens:,} | {100 * got.hit_ratio:.2f}% |"
         )
     return "\n".join(lines)

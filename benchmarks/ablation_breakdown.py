@@ -1,0 +1,123 @@
+"""The ablation (Basic, +Layer, +DPL, +Sched) with the figures that explain each step.
+
+Same runs as ``dualpath ablation`` (``simulate`` of each system on the preset's config, so
+the same JCTs), plus per system: utilisation of the SNICs, CNICs and GPUs, the prefill
+batch (largest KV resident in one GPU's HBM vs the HBM cap of the classic path, passes, new
+tokens and wall time per pass), TTFT and its parts, TTST, TPOT, the decode step time lost to
+KV DMA contention, and the agent that finishes last (its turns and mean time per turn).
+
+    nice -n 5 .venv/bin/python benchmarks/ablation_breakdown.py --preset ds660b-2p4d \\
+        --agents 1024 --mal 64k --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from dualpath.config import apply_overrides, preset
+from dualpath.models import cost
+from dualpath.sim.results import collect
+from dualpath.sim.runner import build_cluster, run_cluster
+from dualpath.sim.studies import ABLATION_STEPS
+
+
+def _run(args: tuple[str, list[str], str]) -> dict[str, Any]:
+    name, overrides, system = args
+    config = apply_overrides(preset(name), overrides)
+    t0 = time.perf_counter()
+    cluster = build_cluster(config, system)
+    run_cluster(cluster)
+    result = collect(cluster)
+    groups = cluster.prefill_groups
+    passes = sum(g.num_passes for g in groups)
+    new_tokens = sum(r.prompt_tokens - r.hit_tokens for r in result.records)
+    de_gpus = len(cluster.decode_groups[0].members)
+    steps = sum(g.num_steps for g in cluster.decode_groups)
+    dma = [d for g in cluster.decode_groups for d in g.dma_delay_s]
+    busy = [b for g in cluster.decode_groups for b in g.busy_s]
+    last = max(result.records, key=lambda r: (r.finish_s, r.agent_id))
+    turns_of_last = sum(1 for r in result.records if r.agent_id == last.agent_id)
+    summary = result.summary
+    return {
+        "system": system,
+        "jct_s": result.jct_s,
+        "wall_s": time.perf_counter() - t0,
+        "utilisation": {k: v["mean"] for k, v in result.utilisation.items()},
+        "hbm_cap_tokens": cost.kv_capacity_tokens(
+            config.model, config.hardware, len(groups[0].members)
+        ),
+        "kv_budget_tokens": groups[0].kv_budget_tokens,
+        "max_batch_tokens": max(g.max_batch_tokens for g in groups),
+        "prefill_passes": passes,
+        "new_tokens_per_pass_per_gpu": new_tokens / max(1, passes) / len(groups[0].members),
+        "pass_s_mean": sum(g.pass_s for g in groups) / max(1, passes),
+        "ttft_mean_s": summary["ttft_s"]["mean"],
+        "ttft_breakdown_s": summary["ttft_breakdown_s"],
+        "ttst_mean_s": summary["ttst_s"]["mean"],
+        "tpot_mean_s": summary["tpot_s"]["mean"],
+        "agent_jct_mean_s": summary["agent_jct_s"]["mean"],
+        "decode_steps": steps,
+        "dma_delay_share": sum(dma) / max(1e-12, sum(busy)),
+        "de_gpus_per_group": de_gpus,
+        "last_agent": last.agent_id,
+        "last_agent_turns": turns_of_last,
+        "last_agent_s_per_turn": last.finish_s / turns_of_last,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="ds660b-2p4d")
+    ap.add_argument("--agents", type=int, default=1024)
+    ap.add_argument("--mal", default="64k")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    overrides = [f"workload.num_agents={args.agents}", f"workload.mal={args.mal}", *args.set]
+    jobs = [(args.preset, overrides, system) for system, _ in ABLATION_STEPS]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        rows = list(pool.map(_run, jobs))
+    print(f"{args.preset}, {args.agents} agents, MAL {args.mal} {' '.join(args.set)}")
+    prev = base = 0.0
+    for (_, label), row in zip(ABLATION_STEPS, rows, strict=True):
+        jct = row["jct_s"]
+        base = base or jct
+        step = f"{100 * (jct / prev - 1):+.1f}%" if prev else "—"
+        prev = jct
+        u = row["utilisation"]
+        b = row["ttft_breakdown_s"]
+        print(
+            f"{label:<7} JCT {jct:8.1f} s  step {step:>7}  ×Basic {base / jct:.2f}  "
+            f"SNIC PE/DE {u['pe_snic_read']:.0%}/{u['de_snic_read']:.0%}  "
+            f"GPU PE/DE {u['pe_gpu']:.0%}/{u['de_gpu']:.0%}  "
+            f"CNIC PE tx/rx {u['pe_cnic_tx']:.0%}/{u['pe_cnic_rx']:.0%}  (wall {row['wall_s']:.0f} s)"
+        )
+        print(
+            f"        batch max {row['max_batch_tokens']:,} tok/GPU (HBM cap "
+            f"{row['hbm_cap_tokens']:,}, budget {row['kv_budget_tokens']})  passes "
+            f"{row['prefill_passes']:,}  new tok/pass/GPU {row['new_tokens_per_pass_per_gpu']:,.0f}  "
+            f"pass {row['pass_s_mean']:.3f} s"
+        )
+        print(
+            f"        TTFT {row['ttft_mean_s']:.2f} s (queue {b['queue']:.2f} read {b['read']:.2f} "
+            f"alloc {b['alloc']:.2f} prefill {b['prefill']:.2f})  TTST {row['ttst_mean_s'] * 1e3:.0f} ms  "
+            f"TPOT {row['tpot_mean_s'] * 1e3:.1f} ms  DMA share of decode {row['dma_delay_share']:.2%}"
+        )
+        print(
+            f"        agent JCT mean {row['agent_jct_mean_s']:.0f} s; last agent {row['last_agent']}: "
+            f"{row['last_agent_turns']} turns, {row['last_agent_s_per_turn']:.2f} s/turn"
+        )
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ablation_breakdown.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
