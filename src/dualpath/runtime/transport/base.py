@@ -7,6 +7,7 @@ offsets, never bytes. Backends: shared memory (same host) and Mooncake Transfer 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 
@@ -31,6 +32,19 @@ class Transfer(ABC):
 
     @abstractmethod
     def done(self) -> bool: ...
+
+
+class FutureTransfer(Transfer):
+    """A transfer run by a thread pool (the shm and TCP transports)."""
+
+    def __init__(self, future: Future[None]) -> None:
+        self._future = future
+
+    def wait(self) -> None:
+        self._future.result()
+
+    def done(self) -> bool:
+        return self._future.done()
 
 
 class KVTransport(ABC):

@@ -7,23 +7,18 @@ with compute exactly as with a NIC. Regions are attached lazily by name.
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
-from dualpath.runtime.transport.base import KVTransport, RegionHandle, Transfer, check_range
-
-
-class _FutureTransfer(Transfer):
-    def __init__(self, future: Future[None]) -> None:
-        self._future = future
-
-    def wait(self) -> None:
-        self._future.result()
-
-    def done(self) -> bool:
-        return self._future.done()
+from dualpath.runtime.transport.base import (
+    FutureTransfer,
+    KVTransport,
+    RegionHandle,
+    Transfer,
+    check_range,
+)
 
 
 class ShmTransport(KVTransport):
@@ -56,7 +51,7 @@ class ShmTransport(KVTransport):
         check_range(dst, dst_offset, n)
         d = self._view(dst)[dst_offset : dst_offset + n]
         s = self._view(src)[src_offset : src_offset + n]
-        return _FutureTransfer(self._pool.submit(np.copyto, d, s))
+        return FutureTransfer(self._pool.submit(np.copyto, d, s))
 
     def write(
         self, src: RegionHandle, src_offset: int, dst: RegionHandle, dst_offset: int, nbytes: int

@@ -17,9 +17,15 @@ import contextlib
 import socket
 import struct
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
-from dualpath.runtime.transport.base import KVTransport, RegionHandle, Transfer, check_range
+from dualpath.runtime.transport.base import (
+    FutureTransfer,
+    KVTransport,
+    RegionHandle,
+    Transfer,
+    check_range,
+)
 
 _HEADER = struct.Struct("!cHQQ")
 _ERR_LEN = struct.Struct("!H")
@@ -47,17 +53,6 @@ def _recv_exact(sock: socket.socket, nbytes: int) -> bytes:
 def _split(endpoint: str) -> tuple[str, int]:
     host, port = endpoint.removeprefix(PREFIX).rsplit(":", 1)
     return host, int(port)
-
-
-class _FutureTransfer(Transfer):
-    def __init__(self, future: Future[None]) -> None:
-        self._future = future
-
-    def wait(self) -> None:
-        self._future.result()
-
-    def done(self) -> bool:
-        return self._future.done()
 
 
 class TcpTransport(KVTransport):
@@ -179,14 +174,14 @@ class TcpTransport(KVTransport):
     ) -> Transfer:
         check_range(dst, dst_offset, nbytes)
         local = self._local_view(src, src_offset, nbytes)
-        return _FutureTransfer(self._pool.submit(self._request, b"W", dst, dst_offset, local))
+        return FutureTransfer(self._pool.submit(self._request, b"W", dst, dst_offset, local))
 
     def read(
         self, dst: RegionHandle, dst_offset: int, src: RegionHandle, src_offset: int, nbytes: int
     ) -> Transfer:
         check_range(src, src_offset, nbytes)
         local = self._local_view(dst, dst_offset, nbytes)
-        return _FutureTransfer(self._pool.submit(self._request, b"R", src, src_offset, local))
+        return FutureTransfer(self._pool.submit(self._request, b"R", src, src_offset, local))
 
     def close(self) -> None:
         self._closing.set()
