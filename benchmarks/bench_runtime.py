@@ -157,7 +157,7 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
         for window in (int(w) for w in args.windows.split(",")):
             runs = run_runtime_systems(
                 cfg, args.systems.split(","), args.turns, args.token_scale, args.max_gen,
-                args.kv_root, False, transport, window,
+                args.kv_root, progress=False, transport=transport, transfer_window=window,
             )  # fmt: skip
             print(
                 f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {args.snic_mb_per_s:g} MB/s,"

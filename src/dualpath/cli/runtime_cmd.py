@@ -40,6 +40,7 @@ def run_runtime_systems(
     token_scale: float = 0.25,
     max_gen_tokens: int = 4,
     kv_root: str = "./.dualpath/kv",
+    *,
     progress: bool = True,
     transport: str = "shm",
     runtime: str = "local",
