@@ -26,6 +26,7 @@ def _numbers(index: ViewIndex) -> tuple[object, ...]:
     return (
         index.tok, index.seq, index.free, index.node, index.read_q, index.read_bytes,
         index.pe_groups, index.de_groups, index.pe_group_ids, index.de_group_ids,
+        index.all_pes, index.de_group_of, index.de_tok_sum, index.de_free_sum,
     )  # fmt: skip
 
 
@@ -39,6 +40,8 @@ def test_incremental_refresh_equals_a_fresh_index() -> None:
         for i in rng.sample(range(len(engines)), 3):
             seq = rng.randrange(3)
             engines[i] = replace(engines[i], seq=seq, tokens=rng.randrange(500) if seq else 0)
+            if engines[i].kind is DE:
+                engines[i] = replace(engines[i], free_hbm_tokens=rng.randrange(1000))
         n = rng.randrange(len(nodes))
         nodes[n] = replace(nodes[n], read_queue_tokens=rng.randrange(100))
         view = ClusterView(tuple(engines), tuple(nodes))

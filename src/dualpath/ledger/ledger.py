@@ -172,7 +172,8 @@ class Ledger:
     def view(self) -> ClusterView:
         """What the engines report at a pull (SPEC §7.1): seq_e, tok_e, free HBM; read_q and
         bytes read per node. Costs O(engines and nodes whose numbers changed) plus one
-        comparison per DE group; unchanged states are the very same objects as before."""
+        comparison per DE group; unchanged states are the very same objects as before, and
+        when nothing changed the view is the very same object."""
         states, seq, tok = self._engines, self.seq, self.tok
         dirty = self._dirty_engines
         generated = self._generated
@@ -185,7 +186,7 @@ class Ledger:
                     generated[e] = g
                     dirty.add(e)
             last[:] = now_gen
-        changed = bool(dirty)
+        changed = False
         if dirty:
             capacity, reserved = self.hbm_capacity_tokens, self.reserved
             pe = EngineKind.PE
@@ -193,13 +194,20 @@ class Ledger:
                 old = states[e]
                 num = seq[e]
                 if old.kind is pe:
-                    states[e] = EngineState(e, old.node_id, old.group_id, pe, num, tok[e])
+                    t = tok[e]
+                    if num != old.seq or t != old.tokens:
+                        states[e] = EngineState(e, old.node_id, old.group_id, pe, num, t)
+                        changed = True
                     continue
                 tokens = tok[e] + generated[e] if num else 0
                 free = capacity - reserved[e]
-                states[e] = EngineState(
-                    e, old.node_id, old.group_id, old.kind, num, tokens, free if free > 0 else 0
-                )
+                if free < 0:
+                    free = 0
+                if num != old.seq or tokens != old.tokens or free != old.free_hbm_tokens:
+                    states[e] = EngineState(
+                        e, old.node_id, old.group_id, old.kind, num, tokens, free
+                    )
+                    changed = True
             dirty.clear()
         nodes = self._nodes
         if self._dirty_nodes:

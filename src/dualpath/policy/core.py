@@ -102,8 +102,7 @@ class PolicyCore:
                 ids[0], st.pe_groups[ids[0]], st, self._queue, held, now, self._trace
             )
         elif ids:  # leaders pulling in one round: one pull over all their PEs
-            pes = sorted(e for gid in ids for e in st.pe_groups[gid])
-            self._prefill.pull(ALL_GROUPS, pes, st, self._queue, held, now, self._trace)
+            self._prefill.pull(ALL_GROUPS, st.all_pes, st, self._queue, held, now, self._trace)
         for r, pe in held:
             h = self._holds.setdefault(pe, [0, 0])
             h[0] += r.prompt_tokens

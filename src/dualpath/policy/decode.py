@@ -98,9 +98,7 @@ class SimpleDecode:
                 )
             queue.popleft()
             self._last = chosen
-            tok[chosen] += need
-            seq[chosen] += 1
-            free[chosen] -= need
+            st.take_de(chosen, need)
             if self.choice != "round_robin":
                 heapq.heappush(by_tok, (tok[chosen], chosen))
             out.append((r, pe, chosen))

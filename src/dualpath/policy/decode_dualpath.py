@@ -53,10 +53,8 @@ class DualPathDecode:
             self.private_tokens[gid] = self.private_tokens.get(gid, 0) + added
             queue.clear()
             return
-        heap = []
-        for gid in st.de_group_ids:
-            load = sum(st.tok[e] for e in st.de_groups[gid]) + self.private_tokens.get(gid, 0)
-            heap.append((load, gid))
+        tok_sum, private_tokens = st.de_tok_sum, self.private_tokens
+        heap = [(tok_sum[gid] + private_tokens.get(gid, 0), gid) for gid in st.de_group_ids]
         heapq.heapify(heap)
         while queue:
             item = queue.popleft()
@@ -91,8 +89,8 @@ class DualPathDecode:
         pq = self.private.get(gid)
         if not pq:
             return
-        free, tok = st.free, st.tok
-        total_free = sum(free[e] for e in des)
+        free = st.free
+        total_free = st.de_free_sum[gid]
         prefix_tokens = num_prefix = 0
         for r, _ in pq:
             need = r.prompt_tokens + r.output_tokens  # len_r (hbm_tokens), inlined: hot loop
@@ -100,7 +98,7 @@ class DualPathDecode:
                 break
             prefix_tokens += need
             num_prefix += 1
-        z = self.z_factor * (prefix_tokens + sum(tok[e] for e in des)) / len(des)
+        z = self.z_factor * (prefix_tokens + st.de_tok_sum[gid]) / len(des)
         cands = _Candidates(des, st, z)
         # the pull can reach at most request num_prefix (then the group's free HBM is short);
         # floors[k] = smallest len_r from the k-th pop on, for pruning hopeless DEs
@@ -144,9 +142,21 @@ class _Candidates:
     built only when first needed (bursts from an idle cluster rarely need it).
     """
 
-    __slots__ = ("by_seq", "by_tok", "floor", "free", "no_normal_len", "seq", "tok", "ver", "z")
+    __slots__ = (
+        "by_seq",
+        "by_tok",
+        "floor",
+        "free",
+        "no_normal_len",
+        "seq",
+        "st",
+        "tok",
+        "ver",
+        "z",
+    )
 
     def __init__(self, des: list[int], st: RoundState, z: float) -> None:
+        self.st = st
         self.free, self.tok, self.seq, self.z = st.free, st.tok, st.seq, z
         self.ver = dict.fromkeys(des, 0)
         self.by_seq = [(st.seq[e], st.tok[e], e, 0) for e in des if st.free[e] > 0]
@@ -177,9 +187,8 @@ class _Candidates:
         return _min_tok_with_room(self, self.by_tok, need), False
 
     def take(self, e: int, need: int) -> None:
-        t = self.tok[e] = self.tok[e] + need
-        s = self.seq[e] = self.seq[e] + 1
-        f = self.free[e] = self.free[e] - need
+        self.st.take_de(e, need)
+        t, s, f = self.tok[e], self.seq[e], self.free[e]
         v = self.ver[e] = self.ver[e] + 1
         if f > 0:
             heapq.heappush(self.by_seq, (s, t, e, v))

@@ -25,15 +25,22 @@ class ViewIndex:
 
     ``tok`` / ``seq``: tok_e / seq_e; ``free``: DE free HBM tokens; ``node``: engine → node;
     ``read_q`` / ``read_bytes``: per node. Group member lists are sorted by engine id;
-    ``pe_group_ids`` / ``de_group_ids`` are sorted group ids. All read-only outside this class.
+    ``pe_group_ids`` / ``de_group_ids`` are sorted group ids; ``all_pes``: every PE, sorted.
+    ``de_group_of``: DE → group; ``de_tok_sum`` / ``de_free_sum``: Σ tok_e / Σ free HBM over
+    each DE group's members, kept up to date with the per-engine numbers (exact: ints). All
+    read-only outside this class.
     """
 
     __slots__ = (
         "_engines",
         "_kinds",
         "_nodes",
+        "all_pes",
+        "de_free_sum",
         "de_group_ids",
+        "de_group_of",
         "de_groups",
+        "de_tok_sum",
         "free",
         "node",
         "pe_group_ids",
@@ -58,6 +65,10 @@ class ViewIndex:
         self.de_groups: dict[int, list[int]] = {}
         self.pe_group_ids: list[int] = []
         self.de_group_ids: list[int] = []
+        self.all_pes: list[int] = []
+        self.de_group_of: dict[int, int] = {}
+        self.de_tok_sum: dict[int, int] = {}
+        self.de_free_sum: dict[int, int] = {}
 
     def refresh(
         self,
@@ -74,12 +85,18 @@ class ViewIndex:
         engines, nodes = delta
         _check_holds(self._kinds, set(self.de_groups), held_pes, queued_de_groups)
         tok, seq, free, de = self.tok, self.seq, self.free, EngineKind.DE
+        group_of, tok_sum, free_sum = self.de_group_of, self.de_tok_sum, self.de_free_sum
         for e in engines:
             eid = e.engine_id
-            tok[eid] = e.tokens
-            seq[eid] = e.seq
+            t = e.tokens
             if e.kind is de:
-                free[eid] = e.free_hbm_tokens
+                g = group_of[eid]
+                tok_sum[g] += t - tok[eid]
+                f = e.free_hbm_tokens
+                free_sum[g] += f - free[eid]
+                free[eid] = f
+            tok[eid] = t
+            seq[eid] = e.seq
         for n in nodes:
             self.read_q[n.node_id] = n.read_queue_tokens
             self.read_bytes[n.node_id] = n.bytes_read
@@ -90,12 +107,11 @@ class ViewIndex:
         view must be validated in full (another shape, a changed id / kind / node / group,
         a bad count, or not a plain ``ClusterView``)."""
         old_engines, old_nodes = self._engines, self._nodes
-        if not (
-            type(view) is ClusterView
-            and old_engines
-            and len(view.engines) == len(old_engines)
-            and len(view.nodes) == len(old_nodes)
-        ):
+        if type(view) is not ClusterView or not old_engines:
+            return None
+        if view.engines is old_engines and view.nodes is old_nodes:
+            return [], []  # the same state objects as last time: nothing to check
+        if len(view.engines) != len(old_engines) or len(view.nodes) != len(old_nodes):
             return None
         nodes: list[NodeState] = []
         for i in _changed(view.nodes, old_nodes):
@@ -108,15 +124,21 @@ class ViewIndex:
                 return None
             nodes.append(n)
         engines: list[EngineState] = []
-        for i in _changed(view.engines, old_engines):
-            e, o = view.engines[i], old_engines[i]
-            if not (
-                isinstance(e, EngineState)
+        int_, new_engines = int, view.engines
+        for i in _changed(new_engines, old_engines):
+            e, o = new_engines[i], old_engines[i]
+            if not (  # _counts_ok inlined: this runs for every changed engine of every pull
+                type(e) is EngineState
                 and e.engine_id == o.engine_id
                 and e.node_id == o.node_id
                 and e.group_id == o.group_id
                 and e.kind is o.kind
-                and _counts_ok(e)
+                and type(e.seq) is int_
+                and e.seq >= 0
+                and type(e.tokens) is int_
+                and e.tokens >= 0
+                and type(e.free_hbm_tokens) is int_
+                and e.free_hbm_tokens >= 0
             ):
                 return None
             engines.append(e)
@@ -147,6 +169,10 @@ class ViewIndex:
         self.read_bytes = {n.node_id: n.bytes_read for n in view.nodes}
         self.pe_groups, self.de_groups = pe_groups, de_groups
         self.pe_group_ids, self.de_group_ids = sorted(pe_groups), sorted(de_groups)
+        self.all_pes = sorted(e for members in pe_groups.values() for e in members)
+        self.de_group_of = {e: g for g, members in de_groups.items() for e in members}
+        self.de_tok_sum = {g: sum(tok[e] for e in members) for g, members in de_groups.items()}
+        self.de_free_sum = {g: sum(free[e] for e in members) for g, members in de_groups.items()}
         plain = type(view) is ClusterView  # only plain views are reused (see _delta)
         self._engines = view.engines if plain else ()
         self._nodes = view.nodes if plain else ()
@@ -154,13 +180,17 @@ class ViewIndex:
 
 class RoundState:
     """One round's working copies of the indexed counters (the rules mutate ``tok``, ``seq``,
-    ``free`` and ``read_q`` as they place requests); PEs include the requests the policy
-    holds for them. ``node``, the group lists and ``read_bytes`` are the index's own
-    (read-only)."""
+    ``free`` and ``read_q`` as they place requests; a DE placement goes through ``take_de``,
+    which keeps the group sums); PEs include the requests the policy holds for them. ``node``,
+    the group lists, ``all_pes`` and ``read_bytes`` are the index's own (read-only)."""
 
     __slots__ = (
+        "all_pes",
+        "de_free_sum",
         "de_group_ids",
+        "de_group_of",
         "de_groups",
+        "de_tok_sum",
         "free",
         "node",
         "pe_group_ids",
@@ -176,15 +206,29 @@ class RoundState:
         self.seq = seq = index.seq.copy()
         self.free = index.free.copy()
         self.read_q = index.read_q.copy()
+        self.de_tok_sum = index.de_tok_sum.copy()
+        self.de_free_sum = index.de_free_sum.copy()
         self.node = index.node
         self.read_bytes = index.read_bytes
         self.pe_groups = index.pe_groups
         self.de_groups = index.de_groups
         self.pe_group_ids = index.pe_group_ids
         self.de_group_ids = index.de_group_ids
+        self.all_pes = index.all_pes
+        self.de_group_of = index.de_group_of
         for held, (tokens, count) in pe_holds.items():
             tok[held] += tokens
             seq[held] += count
+
+    def take_de(self, de: int, tokens: int) -> None:
+        """A request of ``tokens`` HBM tokens is placed on ``de``: tok_e and seq_e grow, free
+        HBM shrinks, in the engine's numbers and its group's sums."""
+        self.tok[de] += tokens
+        self.seq[de] += 1
+        self.free[de] -= tokens
+        g = self.de_group_of[de]
+        self.de_tok_sum[g] += tokens
+        self.de_free_sum[g] -= tokens
 
 
 def _is_count(value: object) -> bool:
@@ -277,18 +321,6 @@ def _check_engine(e: EngineState, last: int, nodes: Mapping[int, NodeState]) -> 
             f"engine {eid}: kind={e.kind.value} on node {nid} of kind "
             f"{node.kind.value}: engine and node kinds must match"
         )
-
-
-def _counts_ok(e: EngineState) -> bool:
-    int_ = int
-    return (
-        type(e.seq) is int_
-        and e.seq >= 0
-        and type(e.tokens) is int_
-        and e.tokens >= 0
-        and type(e.free_hbm_tokens) is int_
-        and e.free_hbm_tokens >= 0
-    )
 
 
 def _changed(new: Sequence[object], old: Sequence[object]) -> list[int]:
