@@ -15,7 +15,11 @@ events/s and the peak RSS of the process that ran it (each run is its own proces
 machine's load only ever slows a run down).
 
     .venv/bin/python benchmarks/bench_scale.py [--units 1,24] [--agents 128] [--mal 32k]
-        [--before /tmp/before/src] [--repeat 3] [--max-wall-s 3000]
+        [--before /tmp/before/src] [--repeat 3] [--max-wall-s 3000] [--progress]
+
+Paper scale offline (48P96D, 49,152 agents, MAL 32K; progress lines on stderr):
+
+    nice -n 5 .venv/bin/python benchmarks/bench_scale.py --units 24 --agents 2048 --progress
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def run_units(k: int, agents: int, mal: str, system: str) -> dict[str, float]:
+def run_units(
+    k: int, agents: int, mal: str, system: str, progress: bool = False
+) -> dict[str, float]:
     from dualpath.config import apply_overrides, preset
     from dualpath.config.sim import SimConfig
     from dualpath.sim.results import collect
@@ -59,7 +65,18 @@ def run_units(k: int, agents: int, mal: str, system: str) -> dict[str, float]:
     ]
     t0 = time.perf_counter()
     cluster = build_cluster(config, system, SimConfig(), trajectories=trajs)
-    run_cluster(cluster)
+
+    def report(sim_s: float, done: int, total: int) -> None:
+        wall = time.perf_counter() - t0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+        print(
+            f"[{k} units] wall {wall:8.1f} s  sim {sim_s:8.1f} s  turns {done:,}/{total:,}  "
+            f"events {cluster.loop.num_processed:,}  peak RSS {rss:.2f} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    run_cluster(cluster, report if progress else None)
     result = collect(cluster)
     wall = time.perf_counter() - t0
     tokens = sum(r.prompt_tokens - r.hit_tokens + r.output_tokens for r in cluster.records)
@@ -84,11 +101,17 @@ def run_units(k: int, agents: int, mal: str, system: str) -> dict[str, float]:
 def run_child(src: Path, k: int, args: argparse.Namespace) -> dict[str, float] | None:
     """One size on the tree ``src``, in a fresh process (its own peak RSS); None on timeout."""
     cmd = [sys.executable, __file__, "--child", str(k), "--agents", str(args.agents)]
-    cmd += ["--mal", args.mal, "--system", args.system]
+    cmd += ["--mal", args.mal, "--system", args.system] + (["--progress"] if args.progress else [])
     env = {**os.environ, "PYTHONPATH": str(src)}
     try:
         out = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, check=True, timeout=args.max_wall_s
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=None if args.progress else subprocess.PIPE,  # progress: to our stderr
+            text=True,
+            check=True,
+            timeout=args.max_wall_s,
         )
     except subprocess.TimeoutExpired:
         return None
@@ -108,10 +131,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per tree and size (fastest kept)")
     ap.add_argument("--max-wall-s", type=float, default=3600.0, help="per run; then 'timeout'")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--progress", action="store_true", help="print each run's progress to stderr")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run_units(args.child, args.agents, args.mal, args.system)))
+        print(json.dumps(run_units(args.child, args.agents, args.mal, args.system, args.progress)))
         return
     trees = [("this", SRC)] + ([("before", args.before)] if args.before else [])
     print(f"DS 660B, {args.agents} agents per 2P4D unit, MAL {args.mal}, {args.system}")

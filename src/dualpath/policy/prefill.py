@@ -54,17 +54,19 @@ class CategoryPrefill:
         now: float,
         trace: DecisionTrace,
     ) -> None:
+        if not queue:  # nothing to place: skip the scan of the group's PEs
+            return
         beta, alpha, tok, seq = self.beta, self.alpha, st.tok, st.seq
         short: list[tuple[int, int]] = []  # category 2 (or all, without α)
         long: list[tuple[int, int]] = []  # category 3
-        for e in pes:
-            t = tok[e]
-            if t > beta:
-                continue
-            if not self.use_alpha or st.read_q[st.node[e]] <= alpha:
-                short.append((t, e))
-            else:
-                long.append((t, e))
+        if self.use_alpha:
+            read_q, node = st.read_q, st.node
+            for e in pes:
+                t = tok[e]
+                if t <= beta:
+                    (short if read_q[node[e]] <= alpha else long).append((t, e))
+        else:
+            short = [(t, e) for e in pes if (t := tok[e]) <= beta]
         heapq.heapify(short)
         heapq.heapify(long)
         while queue and (short or long):
