@@ -54,3 +54,62 @@ def test_config_dump(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "--preset", "qwen32b-1p2d"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["model"]["name"] == "qwen32b"
+
+
+def test_cli_never_hides_a_broken_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from dualpath.cli import main as cli_main
+
+    real = importlib.import_module
+
+    def broken(name: str, *args: object) -> object:
+        if name == "dualpath.cli.runtime_cmd":
+            raise ModuleNotFoundError(
+                "No module named 'dualpath.runtime.gone'", name="dualpath.runtime.gone"
+            )
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match=r"dualpath\.runtime\.gone"):
+        cli_main.build_parser()  # a bug in the package: shown, never "invalid choice"
+
+
+def test_cli_never_hides_a_bad_name_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ImportError that is not a missing module (a name gone from one of our modules)."""
+    import importlib
+
+    from dualpath.cli import main as cli_main
+
+    real = importlib.import_module
+
+    def broken(name: str, *args: object) -> object:
+        if name == "dualpath.cli.sim_cmd":
+            raise ImportError("cannot import name 'gone' from 'dualpath.sim'", name="dualpath.sim")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ImportError, match="cannot import name 'gone'"):
+        cli_main.build_parser()
+    with pytest.raises(ImportError, match="cannot import name 'gone'"):
+        cli_main.main(["run", "--out", "unused"])  # the main job does not fall back either
+
+
+def test_cli_names_a_missing_third_party_package(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    from dualpath.cli import main as cli_main
+
+    real = importlib.import_module
+
+    def missing(name: str, *args: object) -> object:
+        if name == "dualpath.cli.runtime_cmd":
+            raise ModuleNotFoundError("No module named 'tqdm'", name="tqdm")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    assert cli_main.main(["bench", "--agents", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the Python package 'tqdm'" in err and len(err.strip().splitlines()) == 1

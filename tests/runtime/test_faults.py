@@ -215,45 +215,6 @@ class _no_raise:
         return None
 
 
-def test_cli_never_hides_a_broken_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    from dualpath.cli import main as cli_main
-
-    real = importlib.import_module
-
-    def broken(name: str, *args: object) -> object:
-        if name == "dualpath.cli.runtime_cmd":
-            raise ModuleNotFoundError(
-                "No module named 'dualpath.runtime.gone'", name="dualpath.runtime.gone"
-            )
-        return real(name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(importlib, "import_module", broken)
-    with pytest.raises(ModuleNotFoundError, match=r"dualpath\.runtime\.gone"):
-        cli_main.build_parser()  # a bug in the package: shown, never "invalid choice"
-
-
-def test_cli_names_a_missing_third_party_package(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import importlib
-
-    from dualpath.cli import main as cli_main
-
-    real = importlib.import_module
-
-    def missing(name: str, *args: object) -> object:
-        if name == "dualpath.cli.runtime_cmd":
-            raise ModuleNotFoundError("No module named 'tqdm'", name="tqdm")
-        return real(name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(importlib, "import_module", missing)
-    assert cli_main.main(["bench", "--agents", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "needs the Python package 'tqdm'" in err and len(err.strip().splitlines()) == 1
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_over_long_turn_is_rejected_alone(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dualpath.cli import plots
+from dualpath.metrics import plots
 from dualpath.metrics.breakdown import series_stats
 
 SIM_PROVIDER_MODULE = "dualpath.cli.sim_figures"
