@@ -1,6 +1,6 @@
 """Closed forms of layer pipelining (SPEC §8), used to aggregate a forward pass's layers.
 
-Pure functions; ``tests/sim/test_pipeline.py`` checks them against an explicit per-layer run.
+Pure functions; ``tests/sim/test_passes.py`` checks them against an explicit per-layer run.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The decode loop evaluates the step time of every DE at every step; the cost mode
 function re-derives constants on each call. ``StepTime`` hoists them and re-states the same
 formula; at construction it checks itself against the cost model on a grid of points and
 falls back to the cost model if any differs (so a cost-model change can never go unnoticed
-into a wrong result; ``tests/sim/test_steptime.py`` flags it).
+into a wrong result). ``fast_step_time`` says whether the fast form holds; a test requires
+it for every preset, so a fallback (correct but slow) cannot go unnoticed either.
 """
 
 from __future__ import annotations
@@ -52,17 +53,28 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
     return step_time_s
 
 
-def step_time_fn(
+def fast_step_time(
     model: ModelConfig, hw: HardwareConfig, num_gpus: int
-) -> Callable[[int, int], float]:
-    """``f(batch, context_tokens)`` equal to ``cost.decode_step_time_s(model, hw, batch,
-    context_tokens, num_gpus)``: the fast form when it matches on the check grid, else the
-    cost model itself."""
+) -> Callable[[int, int], float] | None:
+    """The fast form of ``cost.decode_step_time_s`` for this model, hardware and EP size, or
+    None when it differs from the cost model anywhere on the check grid."""
     fast = _fast(model, hw, num_gpus)
     for b in _CHECK_BATCHES:
         for m in _CHECK_MEAN_CONTEXTS:
             ref = cost.decode_step_time_s(model, hw, b, b * m + b // 2, num_gpus)
             got = fast(b, b * m + b // 2)
             if abs(got - ref) > _REL_TOL * abs(ref):
-                return lambda b, c: cost.decode_step_time_s(model, hw, b, c, num_gpus)
+                return None
+    return fast
+
+
+def step_time_fn(
+    model: ModelConfig, hw: HardwareConfig, num_gpus: int
+) -> Callable[[int, int], float]:
+    """``f(batch, context_tokens)`` equal to ``cost.decode_step_time_s(model, hw, batch,
+    context_tokens, num_gpus)``: the fast form when it matches on the check grid, else the
+    cost model itself."""
+    fast = fast_step_time(model, hw, num_gpus)
+    if fast is None:
+        return lambda b, c: cost.decode_step_time_s(model, hw, b, c, num_gpus)
     return fast

@@ -1,0 +1,39 @@
+"""The decode step-time fast path: equal to the cost model, used for every preset (a silent
+fallback to the slow cost model fails here), and dropped when the cost model changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualpath.config import CLUSTER_PRESETS, preset
+from dualpath.models import cost
+from dualpath.sim.steptime import fast_step_time, step_time_fn
+
+
+def test_the_fast_form_holds_for_every_preset() -> None:
+    for name in sorted(CLUSTER_PRESETS):
+        c = preset(name)
+        for gpus in (1, 8, 16, 32):
+            assert fast_step_time(c.model, c.hardware, gpus) is not None, (name, gpus)
+            f = step_time_fn(c.model, c.hardware, gpus)
+            assert f.__qualname__.startswith("_fast."), (name, gpus)  # not the fallback
+
+
+def test_steptime_matches_cost_model() -> None:
+    for name in ("ds660b-2p4d", "ds27b-1p1d", "qwen32b-1p2d", "tiny-1p1d"):
+        c = preset(name)
+        for gpus in (1, 8, 32):
+            f = step_time_fn(c.model, c.hardware, gpus)
+            for batch in (1, 5, 28, 64, 300):
+                for mean in (0, 10, 1023, 1024, 2047, 2048, 4096, 40_000):
+                    ctx = batch * mean + batch // 3 + 1
+                    ref = cost.decode_step_time_s(c.model, c.hardware, batch, ctx, gpus)
+                    assert f(batch, ctx) == pytest.approx(ref, rel=1e-12), (name, batch, ctx)
+
+
+def test_steptime_falls_back_when_cost_model_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = preset("ds27b-1p1d")
+    monkeypatch.setattr(cost, "decode_step_time_s", lambda model, hw, b, ctx, gpus=1: 0.125 * b)
+    assert fast_step_time(c.model, c.hardware, 8) is None
+    f = step_time_fn(c.model, c.hardware, 8)
+    assert f(4, 4000) == 0.5  # the (changed) cost model itself, not the stale fast form
