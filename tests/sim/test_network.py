@@ -20,9 +20,15 @@ HIGH, LOW = TrafficClass.HIGH, TrafficClass.LOW
 class Harness:
     """A loop, a network and a record of completion times by name."""
 
-    def __init__(self, traffic_manager: bool = True, low_floor: float = 0.01) -> None:
+    def __init__(
+        self, traffic_manager: bool = True, low_floor: float = 0.01, local: bool = True
+    ) -> None:
+        """``local=False``: the reference network, which refills whole components at every
+        start and end (no shortcut)."""
         self.loop = EventLoop()
-        self.net = FluidNetwork(self.loop, traffic_manager=traffic_manager, low_floor=low_floor)
+        self.net = FluidNetwork(
+            self.loop, traffic_manager=traffic_manager, low_floor=low_floor, local_rates=local
+        )
         self.done: dict[str, float] = {}
         self.order: list[str] = []
 
@@ -382,19 +388,11 @@ def test_incremental_rates_stay_max_min_under_churn(traffic_manager: bool) -> No
     assert checks > 10
 
 
-def _refill_whole_components(net: FluidNetwork) -> None:
-    """The reference for the local recomputation: no shortcut, whole components every time."""
-    net._local = False
-    net._unsaturated = lambda *args: False  # type: ignore[method-assign]
-
-
 def _paced_run(seed: int, traffic_manager: bool, skip: bool) -> Harness:
     """Many rate-capped flows on roomy links among a few uncapped ones on tight links, with
     cancels; ``skip=False`` forces a recomputation at every start and end."""
     rng = random.Random(seed)
-    h = Harness(traffic_manager=traffic_manager, low_floor=0.05)
-    if not skip:
-        _refill_whole_components(h.net)
+    h = Harness(traffic_manager=traffic_manager, low_floor=0.05, local=skip)
     links = [h.link(f"L{i}", rng.choice([10.0, 400.0])) for i in range(8)]
     started: list[int] = []
     for i in range(200):
@@ -448,9 +446,7 @@ def _rail_run(seed: int, local: bool) -> Harness:
     flows (memory, tx_i, rx_j) and, now and then, one HIGH burst over every tx and rx.
     ``local=False`` refills whole components at every start and end (the reference)."""
     rng = random.Random(seed)
-    h = Harness(traffic_manager=True, low_floor=0.05)
-    if not local:
-        _refill_whole_components(h.net)
+    h = Harness(traffic_manager=True, low_floor=0.05, local=local)
     mem = h.link("mem", 1000.0)
     tx = [h.link(f"tx{i}", 10.0) for i in range(4)]
     rx = [h.link(f"rx{i}", 10.0) for i in range(4)]
@@ -479,7 +475,7 @@ def test_local_recomputation_on_rails_is_bit_identical(seed: int) -> None:
     assert fast.done == slow.done and fast.order == slow.order
     assert fast.loop.log_digest() == slow.loop.log_digest()
     assert fast.net.num_settled_flows < 0.8 * slow.net.num_settled_flows
-    assert fast.net._num_fallbacks > 0
+    assert fast.net.rates.num_fallbacks > 0
     for r in range(fast.net.num_resources):
         assert fast.net.bytes_carried(r) == pytest.approx(slow.net.bytes_carried(r), rel=1e-9)
 
@@ -513,9 +509,7 @@ def _high_chain_run(local: bool) -> Harness:
     """A HIGH flow that, when done, starts an identical one on the same path (what HIGH
     leaves on the roomy resource stays the same), then a LOW flow that needs almost all of
     that resource (from the review of the local recomputation)."""
-    h = Harness(traffic_manager=True, low_floor=0.01)
-    if not local:
-        _refill_whole_components(h.net)
+    h = Harness(traffic_manager=True, low_floor=0.01, local=local)
     roomy, tight = h.link("roomy", 100.0), h.link("tight", 10.0)
     h.flow("paced", [roomy], 1000.0, LOW, cap=1.0)
 
@@ -548,9 +542,7 @@ def _churn_run(seed: int, local: bool, tm: bool) -> Harness:
     flows over every CNIC or one pair, paced and uncapped LOW flows, a memory crossed
     twice."""
     rng = random.Random(seed)
-    h = Harness(traffic_manager=tm, low_floor=rng.choice([0.0, 0.01, 0.05]))
-    if not local:
-        _refill_whole_components(h.net)
+    h = Harness(traffic_manager=tm, low_floor=rng.choice([0.0, 0.01, 0.05]), local=local)
     n = rng.randint(2, 4)
     mem = [h.link(f"mem{i}", rng.choice([25.0, 1000.0])) for i in range(2)]
     tx = [h.link(f"tx{i}", 10.0) for i in range(n)]
@@ -602,5 +594,5 @@ def test_local_recomputation_survives_random_churn(tm: bool) -> None:
         fast, slow = _churn_run(seed, True, tm), _churn_run(seed, False, tm)
         assert fast.done == slow.done and fast.order == slow.order, f"seed {seed}"
         assert fast.loop.log_digest() == slow.loop.log_digest(), f"seed {seed}"
-        fallbacks += fast.net._num_fallbacks
+        fallbacks += fast.net.rates.num_fallbacks
     assert fallbacks > 0  # the guesses failed somewhere, and the fallback was exact too

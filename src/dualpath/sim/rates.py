@@ -1,14 +1,18 @@
-"""Rate recomputation for ``FluidNetwork`` (SPEC §6): which flows a start or an end can move,
-and their new max-min rates. A mixin: the state lives on the network, whose ``__init__``
-creates every attribute declared below; this half never touches flow bookkeeping.
+"""Rate recomputation of the fluid network (SPEC §6): which flows a start or an end can move,
+and their new max-min rates.
+
+``RateSolver`` is the network's rate component. It reads the flows' paths, classes and caps
+from the shared ``FlowTable``, writes the resources' settled rates there, and hands the flows
+it re-rated (new rates in ``new``) back to the network, which owns their timing.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
+from collections.abc import Callable
 
 from dualpath.sim.events import Event, EventLoop, Priority
+from dualpath.sim.flowtable import FlowTable
 from dualpath.sim.maxmin import fill_max_min
 
 SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
@@ -17,62 +21,98 @@ SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearl
 class RateSolver:
     """Recomputes rates once per instant, only where they can change.
 
-    A change (start, end, cancel) marks the resources of its path dirty. At the settle:
-    HIGH (traffic manager) is refilled apart where a HIGH flow changed or a resource's
-    shared status flipped (``_settle_high``); LOW (or the single class) is refilled over the
-    flows reachable from the dirty resources through resources that can be bottlenecks
-    (``_component``); capped flows at their cap on clearly unsaturated resources are held.
-    Guesses are checked after filling and a failed one refills the whole component, so the
-    result is bit-identical to refilling whole components every time
-    (``tests/sim/test_network.py`` checks that against ``_local = False``).
+    A change (start, end, cancel) marks the resources of its path dirty (``started``,
+    ``ended``). At the settle (a loop event at ``Priority.SETTLE``, or earlier on any query
+    through ``settle``): HIGH (traffic manager) is refilled apart where a HIGH flow changed
+    or a resource's shared status flipped (``_settle_high``); LOW (or the single class) is
+    refilled over the flows reachable from the dirty resources through resources that can be
+    bottlenecks (``_component``); capped flows at their cap on clearly unsaturated resources
+    are held. Guesses are checked after filling and a failed one refills the whole component,
+    so the result is bit-identical to refilling whole components every time (``local=False``,
+    the reference that ``tests/sim/test_network.py`` compares with).
+
+    Its own state: the dirty sets of this instant, the HIGH shares (``_high_left``,
+    ``_shared``), scratch lists for filling and walking, and counters. ``reschedule(flows,
+    now)`` and ``arm()`` are the network's: apply the rates in ``new`` to ``flows``, and keep
+    the completion timer at the next finish.
     """
 
-    _loop: EventLoop
-    _tm: bool
-    _floor: float
-    _cap: list[float]
-    _members: tuple[list[dict[int, int]], list[dict[int, int]]]
-    _tot: tuple[list[int], list[int]]
-    _cnt: list[int]
-    _rate: list[float]
-    _carried: list[float]
-    _last_s: list[float]
-    _busy_s: list[float]
-    _scratch: list[float]
-    _rmark: list[int]
-    _f_id: list[int]
-    _f_path: list[tuple[int, ...]]
-    _f_cls: list[int]
-    _f_rem: list[float]
-    _f_t: list[float]
-    _f_rate: list[float]
-    _f_cap: list[float]
-    _f_ver: list[int]
-    _f_mark: list[int]
-    _f_new: list[float]
-    _slot_of: dict[int, int]
-    _finish: list[tuple[float, int, int, int]]
-    _dirty: dict[int, None]
-    _new: list[int]
-    _gone: dict[int, float]
-    _forced: dict[int, None]
-    _dirty_high: dict[int, None]
-    _high_left: list[float]
-    _shared: list[bool]
-    _settle_ev: Event | None
-    _epoch: int
-    _num_capped: int
-    _slack_limit: float
-    _rearm: bool
-    _num_settles: int
-    _num_settled_flows: int
-    _num_fallbacks: int
-    _local: bool
+    def __init__(
+        self,
+        loop: EventLoop,
+        table: FlowTable,
+        *,
+        traffic_manager: bool,
+        low_floor: float,
+        reschedule: Callable[[list[int], float], None],
+        arm: Callable[[], None],
+        local: bool = True,
+    ) -> None:
+        self._loop = loop
+        self.t = table
+        self._tm = traffic_manager
+        self._floor = low_floor
+        self._reschedule = reschedule
+        self._arm = arm
+        self._local = local  # False: every settle refills whole components (the reference)
+        # per resource: scratch for filling, walk marks, and what the last HIGH filling left
+        # (``_high_left``) and whether both classes were there (``_shared``), which is what
+        # LOW fills on. HIGH is refilled only where a HIGH flow started or ended
+        # (``_dirty_high``) or a resource's ``_shared`` flipped.
+        self._cnt: list[int] = []
+        self._scratch: list[float] = []
+        self._rmark: list[int] = []
+        self._high_left: list[float] = []
+        self._shared: list[bool] = []
+        # per flow slot: walk marks and the new rates of the flows re-rated
+        self._f_mark: list[int] = []
+        self.new: list[float] = []
+        # since the last settle: dirty resources, flows started (slots), rate left by ended
+        # flows per resource, resources any recomputation must pass through (_component)
+        self._dirty: dict[int, None] = {}
+        self._dirty_high: dict[int, None] = {}
+        self._new: list[int] = []
+        self._gone: dict[int, float] = {}
+        self._forced: dict[int, None] = {}
+        self._settle_ev: Event | None = None
+        self._epoch = 0
+        self._slack_limit = (1.0 - (low_floor if traffic_manager else 0.0)) * (1.0 - SLACK_REL)
+        self._rearm = False  # a flow changed without a recomputation: re-arm at settle
+        self.num_settles = 0  # recomputations (at most one per instant unless queried)
+        self.num_settled_flows = 0  # sum over recomputations of the flows re-rated
+        self.num_fallbacks = 0  # local settles redone over the whole component
 
-    def _arm(self) -> None:  # FluidNetwork: keep the completion timer at the next finish
-        raise NotImplementedError
+    def add_resource(self, capacity: float) -> None:
+        self._cnt.append(0)
+        self._scratch.append(0.0)
+        self._rmark.append(-1)
+        self._high_left.append(capacity)
+        self._shared.append(False)
 
-    def _unsaturated(
+    def add_slot(self) -> None:
+        self._f_mark.append(-1)
+        self.new.append(0.0)
+
+    def started(self, slot: int, path: tuple[int, ...], high: bool) -> None:
+        """A flow started that needs a recomputation (``high``: a HIGH flow, under the traffic
+        manager)."""
+        self._new.append(slot)
+        if self.t.f_cap[slot] == math.inf:  # it saturates a resource: walk through the likeliest
+            c, rate = self.t.cap, self.t.rate
+            tight = min(path, key=lambda r: (c[r] - rate[r]) / path.count(r))
+            self._forced[tight] = None
+        self._mark_dirty(path, high)
+
+    def ended(self, path: tuple[int, ...], rate: float, klass: int) -> None:
+        """A flow of class ``klass`` (0 for all without the traffic manager) running at
+        ``rate`` left ``path`` and needs a recomputation."""
+        if rate > 0.0 and (klass or not self._tm):  # HIGH changes reach LOW via _high_left
+            gone = self._gone
+            for r in path:
+                gone[r] = gone.get(r, 0.0) + rate
+        self._mark_dirty(path, klass == 0 and self._tm)
+
+    def unsaturated(
         self, slot: int, path: tuple[int, ...], add_rate: float, starting: bool
     ) -> bool:
         """Whether every resource of ``path``, carrying ``add_rate`` more per crossing, stays
@@ -82,23 +122,25 @@ class RateSolver:
         its bottlenecks, so its rate is exactly what a recomputation would give. With the
         traffic manager, only for a LOW flow that leaves every resource's ``_shared`` as it
         was (HIGH fills on shares that depend on it; ``_settle_high``)."""
-        cap, rate, lim = self._cap, self._rate, self._slack_limit
+        if not self._local:
+            return False
+        cap, rate, lim = self.t.cap, self.t.rate, self._slack_limit
         if not all(rate[r] + add_rate * path.count(r) <= cap[r] * lim for r in path):
             return False
         if not self._tm:
             return True
-        if not self._f_cls[slot]:
+        if not self.t.f_cls[slot]:
             return False
-        t0, t1 = self._tot
+        t0, t1 = self.t.tot
         if starting:  # the flow is counted already
             return all(not t0[r] or t1[r] > path.count(r) for r in path)
         return all(not t0[r] or t1[r] for r in path)
 
-    def _shift_rates(self, path: tuple[int, ...], delta: float) -> None:
+    def shift_rates(self, path: tuple[int, ...], delta: float) -> None:
         """A flow at rate ``|delta|`` started (+) or ended (-) without a recomputation:
         account resources at their old rates, then adjust them."""
-        self._account(list(path), self._loop.now)
-        rate, t0, t1 = self._rate, *self._tot
+        self.t.account(list(path), self._loop.now)
+        rate, t0, t1 = self.t.rate, *self.t.tot
         for r in path:
             left = rate[r] + delta
             rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
@@ -118,10 +160,10 @@ class RateSolver:
                 dirty_high[r] = None
         if self._settle_ev is None:
             self._settle_ev = self._loop.at(
-                self._loop.now, self._settle, Priority.SETTLE, "net.settle"
+                self._loop.now, self.settle, Priority.SETTLE, "net.settle"
             )
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Recompute rates of every flow in the components of the dirty resources."""
         event = self._settle_ev
         if event is not None:
@@ -133,7 +175,7 @@ class RateSolver:
                 self._arm()
             return
         self._rearm = False
-        self._num_settles += 1
+        self.num_settles += 1
         now = self._loop.now
         dirty = list(self._dirty)
         self._dirty = {}
@@ -144,19 +186,19 @@ class RateSolver:
             high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
         if self._local:
             res, edge, flows, pinned = self._component(dirty, True, forced)
-            self._account(res, now)
-            self._account(edge, now)
+            self.t.account(res, now)
+            self.t.account(edge, now)
         ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
         self._new.clear()
         self._gone.clear()
         if ok:
             flows = high_flows + flows
         else:
-            self._num_fallbacks += self._local
+            self.num_fallbacks += self._local
             res, edge, flows, pinned = self._component(dirty, False, forced)
-            self._account(res, now)
+            self.t.account(res, now)
             self._assign_rates(res, edge, flows, pinned, False)
-        self._num_settled_flows += len(flows)
+        self.num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
 
@@ -166,7 +208,7 @@ class RateSolver:
         else). Resources where what HIGH leaves changed are added to ``dirty`` and
         ``forced`` (LOW refills there). Returns the HIGH flows re-rated (rates in
         ``_f_new``)."""
-        t0, t1 = self._tot
+        t0, t1 = self.t.tot
         shared, dirty_high = self._shared, self._dirty_high
         start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
         self._dirty_high = {}
@@ -174,7 +216,7 @@ class RateSolver:
             return []
         self._epoch += 1
         epoch = self._epoch
-        rmark, fmark, paths, m0 = self._rmark, self._f_mark, self._f_path, self._members[0]
+        rmark, fmark, paths, m0 = self._rmark, self._f_mark, self.t.f_path, self.t.members[0]
         for r in start:
             rmark[r] = epoch
         res = start
@@ -188,12 +230,12 @@ class RateSolver:
                         if rmark[r2] != epoch:
                             rmark[r2] = epoch
                             res.append(r2)
-        cap, avail, cnt, left = self._cap, self._scratch, self._cnt, self._high_left
+        cap, avail, cnt, left = self.t.cap, self._scratch, self._cnt, self._high_left
         high_share = 1.0 - self._floor
         for r in res:
             avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
             cnt[r] = t0[r]
-        fill_max_min(flows, self._capped(flows), m0, res, paths, self._f_new, avail, cnt)
+        fill_max_min(flows, self._capped(flows), m0, res, paths, self.new, avail, cnt)
         in_dirty = set(dirty)
         for r in res:
             both = bool(t0[r] and t1[r])
@@ -228,9 +270,9 @@ class RateSolver:
         """
         self._epoch += 1
         epoch = self._epoch
-        rmark, fmark, paths = self._rmark, self._f_mark, self._f_path
-        fcap, frate = self._f_cap, self._f_rate
-        cap, rate, lim = self._cap, self._rate, self._slack_limit
+        rmark, fmark, paths = self._rmark, self._f_mark, self.t.f_path
+        fcap, frate = self.t.f_cap, self.t.f_rate
+        cap, rate, lim = self.t.cap, self.t.rate, self._slack_limit
         flows: list[int] = []
         pinned: list[int] = []
         edge: list[int] = []
@@ -242,13 +284,13 @@ class RateSolver:
             else:
                 edge.append(r)  # a guess; _assign_rates checks after
         if local:
-            cls, tm = self._f_cls, self._tm
+            cls, tm = self.t.f_cls, self._tm
             for s in self._new:  # their resources are all dirty, so marked already
                 if fmark[s] != epoch and paths[s] and frate[s] == -1.0 and (cls[s] or not tm):
                     fmark[s] = epoch
                     flows.append(s)
-        pin = local and self._num_capped > 0
-        m0, m1 = self._members
+        pin = local and self.t.num_capped > 0
+        m0, m1 = self.t.members
         walk = (m1,) if local and self._tm else (m0, m1)  # HIGH was settled apart
         add_res, add_flow, add_pinned, add_edge = (
             res.append,
@@ -278,17 +320,6 @@ class RateSolver:
                                     add_res(r2)
         return res, edge, flows, pinned
 
-    def _account(self, res: list[int], now: float) -> None:
-        last, busy, rate, carried = self._last_s, self._busy_s, self._rate, self._carried
-        for r in res:
-            dt = now - last[r]
-            if dt > 0.0:
-                x = rate[r]
-                if x > 0.0:
-                    carried[r] += x * dt
-                    busy[r] += dt
-                last[r] = now
-
     def _assign_rates(
         self, res: list[int], edge: list[int], flows: list[int], pinned: list[int], low: bool
     ) -> bool:
@@ -298,10 +329,10 @@ class RateSolver:
         else both classes, HIGH first. False, changing no settled rate, if an edge resource
         or a pinned flow's resource is no longer clearly unsaturated (then redo over the
         whole component)."""
-        cap, avail, new, rate, cnt = self._cap, self._scratch, self._f_new, self._rate, self._cnt
-        m0, m1 = self._members
-        t0, t1 = self._tot
-        paths, cls = self._f_path, self._f_cls
+        cap, avail, new, rate, cnt = self.t.cap, self._scratch, self.new, self.t.rate, self._cnt
+        m0, m1 = self.t.members
+        t0, t1 = self.t.tot
+        paths, cls = self.t.f_path, self.t.f_cls
         inf = math.inf
         for r in edge:  # never a bottleneck here: filling only passes through
             avail[r] = inf
@@ -340,7 +371,7 @@ class RateSolver:
         lim = self._slack_limit
         edge_rate: dict[int, float] = {}
         if edge:
-            frate, paths = self._f_rate, self._f_path
+            frate, paths = self.t.f_rate, self.t.f_path
             gone = self._gone  # what flows that ended took (dirty edge resources)
             edge_rate = {r: rate[r] - gone.get(r, 0.0) for r in edge}
             for s in flows:
@@ -358,7 +389,7 @@ class RateSolver:
             rate[r] = used if used > 0.0 else 0.0
         for r, x in edge_rate.items():
             rate[r] = x if x > 0.0 and (t0[r] or t1[r]) else 0.0
-        paths = self._f_path
+        paths = self.t.f_path
         for s in pinned:
             for r in paths[s]:
                 if rate[r] > cap[r] * lim:
@@ -367,16 +398,16 @@ class RateSolver:
 
     def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
         """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
-        if not self._num_capped:
+        if not self.t.num_capped:
             return []
-        fcap, fid = self._f_cap, self._f_id
+        fcap, fid = self.t.f_cap, self.t.f_id
         return sorted([(fcap[s], fid[s], s) for s in flows if fcap[s] < math.inf])
 
     def _pin(self, pinned: list[int]) -> None:
         """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take
         that rate off the resources being recomputed, before filling."""
         avail, cnt, rmark, epoch = self._scratch, self._cnt, self._rmark, self._epoch
-        rate, new, paths = self._f_rate, self._f_new, self._f_path
+        rate, new, paths = self.t.f_rate, self.new, self.t.f_path
         for s in pinned:
             x = rate[s]
             new[s] = x
@@ -384,26 +415,3 @@ class RateSolver:
                 if rmark[r] == epoch:
                     avail[r] -= x
                     cnt[r] -= 1
-
-    def _reschedule(self, flows: list[int], now: float) -> None:
-        """Flows whose rate changed: bring remaining bytes to ``now`` at the old rate and
-        push a new finish entry. Unchanged flows keep their (still exact) entry."""
-        new, rate, rem, ft, ver = self._f_new, self._f_rate, self._f_rem, self._f_t, self._f_ver
-        fids, fin, push = self._f_id, self._finish, heapq.heappush
-        for s in flows:
-            x = new[s]
-            old = rate[s]
-            if x == old:
-                continue
-            if old > 0.0:
-                left = rem[s] - old * (now - ft[s])
-                rem[s] = left if left > 0.0 else 0.0
-            ft[s] = now
-            rate[s] = x
-            v = ver[s] + 1
-            ver[s] = v
-            if x > 0.0:
-                push(fin, (now + rem[s] / x, fids[s], s, v))
-        if len(fin) > 4 * len(self._slot_of) + 1024:  # drop stale entries now and then
-            fin[:] = [e for e in fin if ver[e[2]] == e[3]]
-            heapq.heapify(fin)
