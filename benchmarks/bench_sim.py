@@ -1,6 +1,6 @@
 """Simulator speed: DS 660B 2P4D, 2048 agents, 64K MAL, one system (default dualpath).
 
-Target (issue 4): <= 60 s wall and <= 2 GiB peak RSS on the 2-core dev machine. Prints wall
+Target: <= 60 s wall and <= 2 GiB peak RSS on the 2-core dev machine. Prints wall
 time, events/s, turns/s and peak RSS. ``--profile`` prints the top functions (cProfile).
 
     .venv/bin/python benchmarks/bench_sim.py [--agents 2048] [--mal 64k] [--system dualpath]

@@ -1,4 +1,4 @@
-"""Decision trace (issue 3 item 6): every decision recorded, explainable, JSONL round trip."""
+"""Decision trace: every decision recorded, explainable, JSONL round trip."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad input (issue 3 item 7): clear ValueErrors, and nothing half-assigned."""
+"""Bad input: clear ValueErrors, and nothing half-assigned."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`dualpath online | capacity | ablation | replay | trace`: online-serving studies (issue 5).
+"""`dualpath online | capacity | ablation | replay | trace`: online-serving studies.
 
 Config as for `dualpath sim` (preset → TOML → ``--set``); the online knobs (horizon, stop
 rule window/lookback, SLO) are flags. Every mistake is a one-line ``ValueError``.

@@ -1,6 +1,6 @@
 """Load-balance metrics: max/avg of per-node (or per-GPU) loads, overall and in sliding windows.
 
-Pure functions (issue 5, §4: SNIC throughput per node over time, attention time per GPU).
+Pure functions (e.g. SNIC throughput per node over time, attention time per GPU).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The timeline of one served turn, as both shells record it, and its latency metrics.
 
-Owns the metric definitions (SPEC §9, issue 5); validates, never clamps.
+Owns the metric definitions (SPEC §9); validates, never clamps.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chrome / Perfetto trace of one simulated run (debugging aid, issue 5).
+"""Chrome / Perfetto trace of one simulated run (debugging aid).
 
 Spans come from an ``Observer`` attached with ``spans=True``: storage reads, layer loads,
 PE→DE sends, H2D, persistence and collectives (one track per kind and first resource),
