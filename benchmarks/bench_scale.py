@@ -7,7 +7,10 @@ running k copies of one unit's workload (the same trajectories, new agent ids) u
 scheduler. Near-linear scaling means the k-unit job takes as long as the 1-unit job
 (``JCT_k / JCT_1`` ≈ 1). Printed per run: the scheduler's host time (views + ``schedule``)
 per simulated second (CPU cores it would need to keep up in real time), wall time,
-events/s and the peak RSS of the process that ran it (each run is its own process).
+events/s, the process's CPU time with events and turns per CPU second (steadier than wall
+time on a shared machine; larger clusters coalesce more work into one event, so turns per
+CPU second compares sizes more fairly than events) and the peak RSS of the process that
+ran it (each run is its own process).
 
 ``--before SRC`` also runs every size on another source tree (e.g. ``git archive main`` under
 /tmp) in the same invocation, for a before/after comparison on the same machine and load;
@@ -64,13 +67,15 @@ def run_units(
         for t in unit
     ]
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     cluster = build_cluster(config, system, SimConfig(), trajectories=trajs)
 
     def report(sim_s: float, done: int, total: int) -> None:
         wall = time.perf_counter() - t0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
         print(
-            f"[{k} units] wall {wall:8.1f} s  sim {sim_s:8.1f} s  turns {done:,}/{total:,}  "
+            f"[{k} units] wall {wall:8.1f} s  CPU {time.process_time() - cpu0:8.1f} s  "
+            f"sim {sim_s:8.1f} s  turns {done:,}/{total:,}  "
             f"events {cluster.loop.num_processed:,}  peak RSS {rss:.2f} GiB",
             file=sys.stderr,
             flush=True,
@@ -79,6 +84,7 @@ def run_units(
     run_cluster(cluster, report if progress else None)
     result = collect(cluster)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     tokens = sum(r.prompt_tokens - r.hit_tokens + r.output_tokens for r in cluster.records)
     scheduler_s = getattr(cluster, "scheduler_s", float("nan"))  # nan: a tree without it
     return {
@@ -91,8 +97,11 @@ def run_units(
         "scheduler_s": scheduler_s,
         "scheduler_cores": scheduler_s / result.jct_s,
         "wall_s": wall,
+        "cpu_s": cpu,
         "events": cluster.loop.num_processed,
         "events_per_s": cluster.loop.num_processed / wall,
+        "events_per_cpu_s": cluster.loop.num_processed / cpu,
+        "turns_per_cpu_s": result.num_turns / cpu,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
         "digest": cluster.loop.log_digest(),
     }
@@ -141,7 +150,8 @@ def main() -> None:
     print(f"DS 660B, {args.agents} agents per 2P4D unit, MAL {args.mal}, {args.system}")
     print(
         f"{'tree':>6} {'units':>5} {'GPUs':>5} {'agents':>7} {'JCT s':>8} {'JCT/JCT1':>9} "
-        f"{'sched cores':>12} {'wall s':>8} {'events/s':>9} {'RSS GiB':>8}  digest"
+        f"{'sched cores':>12} {'wall s':>8} {'events/s':>9} {'CPU s':>8} {'ev/CPU s':>9} "
+        f"{'turns/CPU s':>11} {'RSS GiB':>8}  digest"
     )
     rows = []
     for k in (int(u) for u in args.units.split(",")):
@@ -164,7 +174,8 @@ def main() -> None:
             print(
                 f"{name:>6} {k:>5} {row['gpus']:>5} {row['agents']:>7} {row['jct_s']:>8.1f} "
                 f"{row['jct_s'] / base['jct_s']:>9.3f} {row['scheduler_cores']:>12.4f} "
-                f"{row['wall_s']:>8.1f} {row['events_per_s']:>9,.0f} "
+                f"{row['wall_s']:>8.1f} {row['events_per_s']:>9,.0f} {row['cpu_s']:>8.1f} "
+                f"{row['events_per_cpu_s']:>9,.0f} {row['turns_per_cpu_s']:>11,.0f} "
                 f"{row['peak_rss_gib']:>8.2f}  {str(row['digest'])[:12]}",
                 flush=True,
             )
