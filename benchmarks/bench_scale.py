@@ -102,6 +102,7 @@ def run_units(
         "events_per_s": cluster.loop.num_processed / wall,
         "events_per_cpu_s": cluster.loop.num_processed / cpu,
         "turns_per_cpu_s": result.num_turns / cpu,
+        "flows_per_settle": cluster.net.num_settled_flows / max(cluster.net.num_settles, 1),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
         "digest": cluster.loop.log_digest(),
     }
