@@ -57,6 +57,15 @@ class TurnDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Aborted:
+    """The turn was dropped before it finished (its client left, or an engine it depended on
+    died: the runtime submits it again as a new turn). It left every counter."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
 class Persisted:
     """``num_bytes`` of a node's KV blocks were handed to storage."""
 
