@@ -271,12 +271,7 @@ class Ledger:
             self.journal({"op": "finish", "t": now, "id": turn.request_id,
                           "times": [turn.prefill_start_s, turn.second_token_s, turn.finish_s],
                           "hit": turn.hit_tokens})  # fmt: skip
-        de = turn.de
-        self.seq[de] -= 1
-        self.tok[de] -= turn.prompt_tokens
-        if not turn.loaded:
-            self.reserved[de] -= turn.hbm_tokens
-        self._dirty_engines.add(de)
+        self._leave_de(turn)
         turn.phase = Phase.DONE
         self.num_done += 1
         record = turn.record()
@@ -318,14 +313,18 @@ class Ledger:
             self.seq[pe] -= 1
             self.tok[pe] -= turn.prompt_tokens
             self._dirty_engines.add(pe)
+        self._leave_de(turn)
+        turn.phase = Phase.ABORTED
+        if self.events.wants(Aborted):
+            self.events.emit(Aborted(now, turn))
+
+    def _leave_de(self, turn: Turn) -> None:
+        de = turn.de
         self.seq[de] -= 1
         self.tok[de] -= turn.prompt_tokens
         if not turn.loaded:
             self.reserved[de] -= turn.hbm_tokens
         self._dirty_engines.add(de)
-        turn.phase = Phase.ABORTED
-        if self.events.wants(Aborted):
-            self.events.emit(Aborted(now, turn))
 
     # ------------------------------------------------------------------ the policy's view
     def view(self) -> ClusterView:
