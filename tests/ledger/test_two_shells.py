@@ -11,7 +11,7 @@ shell that misreports a turn or a ledger that miscounts fails; (3) describe the 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +22,14 @@ import pytest
 from dualpath.config import Config, preset
 from dualpath.config.sim import SimConfig
 from dualpath.config.systems import system_spec
-from dualpath.ledger import ReplayMismatch, Topology, replay
+from dualpath.ledger import (
+    ForwardDone,
+    ForwardStarted,
+    ReplayMismatch,
+    Topology,
+    TurnDone,
+    replay,
+)
 from dualpath.policy import make_policy
 from dualpath.sim.cluster import Cluster
 from dualpath.sim.runner import run_cluster
@@ -54,12 +61,24 @@ def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[l
 
     log = tmp / "ledger.jsonl"
     opts = RuntimeOptions(system=SYSTEM, kv_root=str(tmp / "kv"))
+    seen: dict[type, list[Any]] = defaultdict(list)
     with LocalRuntime(cfg, opts) as rt:
         rt.scheduler.record_ledger(str(log))
+        for kind in (TurnDone, ForwardStarted, ForwardDone):  # as observers do in the simulator
+            rt.scheduler.events.subscribe(kind, seen[kind].append)
         result = rt.run(agent_scripts(trajs, cfg.model.vocab_size, 0))
         resolved = rt.config
     assert len(result.records) == sum(len(t.turns) for t in trajs)
-    return [json.loads(line) for line in log.read_text().splitlines()], resolved
+    by_id = sorted((ev.record for ev in seen[TurnDone]), key=lambda r: r.request_id)
+    assert by_id == list(result.records)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    # every plan belongs to one group pass, announced (with its PEs' plans) and ended once
+    plans = [(r["pe"], tuple((c[1], c[2]) for c in r["chunks"])) for r in records
+             if r["op"] == "plan"]  # fmt: skip
+    assert [b for ev in seen[ForwardStarted] for b in ev.batches] == plans
+    ended = Counter(ev.batches for ev in seen[ForwardDone])
+    assert ended == Counter(ev.batches for ev in seen[ForwardStarted])
+    return records, resolved
 
 
 def _sim_journal(cfg: Config, trajs: list[Trajectory]) -> tuple[list[Any], Config]:

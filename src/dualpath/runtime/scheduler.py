@@ -22,7 +22,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from dualpath.ledger import EventBus, Ledger, Persisted, TurnDone
+from dualpath.ledger import (
+    EventBus,
+    ForwardDone,
+    ForwardStarted,
+    Ledger,
+    Persisted,
+    TurnDone,
+)
 from dualpath.ledger.turn import Phase
 from dualpath.metrics import TurnRecord
 from dualpath.policy import ClusterView, PendingPrefill
@@ -123,6 +130,8 @@ class Scheduler:
         self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
         self.next_pass_id = 0  # ids of group passes (the exchange's sequence numbers)
+        # group → (start, batches) of its pass in flight, for ForwardStarted / ForwardDone
+        self.group_pass: dict[int, tuple[float, Any]] = {}
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -441,6 +450,10 @@ class Scheduler:
                 self.counters.max_pass_tokens, sum(c.cached + c.new for c in batch.chunks)
             )
             planned.append((e, batch))
+        if planned and self.events.wants(ForwardStarted):
+            batches = tuple((e, tuple((c.cached, c.new) for c in b.chunks)) for e, b in planned)
+            self.group_pass[group] = (now, batches)
+            self.events.emit(ForwardStarted(now, tuple(members), batches))
         exchange = self._exchange_plan(planned)
         for e, batch in planned:
             ex = exchange if exchange is not None and e in exchange.engines else None
@@ -500,7 +513,13 @@ class Scheduler:
                 continue
             self.pe_queue[msg.engine_id].remove(req.request_id)
             self._prefill_done(req, firsts[req.request_id], msg.done_s)
-        self.kick(self.topo.group_of(msg.engine_id))
+        group = self.topo.group_of(msg.engine_id)
+        started = self.group_pass.get(group)
+        members = self.groups[group]
+        if started is not None and not any(e in self.in_pass for e in members):
+            del self.group_pass[group]  # the group's pass is over: its last PE reported
+            self.events.emit(ForwardDone(self.now(), tuple(members), started[1], started[0]))
+        self.kick(group)
 
     # ------------------------------------------------------------------ results
     def on_message(self, msg: Any) -> None:
