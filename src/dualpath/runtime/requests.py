@@ -20,7 +20,6 @@ class Req(Turn):
     tokens whose blocks were read and verified (``cached``)."""
 
     __slots__ = (
-        "allocated",
         "cached",
         "cancelled",
         "de_slots",
@@ -56,7 +55,6 @@ class Req(Turn):
         self.keys = keys
         self.sampling = sampling  # None: greedy
         self.read_node = -1  # the node its hit blocks are read on (-1: nothing to read)
-        self.allocated = False  # it got its buffer slots
         self.reading = False  # its storage read is out (not yet reported back)
         self.cached = 0  # hit tokens whose blocks were read and verified
         self.kv_tokens = 0  # tokens with KV for the next chunk (hits, then earlier chunks)

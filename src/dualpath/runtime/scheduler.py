@@ -363,7 +363,6 @@ class Scheduler:
                 return False
             pe_slots = got
         req.de_slots, req.pe_slots = de_slots, pe_slots
-        req.allocated = True
         return True
 
     def _start_read(self, req: Req, retry: bool = False) -> None:
@@ -450,7 +449,7 @@ class Scheduler:
                 self.counters.max_pass_tokens, sum(c.cached + c.new for c in batch.chunks)
             )
             planned.append((e, batch))
-        if planned and self.events.wants(ForwardStarted):
+        if planned and (self.events.wants(ForwardStarted) or self.events.wants(ForwardDone)):
             batches = tuple((e, tuple((c.cached, c.new) for c in b.chunks)) for e, b in planned)
             self.group_pass[group] = (now, batches)
             self.events.emit(ForwardStarted(now, tuple(members), batches))
