@@ -35,8 +35,6 @@ from dualpath.sim.cluster import Cluster
 from dualpath.sim.runner import run_cluster
 from dualpath.workload import Trajectory, turn_requests
 
-pytest.importorskip("torch")
-
 SYSTEM = "dualpath"
 RUNTIME_ONLY_OPS = {"loaded", "free_hbm", "generated"}  # reports only the runtime's engines make
 
@@ -47,6 +45,7 @@ def _config() -> Config:
 
 
 def _trajectories(cfg: Config) -> list[Trajectory]:
+    pytest.importorskip("torch")  # the runtime package (its workload helper) needs it
     from dualpath.runtime.workload import small_trajectories
 
     wl = replace(cfg.workload, num_agents=4, seed=3)
