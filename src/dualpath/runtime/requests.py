@@ -66,6 +66,13 @@ class Req(Turn):
         self.streamed: list[int] = []  # tokens reported so far (servers)
         self.cancelled = False  # its client is gone: abort as soon as its phase allows
 
+    def stamp_done(self, second_token_s: float, finish_s: float) -> None:
+        """Stamp the DE's second-token and finish times (read on its clock after the first
+        token): one output token has no second token (the record requires second == first)."""
+        one = self.output_tokens == 1
+        self.second_token_s = self.first_token_s if one else max(second_token_s, self.first_token_s)
+        self.finish_s = max(finish_s, self.second_token_s)
+
 
 @dataclass(slots=True)
 class AgentState:

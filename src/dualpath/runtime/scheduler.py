@@ -583,12 +583,7 @@ class Scheduler:
         self.counters.h2d_bytes += msg.bytes_in
         self.counters.persisted_blocks += len(msg.persisted_keys)
         self.generated[req.de] -= req.generated
-        # one output token: there is no second token (the record requires second == first)
-        one = req.output_tokens == 1
-        req.second_token_s = (
-            req.first_token_s if one else max(msg.second_token_s, req.first_token_s)
-        )
-        req.finish_s = max(msg.finish_s, req.second_token_s)
+        req.stamp_done(msg.second_token_s, msg.finish_s)
         if msg.persisted_keys and self.events.wants(Persisted):  # the DE handed them to storage
             size = len(msg.persisted_keys) * self.env.layout.full_block_bytes
             self.events.emit(Persisted(msg.finish_s, self.topo.node_of(req.de), size))
