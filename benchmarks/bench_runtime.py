@@ -46,12 +46,14 @@ def _run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: s
 def _run_logged(
     cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: str
 ) -> tuple[RunResult, list[Any]]:
-    """``_run`` that also returns the scheduler's policy log (its forward plans)."""
+    """``_run`` that also returns the ledger's journal (its ``plan`` records: forward plans)."""
     Path(kv_root).mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
     try:
         with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
-            return rt.run(agents), rt.scheduler.policy_log
+            journal: list[Any] = []
+            rt.scheduler.ledger.start_journal(journal.append)
+            return rt.run(agents), journal
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -110,8 +112,8 @@ def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
         fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
         opts = RuntimeOptions(system=system, pe_hbm_tokens=hbm)  # the DEs keep the default
         res, log = _run_logged(cfg, opts, fresh, args.kv_root)
-        plans = [batch for kind, _, _, batch in log if kind == "plan"]
-        tokens = [sum(c.cached + c.new for c in b.chunks) for b in plans]
+        plans = [rec["chunks"] for rec in log if rec["op"] == "plan"]
+        tokens = [sum(cached + new for _, cached, new, _ in chunks) for chunks in plans]
         recs = res.records
         span = max(r.first_token_s for r in recs) - min(r.arrival_s for r in recs)
         computed = sum(r.prompt_tokens - r.hit_tokens for r in recs)

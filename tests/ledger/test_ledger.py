@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dualpath.ledger import (
+    Aborted,
     Assigned,
     EventBus,
     FirstToken,
@@ -95,3 +98,74 @@ def test_block_rounding_persists_what_the_next_turn_hits() -> None:
     assert decode_block_tokens(turn, 64) == 192 - 192  # 229 tokens of KV: 3 whole blocks
     turn.output_tokens = 60  # 259 tokens of KV: 4 whole blocks
     assert prompt_block_tokens(turn, 64) + decode_block_tokens(turn, 64) == 256 - 128
+
+
+def test_reported_free_hbm_replaces_capacity_and_loaded_ends_the_reservation() -> None:
+    """A runtime shell reports each engine's real free pool: free HBM = report − turns
+    assigned and not yet admitted; once loaded, only the engine's report counts the turn."""
+    ledger, _, _ = _ledger()
+    ledger.report_free_hbm(3, 4000)
+    ledger.report_free_hbm(1, 900)  # a PE's own pool is reported as is
+    turn = Turn(1, 0, 0, prompt_tokens=500, hit_tokens=0, output_tokens=20, arrival_s=0.0)
+    ledger.submit(turn, 0.0)
+    ledger.assign(turn, Assign(1, 1, 3, ReadSide.NONE, 0, 0), 0.0)
+    view = ledger.view()
+    assert view.engines[3].free_hbm_tokens == 4000 - 520
+    assert view.engines[2].free_hbm_tokens == CAPACITY  # no report: the capacity
+    assert view.engines[1].free_hbm_tokens == 900
+    ledger.first_token(turn, 1.0)
+    ledger.loaded(turn, 1.1)
+    ledger.report_free_hbm(3, 3440)  # the DE now holds the turn's pages
+    assert ledger.view().engines[3].free_hbm_tokens == 3440
+    turn.prefill_start_s, turn.second_token_s, turn.finish_s = 0.5, 1.2, 2.0
+    ledger.finish(turn, 2.0)
+    ledger.report_free_hbm(3, 4000)
+    view = ledger.view()
+    assert (view.engines[3].seq, view.engines[3].free_hbm_tokens) == (0, 4000)
+    assert ledger.reserved == [0, 0, 0, 0]
+
+
+def test_abort_takes_the_turn_out_of_every_counter() -> None:
+    ledger, _, _ = _ledger()
+    aborted: list[object] = []
+    ledger.events.subscribe(Aborted, aborted.append)
+    reading = Turn(1, 0, 0, prompt_tokens=1000, hit_tokens=640, output_tokens=10, arrival_s=0.0)
+    decoding = Turn(2, 1, 0, prompt_tokens=300, hit_tokens=0, output_tokens=10, arrival_s=0.0)
+    for t in (reading, decoding):
+        ledger.submit(t, 0.0)
+    ledger.assign(reading, Assign(1, 0, 2, ReadSide.PE, 640, 0), 1.0)
+    ledger.assign(decoding, Assign(2, 1, 2, ReadSide.NONE, 0, 0), 1.0)
+    ledger.first_token(decoding, 2.0)
+    view = ledger.view()
+    assert view.nodes[0].read_queue_tokens == 640 and view.engines[2].seq == 2
+    ledger.abort(reading, 3.0)
+    ledger.abort(decoding, 3.0)
+    assert reading.phase is Phase.ABORTED and len(aborted) == 2
+    view = ledger.view()
+    assert view.nodes[0].read_queue_tokens == 0
+    assert [(e.seq, e.tokens) for e in view.engines] == [(0, 0)] * 4
+    assert view.engines[2].free_hbm_tokens == CAPACITY
+    with pytest.raises(ValueError, match="cannot abort a turn aborted"):
+        ledger.abort(reading, 4.0)
+
+
+def test_journal_replays_to_the_same_decisions() -> None:
+    from dualpath.config import preset
+    from dualpath.ledger import ReplayMismatch, replay
+    from dualpath.policy import make_policy
+
+    cfg = preset("tiny-1p1d")
+    topo = Topology.from_config(cfg)
+    policy = make_policy(cfg)
+    ledger = Ledger(topo, CAPACITY, cfg.scheduler.block_tokens)
+    records: list[dict[str, object]] = []
+    ledger.start_journal(records.append)
+    turn = Turn(0, 0, 0, prompt_tokens=100, hit_tokens=0, output_tokens=5, arrival_s=0.0)
+    policy.submit(ledger.submit(turn, 0.0), 0.0)
+    (a,) = ledger.pull(policy, 0.0)
+    ledger.assign(turn, a, 0.0)
+    stats = replay(list(records), topo, make_policy(cfg))
+    assert (stats.pulls, stats.assignments) == (1, 1)
+    records[-1]["a"] = [0, a.pe, a.de, "de", 0, 0]  # carried out other than decided
+    with pytest.raises(ReplayMismatch, match="not the next decision"):
+        replay(records, topo, make_policy(cfg))

@@ -7,6 +7,7 @@ Without torch only the tests of the pure runtime modules (``TORCH_FREE``) are co
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -71,26 +72,16 @@ def assert_no_processes(pids: list[int]) -> None:
         raise AssertionError(f"process {pid} outlived the runtime")
 
 
-def replay_policy_log(config: Config, log: list) -> int:  # type: ignore[type-arg]
-    """Feed a runtime's recorded policy inputs to a fresh policy; assert equal decisions.
+def replay_ledger_log(config: Config, path: Path) -> int:
+    """Feed a runtime's ledger journal (``Scheduler.record_ledger``, JSON lines) to a fresh
+    ledger and policy; ``replay`` raises at the first view or decision that differs.
 
-    Covers both kinds of decision: assignments (``schedule``) and PE forward plans
-    (``plan_forward``). Returns the number of assignments and forward chunks compared
-    (STYLE §1: one policy core, two shells)."""
+    Covers both kinds of decision: assignments (``schedule``, on the replayed view) and PE
+    forward plans (``plan_forward``). Returns the number of assignments and forward chunks
+    compared (STYLE §1: one policy core, two shells)."""
+    from dualpath.ledger import Topology, replay
     from dualpath.policy import make_policy
 
-    policy = make_policy(config)
-    compared = 0
-    for kind, arg, now, decided in log:
-        if kind == "submit":
-            policy.submit(arg, now)
-        elif kind == "plan":
-            engine, pending, budget = arg
-            batch = policy.plan_forward(engine, pending, now, budget)
-            assert batch == decided
-            compared += len(batch.chunks)
-        else:
-            again = tuple(policy.schedule(arg, now))
-            assert again == decided
-            compared += len(again)
-    return compared
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    stats = replay(records, Topology.from_config(config), make_policy(config))
+    return stats.assignments + stats.chunks

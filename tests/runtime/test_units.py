@@ -51,8 +51,11 @@ def test_options_derive_policy_and_pacing() -> None:
 def test_one_token_turn_records_its_first_token_as_second() -> None:
     from dualpath.runtime.requests import Req
 
-    req = Req(0, 0, 0, (1, 2, 3), 1, (), 0, arrival_s=0.0, first_token_s=2.0)
-    rec = req.record(second_token_s=2.5, finish_s=3.0)  # the DE's clock read after the first
+    req = Req(0, 0, 0, (1, 2, 3), 1, (), 0, arrival_s=0.0)
+    req.scheduled_s = req.read_start_s = req.read_done_s = req.prefill_start_s = 1.0
+    req.first_token_s = 2.0
+    req.stamp_done(second_token_s=2.5, finish_s=3.0)  # the DE's clock read after the first
+    rec = req.record()
     assert rec.second_token_s == 2.0 and rec.finish_s == 3.0
 
 

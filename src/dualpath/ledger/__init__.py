@@ -2,11 +2,13 @@
 
 Pure and I/O-free, between ``policy`` and the two shells: topology ids, each turn's typed
 phase, the load counters and the ``ClusterView`` the policy reads, ``TurnRecord``s, and typed
-past-tense events that observers subscribe to. The shells carry out commands and report
+past-tense events that observers subscribe to; a journal of its inputs and a replay that
+checks a fresh ledger and policy decide the same. The shells carry out commands and report
 what happened; they keep no counter or view of their own.
 """
 
 from dualpath.ledger.events import (
+    Aborted,
     Assigned,
     DecodeStepsDone,
     EventBus,
@@ -19,27 +21,40 @@ from dualpath.ledger.events import (
     TransferDone,
     TurnDone,
 )
-from dualpath.ledger.ledger import Ledger, decode_block_tokens, prompt_block_tokens
+from dualpath.ledger.ledger import (
+    JournalSink,
+    Ledger,
+    decode_block_tokens,
+    encode_view,
+    prompt_block_tokens,
+)
+from dualpath.ledger.replay import ReplayMismatch, ReplayStats, replay
 from dualpath.ledger.topology import Topology
 from dualpath.ledger.turn import NO_TIME, Phase, Turn
 
 __all__ = [
     "NO_TIME",
+    "Aborted",
     "Assigned",
     "DecodeStepsDone",
     "EventBus",
     "FirstToken",
     "ForwardDone",
     "ForwardStarted",
+    "JournalSink",
     "Ledger",
     "Persisted",
     "Phase",
     "ReadDone",
+    "ReplayMismatch",
+    "ReplayStats",
     "Submitted",
     "Topology",
     "TransferDone",
     "Turn",
     "TurnDone",
     "decode_block_tokens",
+    "encode_view",
     "prompt_block_tokens",
+    "replay",
 ]

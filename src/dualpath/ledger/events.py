@@ -1,8 +1,8 @@
 """Typed past-tense events of a run, and the bus observers subscribe to (STYLE §1, §3).
 
-Turn events (``Submitted`` … ``TurnDone``) are the same in both shells; the simulator also
-reports its physical work (``TransferDone``, ``ForwardStarted``, ``ForwardDone``,
-``DecodeStepsDone``) for traces and balance metrics. An observer must not change what
+Turn events (``Submitted`` … ``TurnDone``, ``Aborted``) are the same in both shells; both
+report a PE group's passes (``ForwardStarted``, ``ForwardDone``) and the simulator also its
+other physical work (``TransferDone``, ``DecodeStepsDone``) for traces and balance metrics. An observer must not change what
 happens: handlers run synchronously, in subscription order, and may only record.
 """
 
@@ -54,6 +54,15 @@ class TurnDone:
     now: float
     turn: Turn
     record: Any  # dualpath.metrics.TurnRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    """The turn was dropped before it finished (its client left, or an engine it depended on
+    died: the runtime submits it again as a new turn). It left every counter."""
+
+    now: float
+    turn: Turn
 
 
 @dataclass(frozen=True, slots=True)

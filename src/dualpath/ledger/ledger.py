@@ -1,25 +1,61 @@
 """The load counters of SPEC §13.4 and the ``ClusterView`` the policy pulls, kept incrementally.
 
 A shell reports what happened to a turn (submitted, assigned, read started / done, first
-token, finished); the ledger moves the turn's phase, keeps seq_e / tok_e / reserved HBM per
-engine and read_q / bytes read per node, and emits the matching event. A pull rebuilds only
-the ``EngineState`` / ``NodeState`` objects whose counters changed since the last pull.
+token, loaded into DE HBM, finished, aborted); the ledger moves the turn's phase, keeps seq_e
+/ tok_e / reserved HBM per engine and read_q / bytes read per node, and emits the matching
+event. A pull rebuilds only the ``EngineState`` / ``NodeState`` objects whose counters
+changed since the last pull.
+
+Free HBM has two sources. The simulator reports none: a DE's free HBM is its capacity minus
+the tokens reserved by the turns assigned to it, until they finish. The runtime's engines
+report their real free pool (``report_free_hbm``); a turn's reservation then ends when its DE
+admitted it (``loaded``), after which the engine's report counts it.
+
+With a journal (``start_journal``), every input (and each pull's view and decisions, each
+forward plan) is written as a JSON-able record, so that ``dualpath.ledger.replay`` can feed
+the same inputs to a fresh ledger and policy and check that they decide the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from dualpath.ledger.events import Assigned, EventBus, FirstToken, ReadDone, Submitted, TurnDone
+from dualpath.ledger.events import (
+    Aborted,
+    Assigned,
+    EventBus,
+    FirstToken,
+    ReadDone,
+    Submitted,
+    TurnDone,
+)
 from dualpath.ledger.topology import Topology
 from dualpath.ledger.turn import Phase, Turn
 from dualpath.metrics import TurnRecord
 from dualpath.policy import Assign, ClusterView, EngineState, NodeState, RequestInfo
+from dualpath.policy.base import PendingPrefill, Policy
+from dualpath.policy.commands import ForwardBatch
 from dualpath.types import EngineKind
 from dualpath.workload import persisted_tokens
 
 # a DE group's tokens generated so far per member (in member order), e.g. from its decode batch
 GeneratedFn = Callable[[], Sequence[int]]
+# takes one journal record (a dict of JSON types)
+JournalSink = Callable[[dict[str, Any]], None]
+
+
+def encode_view(view: ClusterView) -> dict[str, list[list[float]]]:
+    """A view as journal data: ``[seq, tokens, free HBM]`` per engine, ``[read_q, bytes read]``
+    per node (ids, kinds and groups are the topology's)."""
+    return {
+        "engines": [[e.seq, e.tokens, e.free_hbm_tokens] for e in view.engines],
+        "nodes": [[n.read_queue_tokens, n.bytes_read] for n in view.nodes],
+    }
+
+
+def encode_assign(a: Assign) -> list[Any]:
+    return [a.request_id, a.pe, a.de, a.read_side.value, a.pe_read_tokens, a.de_read_tokens]
 
 
 def prompt_block_tokens(turn: Turn, block_tokens: int) -> int:
@@ -41,8 +77,10 @@ class Ledger:
 
     ``hbm_capacity_tokens``: KV tokens one DE's HBM holds (its share of the weights spread
     over its EP group, ``Topology.decode_ep_gpus``); a DE's free HBM = capacity − tokens
-    reserved by the turns assigned to it. tok_e of a DE = prompts of its turns + the tokens
-    they generated so far (SPEC §13.4), from the ``GeneratedFn`` of its group.
+    reserved by the turns assigned to it (or, once an engine reported its free HBM with
+    ``report_free_hbm``, that report minus the turns assigned and not yet ``loaded``). tok_e
+    of a DE = prompts of its turns + the tokens they generated so far (SPEC §13.4), from the
+    ``GeneratedFn`` of its group.
     """
 
     def __init__(
@@ -73,23 +111,89 @@ class Ledger:
         self._dirty_nodes: set[int] = set()
         self._decode_groups: list[tuple[tuple[int, ...], GeneratedFn, list[int]]] = []
         self._generated = [0] * num_engines  # DEs: tokens generated, as of the last pull
+        self._reported: list[int] | None = None  # free HBM tokens the engines reported; -1: none
         self._view: ClusterView | None = None
+        self.journal: JournalSink | None = None
 
     def track_decode(self, members: tuple[int, ...], generated: GeneratedFn) -> None:
         """``generated()`` reports the tokens generated so far by each member's turns."""
         self._decode_groups.append((members, generated, [0] * len(members)))
 
+    def report_free_hbm(self, engine: int, tokens: int) -> None:
+        """Engine ``engine`` reports ``tokens`` of KV that fit in its free HBM (it counts the
+        turns it admitted; those assigned and not yet ``loaded`` are still reserved here)."""
+        reported = self._reported
+        if reported is None:
+            reported = self._reported = [-1] * len(self.topology.engine_ids)
+        if reported[engine] != tokens:
+            reported[engine] = tokens
+            self._dirty_engines.add(engine)
+        if self.journal is not None:
+            self.journal({"op": "free_hbm", "engine": engine, "tokens": tokens})
+
+    def start_journal(self, sink: JournalSink) -> None:
+        """Write every input from now on to ``sink`` (before the first turn is submitted): an
+        ``init`` record first, with the sizes, the DE groups tracked and the reports so far."""
+        if self.journal is not None:
+            raise ValueError("the ledger already writes a journal")
+        if any(self.seq) or any(self.read_q) or self.num_done:
+            raise ValueError("start_journal must come before the first turn")
+        sink(
+            {
+                "op": "init",
+                "hbm_capacity_tokens": self.hbm_capacity_tokens,
+                "block_tokens": self.block_tokens,
+                "decode_groups": [list(m) for m, _, _ in self._decode_groups],
+                "free_hbm": list(self._reported) if self._reported is not None else None,
+            }
+        )
+        self.journal = sink
+
     # ------------------------------------------------------------------ a turn's life
     def submit(self, turn: Turn, now: float) -> RequestInfo:
         """The turn arrived; returns what the policy is to be given."""
+        if self.journal is not None:
+            self.journal({"op": "submit", "t": now, "id": turn.request_id,
+                          "agent": turn.agent_id, "turn": turn.turn_index,
+                          "prompt": turn.prompt_tokens, "hit": turn.hit_tokens,
+                          "output": turn.output_tokens, "arrival": turn.arrival_s})  # fmt: skip
         if self.events.wants(Submitted):
             self.events.emit(Submitted(now, turn))
         return turn.info()
+
+    def pull(self, policy: Policy, now: float) -> list[Assign]:
+        """A pull (SPEC §7.1): the policy schedules on the current view; returns its
+        decisions for the shell to carry out (each then reported with ``assign``)."""
+        view = self.view()
+        assigns = policy.schedule(view, now)
+        if self.journal is not None:
+            self.journal({"op": "pull", "t": now, "view": encode_view(view),
+                          "assigns": [encode_assign(a) for a in assigns]})  # fmt: skip
+        return assigns
+
+    def plan(
+        self,
+        policy: Policy,
+        pe: int,
+        pending: Sequence[PendingPrefill],
+        now: float,
+        budget: int | None,
+    ) -> ForwardBatch:
+        """PE ``pe``'s next forward pass over its ``pending`` queue (``policy.plan_forward``)."""
+        batch = policy.plan_forward(pe, pending, now, budget)
+        if self.journal is not None:
+            self.journal({"op": "plan", "t": now, "pe": pe, "budget": budget,
+                          "pending": [[p.request_id, p.cached, p.new] for p in pending],
+                          "chunks": [[c.request_id, c.cached, c.new, c.is_last]
+                                     for c in batch.chunks]})  # fmt: skip
+        return batch
 
     def assign(self, turn: Turn, a: Assign, now: float, read: bool = True) -> list[tuple[int, int]]:
         """The policy's ``Assign`` for ``turn``: counts it on its PE and DE and returns the
         storage reads to start, ``(node, hit tokens)`` each (counted in that node's read_q).
         With ``read=False`` (the Oracle) or nothing to read, the turn's reads are done now."""
+        if self.journal is not None:
+            self.journal({"op": "assign", "t": now, "a": encode_assign(a), "read": read})
         turn.scheduled_s = now
         turn.pe, turn.de, turn.read_side = a.pe, a.de, a.read_side
         turn.pe_read_tokens, turn.de_read_tokens = a.pe_read_tokens, a.de_read_tokens
@@ -120,6 +224,9 @@ class Ledger:
 
     def read_started(self, turn: Turn, node: int, num_bytes: float, now: float) -> None:
         """A storage read of ``num_bytes`` for ``turn`` started on ``node``."""
+        if self.journal is not None:
+            self.journal({"op": "read_started", "t": now, "id": turn.request_id,
+                          "node": node, "bytes": num_bytes})  # fmt: skip
         if turn.read_start_s < 0:
             turn.read_start_s = now
         self.bytes_read[node] += num_bytes
@@ -127,6 +234,8 @@ class Ledger:
 
     def read_done(self, turn: Turn, node: int, now: float) -> bool:
         """The turn's read on ``node`` finished; True when it was its last."""
+        if self.journal is not None:
+            self.journal({"op": "read_done", "t": now, "id": turn.request_id, "node": node})
         tokens = turn.pe_read_tokens if node == self._node_of[turn.pe] else turn.de_read_tokens
         self.read_q[node] -= tokens
         self._dirty_nodes.add(node)
@@ -144,6 +253,8 @@ class Ledger:
 
     def first_token(self, turn: Turn, now: float) -> None:
         """Prefill is done: the turn leaves its PE (token 1 is out) and decodes on its DE."""
+        if self.journal is not None:
+            self.journal({"op": "first_token", "t": now, "id": turn.request_id})
         turn.first_token_s = now
         turn.phase = Phase.DECODING
         pe = turn.pe
@@ -156,17 +267,64 @@ class Ledger:
     def finish(self, turn: Turn, now: float) -> TurnRecord:
         """The last token is out (``turn.finish_s`` and ``second_token_s`` stamped): the turn
         leaves its DE; returns its record."""
-        de = turn.de
-        self.seq[de] -= 1
-        self.tok[de] -= turn.prompt_tokens
-        self.reserved[de] -= turn.hbm_tokens
-        self._dirty_engines.add(de)
+        if self.journal is not None:
+            self.journal({"op": "finish", "t": now, "id": turn.request_id,
+                          "times": [turn.prefill_start_s, turn.second_token_s, turn.finish_s],
+                          "hit": turn.hit_tokens})  # fmt: skip
+        self._leave_de(turn)
         turn.phase = Phase.DONE
         self.num_done += 1
         record = turn.record()
         if self.events.wants(TurnDone):
             self.events.emit(TurnDone(now, turn, record))
         return record
+
+    def loaded(self, turn: Turn, now: float) -> None:
+        """The turn's DE admitted it: from now on the DE's reported free HBM counts it, so its
+        reservation ends (only for engines that report free HBM)."""
+        if self.journal is not None:
+            self.journal({"op": "loaded", "t": now, "id": turn.request_id})
+        if turn.loaded or turn.phase is not Phase.DECODING:
+            raise ValueError(f"request {turn.request_id}: loaded twice or while {turn.phase.value}")
+        turn.loaded = True
+        self.reserved[turn.de] -= turn.hbm_tokens
+        self._dirty_engines.add(turn.de)
+
+    def abort(self, turn: Turn, now: float) -> None:
+        """The turn is dropped before it finished: it leaves every counter it was in (its
+        storage read if one is still queued, its PE until token 1, its DE)."""
+        if self.journal is not None:
+            self.journal({"op": "abort", "t": now, "id": turn.request_id})
+        phase = turn.phase
+        if phase in (Phase.QUEUED, Phase.DONE, Phase.ABORTED):
+            raise ValueError(f"request {turn.request_id}: cannot abort a turn {phase.value}")
+        pe, de = turn.pe, turn.de
+        if phase is Phase.READING:
+            reads = [(pe, turn.pe_read_tokens), (de, turn.de_read_tokens)]
+            reads = [(self._node_of[e], t) for e, t in reads if t > 0]
+            if turn.reads_left != len(reads):
+                raise ValueError(
+                    f"request {turn.request_id}: cannot abort a turn with part of its reads done"
+                )
+            for node, tokens in reads:
+                self.read_q[node] -= tokens
+                self._dirty_nodes.add(node)
+        if phase in (Phase.READING, Phase.PREFILLING):
+            self.seq[pe] -= 1
+            self.tok[pe] -= turn.prompt_tokens
+            self._dirty_engines.add(pe)
+        self._leave_de(turn)
+        turn.phase = Phase.ABORTED
+        if self.events.wants(Aborted):
+            self.events.emit(Aborted(now, turn))
+
+    def _leave_de(self, turn: Turn) -> None:
+        de = turn.de
+        self.seq[de] -= 1
+        self.tok[de] -= turn.prompt_tokens
+        if not turn.loaded:
+            self.reserved[de] -= turn.hbm_tokens
+        self._dirty_engines.add(de)
 
     # ------------------------------------------------------------------ the policy's view
     def view(self) -> ClusterView:
@@ -186,21 +344,28 @@ class Ledger:
                     generated[e] = g
                     dirty.add(e)
             last[:] = now_gen
+            if self.journal is not None:
+                self.journal({"op": "generated", "members": list(members), "values": list(last)})
         changed = False
         if dirty:
-            capacity, reserved = self.hbm_capacity_tokens, self.reserved
+            capacity, reserved, reported = self.hbm_capacity_tokens, self.reserved, self._reported
             pe = EngineKind.PE
             for e in dirty:
                 old = states[e]
                 num = seq[e]
                 if old.kind is pe:
                     t = tok[e]
-                    if num != old.seq or t != old.tokens:
-                        states[e] = EngineState(e, old.node_id, old.group_id, pe, num, t)
+                    # a PE's free HBM is its own pool's report (runtime) or 0 (simulator)
+                    pe_free = reported[e] if reported is not None and reported[e] >= 0 else 0
+                    if num != old.seq or t != old.tokens or pe_free != old.free_hbm_tokens:
+                        states[e] = EngineState(e, old.node_id, old.group_id, pe, num, t, pe_free)
                         changed = True
                     continue
                 tokens = tok[e] + generated[e] if num else 0
-                free = capacity - reserved[e]
+                if reported is not None and reported[e] >= 0:
+                    free = reported[e] - reserved[e]
+                else:
+                    free = capacity - reserved[e]
                 if free < 0:
                     free = 0
                 if num != old.seq or tokens != old.tokens or free != old.free_hbm_tokens:

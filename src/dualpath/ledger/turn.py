@@ -40,6 +40,7 @@ class Turn:
         "finish_s",
         "first_token_s",
         "hit_tokens",
+        "loaded",
         "output_tokens",
         "pe",
         "pe_read_tokens",
@@ -87,6 +88,7 @@ class Turn:
         self.pe_read_tokens = 0
         self.de_read_tokens = 0
         self.reads_left = 0  # storage reads (one per node read from) not yet done
+        self.loaded = False  # its DE admitted it and reports its HBM use (runtime shells)
 
     @property
     def hbm_tokens(self) -> int:

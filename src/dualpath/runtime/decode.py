@@ -146,9 +146,9 @@ class DecodeEngine(Engine):
                     r.second_s = now
                 if len(r.tokens) % self.block_tokens == 0:
                     self._persist(r, len(r.tokens) // self.block_tokens - 1)
-            if self.env.options.stream_tokens:
-                step = tuple((r.msg.request_id, r.out[-1]) for r in active)
-                self.env.results.put(TokensMsg(self.engine_id, step))
+            # every step: the scheduler counts tokens generated (tok_e, SPEC §13.4) and streams
+            step = tuple((r.msg.request_id, r.out[-1]) for r in active)
+            self.env.results.put(TokensMsg(self.engine_id, step))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
             self.pool.free([p for t in r.tables for p in t])

@@ -177,8 +177,8 @@ class DecodeDoneMsg:
 
 @dataclass(frozen=True, slots=True)
 class TokensMsg:
-    """A DE's decode step, when ``RuntimeOptions.stream_tokens``: the token each request got
-    (``(request_id, token)``), so a server can stream them as they are generated."""
+    """A DE's decode step: the token each request got (``(request_id, token)``), so that the
+    scheduler counts the tokens generated (a DE's tok_e) and a server can stream them."""
 
     engine_id: int
     tokens: tuple[tuple[int, int], ...]

@@ -58,7 +58,6 @@ class RuntimeOptions:
     direct_io: bool = False
     ready_timeout_s: float = 120.0
     request_timeout_s: float = 300.0
-    stream_tokens: bool = False  # DEs report every decode step (TokensMsg): for a server
     liveness_timeout_s: float = 5.0  # a child silent this long is declared dead (killed)
     faults: FaultPlan = FaultPlan()
     runtime: str = "local"

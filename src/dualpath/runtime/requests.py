@@ -5,60 +5,73 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dualpath.ledger import Turn
 from dualpath.metrics import TurnRecord
-from dualpath.policy.commands import Assign
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.types import ReadSide
 
 if TYPE_CHECKING:
     from dualpath.runtime.scheduler import Scheduler
 
 
-@dataclass(slots=True)
-class Req:
-    """Mutable state of one submitted turn (owned by the scheduler process only)."""
+class Req(Turn):
+    """One submitted turn as the scheduler process carries it out: the ledger's ``Turn``
+    (ids, sizes, phase, decision, timeline) plus the token ids, block keys, buffer slots and
+    what the processes reported. ``hit_tokens`` is the store's hit at submission, then the
+    tokens whose blocks were read and verified (``cached``)."""
 
-    rid: int
-    agent: int
-    turn: int
-    tokens: tuple[int, ...]
-    output_tokens: int
-    keys: tuple[str, ...]
-    hit: int
-    arrival_s: float
-    assign: Assign | None = None
-    phase: str = "queued"  # queued → alloc → reading → prefill → decode → done | aborted
-    read_side: ReadSide = ReadSide.NONE
-    read_node: int = -1
-    cached: int = 0  # hit tokens whose blocks were read and verified
-    kv_tokens: int = 0  # tokens with KV for the next chunk (hits, then earlier chunks)
-    in_pass: bool = False  # a chunk of it is in a PE forward pass right now
-    loaded: bool = False  # its DE admitted it (prompt KV in the DE's HBM)
-    pe_slots: list[int] = field(default_factory=list)
-    de_slots: list[int] = field(default_factory=list)
-    first_token: int = -1
-    scheduled_s: float = 0.0
-    read_start_s: float = 0.0
-    read_done_s: float = 0.0
-    prefill_start_s: float = 0.0
-    first_token_s: float = 0.0
-    sampling: SamplingParams | None = None  # None: greedy
-    streamed: list[int] = field(default_factory=list)  # tokens reported so far (servers)
-    cancelled: bool = False  # its client is gone: abort as soon as its phase allows
+    __slots__ = (
+        "cached",
+        "cancelled",
+        "de_slots",
+        "first_token",
+        "generated",
+        "in_pass",
+        "keys",
+        "kv_tokens",
+        "pe_slots",
+        "read_node",
+        "reading",
+        "sampling",
+        "streamed",
+        "tokens",
+    )
 
-    def record(self, second_token_s: float, finish_s: float) -> TurnRecord:
-        # one output token: there is no second token (the record requires second == first)
+    def __init__(
+        self,
+        request_id: int,
+        agent_id: int,
+        turn_index: int,
+        tokens: tuple[int, ...],
+        output_tokens: int,
+        keys: tuple[str, ...],
+        hit_tokens: int,
+        arrival_s: float,
+        sampling: SamplingParams | None = None,
+    ) -> None:
+        super().__init__(
+            request_id, agent_id, turn_index, len(tokens), hit_tokens, output_tokens, arrival_s
+        )
+        self.tokens = tokens
+        self.keys = keys
+        self.sampling = sampling  # None: greedy
+        self.read_node = -1  # the node its hit blocks are read on (-1: nothing to read)
+        self.reading = False  # its storage read is out (not yet reported back)
+        self.cached = 0  # hit tokens whose blocks were read and verified
+        self.kv_tokens = 0  # tokens with KV for the next chunk (hits, then earlier chunks)
+        self.in_pass = False  # a chunk of it is in a PE forward pass right now
+        self.pe_slots: list[int] = []
+        self.de_slots: list[int] = []
+        self.first_token = -1
+        self.generated = 0  # tokens its DE reported generated (from admission, token 1 on)
+        self.streamed: list[int] = []  # tokens reported so far (servers)
+        self.cancelled = False  # its client is gone: abort as soon as its phase allows
+
+    def stamp_done(self, second_token_s: float, finish_s: float) -> None:
+        """Stamp the DE's second-token and finish times (read on its clock after the first
+        token): one output token has no second token (the record requires second == first)."""
         one = self.output_tokens == 1
-        second = self.first_token_s if one else max(second_token_s, self.first_token_s)
-        return TurnRecord(
-            agent_id=self.agent, turn_index=self.turn, request_id=self.rid,
-            arrival_s=self.arrival_s, scheduled_s=self.scheduled_s,
-            read_start_s=self.read_start_s, read_done_s=self.read_done_s,
-            prefill_start_s=self.prefill_start_s, first_token_s=self.first_token_s,
-            second_token_s=second, finish_s=max(finish_s, second),
-            prompt_tokens=len(self.tokens), hit_tokens=self.cached,
-            output_tokens=self.output_tokens, read_side=self.read_side.value,
-        )  # fmt: skip
+        self.second_token_s = self.first_token_s if one else max(second_token_s, self.first_token_s)
+        self.finish_s = max(finish_s, self.second_token_s)
 
 
 @dataclass(slots=True)

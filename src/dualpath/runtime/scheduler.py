@@ -4,22 +4,35 @@ Turn life: submit (hit tokens from the KV store's hash chain) → policy ``sched
 read side) → buffer slots (wait if full: backpressure) → storage read into the PE or DE
 buffer → the PE's local queue → forward passes packed by ``policy.plan_forward`` (an EP
 group's PEs in lockstep; a request may take several chunks) → DE batched decode, persist →
-next turn of the agent. It keeps seq_e / tok_e / read_q and the engines' reported free HBM for
-the view (SPEC §13.4) and re-queues the requests of an engine process that dies. The clock
-is read only through ``self.now``.
+next turn of the agent. It reports each of these steps, and what the engines report (free HBM
+pages, tokens generated), to the ``Ledger``, which keeps the counters (SPEC §13.4), builds the
+view the policy pulls and the turn records, and emits the typed events observers subscribe to
+(``self.events``), as in the simulator. It re-queues the requests of an engine process that
+dies. The clock is read only through ``self.now``.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
-from dualpath.policy import ClusterView, EngineState, NodeState, PendingPrefill, RequestInfo
+from dualpath.ledger import (
+    EventBus,
+    ForwardDone,
+    ForwardStarted,
+    Ledger,
+    Persisted,
+    TurnDone,
+)
+from dualpath.ledger.turn import Phase
+from dualpath.metrics import TurnRecord
+from dualpath.policy import ClusterView, PendingPrefill
 from dualpath.policy.base import Policy
 from dualpath.policy.commands import ForwardBatch
 from dualpath.runtime.env import ProcEnv
@@ -44,20 +57,13 @@ from dualpath.runtime.messages import (
 )
 from dualpath.runtime.requests import AgentState, Req, RunResult
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.types import ReadSide
+from dualpath.types import EngineKind, ReadSide
 
 IDLE_WAIT_S = 0.005
 
 # on_tokens(request_id, tokens so far, done): the first token when prefill ends, then each
 # decode step's with ``RuntimeOptions.stream_tokens``, then all (done)
 TokenCallback = Callable[[int, tuple[int, ...], bool], None]
-
-
-@dataclass(slots=True)
-class _Load:
-    seq: int = 0
-    tokens: int = 0
-    reserved: int = 0  # DEs: prompt + output tokens of requests assigned, not yet admitted
 
 
 @dataclass(slots=True)
@@ -92,24 +98,27 @@ class Scheduler:
         # every engine's HBM pool: pages of one Layer Block; engines report their free pages
         self.hbm_pages = env.options.hbm_pages(self.num_layers, self.block)  # a DE's
         self.pe_hbm_pages = env.options.hbm_pages(self.num_layers, self.block, pe=True)
-        self.free_pages = {e: self._pool_pages(e) for e in self.topo.engine_ids}
+        self.events = EventBus()  # what happened, for observers (records, progress, metrics)
+        self.records: list[TurnRecord] = []
+        self.events.subscribe(TurnDone, lambda ev: self.records.append(ev.record))
+        self.ledger = Ledger(self.topo, self._pool_tokens(self.hbm_pages), self.block, self.events)
+        self.generated = dict.fromkeys(self.topo.de_ids, 0)  # per DE, by its admitted requests
+        for _, members in self.topo.groups(EngineKind.DE):
+            self.ledger.track_decode(members, self._generated_fn(members))
+        self.free_pages: dict[int, int] = {}  # every engine's free HBM pages, as last reported
+        for e in self.topo.engine_ids:
+            self._report_free(e, self._pool_pages(e))
         self.pe_queue: dict[int, list[int]] = {e: [] for e in self.topo.pe_ids}
         self.in_pass: dict[int, ForwardBatch] = {}  # PE → its pass in flight
         self.groups: dict[int, list[int]] = {}
         for e in self.topo.pe_ids:
             self.groups.setdefault(self.topo.group_of(e), []).append(e)
-        self.loads = {e: _Load() for e in self.topo.engine_ids}
-        self.read_q = [0] * self.topo.num_nodes
-        self.node_read_bytes = [0.0] * self.topo.num_nodes  # for the least_read tie-break
         self.reqs: dict[int, Req] = {}
         self.agents: dict[int, AgentState] = {}
         self.alloc_wait: list[int] = []
         self.next_rid = 0
         self.counters = _Counters()
-        self.records: list[Any] = []
-        self.on_turn: Any = None
-        # every policy input and decision, in order, for replay through a fresh policy (tests)
-        self.policy_log: list[tuple[str, Any, float, Any]] = []
+        self._journal_file: TextIO | None = None  # record_ledger's output
         self.durable: set[str] = set()  # block keys the storage workers acknowledged
         self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
         # turns submitted from other threads (a server); drained by the run loop
@@ -121,12 +130,32 @@ class Scheduler:
         self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
         self.next_pass_id = 0  # ids of group passes (the exchange's sequence numbers)
+        # group → (start, batches) of its pass in flight, for ForwardStarted / ForwardDone
+        self.group_pass: dict[int, tuple[float, Any]] = {}
 
     def now(self) -> float:
         return self.env.clock.now()
 
     def _pool_pages(self, engine: int) -> int:
         return self.pe_hbm_pages if self.topo.is_pe(engine) else self.hbm_pages
+
+    def _pool_tokens(self, pages: int) -> int:
+        """KV tokens that fit in ``pages`` free pages (a page is one layer of one block)."""
+        return pages // self.num_layers * self.block
+
+    def _generated_fn(self, members: tuple[int, ...]) -> Callable[[], list[int]]:
+        """Tokens generated so far by each member DE's admitted requests (its TokensMsgs)."""
+        generated = self.generated
+        return lambda: [generated[e] for e in members]
+
+    def _report_free(self, engine: int, pages: int) -> None:
+        self.free_pages[engine] = pages
+        self.ledger.report_free_hbm(engine, self._pool_tokens(pages))
+
+    @property
+    def read_q(self) -> list[int]:
+        """Hit tokens queued or being read per node (the ledger's read_q)."""
+        return list(self.ledger.read_q)
 
     # ------------------------------------------------------------------ submission
     def add_agent(self, agent: AgentState) -> None:
@@ -173,10 +202,8 @@ class Scheduler:
         req = Req(self.next_rid, agent_id, agent.turn, tokens, output_tokens, tuple(keys), hit,
                   arrival, sampling=sampling)  # fmt: skip
         self.next_rid += 1
-        self.reqs[req.rid] = req
-        info = RequestInfo(req.rid, len(tokens), hit, output_tokens, req.arrival_s, agent_id)
-        self.policy.submit(info, req.arrival_s)
-        self.policy_log.append(("submit", info, req.arrival_s, None))
+        self.reqs[req.request_id] = req
+        self.policy.submit(self.ledger.submit(req, arrival), arrival)
         return req
 
     def submit_threadsafe(
@@ -218,18 +245,18 @@ class Scheduler:
                 fut.set_exception(err)
                 continue
             if on_tokens is not None:
-                self.token_callbacks[req.rid] = on_tokens
-            fut.set_result(req.rid)
+                self.token_callbacks[req.request_id] = on_tokens
+            fut.set_result(req.request_id)
 
     def forget(self, rid: int) -> None:
         """Drop a finished request and its agent once no message can refer to them (a
         server's long run); on the scheduler's thread only (e.g. from a submit callback)."""
         req = self.reqs.get(rid)
-        if req is not None and req.phase == "done":
+        if req is not None and req.phase is Phase.DONE:
             del self.reqs[rid]
-            agent = self.agents.get(req.agent)
-            if agent is not None and agent.finished and req.agent not in self.unpersisted:
-                del self.agents[req.agent]
+            agent = self.agents.get(req.agent_id)
+            if agent is not None and agent.finished and req.agent_id not in self.unpersisted:
+                del self.agents[req.agent_id]
 
     def _cancel(self, rid: int) -> None:
         """Abort ``rid`` now if its phase allows, else mark it (aborted when scheduled). Slots
@@ -237,28 +264,26 @@ class Scheduler:
         reports back; a DE drops the request on ``CancelMsg``."""
         req = self.reqs.get(rid)
         self.token_callbacks.pop(rid, None)
-        if req is None or req.phase in ("done", "aborted"):
+        if req is None or req.phase in (Phase.DONE, Phase.ABORTED):
             return
         self.num_cancelled += 1
-        if req.phase == "queued":  # the policy still holds it: aborted when it assigns it
+        if req.phase is Phase.QUEUED:  # the policy still holds it: aborted when it assigns it
             req.cancelled = True
             return
-        a = req.assign
-        assert a is not None
-        in_flight = req.phase == "reading" or req.in_pass
-        if req.phase == "decode":
+        in_flight = req.reading or req.in_pass
+        if req.phase is Phase.DECODING:
             in_flight = not req.loaded
-            self.launcher.engine_inbox[a.de].put(CancelMsg(rid))
+            self.launcher.engine_inbox[req.de].put(CancelMsg(rid))
         self._abort(req, free_now=not in_flight)
-        if req.phase == "aborted" and not in_flight:
-            self.kick(self.topo.group_of(a.pe))
+        if not in_flight:
+            self.kick(self.topo.group_of(req.pe))
 
     def _emit(self, req: Req, tokens: tuple[int, ...], done: bool) -> None:
-        cb = self.token_callbacks.get(req.rid)
+        cb = self.token_callbacks.get(req.request_id)
         if cb is not None:
-            cb(req.rid, tokens, done)
+            cb(req.request_id, tokens, done)
             if done:
-                del self.token_callbacks[req.rid]
+                del self.token_callbacks[req.request_id]
 
     def submit_or_reject(
         self,
@@ -281,46 +306,30 @@ class Scheduler:
 
     # ------------------------------------------------------------------ view and scheduling
     def view(self) -> ClusterView:
-        engines = []
-        for e in self.topo.engine_ids:
-            ld = self.loads[e]
-            free = max(0, self.free_pages[e] // self.num_layers * self.block - ld.reserved)
-            engines.append(EngineState(e, self.topo.node_of(e), self.topo.group_of(e),
-                                       self.topo.kind_of(e), ld.seq, ld.tokens, free))  # fmt: skip
-        nodes = tuple(NodeState(n, self.topo.kind_of_node(n), self.read_q[n], self.node_read_bytes[n])
-                      for n in range(self.topo.num_nodes))  # fmt: skip
-        return ClusterView(tuple(engines), nodes)
+        """What the engines report at a pull (the ledger's view)."""
+        return self.ledger.view()
 
     def schedule(self) -> None:
         if not self.policy.num_waiting:
             return
         now = self.now()
-        view = self.view()
-        assigns = self.policy.schedule(view, now)
-        self.policy_log.append(("schedule", view, now, tuple(assigns)))
-        for a in assigns:
+        for a in self.ledger.pull(self.policy, now):
             req = self.reqs[a.request_id]
-            req.assign, req.scheduled_s, req.phase = a, now, "alloc"
-            pe, de = self.loads[a.pe], self.loads[a.de]
-            pe.seq, pe.tokens = pe.seq + 1, pe.tokens + len(req.tokens)
-            de.seq, de.tokens = de.seq + 1, de.tokens + len(req.tokens)
-            de.reserved += len(req.tokens) + req.output_tokens
-            side = a.read_side if req.hit else ReadSide.NONE
-            req.read_side = side
-            if side is not ReadSide.NONE:
-                req.read_node = self.topo.node_of(a.pe if side is ReadSide.PE else a.de)
-                self.read_q[req.read_node] += req.hit
+            reads = self.ledger.assign(req, a, now)
+            if reads:  # one read: the runtime does not split reads
+                (req.read_node, _), *rest = reads
+                assert not rest, "split reads reached the runtime"
             if req.cancelled:  # its client left while it waited in the policy's queue
                 self._abort(req, free_now=True)
                 continue
-            self.alloc_wait.append(req.rid)
+            self.alloc_wait.append(req.request_id)
 
     def try_alloc(self) -> None:
         """Give waiting requests their buffer slots, FIFO; a request that does not fit waits."""
         still: list[int] = []
         for rid in self.alloc_wait:
             req = self.reqs[rid]
-            if req.phase != "alloc":
+            if req.phase is Phase.ABORTED:
                 continue
             if not self._alloc(req):
                 self.counters.alloc_stalls += 1
@@ -330,15 +339,13 @@ class Scheduler:
         self.alloc_wait = still
 
     def _alloc(self, req: Req) -> bool:
-        a = req.assign
-        assert a is not None
-        de_buf = self.launcher.buffers[self.topo.node_of(a.de)]
+        de_buf = self.launcher.buffers[self.topo.node_of(req.de)]
         need = -(-len(req.tokens) // self.block)
         # keep one slot per DE of the node free for its persists, so a DE never waits on
         # slots that only its own next request would release
         if need + self.topo.gpus_per_node > de_buf.spec.num_slots:
             raise ValueError(
-                f"request {req.rid}: {need} DE buffer slots (+{self.topo.gpus_per_node} for "
+                f"request {req.request_id}: {need} DE buffer slots (+{self.topo.gpus_per_node} for "
                 f"persists) can never fit a buffer of {de_buf.spec.num_slots}: raise the buffer size"
             )
         if de_buf.num_free < need + self.topo.gpus_per_node:
@@ -348,7 +355,9 @@ class Scheduler:
             return False
         pe_slots: list[int] = []
         if req.read_side is ReadSide.PE:
-            got = self.launcher.buffers[self.topo.node_of(a.pe)].alloc(req.hit // self.block)
+            got = self.launcher.buffers[self.topo.node_of(req.pe)].alloc(
+                req.hit_tokens // self.block
+            )
             if got is None:
                 de_buf.free(de_slots)
                 return False
@@ -356,37 +365,38 @@ class Scheduler:
         req.de_slots, req.pe_slots = de_slots, pe_slots
         return True
 
-    def _start_read(self, req: Req) -> None:
-        a = req.assign
-        assert a is not None
-        req.read_start_s = self.now()
+    def _start_read(self, req: Req, retry: bool = False) -> None:
+        """Send the request's storage read (``retry``: again, after a storage respawn), or
+        queue it on its PE at once when it has nothing to read."""
         if req.read_side is ReadSide.NONE:
-            self._read_done(req, req.hit // self.block, req.read_start_s)
+            self._enqueue(req)
             return
-        req.phase = "reading"
+        nblocks = req.hit_tokens // self.block
+        if not retry:
+            full = self.env.layout.full_block_bytes
+            self.ledger.read_started(req, req.read_node, nblocks * full, self.now())
+        req.reading = True
         slots = req.pe_slots if req.read_side is ReadSide.PE else req.de_slots
-        nblocks = req.hit // self.block
         self.env.storage_inboxes[req.read_node].put(
-            ReadMsg(req.rid, req.keys[:nblocks], tuple(slots[:nblocks]))
+            ReadMsg(req.request_id, req.keys[:nblocks], tuple(slots[:nblocks]))
         )
 
     def _read_done(self, req: Req, num_ok: int, done_s: float) -> None:
-        a = req.assign
-        assert a is not None
-        req.read_done_s = max(done_s, req.read_start_s)
-        req.cached = num_ok * self.block
-        if req.read_side is not ReadSide.NONE:
-            self.read_q[req.read_node] -= req.hit
-            nbytes = num_ok * self.env.layout.full_block_bytes
-            self.node_read_bytes[req.read_node] += nbytes
-            if req.read_side is ReadSide.PE:
-                self.counters.pe_read_bytes += nbytes
-            else:
-                self.counters.de_read_bytes += nbytes
-        req.phase = "prefill"
+        req.reading = False
+        req.cached = req.hit_tokens = num_ok * self.block  # what was read and verified
+        nbytes = num_ok * self.env.layout.full_block_bytes
+        if req.read_side is ReadSide.PE:
+            self.counters.pe_read_bytes += nbytes
+        else:
+            self.counters.de_read_bytes += nbytes
+        self.ledger.read_done(req, req.read_node, max(done_s, req.read_start_s))
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
+        """The request's hit KV is in a buffer: it joins its PE's local queue."""
         req.kv_tokens = req.cached
-        self.pe_queue[a.pe].append(req.rid)
-        self.kick(self.topo.group_of(a.pe))
+        self.pe_queue[req.pe].append(req.request_id)
+        self.kick(self.topo.group_of(req.pe))
 
     # ------------------------------------------------------------------ forward passes
     def kv_budget_tokens(self, pending: tuple[PendingPrefill, ...]) -> int:
@@ -429,8 +439,7 @@ class Scheduler:
                 for r in rids
             )  # fmt: skip
             budget = self.kv_budget_tokens(pending)
-            batch = self.policy.plan_forward(e, pending, now, budget)
-            self.policy_log.append(("plan", (e, pending, budget), now, batch))
+            batch = self.ledger.plan(self.policy, e, pending, now, budget)
             if not batch.chunks:
                 raise RuntimeFailure(f"PE {e}: queued requests but plan_forward planned nothing")
             self.in_pass[e] = batch
@@ -440,6 +449,10 @@ class Scheduler:
                 self.counters.max_pass_tokens, sum(c.cached + c.new for c in batch.chunks)
             )
             planned.append((e, batch))
+        if planned and (self.events.wants(ForwardStarted) or self.events.wants(ForwardDone)):
+            batches = tuple((e, tuple((c.cached, c.new) for c in b.chunks)) for e, b in planned)
+            self.group_pass[group] = (now, batches)
+            self.events.emit(ForwardStarted(now, tuple(members), batches))
         exchange = self._exchange_plan(planned)
         for e, batch in planned:
             ex = exchange if exchange is not None and e in exchange.engines else None
@@ -465,17 +478,15 @@ class Scheduler:
 
     def _work(self, c: Any) -> ChunkWork:
         req = self.reqs[c.request_id]
-        a = req.assign
-        assert a is not None
         if c.cached == req.cached:  # first chunk
             req.prefill_start_s = max(self.now(), req.read_done_s)
         req.in_pass = True
         on_pe = req.read_side is ReadSide.PE
-        hit_node = self.topo.node_of(a.pe if on_pe else a.de)
+        hit_node = self.topo.node_of(req.pe if on_pe else req.de)
         first_on_pe = on_pe and c.cached == req.cached
         return ChunkWork(
-            req.rid, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
-            tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(a.de),
+            req.request_id, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
+            tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(req.de),
             tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last, req.sampling,
         )  # fmt: skip
 
@@ -483,7 +494,7 @@ class Scheduler:
         batch = self.in_pass.pop(msg.engine_id, None)
         if batch is None:  # a pass of an engine declared dead
             return
-        self.free_pages[msg.engine_id] = msg.free_pages
+        self._report_free(msg.engine_id, msg.free_pages)
         self.counters.layer_in_bytes += msg.bytes_in
         self.counters.pd_bytes += msg.bytes_out
         self.counters.pass_new_tokens += sum(c.new for c in batch.chunks)
@@ -492,16 +503,22 @@ class Scheduler:
         for c in batch.chunks:
             req = self.reqs[c.request_id]
             req.in_pass = False
-            if req.phase == "aborted":
+            if req.phase is Phase.ABORTED:
                 self._free_slots(req)  # the last writer of an aborted request is done
                 continue
             req.kv_tokens = c.cached + c.new
             if not c.is_last:
                 self.counters.chunked += 1
                 continue
-            self.pe_queue[msg.engine_id].remove(req.rid)
-            self._prefill_done(req, firsts[req.rid], msg.done_s)
-        self.kick(self.topo.group_of(msg.engine_id))
+            self.pe_queue[msg.engine_id].remove(req.request_id)
+            self._prefill_done(req, firsts[req.request_id], msg.done_s)
+        group = self.topo.group_of(msg.engine_id)
+        started = self.group_pass.get(group)
+        members = self.groups[group]
+        if started is not None and not any(e in self.in_pass for e in members):
+            del self.group_pass[group]  # the group's pass is over: its last PE reported
+            self.events.emit(ForwardDone(self.now(), tuple(members), started[1], started[0]))
+        self.kick(group)
 
     # ------------------------------------------------------------------ results
     def on_message(self, msg: Any) -> None:
@@ -519,71 +536,67 @@ class Scheduler:
         if isinstance(msg, ForwardDoneMsg):
             self._forward_done(msg)
             return
-        if isinstance(msg, TokensMsg):
+        if isinstance(msg, TokensMsg):  # one decode step of a DE
             for rid, token in msg.tokens:
                 req = self.reqs.get(rid)
-                if req is not None and req.phase == "decode":
-                    req.streamed.append(token)
-                    self._emit(req, (req.first_token, *req.streamed), False)
+                if req is not None and req.phase is Phase.DECODING:
+                    req.generated += 1
+                    self.generated[msg.engine_id] += 1
+                    if rid in self.token_callbacks:
+                        req.streamed.append(token)
+                        self._emit(req, (req.first_token, *req.streamed), False)
             return
         if isinstance(msg, (LoadedMsg, DecodeDoneMsg)):
-            self.free_pages[msg.engine_id] = msg.free_pages
+            self._report_free(msg.engine_id, msg.free_pages)
         req = self.reqs.get(msg.request_id)
-        if req is None or req.phase in ("aborted", "done"):
+        if req is None or req.phase in (Phase.ABORTED, Phase.DONE):
             if req is not None and isinstance(msg, (ReadDoneMsg, LoadedMsg)):
                 self._free_slots(req)  # the last writer of an aborted request is done
             return
         if isinstance(msg, ReadDoneMsg):
-            if req.phase != "reading":  # a read re-issued after a storage respawn: done once
+            if not req.reading:  # a read re-issued after a storage respawn: done once
                 return
             self.counters.read_windows.setdefault(msg.node_id, []).append((msg.start_s, msg.done_s))
             self._read_done(req, msg.num_ok, msg.done_s)
         elif isinstance(msg, LoadedMsg):
-            self.launcher.buffers[self.topo.node_of(req.assign.de)].free(req.de_slots)  # type: ignore[union-attr]
+            self.launcher.buffers[self.topo.node_of(req.de)].free(req.de_slots)
             req.de_slots = []
-            req.loaded = True
-            self.loads[msg.engine_id].reserved -= len(req.tokens) + req.output_tokens
+            self.ledger.loaded(req, self.now())  # the DE's free pages count it from now on
+            req.generated = 1  # token 1 counts on the DE from its admission (SPEC §13.4)
+            self.generated[req.de] += 1
         elif isinstance(msg, DecodeDoneMsg):
             self._decode_done(req, msg)
 
     def _prefill_done(self, req: Req, first_token: int, done_s: float) -> None:
-        a = req.assign
-        assert a is not None
-        req.first_token_s = done_s
+        self.ledger.first_token(req, done_s)  # it leaves its PE
         req.first_token = first_token
         self._emit(req, (first_token,), False)
         if req.pe_slots:
-            self.launcher.buffers[self.topo.node_of(a.pe)].free(req.pe_slots)
+            self.launcher.buffers[self.topo.node_of(req.pe)].free(req.pe_slots)
             req.pe_slots = []
-        pe = self.loads[a.pe]
-        pe.seq, pe.tokens = pe.seq - 1, pe.tokens - len(req.tokens)
-        req.phase = "decode"
-        self.launcher.engine_inbox[a.de].put(DecodeMsg(
-            req.rid, req.tokens, first_token, req.output_tokens, tuple(req.de_slots),
+        self.launcher.engine_inbox[req.de].put(DecodeMsg(
+            req.request_id, req.tokens, first_token, req.output_tokens, tuple(req.de_slots),
             req.cached // self.block, req.sampling,
         ))  # fmt: skip
 
     def _decode_done(self, req: Req, msg: DecodeDoneMsg) -> None:
-        a = req.assign
-        assert a is not None
-        de = self.loads[a.de]
-        de.seq, de.tokens = de.seq - 1, de.tokens - len(req.tokens)
         self.counters.h2d_bytes += msg.bytes_in
         self.counters.persisted_blocks += len(msg.persisted_keys)
-        req.phase = "done"
-        record = req.record(msg.second_token_s, msg.finish_s)
-        self.records.append(record)
+        self.generated[req.de] -= req.generated
+        req.stamp_done(msg.second_token_s, msg.finish_s)
+        if msg.persisted_keys and self.events.wants(Persisted):  # the DE handed them to storage
+            size = len(msg.persisted_keys) * self.env.layout.full_block_bytes
+            self.events.emit(Persisted(msg.finish_s, self.topo.node_of(req.de), size))
+        self.ledger.finish(req, msg.finish_s)  # records it (TurnDone)
         pending_keys = {k for k in msg.persisted_keys if k not in self.durable}
-        if req.rid in self.token_callbacks and pending_keys:
+        if req.request_id in self.token_callbacks and pending_keys:
             # a server's client may resend the conversation as soon as it has the answer:
             # report the turn done once its blocks are durable, so that resend hits them
-            self.done_after_persist[req.rid] = (pending_keys, req, msg.output)
+            self.done_after_persist[req.request_id] = (pending_keys, req, msg.output)
         else:
             self._emit(req, msg.output, True)
-        agent = self.agents[req.agent]
+        agent = self.agents[req.agent_id]
         agent.finish_turn(req.tokens, msg.output)
-        if self.on_turn is not None:
-            self.on_turn(record)
         nxt = agent.next_turn()
         if nxt is None:
             return
@@ -618,13 +631,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ faults
     def _free_slots(self, req: Req) -> None:
-        a = req.assign
-        if a is None:
-            return
         if req.pe_slots:
-            self.launcher.buffers[self.topo.node_of(a.pe)].free(req.pe_slots)
+            self.launcher.buffers[self.topo.node_of(req.pe)].free(req.pe_slots)
         if req.de_slots:
-            self.launcher.buffers[self.topo.node_of(a.de)].free(req.de_slots)
+            self.launcher.buffers[self.topo.node_of(req.de)].free(req.de_slots)
         req.pe_slots, req.de_slots = [], []
 
     def recover(self) -> None:
@@ -638,23 +648,24 @@ class Scheduler:
         for e in self.launcher.dead_engines():
             self.launcher.respawn(e)
             self.in_pass.pop(e, None)
-            self.free_pages[e] = self._pool_pages(e)
-            for req in sorted(self.reqs.values(), key=lambda r: r.rid):
-                a = req.assign
-                if a is None or req.phase in ("done", "aborted", "queued"):
+            for req in sorted(self.reqs.values(), key=lambda r: r.request_id):
+                if req.phase in (Phase.DONE, Phase.ABORTED, Phase.QUEUED):
                     continue
-                pe_lost = a.pe == e and req.phase in ("alloc", "reading", "prefill")
-                if not (pe_lost or a.de == e):
+                pe_lost = req.pe == e and req.phase in (Phase.READING, Phase.PREFILLING)
+                if not (pe_lost or req.de == e):
                     continue
-                in_flight = req.phase == "reading" or (req.in_pass and a.pe != e)
+                in_flight = req.reading or (req.in_pass and req.pe != e)
                 self._abort(req, free_now=not in_flight)
                 self.counters.requeued += 1
-                append = req.tokens[len(self.agents[req.agent].context) :]
+                append = req.tokens[len(self.agents[req.agent_id].context) :]
                 again = self.submit_turn(
-                    req.agent, append, req.output_tokens, sampling=req.sampling
+                    req.agent_id, append, req.output_tokens, sampling=req.sampling
                 )
-                if req.rid in self.token_callbacks:
-                    self.token_callbacks[again.rid] = self.token_callbacks.pop(req.rid)
+                if req.request_id in self.token_callbacks:
+                    self.token_callbacks[again.request_id] = self.token_callbacks.pop(
+                        req.request_id
+                    )
+            self._report_free(e, self._pool_pages(e))  # a fresh engine: its whole pool
             for group in sorted(self.groups):
                 self.kick(group)
 
@@ -667,10 +678,10 @@ class Scheduler:
         for msg in pending:
             if isinstance(msg, PersistMsg):
                 inbox.put(msg)
-        for req in sorted(self.reqs.values(), key=lambda r: r.rid):
-            if req.phase == "reading" and req.read_node == node:
+        for req in sorted(self.reqs.values(), key=lambda r: r.request_id):
+            if req.reading and req.read_node == node:
                 self.counters.requeued += 1
-                self._start_read(req)  # the same slots: the retry overwrites them
+                self._start_read(req, retry=True)  # the same slots: the retry overwrites them
         self._flush_done(None)  # lost writes will never be acknowledged
         for agent_id in sorted(self.unpersisted):
             _, arrival_s = self.unpersisted.pop(agent_id)
@@ -679,28 +690,37 @@ class Scheduler:
                 self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
 
     def _abort(self, req: Req, free_now: bool) -> None:
-        a = req.assign
-        assert a is not None
-        phase = req.phase
-        req.phase = "aborted"
-        if phase in ("alloc", "reading") and req.read_side is not ReadSide.NONE:
-            self.read_q[req.read_node] -= req.hit
-        if phase in ("alloc", "reading", "prefill"):
-            pe = self.loads[a.pe]
-            pe.seq, pe.tokens = pe.seq - 1, pe.tokens - len(req.tokens)
-        if req.rid in self.pe_queue[a.pe]:
-            self.pe_queue[a.pe].remove(req.rid)
-        de = self.loads[a.de]
-        de.seq, de.tokens = de.seq - 1, de.tokens - len(req.tokens)
-        if not req.loaded:
-            de.reserved -= len(req.tokens) + req.output_tokens
+        self.ledger.abort(req, self.now())  # it leaves every counter
+        if req.generated:
+            self.generated[req.de] -= req.generated
+            req.generated = 0
+        if req.request_id in self.pe_queue[req.pe]:
+            self.pe_queue[req.pe].remove(req.request_id)
         if free_now:
             self._free_slots(req)
 
     # ------------------------------------------------------------------ main loop
+    def record_ledger(self, path: str) -> None:
+        """Write every ledger input of this run to ``path``, one JSON record a line (for
+        ``dualpath.ledger.replay``); call before the first turn is submitted."""
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+        self._journal_file = out
+
+        def write(record: dict[str, Any]) -> None:
+            out.write(json.dumps(record) + "\n")
+
+        self.ledger.start_journal(write)
+
     def run(self, until: threading.Event | None = None) -> RunResult:
         """Drive every turn to the end; with ``until`` (a server), keep serving submitted
         turns until it is set, then abort what is still running."""
+        try:
+            return self._run(until)
+        finally:
+            if self._journal_file is not None:
+                self._journal_file.close()
+
+    def _run(self, until: threading.Event | None) -> RunResult:
         start = self.now()
         last_progress = start
         timeout_s = self.env.options.request_timeout_s
@@ -708,7 +728,7 @@ class Scheduler:
             self._drain_external()
             busy = (
                 any(not a.finished for a in self.agents.values())
-                or any(r.phase not in ("done", "aborted") for r in self.reqs.values())
+                or any(r.phase not in (Phase.DONE, Phase.ABORTED) for r in self.reqs.values())
                 or bool(self.done_after_persist)  # turns reported done once durable
             )
             if until is not None and until.is_set():

@@ -13,6 +13,7 @@ from types import TracebackType
 
 from dualpath.config import Config
 from dualpath.config.systems import config_for
+from dualpath.ledger import TurnDone
 from dualpath.metrics import TurnRecord
 from dualpath.policy import make_policy
 from dualpath.runtime.launcher import Launcher
@@ -75,7 +76,8 @@ class LocalRuntime:
     ) -> RunResult:
         """Serve every agent's turns to the end (offline: all agents start together)."""
         sched = self.scheduler
-        sched.on_turn = on_turn
+        if on_turn is not None:
+            sched.events.subscribe(TurnDone, lambda ev: on_turn(ev.record))
         for agent in agents:
             sched.add_agent(agent)
         for agent in agents:

@@ -3,7 +3,7 @@
 The scheduler runs in its own process (``serve/runtime_host.py``) with the storage workers
 and engines as its children: every request goes through the policy core, the storage read
 (PE or DE side), layerwise prefill on a PE and batched decode on a DE, which streams each
-step's tokens back (``RuntimeOptions.stream_tokens``). Sampling (temperature, top-p, seed,
+step's tokens back (a ``TokensMsg`` per step). Sampling (temperature, top-p, seed,
 EOS) happens on the engines; stop strings here, which then cancel the request in the runtime.
 KV reuse is the persistent store's content hash chain: a resent conversation gets its
 durable Full Blocks as hits. The model is the preset's built-in tiny model.
@@ -21,7 +21,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from dualpath.config import Config
@@ -64,7 +64,7 @@ class RuntimeBackend:
         seed: int = 0,
     ) -> None:
         self.config = config
-        self.options = replace(options, stream_tokens=True)
+        self.options = options
         self.tokenizer = tokenizer
         self.model_name = model_name
         # a request's whole KV (prompt + output) must fit one engine's HBM pool

@@ -87,8 +87,10 @@ class Cluster:
         }
         self.reqs: dict[int, Req] = {}
         self.records: list[TurnRecord] = []
-        self._build_groups()
+        de_gpus = topo.decode_ep_gpus  # a DE's weights are sharded over its EP group
+        self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
         self.ledger = Ledger(topo, self.hbm_capacity_tokens, self.block_tokens, self.events)
+        self._build_groups()
         self.events.subscribe(TurnDone, lambda ev: self.records.append(ev.record))
         for group in self.decode_groups:
             self.ledger.track_decode(group.members, group.generated_by_member)
@@ -111,6 +113,7 @@ class Cluster:
                 members,
                 loop=self.loop,
                 policy=self.policy,
+                ledger=self.ledger,
                 fabric=self.fabric,
                 transfers=self.transfers,
                 node_ios=self.node_ios,
@@ -146,7 +149,6 @@ class Cluster:
             for members in de_groups
         ]
         self.decode_group_of = {de: g for g in self.decode_groups for de in g.members}
-        self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
 
     # ------------------------------------------------------------------ agents and turns
     def add_agent(self, agent_id: int, turns: Sequence[TurnSpec], start_s: float) -> None:
@@ -206,7 +208,7 @@ class Cluster:
         self._last_pull_s = now
         self.num_pulls += 1
         start = time.perf_counter()  # host time, reported only (benchmarks/bench_scale.py)
-        assigns = self.policy.schedule(self.view(), now)
+        assigns = self.ledger.pull(self.policy, now)
         self.scheduler_s += time.perf_counter() - start
         for a in assigns:
             self._assign(a)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 
 from dualpath.config import HardwareConfig, ModelConfig
-from dualpath.ledger import EventBus, ForwardDone, ForwardStarted
+from dualpath.ledger import EventBus, ForwardDone, ForwardStarted, Ledger
 from dualpath.models import cost
 from dualpath.policy.base import PendingPrefill, Policy
 from dualpath.policy.commands import Chunk
@@ -33,6 +33,7 @@ class PrefillGroup:
         *,
         loop: EventLoop,
         policy: Policy,
+        ledger: Ledger,
         fabric: Fabric,
         transfers: Transfers,
         node_ios: list[NodeIO],
@@ -48,6 +49,7 @@ class PrefillGroup:
         self.members = members
         self.loop = loop
         self.policy = policy
+        self.ledger = ledger
         self.fabric = fabric
         self.transfers = transfers
         self.node_ios = node_ios
@@ -104,7 +106,7 @@ class PrefillGroup:
             pending = [
                 PendingPrefill(r.request_id, r.cached_tokens, r.remaining_new_tokens) for r in queue
             ]
-            batch = self.policy.plan_forward(pe, pending, now, self.kv_budget_tokens)
+            batch = self.ledger.plan(self.policy, pe, pending, now, self.kv_budget_tokens)
             if batch.chunks:
                 out.append((pe, batch.chunks))
         return out
