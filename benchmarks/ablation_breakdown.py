@@ -5,6 +5,11 @@ the same JCTs), plus per system: utilisation of the SNICs, CNICs and GPUs, the p
 batch (largest KV resident in one GPU's HBM vs the HBM cap of the classic path, passes, new
 tokens and wall time per pass), TTFT and its parts, TTST, TPOT, the decode step time lost to
 KV DMA contention, and the agent that finishes last (its turns and mean time per turn).
+To tell storage-bound from latency-bound: the storage floor (the run's read bytes of each
+side over that side's SNICs at full rate; no prefill-side change can finish below it), the
+time the PE SNICs idled while a read waited for PE buffer space (the only way a faster
+prefill could feed the SNICs more), the time 90% of the agents were done (the tail after it
+is the long agents' sequential turns), and the last agent's turns before and after it.
 
     nice -n 5 .venv/bin/python benchmarks/ablation_breakdown.py --preset ds660b-2p4d \\
         --agents 1024 --mal 64k --workers 2
@@ -43,6 +48,31 @@ def _run(args: tuple[str, list[str], str]) -> dict[str, Any]:
     last = max(result.records, key=lambda r: (r.finish_s, r.agent_id))
     turns_of_last = sum(1 for r in result.records if r.agent_id == last.agent_id)
     summary = result.summary
+    hw, cl = config.hardware, config.cluster
+    snic = hw.snic_total_bytes_per_s
+    floor_s = max(
+        result.path_bytes.get("storage_to_pe_buffer", 0.0) / (cl.num_prefill_nodes * snic),
+        result.path_bytes.get("storage_to_de_buffer", 0.0) / (cl.num_decode_nodes * snic),
+    )
+    pe_nodes = [n for n in cluster.node_ios if n.path_kind == "storage_to_pe_buffer"]
+    agent_end: dict[int, float] = {}
+    for r in result.records:
+        agent_end[r.agent_id] = max(agent_end.get(r.agent_id, 0.0), r.finish_s)
+    ends = sorted(agent_end.values())
+    t90 = ends[max(0, -(-9 * len(ends) // 10) - 1)]  # 90% of the agents finished by t90
+    mine = [r for r in result.records if r.agent_id == last.agent_id]
+
+    def turn_means(rs: list) -> dict[str, float]:  # type: ignore[type-arg]
+        n = max(1, len(rs))
+        return {
+            "turns": len(rs),
+            "s_per_turn": sum(r.finish_s - r.arrival_s for r in rs) / n,
+            "ttft_s": sum(r.first_token_s - r.arrival_s for r in rs) / n,
+            "read_wait_s": sum(r.read_start_s - r.scheduled_s for r in rs) / n,
+            "prefill_s": sum(r.first_token_s - r.prefill_start_s for r in rs) / n,
+            "after_first_token_s": sum(r.finish_s - r.first_token_s for r in rs) / n,
+        }
+
     return {
         "system": system,
         "jct_s": result.jct_s,
@@ -67,6 +97,11 @@ def _run(args: tuple[str, list[str], str]) -> dict[str, Any]:
         "last_agent": last.agent_id,
         "last_agent_turns": turns_of_last,
         "last_agent_s_per_turn": last.finish_s / turns_of_last,
+        "storage_floor_s": floor_s,
+        "pe_buffer_blocked_s": sum(n.buffer_blocked_s for n in pe_nodes) / max(1, len(pe_nodes)),
+        "t90_s": t90,
+        "last_agent_before_t90": turn_means([r for r in mine if r.finish_s <= t90]),
+        "last_agent_after_t90": turn_means([r for r in mine if r.finish_s > t90]),
     }
 
 
@@ -113,6 +148,18 @@ def main() -> None:
             f"        agent JCT mean {row['agent_jct_mean_s']:.0f} s; last agent {row['last_agent']}: "
             f"{row['last_agent_turns']} turns, {row['last_agent_s_per_turn']:.2f} s/turn"
         )
+        print(
+            f"        storage floor {row['storage_floor_s']:.0f} s; PE SNIC idle waiting for "
+            f"buffer space {row['pe_buffer_blocked_s']:.1f} s/node; 90% of agents done at "
+            f"{row['t90_s']:.0f} s"
+        )
+        for part in ("before", "after"):
+            t = row[f"last_agent_{part}_t90"]
+            print(
+                f"        last agent {part} t90: {t['turns']} turns, {t['s_per_turn']:.2f} s/turn "
+                f"= TTFT {t['ttft_s']:.2f} (read wait {t['read_wait_s']:.2f}, prefill "
+                f"{t['prefill_s']:.2f}) + after token 1 {t['after_first_token_s']:.2f}"
+            )
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,18 @@ def test_backpressure_waits_for_buffer_space() -> None:
     loop.run()
     assert done[1] == (1, 7.0)
     assert node.buffer_peak_bytes == 2 * GB
+    # the SNIC idled from 2 s (read 0 landed) to 5 s (space freed) with a read waiting;
+    # from 0 to 2 s request 1 waited too, but read 0 kept the SNIC busy
+    assert node.buffer_blocked_s == 3.0
+
+
+def test_no_blocked_time_when_the_queue_is_merely_empty() -> None:
+    loop, node, _ = _node(3 * GB)
+    node.enqueue(_req(0), 200, 2 * GB)
+    loop.run()
+    loop.at(10.0, lambda: node.enqueue(_req(1), 100, 1 * GB))  # fits beside request 0's KV
+    loop.run()
+    assert node.buffer_blocked_s == 0.0
 
 
 def test_oversized_read_starts_on_an_empty_buffer() -> None:

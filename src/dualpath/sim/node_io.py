@@ -43,6 +43,10 @@ class NodeIO:
         self.in_flight = 0
         self.buffer_used_bytes = 0.0
         self.buffer_peak_bytes = 0.0
+        # SNIC time lost to backpressure: no read in flight while the queue's head waits
+        # for buffer space (a diagnostic; it changes no timing).
+        self.buffer_blocked_s = 0.0
+        self._blocked_since: float | None = None
 
     def enqueue(self, req: Req, tokens: int, size_bytes: float) -> None:
         """Queue a read of ``tokens`` hit tokens (``size_bytes`` of Full Blocks) for ``req``."""
@@ -69,7 +73,13 @@ class NodeIO:
             if self.buffer_used_bytes > 0 and self.buffer_used_bytes + size > (
                 self.buffer_capacity_bytes
             ):
-                return  # backpressure: the head waits for buffer space (FIFO)
+                # backpressure: the head waits for buffer space (FIFO)
+                if self.in_flight == 0 and self._blocked_since is None:
+                    self._blocked_since = self.transfers.loop.now
+                return
+            if self._blocked_since is not None:
+                self.buffer_blocked_s += self.transfers.loop.now - self._blocked_since
+                self._blocked_since = None
             queue.popleft()
             self.in_flight += 1
             self.hold(size)
