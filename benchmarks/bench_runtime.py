@@ -13,21 +13,26 @@ Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--age
 - ``window``: Oracle (unpaced), one request per pass, cached prefixes: prefill speed with
   ``--windows`` transfers outstanding per engine thread, per ``--transport``.
 - ``jct``: storage-bound 1P1D, the agentic workload (SPEC §9, scaled down), each system on a
-  fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2.
+  fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2. The default SNIC rate, 15 MB/s
+  per node, is low enough that the SNICs bind, not the host's CPUs (at 30 MB/s the decode
+  node's CPU partly did, on 2 cores): the table prints each node's SNIC read busy time and its
+  processes' CPU use, both as a share of the JCT, so each run shows what bound it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dualpath.cli.runtime_cmd import format_runs, run_runtime_systems
 from dualpath.config import Config, preset
+from dualpath.runtime.env import HEARTBEAT_S
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState, RunResult
 from dualpath.runtime.session import LocalRuntime
@@ -41,6 +46,29 @@ def _run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: s
             return rt.run(agents)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_cpu(
+    cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: str
+) -> tuple[RunResult, float, float]:
+    """``_run`` plus the CPU seconds the PEs and the DEs spent during the run (start-up
+    excluded): an emulated GPU's busy time, which other jobs on the host do not inflate (they
+    do inflate wall-clock pass durations)."""
+    Path(kv_root).mkdir(parents=True, exist_ok=True)
+    root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
+    try:
+        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+            topo = rt.scheduler.topo
+            pids = {
+                rt.launcher.procs[topo.engine_name(e)].pid: topo.is_pe(e) for e in topo.engine_ids
+            }
+            before = {pid: _cpu_s(pid) for pid in pids if pid is not None}
+            res = rt.run(agents)
+            used = {pid: _cpu_s(pid) - t0 for pid, t0 in before.items()}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    pe = sum(c for pid, c in used.items() if pids[pid])
+    return res, pe, sum(used.values()) - pe
 
 
 def _run_logged(
@@ -71,27 +99,29 @@ def _agents(
 
 def part_batch(cfg: Config, args: argparse.Namespace) -> None:
     print(f"\n## batching: {args.concurrent} concurrent requests, Oracle (KV unpaced), 1 PE + 1 DE")
-    print("| prompt | output | mode | prefill tok/s | decode tok/s | mean chunks/pass | passes |")
-    print("|---|---|---|---|---|---|---|")
+    print("| prompt | output | mode | prefill tok/s | decode tok/s | prefill tok per PE CPU-s | "
+          "decode tok per DE CPU-s | mean chunks/pass | passes |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for prompt in (16, 64, 512):
         agents = _agents(args.concurrent, (prompt,), (args.decode_tokens,), seed=prompt)
         rates = {}
         for batching in (False, True):
             opts = RuntimeOptions(system="oracle", batching=batching)
             fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
-            res = _run(cfg, opts, fresh, args.kv_root)
+            res, pe_cpu, de_cpu = _run_cpu(cfg, opts, fresh, args.kv_root)
             recs = res.records
             pre = res.pass_new_tokens / res.pass_busy_s
-            dec = sum(r.output_tokens - 1 for r in recs) / (
-                max(r.finish_s for r in recs) - min(r.first_token_s for r in recs)
-            )
-            rates[batching] = (pre, dec)
+            decoded = sum(r.output_tokens - 1 for r in recs)
+            dec = decoded / (max(r.finish_s for r in recs) - min(r.first_token_s for r in recs))
+            pre_cpu, dec_cpu = res.pass_new_tokens / pe_cpu, decoded / de_cpu
+            rates[batching] = (pre, dec, pre_cpu, dec_cpu)
             mode = "batched" if batching else "one-at-a-time"
             print(f"| {prompt} | {args.decode_tokens} | {mode} | {pre:,.0f} | {dec:,.1f} | "
-                  f"{res.mean_batch:.2f} | {res.forward_passes} |")  # fmt: skip
-        (p0, d0), (p1, d1) = rates[False], rates[True]
-        print(f"| {prompt} | | **batched / one-at-a-time** | **{p1 / p0:.2f}x** | "
-              f"**{d1 / d0:.2f}x** | | |")  # fmt: skip
+                  f"{pre_cpu:,.0f} | {dec_cpu:,.1f} | {res.mean_batch:.2f} | "
+                  f"{res.forward_passes} |")  # fmt: skip
+        x = [b / a for a, b in zip(rates[False], rates[True], strict=True)]
+        print(f"| {prompt} | | **batched / one-at-a-time** | **{x[0]:.2f}x** | **{x[1]:.2f}x** | "
+              f"**{x[2]:.2f}x** | **{x[3]:.2f}x** | | |")  # fmt: skip
 
 
 def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
@@ -149,24 +179,90 @@ def part_window(cfg: Config, args: argparse.Namespace) -> None:
                   f"{1e3 * res.pass_busy_s / res.forward_passes:.1f} | {jct:.1f} |")  # fmt: skip
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _jct_run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState]) -> dict[str, Any]:
+    """One system on a fresh store: its result, each node's SNIC read busy seconds (from the
+    storage workers' pacers) and each node's CPU seconds (its engines + its storage worker)."""
+    Path(opts.kv_root).mkdir(parents=True, exist_ok=True)
+    root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=opts.kv_root)
+    try:
+        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+            res = rt.run(agents)
+            time.sleep(2 * HEARTBEAT_S)  # the pacers' busy time is published every heartbeat
+            busy = rt.launcher.nic_busy_s()
+            topo = rt.scheduler.topo
+            node_of = {f"storage@node{n}": n for n in range(topo.num_nodes)}
+            node_of.update({topo.engine_name(e): topo.node_of(e) for e in topo.engine_ids})
+            cpu = [0.0] * topo.num_nodes
+            for name, proc in rt.launcher.procs.items():
+                if name in node_of and proc.pid is not None:
+                    cpu[node_of[name]] += _cpu_s(proc.pid)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    n = topo.num_nodes
+    return {"result": res, "read_busy_s": [busy[f"snic_node{i}_read"] for i in range(n)],
+            "cpu_s": cpu}  # fmt: skip
+
+
 def part_jct(cfg: Config, args: argparse.Namespace) -> None:
+    """Storage-bound 1P1D (SPEC §9's agentic workload, scaled down): every system on the same
+    agents, each on a fresh KV store. The SNIC rate is low enough that every node's CPU is
+    busy well under one core for most of the run (printed), so the SNICs, not the 2-core
+    host, set the pace: Basic reads every hit through the prefill node's SNIC, DualPath
+    through both, and the ideal speed-up is (P+D)/P = 2."""
+    from dualpath.metrics import summarize
+    from dualpath.runtime.workload import agent_scripts, small_trajectories
+
+    rate = args.snic_mb_per_s * 1e6
     cfg = replace(
         cfg,
-        hardware=replace(cfg.hardware, gpus_per_node=2, snic_bytes_per_s=args.snic_mb_per_s * 1e6),
+        hardware=replace(cfg.hardware, gpus_per_node=2, snic_bytes_per_s=rate),
         workload=replace(cfg.workload, num_agents=args.agents),
     )
+    block = cfg.scheduler.block_tokens
+    trajs = small_trajectories(cfg.workload, block, args.turns, args.token_scale, args.max_gen)
+    rate_total = cfg.hardware.snic_total_bytes_per_s
     for transport in args.transport.split(","):
         for window in (int(w) for w in args.windows.split(",")):
-            runs = run_runtime_systems(
-                cfg, args.systems.split(","), args.turns, args.token_scale, args.max_gen,
-                args.kv_root, progress=False, transport=transport, transfer_window=window,
-            )  # fmt: skip
             print(
-                f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {args.snic_mb_per_s:g} MB/s,"
-                f" {args.agents} agents x {args.turns} turns, transport {transport}, transfer "
-                f"window {window}; ideal DualPath/Basic speedup (P+D)/P = 2"
+                f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {rate_total / 1e6:g} MB/s "
+                f"per node, {args.agents} agents x {args.turns} turns (appends x "
+                f"{args.token_scale:g}, <= {args.max_gen} generated), transport {transport}, "
+                f"transfer window {window}; ideal DualPath/Basic speed-up (P+D)/P = 2"
             )
-            print(format_runs(runs))
+            print("| system | JCT s | TTFT mean s | hit MB read (PE node / DE node) | SNIC read "
+                  "busy, % of JCT (PE node / DE node) | reads alone / JCT | CPU, cores "
+                  "busy over JCT (PE node / DE node) | requeued / alloc stalls |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|")
+            jcts = {}
+            for system in args.systems.split(","):
+                agents = agent_scripts(trajs, cfg.model.vocab_size, cfg.workload.seed)
+                opts = RuntimeOptions(system=system, kv_root=args.kv_root, transport=transport,
+                                      transfer_window=window)  # fmt: skip
+                run = _jct_run(cfg, opts, agents)
+                res = run["result"]
+                summ = summarize(res.records, "offline")
+                jct = jcts[system] = summ.jct_s
+                pe_mb, de_mb = (res.bytes_by_path[k] / 1e6 for k in ("pe_read", "de_read"))
+                busy = [b / jct for b in run["read_busy_s"]]
+                cpu = [c / jct for c in run["cpu_s"]]
+                floor = max(pe_mb, de_mb) * 1e6 / rate_total  # the busier SNIC's read time
+                print(f"| {system} | {jct:.1f} | {summ.ttft.mean:.2f} | {pe_mb:,.0f} / "
+                      f"{de_mb:,.0f} | {busy[0]:.0%} / {busy[1]:.0%} | {floor / jct:.0%} | "
+                      f"{cpu[0]:.2f} / {cpu[1]:.2f} | {res.requeued} / {res.alloc_stalls} |")  # fmt: skip
+            if "basic" in jcts:
+                for system, jct in jcts.items():
+                    if system != "basic":
+                        print(f"\nJCT basic / {system} = **{jcts['basic'] / jct:.2f}x**")
 
 
 def main() -> None:
@@ -179,7 +275,9 @@ def main() -> None:
     ap.add_argument("--hbm-prompt", type=int, default=512, help="turn-1 tokens (hbm part)")
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--turns", type=int, default=12)
-    ap.add_argument("--snic-mb-per-s", type=float, default=30.0, help="emulated SNIC, MB/s")
+    ap.add_argument(
+        "--snic-mb-per-s", type=float, default=15.0, help="emulated SNIC per node, MB/s (jct)"
+    )
     ap.add_argument("--token-scale", type=float, default=0.25)
     ap.add_argument("--max-gen", type=int, default=4)
     ap.add_argument("--systems", default="basic,dualpath")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -73,14 +74,14 @@ def _charge_shared(link: object, nbytes: int) -> None:
     Pacer(10e6, "shared", link=link).transfer(nbytes, TrafficClass.LOW)  # type: ignore[arg-type]
 
 
-def test_a_shared_link_serialises_transfers_of_two_processes() -> None:
+def test_a_shared_link_serialises_transfers_of_two_processes(tmp_path: Path) -> None:
     import multiprocessing as mp
     import time
 
     from dualpath.runtime.pacer import SharedLink
 
     ctx = mp.get_context("spawn")
-    link = SharedLink.create(ctx)
+    link = SharedLink.create(ctx, str(tmp_path / "link.lock"))
     start = time.monotonic()
     procs = [ctx.Process(target=_charge_shared, args=(link, 1_000_000)) for _ in range(2)]
     for p in procs:
@@ -93,6 +94,53 @@ def test_a_shared_link_serialises_transfers_of_two_processes() -> None:
     assert mine.stats.busy_s == pytest.approx(0.2)
     # one link: the two 0.1 s transfers were reserved one after the other, not side by side
     assert link.state[0] - start >= 0.2  # the link's reservation horizon
+
+
+def _hold_link_lock(link: object, held: object) -> None:
+    """Take the link's lock the way a grant does, say so, and never let go."""
+    import time
+
+    with Pacer(10e6, "shared", link=link)._cond:  # type: ignore[arg-type]
+        held.set()  # type: ignore[attr-defined]
+        time.sleep(600)
+
+
+@pytest.mark.timeout(60)
+def test_a_process_killed_holding_the_link_lock_does_not_stall_the_link(tmp_path: Path) -> None:
+    import multiprocessing as mp
+    import os
+    import signal
+    import time
+
+    from dualpath.runtime.pacer import SharedLink
+
+    ctx = mp.get_context("spawn")
+    link = SharedLink.create(ctx, str(tmp_path / "link.lock"))
+    held = ctx.Event()
+    holder = ctx.Process(target=_hold_link_lock, args=(link, held))
+    holder.start()
+    try:
+        assert held.wait(timeout=30)
+        mine = Pacer(10e6, "shared", link=link)
+        blocked = threading.Thread(
+            target=mine.transfer, args=(100_000, TrafficClass.LOW), daemon=True
+        )
+        blocked.start()
+        blocked.join(timeout=0.5)
+        assert blocked.is_alive()  # the lock really is held: the transfer waits behind it
+        assert holder.pid is not None
+        os.kill(holder.pid, signal.SIGKILL)  # dies inside its critical section
+        holder.join(timeout=10)
+        start = time.monotonic()
+        blocked.join(timeout=10)
+        assert not blocked.is_alive()  # the kernel released the dead holder's lock
+        mine.transfer(100_000, TrafficClass.LOW)  # and the link keeps pacing
+        assert time.monotonic() - start >= 0.015  # 2 × 100 kB at 10 MB/s, less one quantum
+        assert mine.stats.bytes_by_class[TrafficClass.LOW] == 200_000
+    finally:
+        if holder.is_alive():
+            holder.kill()
+        holder.join(timeout=10)
 
 
 def test_transfer_all_paces_every_link_and_a_dead_owners_ticket_is_skipped() -> None:

@@ -87,11 +87,13 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
 @pytest.mark.parametrize("crash_engine", [0, 2], ids=["pe", "de"])
 def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_engine: int) -> None:
     cfg = small_config(gpus_per_node=2)  # the default shape: 2 engines per node
-    agents = _agents(2, 2, seed=1)
+    cfg = replace(cfg, scheduler=replace(cfg.scheduler, compute_quota_s=0.01))  # forces chunks
+    agents = _agents(3, 2, seed=1)
     want = reference_outputs(cfg, agents)
     faults = FaultPlan(crash_engine=crash_engine, crash_at_message=1)
     log = tmp_path / "ledger.jsonl"
-    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path), faults=faults)) as rt:
+    opts = RuntimeOptions(kv_root=str(tmp_path), faults=faults, pe_hbm_tokens=1024)  # paged
+    with LocalRuntime(cfg, opts) as rt:
         assert rt.scheduler.topo.kind_of(crash_engine).value == ("pe" if crash_engine < 2 else "de")
         rt.scheduler.record_ledger(str(log))
         result = rt.run(_fresh(agents))
@@ -99,9 +101,10 @@ def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_en
         resolved = rt.config
     assert_no_processes(pids)
     assert result.requeued >= 1
-    assert result.outputs == want
-    assert len(result.records) == 4  # every turn finished exactly once
-    assert replay_ledger_log(resolved, log) >= 4 + result.requeued  # same decisions on replay
+    assert result.outputs == want  # batched, chunked, paged, requeued: recompute's tokens
+    assert result.chunked > 0 and result.mean_batch > 1.0
+    assert len(result.records) == 6  # every turn finished exactly once
+    assert replay_ledger_log(resolved, log) >= 6 + result.requeued  # same decisions on replay
 
 
 @pytest.mark.parametrize("system", ["dualpath", "basic"])
@@ -162,13 +165,16 @@ def test_turns_submitted_from_another_thread_stream_their_tokens(tmp_path: Path)
 
 def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> None:
     cfg = small_config()
+    cfg = replace(cfg, scheduler=replace(cfg.scheduler, compute_quota_s=0.01))  # forces chunks
     agents = _agents(3, 2, seed=2)
     want = reference_outputs(cfg, agents)
     longest = max(len(a.appends[0]) + len(a.appends[1]) + a.outputs[0] for a in agents)
     slots = -(-longest // 64) + 1  # room for one request at a time plus one persist slot
-    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path), buffer_slots=slots)) as rt:
+    opts = RuntimeOptions(kv_root=str(tmp_path), buffer_slots=slots, hbm_tokens=2048)  # paged
+    with LocalRuntime(cfg, opts) as rt:
         result = rt.run(_fresh(agents))
-    assert result.outputs == want
+    assert result.outputs == want  # chunked and paged under backpressure: recompute's tokens
+    assert result.chunked > 0
     assert len(result.records) == 6
     assert result.alloc_stalls > 0  # requests waited for DE buffer space
 

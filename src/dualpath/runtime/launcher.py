@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import time
@@ -84,6 +85,7 @@ class Launcher:
         self.env: ProcEnv | None = None
         self.heartbeats: Any = None  # RawArray of doubles, one per child (see ProcEnv)
         self.nic_busy: Any = None  # RawArray: busy seconds per NIC direction (see ProcEnv)
+        self.link_dir: str | None = None
         self.exchanges: list[SharedMemory] = []  # PEs' hidden-state exchange segments
         self.engine_regions: dict[str, RegionHandle] = {}  # engine name → exchange region
 
@@ -107,8 +109,9 @@ class Launcher:
         storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
         self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         self.nic_busy = self.ctx.RawArray("d", 2 * (len(topo.engine_ids) + topo.num_nodes))
-        links = tuple(SharedLink.create(self.ctx)
-                      for _ in range(2 * len(topo.engine_ids) + topo.num_nodes))  # fmt: skip
+        self.link_dir = tempfile.mkdtemp(prefix=f"{tag}-links-")  # the links' lock files
+        links = tuple(SharedLink.create(self.ctx, os.path.join(self.link_dir, f"link{i}.lock"))
+                      for i in range(2 * len(topo.engine_ids) + topo.num_nodes))  # fmt: skip
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
                       storage_inboxes, time.monotonic(), os.getpid(),
                       heartbeats=self.heartbeats, nic_busy=self.nic_busy, links=links,
@@ -273,6 +276,12 @@ class Launcher:
             shm.close()
             shm.unlink()
         self.exchanges.clear()
+        if self.env is not None:
+            for link in self.env.links:
+                link.lock.close()
+        if self.link_dir is not None:
+            shutil.rmtree(self.link_dir, ignore_errors=True)
+            self.link_dir = None
 
     def link_stats(self) -> dict[str, PacerStats]:
         """Bytes per class and busy time of every shared link so far: each engine's CNIC

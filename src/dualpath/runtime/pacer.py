@@ -12,12 +12,13 @@ shared memory, so that several processes charge one link: a transfer between two
 charged on the sender's ``tx`` and the receiver's ``rx`` (``transfer_all``), each engine
 owning its links. Each queued ticket records its process id: a waiter that finds the link
 idle behind the ticket of a dead process (e.g. a killed storage worker's) skips that ticket,
-so a crash never stalls a shared link. (A process killed while holding the link's lock, a
-few microseconds per grant, would still stall it.)
+and the link's lock is an ``flock`` on a file (``LinkLock``), which the kernel releases when
+its holder dies, so a process killed anywhere, even inside a grant, never stalls a link.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -64,17 +65,65 @@ class PacerStats:
         return sum(self.bytes_by_class.values())
 
 
+class LinkLock:
+    """A cross-process lock that the kernel releases when its holder dies: ``flock`` on the
+    file ``path``, which each process opens once (flock excludes open file descriptions, so
+    the processes exclude each other) behind a thread lock (the threads of one process share
+    that description). A semaphore (``multiprocessing.Lock``) held by a killed process would
+    stay taken for ever. Pickles as its path: a spawned child opens its own description."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._threads = threading.Lock()
+        self._fd = -1
+        self._pid = 0
+
+    def __getstate__(self) -> str:
+        return self.path
+
+    def __setstate__(self, path: str) -> None:
+        self.__init__(path)  # type: ignore[misc]
+
+    def _file(self) -> int:
+        if self._pid != os.getpid():  # first use in this process (or a forked child)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._pid = os.getpid()
+        return self._fd
+
+    def acquire(self) -> bool:
+        self._threads.acquire()
+        try:
+            fcntl.flock(self._file(), fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    def close(self) -> None:
+        """Close this process's descriptor (the file stays; its creator removes it)."""
+        if self._pid == os.getpid() and self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._pid = -1, 0
+
+
 @dataclass(frozen=True, slots=True)
 class SharedLink:
     """One link's state in shared memory plus the lock that guards it; created by the parent
-    (``create``) and handed to child processes at spawn."""
+    (``create``, the lock's file at ``lock_path``, which the parent removes after the run) and
+    handed to child processes at spawn."""
 
     state: Any  # multiprocessing RawArray("d", _STATE_LEN)
-    lock: Any  # multiprocessing Lock
+    lock: Any  # LinkLock
 
     @classmethod
-    def create(cls, ctx: Any) -> SharedLink:
-        return cls(ctx.RawArray("d", _STATE_LEN), ctx.Lock())
+    def create(cls, ctx: Any, lock_path: str) -> SharedLink:
+        with open(lock_path, "a"):  # exists before any process opens it
+            pass
+        return cls(ctx.RawArray("d", _STATE_LEN), LinkLock(lock_path))
 
 
 class _PollingCondition:
