@@ -57,8 +57,11 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     """SIGINT to the CLI mid-run: exit 130 and no process of the run survives."""
     tag = f"dualpath-test-{uuid.uuid4().hex}"
     env = {**os.environ, "DUALPATH_TEST_TAG": tag}
-    cmd = [sys.executable, "-m", "dualpath.cli.main", "bench", "--agents", "4", "--turns", "6",
-           "--systems", "basic", "--kv-root", str(tmp_path), "--set", "hardware.gpus_per_node=1"]  # fmt: skip
+    # long enough (40 turns at 2 MB/s per SNIC) that it cannot finish before the SIGINT,
+    # however slow or loaded the host: it is interrupted, never run to the end
+    cmd = [sys.executable, "-m", "dualpath.cli.main", "bench", "--agents", "4", "--turns", "40",
+           "--snic-mb-per-s", "2", "--systems", "basic", "--kv-root", str(tmp_path),
+           "--set", "hardware.gpus_per_node=1"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(_tagged(tag)) < 5 and time.monotonic() < deadline:  # parent + 4 children
