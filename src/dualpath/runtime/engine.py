@@ -119,28 +119,21 @@ class Engine:
         return route
 
     def pull_nowait(
-        self,
-        node: int,
-        slot: int,
-        layer: int,
-        first: int,
-        num_tokens: int,
-        page: int,
+        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
     ) -> tuple[int, Transfer]:
         """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
         buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``); the
         caller waits on the transfer, so several can be outstanding (a window)."""
-        nbytes = num_tokens * self.row_bytes
-        if self.paced:
-            transfer_all(self._route(node, True), nbytes, TrafficClass.LOW)
-        spec = self.env.buffers[node]
-        src_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
-        done = self.transport.read(
-            self.hbm, self.pool.offset(page, first), self.env.region(node), src_off, nbytes
-        )
-        return nbytes, done
+        return self._move_nowait(node, slot, layer, first, num_tokens, page, to_hbm=True)
 
     def push_nowait(
+        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+    ) -> tuple[int, Transfer]:
+        """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
+        Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
+        return self._move_nowait(node, slot, layer, first, num_tokens, page, to_hbm=False)
+
+    def _move_nowait(
         self,
         node: int,
         slot: int,
@@ -148,17 +141,15 @@ class Engine:
         first: int,
         num_tokens: int,
         page: int,
+        to_hbm: bool,
     ) -> tuple[int, Transfer]:
-        """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
-        Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
         nbytes = num_tokens * self.row_bytes
         if self.paced:
-            transfer_all(self._route(node, False), nbytes, TrafficClass.LOW)
+            transfer_all(self._route(node, to_hbm), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
-        dst_off = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
-        done = self.transport.write(
-            self.hbm, self.pool.offset(page, first), self.env.region(node), dst_off, nbytes
-        )
+        offset = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes
+        move = self.transport.read if to_hbm else self.transport.write
+        done = move(self.hbm, self.pool.offset(page, first), self.env.region(node), offset, nbytes)
         return nbytes, done
 
     def handle(self, msg: Any) -> None:
