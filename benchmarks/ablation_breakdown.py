@@ -12,7 +12,7 @@ prefill could feed the SNICs more), the time 90% of the agents were done (the ta
 is the long agents' sequential turns), and the last agent's turns before and after it.
 
     nice -n 5 .venv/bin/python benchmarks/ablation_breakdown.py --preset ds660b-2p4d \\
-        --agents 1024 --mal 64k --workers 2
+        --agents 1024 --mal 64k --workers 2 [--systems basic,layer] [--out DIR]
 """
 
 from __future__ import annotations
@@ -113,14 +113,26 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--systems",
+        default=",".join(system for system, _ in ABLATION_STEPS),
+        help="comma-separated subset of the ablation steps (each step is compared with the "
+        "previous one listed)",
+    )
     args = ap.parse_args()
+    known = [system for system, _ in ABLATION_STEPS]
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in wanted if s not in known]
+    if bad or not wanted:
+        ap.exit(2, f"ablation_breakdown: error: --systems={args.systems!r}: use some of {known}\n")
+    steps = [(system, label) for system, label in ABLATION_STEPS if system in wanted]
     overrides = [f"workload.num_agents={args.agents}", f"workload.mal={args.mal}", *args.set]
-    jobs = [(args.preset, overrides, system) for system, _ in ABLATION_STEPS]
+    jobs = [(args.preset, overrides, system) for system, _ in steps]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         rows = list(pool.map(_run, jobs))
     print(f"{args.preset}, {args.agents} agents, MAL {args.mal} {' '.join(args.set)}")
     prev = base = 0.0
-    for (_, label), row in zip(ABLATION_STEPS, rows, strict=True):
+    for (_, label), row in zip(steps, rows, strict=True):
         jct = row["jct_s"]
         base = base or jct
         step = f"{100 * (jct / prev - 1):+.1f}%" if prev else "—"

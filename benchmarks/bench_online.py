@@ -2,13 +2,21 @@
 DS 660B 2P4D, and TTST/TPOT of both systems at a common APS.
 
     .venv/bin/python benchmarks/bench_online.py [--quick] [--mals 32k,48k,64k] [--workers 2]
-        [--out runs/bench_online.json]
+        [--presets ds660b-2p4d,ds27b-1p1d] [--bracket ds660b-2p4d/basic=1:2 ...]
+        [--probe-log runs/online_probes.jsonl] [--out runs/bench_online.json]
 
 Each setting is a (preset, MAL) pair: both presets at every MAL of ``--mals`` (default 32K,
 48K and 64K). Each capacity probe is one seeded online run (Poisson arrivals, stop rule with a
 60 s window and 180 s lookback, 900 s horizon; SLO mean TTFT ≤ 4 s, mean TPOT ≤ 50 ms).
 Prints progress per probe (wall time included) and a final table; nothing is tuned to the
 paper's numbers.
+
+``--bracket NAME/SYSTEM=LO:HI`` replaces the first bracket of one capacity search (the
+bisection and its tolerance are unchanged; a bracket one halving step of the default's
+``lo`` apart from the answer skips the probes that only shrink the bracket). With
+``--probe-log`` every probe's verdict is appended to a JSON-lines file and a probe already
+in it (same setting, system, APS and horizon) is reused instead of simulated again, so an
+interrupted search can be resumed.
 """
 
 from __future__ import annotations
@@ -22,8 +30,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from dualpath.config import apply_overrides, preset
-from dualpath.sim.online import OnlineResult, OnlineSettings, run_online
-from dualpath.sim.studies import capacity
+from dualpath.metrics.capacity import find_capacity
+from dualpath.sim.online import OnlineSettings, run_online
 
 # (preset, first bracket lo, hi): the bracket grows/shrinks by itself if wrong.
 SETTINGS = (("ds660b-2p4d", 4.0, 16.0), ("ds27b-1p1d", 2.0, 8.0))
@@ -41,21 +49,51 @@ def _config(setting: str):  # type: ignore[no-untyped-def]
     return apply_overrides(preset(name), [f"workload.mal={mal}", "workload.seed=1"])
 
 
-def _capacity_job(name: str, system: str, lo: float, hi: float, quick: bool) -> dict:
-    t0 = time.time()
+def _probe_key(name: str, system: str, aps: float, quick: bool) -> str:
+    return f"{name}|{system}|{aps!r}|{_settings(quick).horizon_s!r}"
 
-    def hook(sys_name: str, aps: float, r: OnlineResult) -> None:
+
+def _read_probe_log(path: str) -> dict[str, dict]:
+    if not path or not Path(path).exists():
+        return {}
+    seen = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            seen[row["key"]] = row
+    return seen
+
+
+def _capacity_job(
+    name: str, system: str, lo: float, hi: float, quick: bool, probe_log: str = ""
+) -> dict:
+    t0 = time.time()
+    seen = _read_probe_log(probe_log)
+    config, settings = _config(name), _settings(quick)
+
+    def passes(aps: float) -> bool:
+        key = _probe_key(name, system, aps, quick)
+        if key in seen:
+            row = seen[key]
+            print(f"  {name} {system:<8} aps={aps:7.3f} {row['verdict']} (reused)", flush=True)
+            return bool(row["passed"])
+        t1 = time.time()
+        r = run_online(config, system, dataclasses.replace(settings, aps=aps))
+        verdict = "PASS" if r.passed else "fail"
         print(
-            f"  {name} {sys_name:<8} aps={aps:7.3f} {'PASS' if r.passed else 'fail'} "
+            f"  {name} {system:<8} aps={aps:7.3f} {verdict} "
             f"stop={r.stop_reason}@{r.stopped_at_s:.0f}s ttft={r.slo_check.ttft_s:.3f}s "
             f"tpot={r.slo_check.tpot_s * 1e3:.1f}ms agents={r.num_agents} "
-            f"wall={time.time() - t0:.0f}s",
+            f"probe wall={time.time() - t1:.0f}s wall={time.time() - t0:.0f}s",
             flush=True,
         )
+        if probe_log:
+            row = {"key": key, "passed": r.passed, "verdict": verdict, "wall_s": time.time() - t1}
+            with open(probe_log, "a") as f:
+                f.write(json.dumps({**row, "stop": r.stop_reason, "at_s": r.stopped_at_s}) + "\n")
+        return r.passed
 
-    res = capacity(
-        _config(name), system, _settings(quick), lo, hi, rel_tol=0.1, max_iter=9, on_probe=hook
-    )
+    res = find_capacity(passes, lo, hi, rel_tol=0.1, max_iter=9)
     return {"setting": name, "system": system, "wall_s": time.time() - t0, **res.to_dict()}
 
 
@@ -81,17 +119,54 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--mals", default="32k,48k,64k", help="comma-separated MALs")
     ap.add_argument("--out", default="runs/bench_online.json")
+    ap.add_argument("--presets", default=",".join(name for name, _, _ in SETTINGS))
+    ap.add_argument(
+        "--bracket",
+        action="append",
+        default=[],
+        metavar="NAME/SYSTEM=LO:HI",
+        help="first bracket of one capacity search (default: the preset's)",
+    )
+    ap.add_argument("--probe-log", default="", help="JSON-lines file of probe verdicts to reuse")
     args = ap.parse_args(argv)
+    known = {name: (lo, hi) for name, lo, hi in SETTINGS}
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    if not presets or any(p not in known for p in presets):
+        print(f"bench_online: error: --presets={args.presets!r} is invalid: use {sorted(known)}")
+        return 2
+    brackets: dict[tuple[str, str], tuple[float, float]] = {}
+    for spec in args.bracket:
+        try:
+            target, span = spec.split("=")
+            pname, system = target.split("/")
+            lo_s, hi_s = span.split(":")
+            lo, hi = float(lo_s), float(hi_s)
+        except ValueError:
+            lo = hi = -1.0
+            pname = system = ""
+        if pname not in known or system not in SYSTEMS or not 0 < lo < hi:
+            print(f"bench_online: error: --bracket={spec!r} is invalid: use NAME/SYSTEM=LO:HI")
+            return 2
+        brackets[(pname, system)] = (lo, hi)
     mals = [m.strip().lower() for m in args.mals.split(",") if m.strip()]
     bad = [m for m in mals if m not in ("32k", "48k", "64k")]
     if bad or not mals:
         print(f"bench_online: error: --mals={args.mals!r} is invalid: use 32k, 48k, 64k")
         return 2
-    settings = [(f"{name}@{mal}", lo, hi) for mal in mals for name, lo, hi in SETTINGS]
+    settings = [
+        (f"{name}@{mal}", lo, hi) for mal in mals for name, lo, hi in SETTINGS if name in presets
+    ]
     t0 = time.time()
     with ProcessPoolExecutor(args.workers) as pool:
         futs = [
-            pool.submit(_capacity_job, name, system, lo, hi, args.quick)
+            pool.submit(
+                _capacity_job,
+                name,
+                system,
+                *brackets.get((name.split("@")[0], system), (lo, hi)),
+                args.quick,
+                args.probe_log,
+            )
             for name, lo, hi in settings
             for system in SYSTEMS
         ]
