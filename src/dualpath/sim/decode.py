@@ -79,6 +79,9 @@ class DecodeGroup:
         self.d2h_delay_per_token_s = cost.hbm_dma_delay_s(hw, d2h_bytes_per_token)
         self.h2d_debt_s = [0.0] * n  # H2D delay not yet charged to a step
         self.dma_delay_s = [0.0] * n  # step time each DE lost to DMA contention, in total
+        # per member: (batch, context at col[0], col) with col[j] = step time + D2H delay of a
+        # step at that batch and context + batch·j (``_column``)
+        self._columns: list[tuple[int, int, list[float]] | None] = [None] * n
 
     # ------------------------------------------------------------------ queries
     def generated_now(self, de: int) -> int:
@@ -165,22 +168,51 @@ class DecodeGroup:
 
     def _plan_interval(self, until_next_finish: int) -> None:
         """Step end times of the next ``min(until_next_finish, macro_steps)`` steps."""
-        step_time = self.step_time_s
-        d2h, debt = self.d2h_delay_per_token_s, self.h2d_debt_s
-        active = [
-            (b, c, i, b * d2h)
-            for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True))
-            if b
-        ]
+        num = min(until_next_finish, self.macro_steps)
+        debt, dma = self.h2d_debt_s, self.dma_delay_s
+        cols = []
+        first = 0.0
+        for i, b in enumerate(self.batch):
+            if not b:
+                continue
+            col = self._column(i, b, num)
+            cols.append(col)
+            d = col[0] + debt[i]  # the H2D delay is charged to this first step only
+            if d > first:
+                first = d
+            dma[i] += debt[i]
+            debt[i] = 0.0
         t = self.interval_start_s = self.loop.now
         times = self.times
-        first = max([step_time(b, c) + extra + debt[i] for b, c, i, extra in active])
-        for _, _, i, _ in active:  # the H2D delay is charged to this first step only
-            self.dma_delay_s[i] += debt[i]
-            debt[i] = 0.0
         t += first
         times.append(t)
-        for j in range(1, min(until_next_finish, self.macro_steps)):
-            dur = max([step_time(b, c + b * j) + extra for b, c, _, extra in active])
-            t += dur
-            times.append(t)
+        if num > 1:
+            durs = list(map(max, *cols)) if len(cols) > 1 else cols[0]
+            for j in range(1, num):
+                t += durs[j]
+                times.append(t)
+
+    def _column(self, i: int, b: int, num: int) -> list[float]:
+        """Member ``i``'s step time plus D2H delay for each of the next ``num`` steps at
+        batch ``b``: ``step_time_s(b, context + b·j) + b · d2h`` for j < ``num``.
+
+        Kept per member and reused while its batch does not change (an interval cut short by
+        a join recomputes nothing for members whose batch stayed): the same function of the
+        same (batch, context), so exactly the values a fresh computation gives."""
+        c = self.context[i]
+        cached = self._columns[i]
+        if cached is not None and cached[0] == b:
+            k, rest = divmod(c - cached[1], b)
+            col = cached[2]
+            if not rest and k >= 0:
+                if k + num <= len(col):
+                    return col[k : k + num]
+                col = col[k:] if k < len(col) else []
+            else:
+                col = []
+        else:
+            col = []
+        step_time, extra = self.step_time_s, b * self.d2h_delay_per_token_s
+        col.extend([step_time(b, c + b * j) + extra for j in range(len(col), num)])
+        self._columns[i] = (b, c, col)
+        return col
