@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -151,3 +152,25 @@ def test_cached_step_columns_equal_a_fresh_computation() -> None:
         fresh._plan_interval(until)
         assert group.times == fresh.times
         assert len(group.times) == min(until, 64)
+
+
+def test_generated_stamp_changes_whenever_the_generated_tokens_do() -> None:
+    """The ledger skips a group whose stamp did not change: sampled at many instants, equal
+    stamps must mean equal ``generated_by_member``, and the counts must move over the run."""
+    rng = random.Random(3)
+    loop, group, done = _group(8, (10, 11, 12))
+    reqs = [_req(i, 10 + i % 3, rng.randrange(100, 5000), rng.randrange(1, 40)) for i in range(30)]
+    for r in reqs:
+        loop.at(rng.uniform(0.0, 2.0), lambda r=r: group.join(r))
+    samples: list[tuple[tuple[int, int], list[int]]] = []
+    for k in range(3000):
+        loop.at(
+            k * 0.001 + 0.0003,
+            lambda: samples.append((group.generated_stamp(), list(group.generated_by_member()))),
+        )
+    loop.run()
+    assert len(done) == 30
+    for (s0, g0), (s1, g1) in itertools.pairwise(samples):
+        if s0 == s1:
+            assert g0 == g1
+    assert len({tuple(g) for _, g in samples}) > 100

@@ -74,6 +74,7 @@ class DecodeGroup:
         self.running = False
         self.interval_start_s = 0.0
         self.num_steps = 0
+        self.num_boundaries = 0
         self.busy_s = [0.0] * n  # time each DE spent in steps with a resident request
         self.h2d_delay_per_token_s = cost.hbm_dma_delay_s(hw, h2d_bytes_per_token)
         self.d2h_delay_per_token_s = cost.hbm_dma_delay_s(hw, d2h_bytes_per_token)
@@ -89,6 +90,11 @@ class DecodeGroup:
         i = self.index[de]
         done = bisect_right(self.times, self.loop.now) if self.times else 0
         return self.generated[i] + self.batch[i] * done
+
+    def generated_stamp(self) -> tuple[int, int]:
+        """(boundaries so far, steps of the current interval done by now): changes whenever
+        ``generated_by_member`` may change (at a boundary, or when a step ends)."""
+        return self.num_boundaries, bisect_right(self.times, self.loop.now) if self.times else 0
 
     def generated_by_member(self) -> list[int]:
         """``generated_now`` of every member, in ``members`` order."""
@@ -120,6 +126,7 @@ class DecodeGroup:
 
     # ------------------------------------------------------------------ boundaries
     def _boundary(self) -> None:
+        self.num_boundaries += 1
         now = self.loop.now
         steps = len(self.times)
         batch, context, generated = self.batch, self.context, self.generated
