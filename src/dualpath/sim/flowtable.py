@@ -30,6 +30,7 @@ class FlowTable:
         "f_cls",
         "f_done",
         "f_id",
+        "f_key",
         "f_path",
         "f_rate",
         "f_rem",
@@ -63,6 +64,9 @@ class FlowTable:
         self.f_t: list[float] = []
         self.f_rate: list[float] = []  # -1.0: not yet rated
         self.f_cap: list[float] = []
+        # (rate cap, flow id, slot) of a live capped flow, None otherwise: its place in the
+        # order capped flows freeze in (``RateSolver._capped``), built once per flow
+        self.f_key: list[tuple[float, int, int] | None] = []
         self.f_done: list[Callable[[], object] | None] = []
         self.f_ver: list[int] = []  # bumps invalidate finish-heap entries
         self.slot_of: dict[int, int] = {}  # live flow id -> slot
@@ -88,6 +92,7 @@ class FlowTable:
             vals.append(0.0)
         self.f_path.append(())
         self.f_done.append(None)
+        self.f_key.append(None)
         return len(self.f_id) - 1
 
     def account(self, res: list[int], now: float) -> None:

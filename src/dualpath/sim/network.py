@@ -194,6 +194,7 @@ class FluidNetwork:
         cap = t.f_cap[slot] = float(max_rate_bytes_per_s)
         if cap < math.inf:
             t.num_capped += 1
+            t.f_key[slot] = (cap, fid, slot)
         t.f_done[slot] = on_done
         t.slot_of[fid] = slot
         if size_bytes == 0.0:
@@ -293,6 +294,7 @@ class FluidNetwork:
         del t.slot_of[t.f_id[slot]]
         if t.f_cap[slot] < math.inf:
             t.num_capped -= 1
+            t.f_key[slot] = None
         t.f_ver[slot] += 1
         t.f_done[slot] = None
         t.f_path[slot] = ()
