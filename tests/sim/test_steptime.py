@@ -7,7 +7,7 @@ import pytest
 
 from dualpath.config import CLUSTER_PRESETS, preset
 from dualpath.models import cost
-from dualpath.sim.steptime import fast_step_time, step_time_fn
+from dualpath.sim.steptime import fast_step_time, step_column_fn, step_time_fn
 
 
 def test_the_fast_form_holds_for_every_preset() -> None:
@@ -37,3 +37,19 @@ def test_steptime_falls_back_when_cost_model_differs(monkeypatch: pytest.MonkeyP
     assert fast_step_time(c.model, c.hardware, 8) is None
     f = step_time_fn(c.model, c.hardware, 8)
     assert f(4, 4000) == 0.5  # the (changed) cost model itself, not the stale fast form
+    assert step_column_fn(c.model, c.hardware, 8)(4, 4000, 0, 2, 0.25) == [0.75, 0.75]
+
+
+def test_step_columns_equal_the_scalar_form_bit_for_bit() -> None:
+    """A decode interval's column in one call: the fast column for every preset, and exactly
+    the scalar step times (plus the D2H term) on both sides of the sparse top-k."""
+    for name in sorted(CLUSTER_PRESETS):
+        c = preset(name)
+        for gpus in (1, 8, 32):
+            f = step_time_fn(c.model, c.hardware, gpus)
+            col = step_column_fn(c.model, c.hardware, gpus)
+            assert col.__qualname__.startswith("_fast."), (name, gpus)
+            for batch in (1, 3, 64):
+                for context in (1, batch * 1000 + 7, batch * 2040, batch * 40_000 + 1):
+                    got = col(batch, context, 2, 70, 1.5e-5)
+                    assert got == [f(batch, context + batch * j) + 1.5e-5 for j in range(2, 70)]

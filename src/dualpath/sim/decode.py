@@ -21,7 +21,7 @@ from dualpath.ledger import DecodeStepsDone, EventBus
 from dualpath.models import cost
 from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.request import Req
-from dualpath.sim.steptime import step_time_fn
+from dualpath.sim.steptime import step_column_fn, step_time_fn
 
 
 class DecodeGroup:
@@ -61,6 +61,7 @@ class DecodeGroup:
         self.on_finish = on_finish
         self.events = events if events is not None else EventBus()
         self.step_time_s = step_time_fn(model, hw, num_gpus)
+        self._step_column = step_column_fn(model, hw, num_gpus)
         self.index = {de: i for i, de in enumerate(members)}
         n = len(members)
         self.batch = [0] * n  # resident requests per DE
@@ -219,7 +220,6 @@ class DecodeGroup:
                 col = []
         else:
             col = []
-        step_time, extra = self.step_time_s, b * self.d2h_delay_per_token_s
-        col.extend([step_time(b, c + b * j) + extra for j in range(len(col), num)])
+        col.extend(self._step_column(b, c, len(col), num, b * self.d2h_delay_per_token_s))
         self._columns[i] = (b, c, col)
         return col
