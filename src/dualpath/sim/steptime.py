@@ -58,8 +58,18 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> tuple[StepTi
     def column(batch: int, context: int, start: int, stop: int, extra: float) -> list[float]:
         """``[step_time_s(batch, context + batch·j) + extra for j in range(start, stop)]``,
         the same arithmetic inlined (``batch`` > 0)."""
-        out = []
         weights, linear = weight_bytes, linear_per_token * batch
+        if sparse and stop > start and (context + batch * start) // batch >= cap:
+            # past the top-k every step reads the same KV (memory time constant) and compute
+            # grows with the context: if the last step is still memory-bound, all are, and
+            # every step time is the same float
+            kv = batch * min((context + batch * start) / batch, topk) * per_token
+            memory_s = (weights + kv * kv_slowdown) / bandwidth
+            mean = (context + batch * (stop - 1)) // batch
+            attention = float(cap) * main_per_pair + (mean + 1.0) * index_per_pair
+            if (linear + batch * attention) / peak <= memory_s:
+                return [memory_s + overhead + extra] * (stop - start)
+        out = []
         for j in range(start, stop):
             c = context + batch * j
             mean = c // batch
