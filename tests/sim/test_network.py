@@ -661,3 +661,25 @@ def test_local_recomputation_survives_random_churn(tm: bool) -> None:
         assert fast.loop.log_digest() == slow.loop.log_digest(), f"seed {seed}"
         fallbacks += fast.net.rates.num_fallbacks
     assert fallbacks > 0  # the guesses failed somewhere, and the fallback was exact too
+
+
+def test_capped_flows_in_freezing_order_for_few_and_for_most_flows() -> None:
+    """The sorted list of every capped flow kept across starts and ends gives, for a
+    component that is most of the network and for a few flows, the keys a sort of the
+    flows' own (cap, id, slot) gives."""
+    rng = random.Random(5)
+    h = Harness()
+    links = [h.link(f"l{i}", 10.0) for i in range(4)]
+    live: list[int] = []
+    for i in range(400):
+        cap = rng.choice([math.inf, 1.0, 2.0, rng.uniform(0.5, 3.0)])
+        fid = h.flow(f"f{i}", [rng.choice(links)], rng.uniform(1.0, 5.0), LOW, cap)
+        live.append(fid)
+        if i % 3 == 0:  # end some flows: their keys leave the sorted list
+            h.net.cancel_flow(live.pop(rng.randrange(len(live))))
+    t, solver = h.net._t, h.net.rates
+    assert t.capped == sorted(k for k in t.f_key if k is not None)
+    slots = [t.slot_of[f] for f in live]
+    for flows in (slots, rng.sample(slots, 200), rng.sample(slots, 5)):
+        expected = sorted((t.f_cap[s], t.f_id[s], s) for s in flows if t.f_cap[s] < math.inf)
+        assert solver._capped(flows) == expected

@@ -7,7 +7,7 @@ the rates. Resources are indexed by resource id, flows by slot (slots are reused
 are not). Who writes what:
 
 - ``FluidNetwork``: ``cap``, ``members``, ``tot``, every ``f_*`` list except ``f_rate`` of a
-  flow being re-rated, ``slot_of``, ``num_capped``.
+  flow being re-rated, ``slot_of``, ``num_capped``, ``capped``.
 - ``RateSolver``: ``rate`` (the settled total rate through each resource), and, through
   ``account``, ``carried`` / ``busy_s`` / ``last_s`` just before a resource's rate changes.
 """
@@ -25,6 +25,7 @@ class FlowTable:
     __slots__ = (
         "busy_s",
         "cap",
+        "capped",
         "carried",
         "f_cap",
         "f_cls",
@@ -67,6 +68,7 @@ class FlowTable:
         # (rate cap, flow id, slot) of a live capped flow, None otherwise: its place in the
         # order capped flows freeze in (``RateSolver._capped``), built once per flow
         self.f_key: list[tuple[float, int, int] | None] = []
+        self.capped: list[tuple[float, int, int]] = []  # every live capped flow's key, sorted
         self.f_done: list[Callable[[], object] | None] = []
         self.f_ver: list[int] = []  # bumps invalidate finish-heap entries
         self.slot_of: dict[int, int] = {}  # live flow id -> slot

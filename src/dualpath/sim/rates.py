@@ -67,6 +67,8 @@ class RateSolver:
         self._shared: list[bool] = []
         # per flow slot: walk marks and the new rates of the flows re-rated
         self._f_mark: list[int] = []
+        self._capped_mark: list[int] = []  # per flow slot: picked by ``_capped`` (its epoch)
+        self._capped_epoch = 0
         self.new: list[float] = []
         # since the last settle: dirty resources, flows started (slots), rate left by ended
         # flows per resource, resources any recomputation must pass through (_component)
@@ -93,6 +95,7 @@ class RateSolver:
 
     def add_slot(self) -> None:
         self._f_mark.append(-1)
+        self._capped_mark.append(-1)
         self.new.append(0.0)
 
     def started(self, slot: int, path: tuple[int, ...], high: bool) -> None:
@@ -402,7 +405,16 @@ class RateSolver:
         """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
         if not self.t.num_capped:
             return []
-        return sorted(filter(None, map(self.t.f_key.__getitem__, flows)))
+        every = self.t.capped
+        if 4 * len(flows) < len(every):  # a few flows: sort their keys
+            return sorted(filter(None, map(self.t.f_key.__getitem__, flows)))
+        # most of the network (a settle over a component that spans the cluster): pick them
+        # out of the sorted list of every capped flow, O(flows + capped), no sort
+        self._capped_epoch += 1
+        epoch, mark = self._capped_epoch, self._capped_mark
+        for s in flows:
+            mark[s] = epoch
+        return [k for k in every if mark[k[2]] == epoch]
 
     def _pin(self, pinned: list[int]) -> None:
         """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take
