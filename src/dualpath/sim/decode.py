@@ -23,6 +23,10 @@ from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.request import Req
 from dualpath.sim.steptime import step_column_fn, step_time_fn
 
+# intervals of at most this many steps are planned step by step; longer ones from per-member
+# columns kept across intervals (``DecodeGroup._column``)
+_SHORT_INTERVAL = 4
+
 
 class DecodeGroup:
     """``members`` DE ids; ``num_gpus`` = EP size the weights are sharded over (1 without EP).
@@ -178,6 +182,9 @@ class DecodeGroup:
         """Step end times of the next ``min(until_next_finish, macro_steps)`` steps."""
         num = min(until_next_finish, self.macro_steps)
         debt, dma = self.h2d_debt_s, self.dma_delay_s
+        if num <= _SHORT_INTERVAL:  # few steps: no column worth keeping
+            self._plan_short(num)
+            return
         cols = []
         first = 0.0
         for i, b in enumerate(self.batch):
@@ -199,6 +206,27 @@ class DecodeGroup:
             for j in range(1, num):
                 t += durs[j]
                 times.append(t)
+
+    def _plan_short(self, num: int) -> None:
+        """``_plan_interval`` for a few steps, step by step (the same values a column has)."""
+        step_time = self.step_time_s
+        d2h, debt, dma = self.d2h_delay_per_token_s, self.h2d_debt_s, self.dma_delay_s
+        active = [
+            (b, c, i, b * d2h)
+            for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True))
+            if b
+        ]
+        t = self.interval_start_s = self.loop.now
+        times = self.times
+        first = max([step_time(b, c) + extra + debt[i] for b, c, i, extra in active])
+        for _, _, i, _ in active:  # the H2D delay is charged to this first step only
+            dma[i] += debt[i]
+            debt[i] = 0.0
+        t += first
+        times.append(t)
+        for j in range(1, num):
+            t += max([step_time(b, c + b * j) + extra for b, c, _, extra in active])
+            times.append(t)
 
     def _column(self, i: int, b: int, num: int) -> list[float]:
         """Member ``i``'s step time plus D2H delay for each of the next ``num`` steps at
