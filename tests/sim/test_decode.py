@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 
 from dualpath.config import preset
@@ -119,3 +122,55 @@ def test_macro_steps_equal_step_by_step_end_to_end() -> None:
     assert macro.jct_s == step.jct_s
     assert macro.counters["decode_steps"] == step.counters["decode_steps"]
     assert macro.counters["events"] < step.counters["events"]
+
+
+def test_cached_step_columns_equal_a_fresh_computation() -> None:
+    """The per-member step-time columns reused across intervals give, bit for bit, the step
+    end times a group with no cache computes for the same batches and contexts. Mean contexts
+    stay mostly below the sparse top-k, where the step time depends on the context."""
+    rng = random.Random(7)
+    members = tuple(range(10, 18))
+    _, group, _ = _group(64, members, d2h_bytes_per_token=20_000)
+    for _ in range(300):
+        for i in range(len(members)):  # a boundary: steps done, some joins / leaves
+            b = group.batch[i]
+            x = rng.random()
+            if b and x < 0.6:  # steps only
+                group.context[i] += b * rng.randrange(0, 70)
+            elif b and x < 0.7:  # one leaves, one joins: same batch, another context
+                group.context[i] += rng.randrange(-b, 500)
+            elif x < 0.9:
+                group.batch[i] = b = max(0, b + rng.choice((-1, 1, 2)))
+                group.context[i] = b * rng.randrange(1, 3000) + rng.randrange(b) if b else 0
+        if not any(group.batch):
+            group.batch[0], group.context[0] = 1, 500
+        until = rng.randrange(1, 80)
+        group.times = []
+        group._plan_interval(until)
+        _, fresh, _ = _group(64, members, d2h_bytes_per_token=20_000)
+        fresh.batch, fresh.context = list(group.batch), list(group.context)
+        fresh._plan_interval(until)
+        assert group.times == fresh.times
+        assert len(group.times) == min(until, 64)
+
+
+def test_generated_stamp_changes_whenever_the_generated_tokens_do() -> None:
+    """The ledger skips a group whose stamp did not change: sampled at many instants, equal
+    stamps must mean equal ``generated_by_member``, and the counts must move over the run."""
+    rng = random.Random(3)
+    loop, group, done = _group(8, (10, 11, 12))
+    reqs = [_req(i, 10 + i % 3, rng.randrange(100, 5000), rng.randrange(1, 40)) for i in range(30)]
+    for r in reqs:
+        loop.at(rng.uniform(0.0, 2.0), lambda r=r: group.join(r))
+    samples: list[tuple[tuple[int, int], list[int]]] = []
+    for k in range(3000):
+        loop.at(
+            k * 0.001 + 0.0003,
+            lambda: samples.append((group.generated_stamp(), list(group.generated_by_member()))),
+        )
+    loop.run()
+    assert len(done) == 30
+    for (s0, g0), (s1, g1) in itertools.pairwise(samples):
+        if s0 == s1:
+            assert g0 == g1
+    assert len({tuple(g) for _, g in samples}) > 100

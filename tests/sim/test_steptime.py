@@ -7,7 +7,7 @@ import pytest
 
 from dualpath.config import CLUSTER_PRESETS, preset
 from dualpath.models import cost
-from dualpath.sim.steptime import fast_step_time, step_time_fn
+from dualpath.sim.steptime import fast_step_time, step_column_fn, step_time_fn
 
 
 def test_the_fast_form_holds_for_every_preset() -> None:
@@ -37,3 +37,38 @@ def test_steptime_falls_back_when_cost_model_differs(monkeypatch: pytest.MonkeyP
     assert fast_step_time(c.model, c.hardware, 8) is None
     f = step_time_fn(c.model, c.hardware, 8)
     assert f(4, 4000) == 0.5  # the (changed) cost model itself, not the stale fast form
+    assert step_column_fn(c.model, c.hardware, 8)(4, 4000, 0, 2, 0.25) == [0.75, 0.75]
+
+
+def test_step_columns_equal_the_scalar_form_bit_for_bit() -> None:
+    """A decode interval's column in one call: the fast column for every preset, and exactly
+    the scalar step times (plus the D2H term) on both sides of the sparse top-k."""
+    for name in sorted(CLUSTER_PRESETS):
+        c = preset(name)
+        for gpus in (1, 8, 32):
+            f = step_time_fn(c.model, c.hardware, gpus)
+            col = step_column_fn(c.model, c.hardware, gpus)
+            assert col.__qualname__.startswith("_fast."), (name, gpus)
+            for batch in (1, 3, 64):
+                for context in (1, batch * 1000 + 7, batch * 2040, batch * 40_000 + 1):
+                    got = col(batch, context, 2, 70, 1.5e-5)
+                    assert got == [f(batch, context + batch * j) + 1.5e-5 for j in range(2, 70)]
+
+
+def test_step_columns_across_the_memory_compute_crossover() -> None:
+    """Past the sparse top-k a memory-bound column is one repeated value; windows that end
+    just past the point where compute takes over must still equal the scalar form."""
+    c = preset("ds660b-2p4d")
+    f = step_time_fn(c.model, c.hardware, 32)
+    col = step_column_fn(c.model, c.hardware, 32)
+    kinds = set()
+    for batch in (64, 256):  # (a batch of one stays memory-bound at any context)
+        flat = f(batch, batch * 2048)
+        coarse = next(m for m in range(2048, 10**7, 97) if f(batch, batch * m) > flat)
+        cross = next(m for m in range(coarse - 97, coarse + 1) if f(batch, batch * m) > flat)
+        for mean in range(cross - 80, cross + 3):
+            context = batch * mean + batch // 2
+            got = col(batch, context, 0, 70, 2e-6)
+            assert got == [f(batch, context + batch * j) + 2e-6 for j in range(70)], (batch, mean)
+            kinds.add(len(set(got)) == 1)
+    assert kinds == {True, False}  # both the repeated value and the step-by-step loop ran

@@ -41,6 +41,8 @@ from dualpath.workload import persisted_tokens
 
 # a DE group's tokens generated so far per member (in member order), e.g. from its decode batch
 GeneratedFn = Callable[[], Sequence[int]]
+# a value that changes whenever a DE group's ``GeneratedFn`` may report something new
+StampFn = Callable[[], object]
 # takes one journal record (a dict of JSON types)
 JournalSink = Callable[[dict[str, Any]], None]
 
@@ -109,15 +111,23 @@ class Ledger:
         self._nodes = [NodeState(n, topo.kind_of_node(n)) for n in range(num_nodes)]
         self._dirty_engines: set[int] = set(topo.engine_ids)  # DEs start with free HBM
         self._dirty_nodes: set[int] = set()
-        self._decode_groups: list[tuple[tuple[int, ...], GeneratedFn, list[int]]] = []
+        # per DE group: members, generated(), its values at the last pull, stamp(), its value
+        self._decode_groups: list[
+            tuple[tuple[int, ...], GeneratedFn, list[int], StampFn | None, list[object]]
+        ] = []
         self._generated = [0] * num_engines  # DEs: tokens generated, as of the last pull
         self._reported: list[int] | None = None  # free HBM tokens the engines reported; -1: none
         self._view: ClusterView | None = None
         self.journal: JournalSink | None = None
 
-    def track_decode(self, members: tuple[int, ...], generated: GeneratedFn) -> None:
-        """``generated()`` reports the tokens generated so far by each member's turns."""
-        self._decode_groups.append((members, generated, [0] * len(members)))
+    def track_decode(
+        self, members: tuple[int, ...], generated: GeneratedFn, stamp: StampFn | None = None
+    ) -> None:
+        """``generated()`` reports the tokens generated so far by each member's turns.
+        ``stamp()``, if given, returns a value that changes whenever ``generated()`` may
+        report something new: a pull skips the group while its stamp is unchanged (a group
+        whose numbers moved pushes a new stamp instead of being compared member by member)."""
+        self._decode_groups.append((members, generated, [0] * len(members), stamp, [None]))
 
     def report_free_hbm(self, engine: int, tokens: int) -> None:
         """Engine ``engine`` reports ``tokens`` of KV that fit in its free HBM (it counts the
@@ -143,7 +153,7 @@ class Ledger:
                 "op": "init",
                 "hbm_capacity_tokens": self.hbm_capacity_tokens,
                 "block_tokens": self.block_tokens,
-                "decode_groups": [list(m) for m, _, _ in self._decode_groups],
+                "decode_groups": [list(g[0]) for g in self._decode_groups],
                 "free_hbm": list(self._reported) if self._reported is not None else None,
             }
         )
@@ -335,7 +345,12 @@ class Ledger:
         states, seq, tok = self._engines, self.seq, self.tok
         dirty = self._dirty_engines
         generated = self._generated
-        for members, report, last in self._decode_groups:
+        for members, report, last, stamp, seen in self._decode_groups:
+            if stamp is not None:
+                mark = stamp()
+                if mark == seen[0]:
+                    continue
+                seen[0] = mark
             now_gen = report()
             if now_gen == last:  # the group did not step since the last pull
                 continue

@@ -93,7 +93,9 @@ class Cluster:
         self._build_groups()
         self.events.subscribe(TurnDone, lambda ev: self.records.append(ev.record))
         for group in self.decode_groups:
-            self.ledger.track_decode(group.members, group.generated_by_member)
+            self.ledger.track_decode(
+                group.members, group.generated_by_member, group.generated_stamp
+            )
         self._agents: dict[int, tuple[Sequence[TurnSpec], list[int]]] = {}
         self._next_request_id = 0
         self.num_turns_total = 0

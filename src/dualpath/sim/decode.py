@@ -21,7 +21,11 @@ from dualpath.ledger import DecodeStepsDone, EventBus
 from dualpath.models import cost
 from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.request import Req
-from dualpath.sim.steptime import step_time_fn
+from dualpath.sim.steptime import step_column_fn, step_time_fn
+
+# intervals of at most this many steps are planned step by step; longer ones from per-member
+# columns kept across intervals (``DecodeGroup._column``)
+_SHORT_INTERVAL = 4
 
 
 class DecodeGroup:
@@ -61,6 +65,7 @@ class DecodeGroup:
         self.on_finish = on_finish
         self.events = events if events is not None else EventBus()
         self.step_time_s = step_time_fn(model, hw, num_gpus)
+        self._step_column = step_column_fn(model, hw, num_gpus)
         self.index = {de: i for i, de in enumerate(members)}
         n = len(members)
         self.batch = [0] * n  # resident requests per DE
@@ -74,11 +79,15 @@ class DecodeGroup:
         self.running = False
         self.interval_start_s = 0.0
         self.num_steps = 0
+        self.num_boundaries = 0
         self.busy_s = [0.0] * n  # time each DE spent in steps with a resident request
         self.h2d_delay_per_token_s = cost.hbm_dma_delay_s(hw, h2d_bytes_per_token)
         self.d2h_delay_per_token_s = cost.hbm_dma_delay_s(hw, d2h_bytes_per_token)
         self.h2d_debt_s = [0.0] * n  # H2D delay not yet charged to a step
         self.dma_delay_s = [0.0] * n  # step time each DE lost to DMA contention, in total
+        # per member: (batch, context at col[0], col) with col[j] = step time + D2H delay of a
+        # step at that batch and context + batch·j (``_column``)
+        self._columns: list[tuple[int, int, list[float]] | None] = [None] * n
 
     # ------------------------------------------------------------------ queries
     def generated_now(self, de: int) -> int:
@@ -86,6 +95,11 @@ class DecodeGroup:
         i = self.index[de]
         done = bisect_right(self.times, self.loop.now) if self.times else 0
         return self.generated[i] + self.batch[i] * done
+
+    def generated_stamp(self) -> tuple[int, int]:
+        """(boundaries so far, steps of the current interval done by now): changes whenever
+        ``generated_by_member`` may change (at a boundary, or when a step ends)."""
+        return self.num_boundaries, bisect_right(self.times, self.loop.now) if self.times else 0
 
     def generated_by_member(self) -> list[int]:
         """``generated_now`` of every member, in ``members`` order."""
@@ -117,6 +131,7 @@ class DecodeGroup:
 
     # ------------------------------------------------------------------ boundaries
     def _boundary(self) -> None:
+        self.num_boundaries += 1
         now = self.loop.now
         steps = len(self.times)
         batch, context, generated = self.batch, self.context, self.generated
@@ -165,8 +180,37 @@ class DecodeGroup:
 
     def _plan_interval(self, until_next_finish: int) -> None:
         """Step end times of the next ``min(until_next_finish, macro_steps)`` steps."""
+        num = min(until_next_finish, self.macro_steps)
+        debt, dma = self.h2d_debt_s, self.dma_delay_s
+        if num <= _SHORT_INTERVAL:  # few steps: no column worth keeping
+            self._plan_short(num)
+            return
+        cols = []
+        first = 0.0
+        for i, b in enumerate(self.batch):
+            if not b:
+                continue
+            col = self._column(i, b, num)
+            cols.append(col)
+            d = col[0] + debt[i]  # the H2D delay is charged to this first step only
+            if d > first:
+                first = d
+            dma[i] += debt[i]
+            debt[i] = 0.0
+        t = self.interval_start_s = self.loop.now
+        times = self.times
+        t += first
+        times.append(t)
+        if num > 1:
+            durs = list(map(max, *cols)) if len(cols) > 1 else cols[0]
+            for j in range(1, num):
+                t += durs[j]
+                times.append(t)
+
+    def _plan_short(self, num: int) -> None:
+        """``_plan_interval`` for a few steps, step by step (the same values a column has)."""
         step_time = self.step_time_s
-        d2h, debt = self.d2h_delay_per_token_s, self.h2d_debt_s
+        d2h, debt, dma = self.d2h_delay_per_token_s, self.h2d_debt_s, self.dma_delay_s
         active = [
             (b, c, i, b * d2h)
             for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True))
@@ -176,11 +220,34 @@ class DecodeGroup:
         times = self.times
         first = max([step_time(b, c) + extra + debt[i] for b, c, i, extra in active])
         for _, _, i, _ in active:  # the H2D delay is charged to this first step only
-            self.dma_delay_s[i] += debt[i]
+            dma[i] += debt[i]
             debt[i] = 0.0
         t += first
         times.append(t)
-        for j in range(1, min(until_next_finish, self.macro_steps)):
-            dur = max([step_time(b, c + b * j) + extra for b, c, _, extra in active])
-            t += dur
+        for j in range(1, num):
+            t += max([step_time(b, c + b * j) + extra for b, c, _, extra in active])
             times.append(t)
+
+    def _column(self, i: int, b: int, num: int) -> list[float]:
+        """Member ``i``'s step time plus D2H delay for each of the next ``num`` steps at
+        batch ``b``: ``step_time_s(b, context + b·j) + b · d2h`` for j < ``num``.
+
+        Kept per member and reused while its batch does not change (an interval cut short by
+        a join recomputes nothing for members whose batch stayed): the same function of the
+        same (batch, context), so exactly the values a fresh computation gives."""
+        c = self.context[i]
+        cached = self._columns[i]
+        if cached is not None and cached[0] == b:
+            k, rest = divmod(c - cached[1], b)
+            col = cached[2]
+            if not rest and k >= 0:
+                if k + num <= len(col):
+                    return col[k : k + num]
+                col = col[k:] if k < len(col) else []
+            else:
+                col = []
+        else:
+            col = []
+        col.extend(self._step_column(b, c, len(col), num, b * self.d2h_delay_per_token_s))
+        self._columns[i] = (b, c, col)
+        return col

@@ -7,7 +7,7 @@ the rates. Resources are indexed by resource id, flows by slot (slots are reused
 are not). Who writes what:
 
 - ``FluidNetwork``: ``cap``, ``members``, ``tot``, every ``f_*`` list except ``f_rate`` of a
-  flow being re-rated, ``slot_of``, ``num_capped``.
+  flow being re-rated, ``slot_of``, ``num_capped``, ``capped``.
 - ``RateSolver``: ``rate`` (the settled total rate through each resource), and, through
   ``account``, ``carried`` / ``busy_s`` / ``last_s`` just before a resource's rate changes.
 """
@@ -25,11 +25,13 @@ class FlowTable:
     __slots__ = (
         "busy_s",
         "cap",
+        "capped",
         "carried",
         "f_cap",
         "f_cls",
         "f_done",
         "f_id",
+        "f_key",
         "f_path",
         "f_rate",
         "f_rem",
@@ -63,6 +65,10 @@ class FlowTable:
         self.f_t: list[float] = []
         self.f_rate: list[float] = []  # -1.0: not yet rated
         self.f_cap: list[float] = []
+        # (rate cap, flow id, slot) of a live capped flow, None otherwise: its place in the
+        # order capped flows freeze in (``RateSolver._capped``), built once per flow
+        self.f_key: list[tuple[float, int, int] | None] = []
+        self.capped: list[tuple[float, int, int]] = []  # every live capped flow's key, sorted
         self.f_done: list[Callable[[], object] | None] = []
         self.f_ver: list[int] = []  # bumps invalidate finish-heap entries
         self.slot_of: dict[int, int] = {}  # live flow id -> slot
@@ -88,6 +94,7 @@ class FlowTable:
             vals.append(0.0)
         self.f_path.append(())
         self.f_done.append(None)
+        self.f_key.append(None)
         return len(self.f_id) - 1
 
     def account(self, res: list[int], now: float) -> None:

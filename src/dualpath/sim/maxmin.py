@@ -43,9 +43,23 @@ def fill_max_min(
         out[s] = -1.0  # unfrozen
     num_left = len(flows)
     ci, nc = 0, len(capped)
-    cap_level = capped[0][0] if nc else math.inf
+    cap_level = math.inf
     pop, replace = heapq.heappop, heapq.heapreplace
     while num_left:
+        if nc:
+            while ci < nc and out[capped[ci][2]] >= 0.0:
+                ci += 1
+            if ci < nc and (not heap or capped[ci][0] <= heap[0][0]):
+                # every key is at most its resource's level, so this cap is at most the
+                # lowest level: the capped flow freezes first, without refreshing the heap
+                level, _, s = capped[ci]
+                ci += 1
+                out[s] = level
+                for r2 in paths[s]:
+                    avail[r2] -= level
+                    cnt[r2] -= 1
+                num_left -= 1
+                continue
         level, r = math.inf, -1
         while heap:  # lazy increase-key: refresh the top until it is current
             key, r = heap[0]
@@ -59,9 +73,7 @@ def fill_max_min(
                 replace(heap, (level, r))
                 continue
             break
-        if nc:
-            while ci < nc and out[capped[ci][2]] >= 0.0:
-                ci += 1
+        if nc:  # the next capped flow (frozen ones skipped above)
             cap_level = capped[ci][0] if ci < nc else math.inf
         if heap and level < cap_level:
             pop(heap)

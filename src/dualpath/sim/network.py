@@ -9,6 +9,7 @@ blocks or policies.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import operator
@@ -194,6 +195,8 @@ class FluidNetwork:
         cap = t.f_cap[slot] = float(max_rate_bytes_per_s)
         if cap < math.inf:
             t.num_capped += 1
+            key = t.f_key[slot] = (cap, fid, slot)
+            bisect.insort(t.capped, key)
         t.f_done[slot] = on_done
         t.slot_of[fid] = slot
         if size_bytes == 0.0:
@@ -293,6 +296,10 @@ class FluidNetwork:
         del t.slot_of[t.f_id[slot]]
         if t.f_cap[slot] < math.inf:
             t.num_capped -= 1
+            key = t.f_key[slot]
+            if key is not None:  # always, for a live capped flow
+                del t.capped[bisect.bisect_left(t.capped, key)]
+            t.f_key[slot] = None
         t.f_ver[slot] += 1
         t.f_done[slot] = None
         t.f_path[slot] = ()

@@ -11,7 +11,8 @@ fluid flows; their layer pipelining is aggregated exactly (``passes.py``) or, wi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
 
 from dualpath.config import HardwareConfig, ModelConfig
 from dualpath.ledger import EventBus, ForwardDone, ForwardStarted, Ledger
@@ -24,6 +25,38 @@ from dualpath.sim.node_io import NodeIO
 from dualpath.sim.passes import AggregatePass, PassPlan, PerLayerPass
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
+
+
+class PendingQueue(Sequence[PendingPrefill]):
+    """A PE's local queue as the policy's ``PendingPrefill`` sequence, built item by item
+    when read: packing stops at the first request that does not fit whole, so a pass over a
+    long queue reads only its head (not O(queue) objects per pass)."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: deque[Req]) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @overload
+    def __getitem__(self, i: int) -> PendingPrefill: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[PendingPrefill]: ...
+
+    def __getitem__(self, i: int | slice) -> PendingPrefill | Sequence[PendingPrefill]:
+        if isinstance(i, slice):
+            return [_pending(r) for r in list(self._queue)[i]]
+        return _pending(self._queue[i])
+
+    def __iter__(self) -> Iterator[PendingPrefill]:
+        return map(_pending, self._queue)
+
+
+def _pending(r: Req) -> PendingPrefill:
+    return PendingPrefill(r.request_id, r.cached_tokens, r.remaining_new_tokens)
 
 
 class PrefillGroup:
@@ -103,9 +136,7 @@ class PrefillGroup:
             queue = self.queues[pe]
             if not queue:
                 continue
-            pending = [
-                PendingPrefill(r.request_id, r.cached_tokens, r.remaining_new_tokens) for r in queue
-            ]
+            pending = PendingQueue(queue)
             batch = self.ledger.plan(self.policy, pe, pending, now, self.kv_budget_tokens)
             if batch.chunks:
                 out.append((pe, batch.chunks))

@@ -60,12 +60,15 @@ class RateSolver:
         # LOW fills on. HIGH is refilled only where a HIGH flow started or ended
         # (``_dirty_high``) or a resource's ``_shared`` flipped.
         self._cnt: list[int] = []
+        self._limit: list[float] = []  # capacity × _slack_limit: "clearly unsaturated" below
         self._scratch: list[float] = []
         self._rmark: list[int] = []
         self._high_left: list[float] = []
         self._shared: list[bool] = []
         # per flow slot: walk marks and the new rates of the flows re-rated
         self._f_mark: list[int] = []
+        self._capped_mark: list[int] = []  # per flow slot: picked by ``_capped`` (its epoch)
+        self._capped_epoch = 0
         self.new: list[float] = []
         # since the last settle: dirty resources, flows started (slots), rate left by ended
         # flows per resource, resources any recomputation must pass through (_component)
@@ -83,6 +86,7 @@ class RateSolver:
         self.num_fallbacks = 0  # local settles redone over the whole component
 
     def add_resource(self, capacity: float) -> None:
+        self._limit.append(capacity * self._slack_limit)
         self._cnt.append(0)
         self._scratch.append(0.0)
         self._rmark.append(-1)
@@ -91,6 +95,7 @@ class RateSolver:
 
     def add_slot(self) -> None:
         self._f_mark.append(-1)
+        self._capped_mark.append(-1)
         self.new.append(0.0)
 
     def started(self, slot: int, path: tuple[int, ...], high: bool) -> None:
@@ -124,8 +129,8 @@ class RateSolver:
         was (HIGH fills on shares that depend on it; ``_settle_high``)."""
         if not self._local:
             return False
-        cap, rate, lim = self.t.cap, self.t.rate, self._slack_limit
-        if not all(rate[r] + add_rate * path.count(r) <= cap[r] * lim for r in path):
+        rate, limit = self.t.rate, self._limit
+        if not all(rate[r] + add_rate * path.count(r) <= limit[r] for r in path):
             return False
         if not self._tm:
             return True
@@ -272,14 +277,14 @@ class RateSolver:
         epoch = self._epoch
         rmark, fmark, paths = self._rmark, self._f_mark, self.t.f_path
         fcap, frate = self.t.f_cap, self.t.f_rate
-        cap, rate, lim = self.t.cap, self.t.rate, self._slack_limit
+        rate, limit = self.t.rate, self._limit
         flows: list[int] = []
         pinned: list[int] = []
         edge: list[int] = []
         res: list[int] = []
         for r in dirty:
             rmark[r] = epoch
-            if not local or r in forced or rate[r] > cap[r] * lim:
+            if not local or r in forced or rate[r] > limit[r]:
                 res.append(r)
             else:
                 edge.append(r)  # a guess; _assign_rates checks after
@@ -305,7 +310,7 @@ class RateSolver:
                         fmark[s] = epoch
                         if pin and frate[s] == fcap[s]:
                             for r2 in paths[s]:  # a guess; _assign_rates checks after
-                                if rate[r2] > cap[r2] * lim:
+                                if rate[r2] > limit[r2]:
                                     break
                             else:
                                 add_pinned(s)
@@ -314,7 +319,7 @@ class RateSolver:
                         for r2 in paths[s]:
                             if rmark[r2] != epoch:
                                 rmark[r2] = epoch
-                                if local and rate[r2] <= cap[r2] * lim:
+                                if local and rate[r2] <= limit[r2]:
                                     add_edge(r2)  # a guess; _assign_rates checks after
                                 else:
                                     add_res(r2)
@@ -368,7 +373,7 @@ class RateSolver:
             self._pin([s for s in pinned if cls[s]])
             low_flows = [s for s in flows if cls[s]]
             fill_max_min(low_flows, self._capped(low_flows), m1, res, paths, new, avail, cnt)
-        lim = self._slack_limit
+        limit = self._limit
         edge_rate: dict[int, float] = {}
         if edge:
             frate, paths = self.t.f_rate, self.t.f_path
@@ -382,7 +387,7 @@ class RateSolver:
                         if r in edge_rate:
                             edge_rate[r] += delta
             for r, x in edge_rate.items():
-                if x > cap[r] * lim:
+                if x > limit[r]:
                     return False
         for r in res:
             used = cap[r] - avail[r]
@@ -392,7 +397,7 @@ class RateSolver:
         paths = self.t.f_path
         for s in pinned:
             for r in paths[s]:
-                if rate[r] > cap[r] * lim:
+                if rate[r] > limit[r]:
                     return False
         return True
 
@@ -400,8 +405,16 @@ class RateSolver:
         """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
         if not self.t.num_capped:
             return []
-        fcap, fid = self.t.f_cap, self.t.f_id
-        return sorted([(fcap[s], fid[s], s) for s in flows if fcap[s] < math.inf])
+        every = self.t.capped
+        if 4 * len(flows) < len(every):  # a few flows: sort their keys
+            return sorted(filter(None, map(self.t.f_key.__getitem__, flows)))
+        # most of the network (a settle over a component that spans the cluster): pick them
+        # out of the sorted list of every capped flow, O(flows + capped), no sort
+        self._capped_epoch += 1
+        epoch, mark = self._capped_epoch, self._capped_mark
+        for s in flows:
+            mark[s] = epoch
+        return [k for k in every if mark[k[2]] == epoch]
 
     def _pin(self, pinned: list[int]) -> None:
         """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take

@@ -21,7 +21,12 @@ _CHECK_MEAN_CONTEXTS = (1, 63, 500, 1023, 1024, 2047, 2048, 2049, 5000, 32_000, 
 _REL_TOL = 1e-12
 
 
-def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[int, int], float]:
+StepTime = Callable[[int, int], float]
+# (batch, context, start, stop, extra) -> step times + extra of steps start..stop-1
+StepColumn = Callable[[int, int, int, int, float], list[float]]
+
+
+def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> tuple[StepTime, StepColumn]:
     sparse = model.attention_kind is AttentionKind.MLA_SPARSE
     per_token = float(cost.kv_bytes_per_token(model))
     topk = float(model.sparse_topk)
@@ -50,27 +55,65 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> Callable[[in
         compute_s = flops / peak
         return max(memory_s, compute_s) + overhead
 
-    return step_time_s
+    def column(batch: int, context: int, start: int, stop: int, extra: float) -> list[float]:
+        """``[step_time_s(batch, context + batch·j) + extra for j in range(start, stop)]``,
+        the same arithmetic inlined (``batch`` > 0)."""
+        weights, linear = weight_bytes, linear_per_token * batch
+        if sparse and stop > start and (context + batch * start) // batch >= cap:
+            # past the top-k every step reads the same KV (memory time constant) and compute
+            # grows with the context: if the last step is still memory-bound, all are, and
+            # every step time is the same float
+            kv = batch * min((context + batch * start) / batch, topk) * per_token
+            memory_s = (weights + kv * kv_slowdown) / bandwidth
+            mean = (context + batch * (stop - 1)) // batch
+            attention = float(cap) * main_per_pair + (mean + 1.0) * index_per_pair
+            if (linear + batch * attention) / peak <= memory_s:
+                return [memory_s + overhead + extra] * (stop - start)
+        out = []
+        for j in range(start, stop):
+            c = context + batch * j
+            mean = c // batch
+            if sparse:
+                kv = batch * min(c / batch, topk) * per_token
+                main_pairs = mean + 1.0 if mean < cap else float(cap)
+            else:
+                kv = float(c) * per_token
+                main_pairs = mean + 1.0
+            attention = main_pairs * main_per_pair + (mean + 1.0) * index_per_pair
+            memory_s = (weights + kv * kv_slowdown) / bandwidth
+            compute_s = (linear + batch * attention) / peak
+            out.append(max(memory_s, compute_s) + overhead + extra)
+        return out
+
+    return step_time_s, column
 
 
-def fast_step_time(
+def _fast_checked(
     model: ModelConfig, hw: HardwareConfig, num_gpus: int
-) -> Callable[[int, int], float] | None:
-    """The fast form of ``cost.decode_step_time_s`` for this model, hardware and EP size, or
-    None when it differs from the cost model anywhere on the check grid."""
-    fast = _fast(model, hw, num_gpus)
+) -> tuple[StepTime, StepColumn] | None:
+    """The fast forms, or None when the scalar one differs from the cost model anywhere on
+    the check grid (or the column form from the scalar one, bit for bit)."""
+    fast, column = _fast(model, hw, num_gpus)
     for b in _CHECK_BATCHES:
         for m in _CHECK_MEAN_CONTEXTS:
-            ref = cost.decode_step_time_s(model, hw, b, b * m + b // 2, num_gpus)
-            got = fast(b, b * m + b // 2)
+            ctx = b * m + b // 2
+            ref = cost.decode_step_time_s(model, hw, b, ctx, num_gpus)
+            got = fast(b, ctx)
             if abs(got - ref) > _REL_TOL * abs(ref):
                 return None
-    return fast
+            if column(b, ctx, 1, 4, 0.25) != [fast(b, ctx + b * j) + 0.25 for j in range(1, 4)]:
+                return None
+    return fast, column
 
 
-def step_time_fn(
-    model: ModelConfig, hw: HardwareConfig, num_gpus: int
-) -> Callable[[int, int], float]:
+def fast_step_time(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> StepTime | None:
+    """The fast form of ``cost.decode_step_time_s`` for this model, hardware and EP size, or
+    None when it differs from the cost model anywhere on the check grid."""
+    checked = _fast_checked(model, hw, num_gpus)
+    return None if checked is None else checked[0]
+
+
+def step_time_fn(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> StepTime:
     """``f(batch, context_tokens)`` equal to ``cost.decode_step_time_s(model, hw, batch,
     context_tokens, num_gpus)``: the fast form when it matches on the check grid, else the
     cost model itself."""
@@ -78,3 +121,18 @@ def step_time_fn(
     if fast is None:
         return lambda b, c: cost.decode_step_time_s(model, hw, b, c, num_gpus)
     return fast
+
+
+def step_column_fn(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> StepColumn:
+    """``g(batch, context, start, stop, extra)`` = ``[f(batch, context + batch·j) + extra for
+    j in range(start, stop)]`` with ``f = step_time_fn(model, hw, num_gpus)``, bit for bit:
+    one call per column of a decode interval (the fast form's arithmetic inlined in a loop)."""
+    checked = _fast_checked(model, hw, num_gpus)
+    if checked is not None:
+        return checked[1]
+    f = step_time_fn(model, hw, num_gpus)
+
+    def column(batch: int, context: int, start: int, stop: int, extra: float) -> list[float]:
+        return [f(batch, context + batch * j) + extra for j in range(start, stop)]
+
+    return column
