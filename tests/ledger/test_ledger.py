@@ -55,7 +55,9 @@ def test_a_turn_moves_every_counter_and_returns_them_to_zero() -> None:
     generated[1] = 4  # the DE's decode batch produced 4 tokens for this turn so far
     view = ledger.view()
     assert (view.engines[1].seq, view.engines[1].tokens) == (0, 0)
-    assert view.engines[3].tokens == 1004  # tok_e of a DE: prompt + generated (SPEC §13.4)
+    # tok_e of a DE: prompt + generated (SPEC §13.4), the generated part in its group's tuple
+    assert view.engines[3].tokens == 1000 and view.generated == ((0, 4),)
+    assert view.engine_tokens()[3] == 1004
     assert view.nodes[1].read_queue_tokens == 0
     turn.second_token_s, turn.prefill_start_s, turn.finish_s = 3.5, 2.5, 4.0
     generated[1] = 0  # the turn left the batch
@@ -63,6 +65,7 @@ def test_a_turn_moves_every_counter_and_returns_them_to_zero() -> None:
     assert record.read_start_s == 1.5 and record.read_done_s == 2.0 and record.read_side == "de"
     view = ledger.view()
     assert (view.engines[3].seq, view.engines[3].tokens) == (0, 0)
+    assert view.engine_tokens()[3] == 0 and view.generated == ((0, 0),)
     assert view.engines[3].free_hbm_tokens == CAPACITY
     assert [type(e).__name__ for e in seen] == [
         "Submitted", "Assigned", "ReadDone", "FirstToken", "TurnDone"
@@ -86,10 +89,19 @@ def test_a_pull_rebuilds_only_what_changed() -> None:
     second = ledger.view()
     same = [a is b for a, b in zip(first.engines, second.engines, strict=True)]
     assert same == [False, True, False, True]
-    generated[0] = 1
+    generated[0] = 1  # a decode step: only the group's tuple is new, no engine state
     third = ledger.view()
-    same = [a is b for a, b in zip(second.engines, third.engines, strict=True)]
-    assert same == [True, True, False, True] and third.engines[2].tokens == 101
+    assert third is not second and third.engines is second.engines
+    assert second.generated == ((0, 0),) and third.generated == ((1, 0),)
+    assert third.engine_tokens() == [100, 0, 101, 0]
+
+
+def test_track_decode_takes_whole_groups_in_engine_order() -> None:
+    ledger = Ledger(TOPO, CAPACITY, 64)
+    with pytest.raises(ValueError, match="not one whole DE group"):
+        ledger.track_decode((3, 2), lambda: [0, 0])
+    with pytest.raises(ValueError, match="not one whole DE group"):
+        ledger.track_decode((2,), lambda: [0])
 
 
 def test_block_rounding_persists_what_the_next_turn_hits() -> None:

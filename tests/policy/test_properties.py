@@ -172,3 +172,93 @@ def test_matches_reference_on_larger_clusters() -> None:
             assert got == ref.schedule(v), f"trial {trial}"
             assigned += len(got)
     assert assigned > 1000  # the scenarios do assign work
+
+
+def _split(v: ClusterView, shares: list[float]) -> ClusterView:
+    """``v`` with part of every busy DE's tok_e moved into ``generated`` (the ledger's form):
+    the same tok_e, reported in two parts."""
+    engines, groups = list(v.engines), {}
+    for i, e in enumerate(engines):
+        if e.kind is EngineKind.DE:
+            g = int(e.tokens * shares[i % len(shares)]) if e.seq else 0
+            engines[i] = EngineState(
+                e.engine_id, e.node_id, e.group_id, e.kind, e.seq, e.tokens - g, e.free_hbm_tokens
+            )
+            groups.setdefault(e.group_id, []).append(g)
+    generated = tuple(tuple(groups[gid]) for gid in sorted(groups))
+    split = ClusterView(tuple(engines), v.nodes, generated)
+    assert split.engine_tokens() == [e.tokens for e in v.engines]
+    return split
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    scenarios(),
+    st.sampled_from(["dualpath", "basic", "dpl"]),
+    st.sampled_from(["round_robin", "least_loaded"]),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=5),
+)
+def test_generated_tokens_apart_decide_the_same(
+    sc: Scenario, name: str, choice: str, shares: list[float]
+) -> None:
+    """A view whose DEs report generated tokens in ``generated`` gets the very decisions (and
+    decision records) of the view with them inside each DE's ``tokens``."""
+    from dataclasses import replace
+
+    p = replace(sc.params, record_decisions=True)
+    whole = build_policy(name, p, linear_predict, choice)
+    split = build_policy(name, p, linear_predict, choice)
+    for i, (v, batch) in enumerate(zip(sc.views, sc.batches, strict=True)):
+        for r in batch:
+            whole.submit(r, float(i))
+            split.submit(r, float(i))
+        assert split.schedule(_split(v, shares), float(i)) == whole.schedule(v, float(i))
+    assert split.decisions() == whole.decisions()
+
+
+def test_decode_steps_alone_refresh_only_the_groups_tuples() -> None:
+    """Pulls where only ``generated`` moves (the same engine states: decode steps) decide
+    as pulls on views with whole tok_e rebuilt each time, round after round."""
+    import random
+
+    rng = random.Random(3)
+    p = params(alpha_tokens=20_000, beta_tokens=60_000, z_factor=1.05)
+    engines, nodes = [], []
+    for n in range(6):
+        kind = EngineKind.PE if n < 2 else EngineKind.DE
+        nodes.append(NodeState(n, kind, 0))
+        for j in range(4):
+            eid = n * 4 + j
+            group = 0 if kind is EngineKind.PE else 2 + (n - 2) // 2 * 2  # two DE groups
+            free = 100_000 if kind is EngineKind.DE else 0
+            engines.append(EngineState(eid, n, group, kind, 3, 9_000, free))
+    base = ClusterView(tuple(engines), tuple(nodes))
+    split, whole = (
+        build_policy("dualpath", p, linear_predict),
+        build_policy("dualpath", p, linear_predict),
+    )
+    generated = [[0] * 8, [0] * 8]
+    rid = placed = 0
+    for rnd in range(60):
+        g = rng.randrange(2)  # one group steps
+        generated[g] = [x + rng.randrange(0, 40) for x in generated[g]]
+        sv = ClusterView(base.engines, base.nodes, tuple(tuple(x) for x in generated))
+        wv = ClusterView(
+            tuple(
+                replace_tokens(e, t) for e, t in zip(base.engines, sv.engine_tokens(), strict=True)
+            ),
+            base.nodes,
+        )
+        for _ in range(rng.randrange(3)):
+            r = RequestInfo(rid, rng.randint(100, 5_000), 0, rng.randint(1, 300))
+            rid += 1
+            split.submit(r, float(rnd))
+            whole.submit(r, float(rnd))
+        got = split.schedule(sv, float(rnd))
+        assert got == whole.schedule(wv, float(rnd)), f"round {rnd}"
+        placed += len(got)
+    assert placed > 20  # the rounds do place work
+
+
+def replace_tokens(e: EngineState, tokens: int) -> EngineState:
+    return EngineState(e.engine_id, e.node_id, e.group_id, e.kind, e.seq, tokens, e.free_hbm_tokens)

@@ -65,3 +65,54 @@ def test_a_changed_group_or_a_bad_count_falls_back_to_full_validation() -> None:
     with pytest.raises(ValueError, match="tokens=-5"):
         index.refresh(ClusterView(tuple(bad), view.nodes), {}, {})
     assert index.tok[0] == 0  # a failed refresh changes nothing
+
+
+def _with_generated(view: ClusterView, generated: list[list[int]]) -> ClusterView:
+    return ClusterView(view.engines, view.nodes, tuple(tuple(g) for g in generated))
+
+
+def test_generated_tuples_refresh_like_a_fresh_index() -> None:
+    """Decode steps (new ``generated`` tuples) and engine changes, mixed: the incremental
+    index always equals a fresh one, and its group sums count the generated tokens."""
+    rng = random.Random(11)
+    view = _view()
+    engines = [replace(e, seq=2, tokens=300) if e.kind is DE else e for e in view.engines]
+    view = ClusterView(tuple(engines), view.nodes)
+    generated = [[0] * 8, [0] * 8]  # DE groups 2 and 4, eight members each
+    index = ViewIndex()
+    index.refresh(_with_generated(view, generated), {}, {})
+    for _ in range(200):
+        g = rng.randrange(2)
+        generated[g] = [x + rng.randrange(3) for x in generated[g]]
+        if rng.random() < 0.3:  # a DE's own numbers change too
+            engines = list(view.engines)
+            i = rng.randrange(8, 24)
+            engines[i] = replace(engines[i], tokens=rng.randrange(1, 500))
+            view = ClusterView(tuple(engines), view.nodes)
+        current = _with_generated(view, generated)
+        index.refresh(current, {}, {})
+        fresh = ViewIndex()
+        fresh.refresh(current, {}, {})
+        assert _numbers(index) == _numbers(fresh)
+        assert index.de_tok_sum[2] == sum(e.tokens for e in view.engines[8:16]) + sum(generated[0])
+
+
+@pytest.mark.parametrize(
+    ("generated", "match"),
+    [
+        (((0,) * 8,), "1 entries for 2 DE groups"),
+        (((0,) * 8, (0,) * 7), "DE group 4 has 8 members"),
+        (((0,) * 8, (0,) * 7 + (-1,)), "engine 23: generated=-1 is invalid"),
+        (((0,) * 8, (0,) * 7 + (5,)), "engine 23: impossible state generated=5 with seq=0"),
+    ],
+)
+def test_bad_generated_tuples_are_named_and_change_nothing(
+    generated: tuple[tuple[int, ...], ...], match: str
+) -> None:
+    view = _view()
+    index = ViewIndex()
+    index.refresh(_with_generated(view, [[0] * 8, [0] * 8]), {}, {})
+    before = _numbers(index)
+    with pytest.raises(ValueError, match=match):
+        index.refresh(ClusterView(view.engines, view.nodes, generated), {}, {})
+    assert _numbers(index) == before

@@ -48,10 +48,14 @@ JournalSink = Callable[[dict[str, Any]], None]
 
 
 def encode_view(view: ClusterView) -> dict[str, list[list[float]]]:
-    """A view as journal data: ``[seq, tokens, free HBM]`` per engine, ``[read_q, bytes read]``
-    per node (ids, kinds and groups are the topology's)."""
+    """A view as journal data: ``[seq, tok_e, free HBM]`` per engine (tok_e whole: generated
+    tokens included), ``[read_q, bytes read]`` per node (ids, kinds and groups are the
+    topology's)."""
+    tokens = view.engine_tokens()
     return {
-        "engines": [[e.seq, e.tokens, e.free_hbm_tokens] for e in view.engines],
+        "engines": [
+            [e.seq, t, e.free_hbm_tokens] for e, t in zip(view.engines, tokens, strict=True)
+        ],
         "nodes": [[n.read_queue_tokens, n.bytes_read] for n in view.nodes],
     }
 
@@ -98,7 +102,7 @@ class Ledger:
         self.events = events if events is not None else EventBus()
         num_engines, num_nodes = len(topo.engine_ids), topo.num_nodes
         self.seq = [0] * num_engines  # seq_e: turns assigned and not yet done with the engine
-        self.tok = [0] * num_engines  # Σ prompt tokens of those turns (DEs: + generated)
+        self.tok = [0] * num_engines  # Σ prompt tokens of those turns (not generated ones)
         self.reserved = [0] * num_engines  # DE HBM reserved, tokens
         self.read_q = [0] * num_nodes  # hit tokens queued or being read from storage
         self.bytes_read = [0.0] * num_nodes  # bytes of the storage reads started so far
@@ -111,11 +115,14 @@ class Ledger:
         self._nodes = [NodeState(n, topo.kind_of_node(n)) for n in range(num_nodes)]
         self._dirty_engines: set[int] = set(topo.engine_ids)  # DEs start with free HBM
         self._dirty_nodes: set[int] = set()
-        # per DE group: members, generated(), its values at the last pull, stamp(), its value
+        # per DE group: members, generated(), its values at the last pull, stamp(), its value,
+        # its position in ``_generated``
         self._decode_groups: list[
-            tuple[tuple[int, ...], GeneratedFn, list[int], StampFn | None, list[object]]
+            tuple[tuple[int, ...], GeneratedFn, list[int], StampFn | None, list[object], int]
         ] = []
-        self._generated = [0] * num_engines  # DEs: tokens generated, as of the last pull
+        # per DE group in group id order: its members' generated tokens, as of the last pull
+        # (the view's ``generated``); empty while no group is tracked
+        self._generated: list[tuple[int, ...]] = []
         self._reported: list[int] | None = None  # free HBM tokens the engines reported; -1: none
         self._view: ClusterView | None = None
         self.journal: JournalSink | None = None
@@ -127,7 +134,21 @@ class Ledger:
         ``stamp()``, if given, returns a value that changes whenever ``generated()`` may
         report something new: a pull skips the group while its stamp is unchanged (a group
         whose numbers moved pushes a new stamp instead of being compared member by member)."""
-        self._decode_groups.append((members, generated, [0] * len(members), stamp, [None]))
+        topo = self.topology
+        groups: dict[int, list[int]] = {}
+        for e in topo.de_ids:
+            groups.setdefault(topo.group_of(e), []).append(e)
+        gids = sorted(groups)
+        gid = topo.group_of(members[0]) if members else -1
+        if gid not in groups or list(members) != groups[gid]:
+            raise ValueError(
+                f"track_decode: members {members} are not one whole DE group in engine id order"
+            )
+        if not self._generated:
+            self._generated = [(0,) * len(groups[g]) for g in gids]
+        pos = gids.index(gid)
+        self._decode_groups.append((members, generated, [0] * len(members), stamp, [None], pos))
+        self._view = None
 
     def report_free_hbm(self, engine: int, tokens: int) -> None:
         """Engine ``engine`` reports ``tokens`` of KV that fit in its free HBM (it counts the
@@ -339,13 +360,16 @@ class Ledger:
     # ------------------------------------------------------------------ the policy's view
     def view(self) -> ClusterView:
         """What the engines report at a pull (SPEC §7.1): seq_e, tok_e, free HBM; read_q and
-        bytes read per node. Costs O(engines and nodes whose numbers changed) plus one
-        comparison per DE group; unchanged states are the very same objects as before, and
-        when nothing changed the view is the very same object."""
+        bytes read per node. A DE's tok_e comes in two parts: its state's ``tokens`` (the
+        prompts of its turns) and its group's ``generated`` tuple, which is all that changes
+        when a group steps. Costs O(engines and nodes whose numbers changed + DE groups that
+        stepped); unchanged states and tuples are the very same objects as before, and when
+        nothing changed the view is the very same object."""
         states, seq, tok = self._engines, self.seq, self.tok
         dirty = self._dirty_engines
         generated = self._generated
-        for members, report, last, stamp, seen in self._decode_groups:
+        stepped = changed = False  # a group's tuple / an engine state is new
+        for members, report, last, stamp, seen, pos in self._decode_groups:
             if stamp is not None:
                 mark = stamp()
                 if mark == seen[0]:
@@ -354,14 +378,11 @@ class Ledger:
             now_gen = report()
             if now_gen == last:  # the group did not step since the last pull
                 continue
-            for e, g, before in zip(members, now_gen, last, strict=True):
-                if g != before:
-                    generated[e] = g
-                    dirty.add(e)
             last[:] = now_gen
+            generated[pos] = tuple(now_gen)
+            stepped = True
             if self.journal is not None:
                 self.journal({"op": "generated", "members": list(members), "values": list(last)})
-        changed = False
         if dirty:
             capacity, reserved, reported = self.hbm_capacity_tokens, self.reserved, self._reported
             pe = EngineKind.PE
@@ -376,7 +397,7 @@ class Ledger:
                         states[e] = EngineState(e, old.node_id, old.group_id, pe, num, t, pe_free)
                         changed = True
                     continue
-                tokens = tok[e] + generated[e] if num else 0
+                tokens = tok[e]
                 if reported is not None and reported[e] >= 0:
                     free = reported[e] - reserved[e]
                 else:
@@ -389,14 +410,21 @@ class Ledger:
                     )
                     changed = True
             dirty.clear()
-        nodes = self._nodes
-        if self._dirty_nodes:
-            read_q, read = self.read_q, self.bytes_read
-            for n in self._dirty_nodes:
-                old_node = nodes[n]
-                nodes[n] = NodeState(n, old_node.kind, read_q[n], read[n])
-            self._dirty_nodes.clear()
-            changed = True
-        if changed or self._view is None:
-            self._view = ClusterView(tuple(states), tuple(nodes))
-        return self._view
+        view = self._view
+        if view is None:
+            view = ClusterView(tuple(states), self._node_states(), tuple(generated))
+        elif changed or stepped or self._dirty_nodes:  # keep every unchanged tuple
+            view = ClusterView(
+                tuple(states) if changed else view.engines,
+                self._node_states() if self._dirty_nodes else view.nodes,
+                tuple(generated) if stepped else view.generated,
+            )
+        self._view = view
+        return view
+
+    def _node_states(self) -> tuple[NodeState, ...]:
+        nodes, read_q, read = self._nodes, self.read_q, self.bytes_read
+        for n in self._dirty_nodes:
+            nodes[n] = NodeState(n, nodes[n].kind, read_q[n], read[n])
+        self._dirty_nodes.clear()
+        return tuple(nodes)

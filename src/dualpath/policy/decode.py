@@ -63,6 +63,7 @@ class SimpleDecode:
         des = sorted(st.free)
         if not des:
             return
+        st.open_de_groups()  # one pool: every DE's tok_e
         free, tok, seq = st.free, st.tok, st.seq
         start = bisect_right(des, self._last) % len(des)  # round robin: first id after last
         by_tok = [(tok[e], e) for e in des]  # least loaded: (tok, id), stale entries skipped

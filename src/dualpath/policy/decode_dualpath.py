@@ -99,6 +99,7 @@ class DualPathDecode:
             prefix_tokens += need
             num_prefix += 1
         z = self.z_factor * (prefix_tokens + st.de_tok_sum[gid]) / len(des)
+        st.open_de_group(gid)  # the members' own tok_e from here on
         cands = _Candidates(des, st, z)
         # the pull can reach at most request num_prefix (then the group's free HBM is short);
         # floors[k] = smallest len_r from the k-th pop on, for pruning hopeless DEs

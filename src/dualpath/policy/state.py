@@ -23,16 +23,21 @@ class ViewIndex:
     its state objects differ (O(changed) Python work, plus one identity scan); anything else is
     validated in full and indexed from scratch. A view that fails leaves the index unchanged.
 
-    ``tok`` / ``seq``: tok_e / seq_e; ``free``: DE free HBM tokens; ``node``: engine → node;
-    ``read_q`` / ``read_bytes``: per node. Group member lists are sorted by engine id;
-    ``pe_group_ids`` / ``de_group_ids`` are sorted group ids; ``all_pes``: every PE, sorted.
-    ``de_group_of``: DE → group; ``de_tok_sum`` / ``de_free_sum``: Σ tok_e / Σ free HBM over
-    each DE group's members, kept up to date with the per-engine numbers (exact: ints). All
-    read-only outside this class.
+    ``tok`` / ``seq``: tok_e / seq_e (for a DE of a view with ``generated``: without the
+    generated tokens, which are in ``generated``); ``free``: DE free HBM tokens; ``node``:
+    engine → node; ``read_q`` / ``read_bytes``: per node. Group member lists are sorted by
+    engine id; ``pe_group_ids`` / ``de_group_ids`` are sorted group ids; ``all_pes``: every
+    PE, sorted. ``de_group_of``: DE → group; ``de_tok_sum`` / ``de_free_sum``: Σ tok_e
+    (generated tokens included) / Σ free HBM over each DE group's members, kept up to date
+    with the per-engine and per-group numbers (exact: ints); ``generated``: the view's
+    per-group tuples (``()``: none), one per ``de_group_ids`` entry. A group whose tuple is
+    the same object as last time costs nothing, so a pull after some decode groups stepped
+    costs O(those groups). All read-only outside this class.
     """
 
     __slots__ = (
         "_engines",
+        "_gen_sum",
         "_kinds",
         "_nodes",
         "all_pes",
@@ -42,6 +47,7 @@ class ViewIndex:
         "de_groups",
         "de_tok_sum",
         "free",
+        "generated",
         "node",
         "pe_group_ids",
         "pe_groups",
@@ -69,6 +75,8 @@ class ViewIndex:
         self.de_group_of: dict[int, int] = {}
         self.de_tok_sum: dict[int, int] = {}
         self.de_free_sum: dict[int, int] = {}
+        self.generated: tuple[tuple[int, ...], ...] = ()
+        self._gen_sum: list[int] = []  # Σ of each ``generated`` tuple
 
     def refresh(
         self,
@@ -82,7 +90,7 @@ class ViewIndex:
             validate_view(view, held_pes, queued_de_groups)
             self._index_all(view)
             return
-        engines, nodes = delta
+        engines, nodes, groups = delta
         _check_holds(self._kinds, set(self.de_groups), held_pes, queued_de_groups)
         tok, seq, free, de = self.tok, self.seq, self.free, EngineKind.DE
         group_of, tok_sum, free_sum = self.de_group_of, self.de_tok_sum, self.de_free_sum
@@ -100,17 +108,26 @@ class ViewIndex:
         for n in nodes:
             self.read_q[n.node_id] = n.read_queue_tokens
             self.read_bytes[n.node_id] = n.bytes_read
-        self._engines, self._nodes = view.engines, view.nodes
+        gen_sum, gids = self._gen_sum, self.de_group_ids
+        for i, total in groups:
+            g = gids[i]
+            tok_sum[g] += total - gen_sum[i]
+            gen_sum[i] = total
+        self._engines, self._nodes, self.generated = view.engines, view.nodes, view.generated
 
-    def _delta(self, view: ClusterView) -> tuple[list[EngineState], list[NodeState]] | None:
-        """The states of ``view`` that differ from the last view's, checked; None when the
-        view must be validated in full (another shape, a changed id / kind / node / group,
-        a bad count, or not a plain ``ClusterView``)."""
+    def _delta(
+        self, view: ClusterView
+    ) -> tuple[list[EngineState], list[NodeState], list[tuple[int, int]]] | None:
+        """The states of ``view`` that differ from the last view's, checked, and the DE
+        groups whose ``generated`` tuple is new, as (position, sum); None when the view must
+        be validated in full (another shape, a changed id / kind / node / group, a bad count,
+        or not a plain ``ClusterView``)."""
         old_engines, old_nodes = self._engines, self._nodes
         if type(view) is not ClusterView or not old_engines:
             return None
-        if view.engines is old_engines and view.nodes is old_nodes:
-            return [], []  # the same state objects as last time: nothing to check
+        same_gen = view.generated is self.generated
+        if view.engines is old_engines and view.nodes is old_nodes and same_gen:
+            return [], [], []  # the same objects as last time: nothing to check
         if len(view.engines) != len(old_engines) or len(view.nodes) != len(old_nodes):
             return None
         nodes: list[NodeState] = []
@@ -142,7 +159,41 @@ class ViewIndex:
             ):
                 return None
             engines.append(e)
-        return engines, nodes
+        groups: list[tuple[int, int]] = []
+        if not same_gen:
+            new_groups = self._generated_delta(view.generated, engines)
+            if new_groups is None:
+                return None
+            groups = new_groups
+        return engines, nodes, groups
+
+    def _generated_delta(
+        self, generated: tuple[tuple[int, ...], ...], engines: list[EngineState]
+    ) -> list[tuple[int, int]] | None:
+        """(position, sum) of each group tuple that differs from the last view's, checked
+        (lengths, counts ≥ 0, and no tokens generated on a DE without turns; ``engines``:
+        this view's changed states); None when the whole view must be validated."""
+        old = self.generated
+        if type(generated) is not tuple or len(generated) != len(old):
+            return None
+        seq, groups, gids = self.seq, self.de_groups, self.de_group_ids
+        new_seq = {e.engine_id: e.seq for e in engines} if engines else {}
+        out: list[tuple[int, int]] = []
+        for i in _changed(generated, old):
+            values, members = generated[i], groups[gids[i]]
+            if type(values) is not tuple or len(values) != len(members):
+                return None
+            if not values:
+                out.append((i, 0))
+                continue
+            total = sum(values)  # in C; an int only if every value is one
+            if type(total) is not int or min(values) < 0:
+                return None
+            for e, g in zip(members, values, strict=True):
+                if g and not new_seq.get(e, seq[e]):
+                    return None
+            out.append((i, total))
+        return out
 
     def _index_all(self, view: ClusterView) -> None:
         tok: dict[int, int] = {}
@@ -173,6 +224,10 @@ class ViewIndex:
         self.de_group_of = {e: g for g, members in de_groups.items() for e in members}
         self.de_tok_sum = {g: sum(tok[e] for e in members) for g, members in de_groups.items()}
         self.de_free_sum = {g: sum(free[e] for e in members) for g, members in de_groups.items()}
+        self.generated = view.generated
+        self._gen_sum = [sum(values) for values in view.generated]
+        for g, total in zip(self.de_group_ids, self._gen_sum, strict=False):
+            self.de_tok_sum[g] += total
         plain = type(view) is ClusterView  # only plain views are reused (see _delta)
         self._engines = view.engines if plain else ()
         self._nodes = view.nodes if plain else ()
@@ -182,9 +237,16 @@ class RoundState:
     """One round's working copies of the indexed counters (the rules mutate ``tok``, ``seq``,
     ``free`` and ``read_q`` as they place requests; a DE placement goes through ``take_de``,
     which keeps the group sums); PEs include the requests the policy holds for them. ``node``,
-    the group lists, ``all_pes`` and ``read_bytes`` are the index's own (read-only)."""
+    the group lists, ``all_pes`` and ``read_bytes`` are the index's own (read-only).
+
+    A DE's ``tok`` is its whole tok_e only once its group is opened (``open_de_group``, or
+    ``open_de_groups`` for all): the tokens its turns generated are added then, so that a
+    round pays for the groups whose members it looks at, not for every DE. Group sums
+    (``de_tok_sum``) are whole from the start."""
 
     __slots__ = (
+        "_generated",
+        "_opened",
         "all_pes",
         "de_free_sum",
         "de_group_ids",
@@ -219,6 +281,25 @@ class RoundState:
         for held, (tokens, count) in pe_holds.items():
             tok[held] += tokens
             seq[held] += count
+        self._generated = dict(zip(index.de_group_ids, index.generated, strict=False))
+        self._opened: set[int] = set()
+
+    def open_de_group(self, gid: int) -> None:
+        """Make ``tok`` of DE group ``gid``'s members whole (add what they generated)."""
+        if gid in self._opened:
+            return
+        self._opened.add(gid)
+        values = self._generated.get(gid)
+        if values:
+            tok = self.tok
+            for e, g in zip(self.de_groups[gid], values, strict=True):
+                if g:
+                    tok[e] += g
+
+    def open_de_groups(self) -> None:
+        """``open_de_group`` for every DE group."""
+        for gid in self.de_group_ids:
+            self.open_de_group(gid)
 
     def take_de(self, de: int, tokens: int) -> None:
         """A request of ``tokens`` HBM tokens is placed on ``de``: tok_e and seq_e grow, free
@@ -260,6 +341,7 @@ def validate_view(
     last = -1
     kinds: dict[int, EngineKind] = {}
     de = EngineKind.DE
+    members: dict[int, list[EngineState]] = {}
     for e in view.engines:
         _check_engine(e, last, nodes)
         last = e.engine_id
@@ -267,7 +349,34 @@ def validate_view(
         kinds[last] = kind
         if kind is de:
             de_group_ids.add(e.group_id)
+            members.setdefault(e.group_id, []).append(e)
+    if view.generated:
+        _check_generated(view.generated, [members[g] for g in sorted(members)])
     _check_holds(kinds, de_group_ids, held_pes, queued_de_groups)
+
+
+def _check_generated(
+    generated: tuple[tuple[int, ...], ...], groups: list[list[EngineState]]
+) -> None:
+    if not isinstance(generated, tuple) or len(generated) != len(groups):
+        n = len(generated) if isinstance(generated, tuple) else type(generated).__name__
+        raise ValueError(
+            f"view.generated: {n} entries for {len(groups)} DE groups: it must hold one tuple "
+            "per DE group, in group id order"
+        )
+    for values, des in zip(generated, groups, strict=True):
+        gid = des[0].group_id
+        if not isinstance(values, tuple) or len(values) != len(des):
+            raise ValueError(
+                f"view.generated: DE group {gid} has {len(des)} members, got {values!r}"
+            )
+        for e, g in zip(des, values, strict=True):
+            if not _is_count(g):
+                raise ValueError(
+                    f"engine {e.engine_id}: generated={g!r} is invalid: must be an integer >= 0"
+                )
+            if g and not e.seq:
+                raise ValueError(f"engine {e.engine_id}: impossible state generated={g} with seq=0")
 
 
 def _check_holds(

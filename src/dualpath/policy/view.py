@@ -94,7 +94,33 @@ class NodeState:
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """Everything reported at one pull. Tuples are sorted by id (the shell's duty)."""
+    """Everything reported at one pull. Tuples are sorted by id (the shell's duty).
+
+    ``generated`` (optional) splits the DEs' tok_e in two: one tuple per DE group, in
+    ascending group id order, of the tokens its members' turns generated so far (members in
+    engine id order). A DE's tok_e is then its ``EngineState.tokens`` (the prompts of its
+    turns) plus its entry here. This is how a shell reports the number that moves at every
+    decode step: one new tuple per group that stepped, instead of a new state per member, so
+    that a pull costs O(groups that stepped), not O(DEs). Empty (the default): every
+    ``tokens`` is the whole tok_e.
+    """
 
     engines: tuple[EngineState, ...]
     nodes: tuple[NodeState, ...]
+    generated: tuple[tuple[int, ...], ...] = ()
+
+    def engine_tokens(self) -> list[int]:
+        """tok_e of every engine, in ``engines`` order (``tokens`` plus what ``generated``
+        reports for a DE). O(engines): for journals, tests and reports, not for pulls."""
+        tokens = [e.tokens for e in self.engines]
+        if not self.generated:
+            return tokens
+        members: dict[int, list[int]] = {}
+        de = EngineKind.DE
+        for i, e in enumerate(self.engines):
+            if e.kind is de:
+                members.setdefault(e.group_id, []).append(i)
+        for gid, values in zip(sorted(members), self.generated, strict=False):
+            for i, g in zip(members[gid], values, strict=False):
+                tokens[i] += g
+        return tokens
