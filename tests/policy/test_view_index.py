@@ -116,3 +116,17 @@ def test_bad_generated_tuples_are_named_and_change_nothing(
     with pytest.raises(ValueError, match=match):
         index.refresh(ClusterView(view.engines, view.nodes, generated), {}, {})
     assert _numbers(index) == before
+
+
+def test_a_de_left_without_turns_must_report_nothing_generated() -> None:
+    view = _view()
+    engines = list(view.engines)
+    engines[23] = replace(engines[23], seq=1, tokens=10)
+    busy = ClusterView(tuple(engines), view.nodes, ((0,) * 8, (0,) * 7 + (5,)))
+    index = ViewIndex()
+    index.refresh(busy, {}, {})
+    assert index.de_tok_sum[4] == 15
+    engines[23] = replace(engines[23], seq=0, tokens=0)  # its turn left; the tuple did not
+    with pytest.raises(ValueError, match="engine 23: impossible state generated=5 with seq=0"):
+        index.refresh(ClusterView(tuple(engines), view.nodes, busy.generated), {}, {})
+    assert index.de_tok_sum[4] == 15 and index.seq[23] == 1

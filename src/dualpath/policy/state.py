@@ -36,8 +36,10 @@ class ViewIndex:
     """
 
     __slots__ = (
+        "_de_pos",
         "_engines",
         "_gen_sum",
+        "_idle",
         "_kinds",
         "_nodes",
         "all_pes",
@@ -77,6 +79,8 @@ class ViewIndex:
         self.de_free_sum: dict[int, int] = {}
         self.generated: tuple[tuple[int, ...], ...] = ()
         self._gen_sum: list[int] = []  # Σ of each ``generated`` tuple
+        self._de_pos: dict[int, tuple[int, int]] = {}  # DE → (its group's place, its place)
+        self._idle: list[list[bool]] = []  # per DE group, per member: seq_e == 0
 
     def refresh(
         self,
@@ -94,6 +98,7 @@ class ViewIndex:
         _check_holds(self._kinds, set(self.de_groups), held_pes, queued_de_groups)
         tok, seq, free, de = self.tok, self.seq, self.free, EngineKind.DE
         group_of, tok_sum, free_sum = self.de_group_of, self.de_tok_sum, self.de_free_sum
+        where, idle = self._de_pos, self._idle
         for e in engines:
             eid = e.engine_id
             t = e.tokens
@@ -103,6 +108,8 @@ class ViewIndex:
                 f = e.free_hbm_tokens
                 free_sum[g] += f - free[eid]
                 free[eid] = f
+                i, j = where[eid]
+                idle[i][j] = not e.seq
             tok[eid] = t
             seq[eid] = e.seq
         for n in nodes:
@@ -160,24 +167,30 @@ class ViewIndex:
                 return None
             engines.append(e)
         groups: list[tuple[int, int]] = []
+        generated = view.generated
         if not same_gen:
-            new_groups = self._generated_delta(view.generated, engines)
+            new_groups = self._generated_delta(generated)
             if new_groups is None:
                 return None
             groups = new_groups
+        if generated and engines:  # a DE left without turns in this view generated nothing
+            where = self._de_pos
+            for e in engines:
+                at = where.get(e.engine_id) if not e.seq else None
+                if at is not None and generated[at[0]][at[1]]:
+                    return None
         return engines, nodes, groups
 
     def _generated_delta(
-        self, generated: tuple[tuple[int, ...], ...], engines: list[EngineState]
+        self, generated: tuple[tuple[int, ...], ...]
     ) -> list[tuple[int, int]] | None:
         """(position, sum) of each group tuple that differs from the last view's, checked
-        (lengths, counts ≥ 0, and no tokens generated on a DE without turns; ``engines``:
-        this view's changed states); None when the whole view must be validated."""
+        (lengths, counts ≥ 0, and no tokens generated on a DE that had no turns); None when
+        the whole view must be validated."""
         old = self.generated
         if type(generated) is not tuple or len(generated) != len(old):
             return None
-        seq, groups, gids = self.seq, self.de_groups, self.de_group_ids
-        new_seq = {e.engine_id: e.seq for e in engines} if engines else {}
+        groups, gids, idle = self.de_groups, self.de_group_ids, self._idle
         out: list[tuple[int, int]] = []
         for i in _changed(generated, old):
             values, members = generated[i], groups[gids[i]]
@@ -187,11 +200,10 @@ class ViewIndex:
                 out.append((i, 0))
                 continue
             total = sum(values)  # in C; an int only if every value is one
-            if type(total) is not int or min(values) < 0:
+            # (C again) tokens generated on a DE that had no turns in the last view: let the
+            # full validation judge it with this view's seq_e
+            if type(total) is not int or min(values) < 0 or any(compress(values, idle[i])):
                 return None
-            for e, g in zip(members, values, strict=True):
-                if g and not new_seq.get(e, seq[e]):
-                    return None
             out.append((i, total))
         return out
 
@@ -226,6 +238,9 @@ class ViewIndex:
         self.de_free_sum = {g: sum(free[e] for e in members) for g, members in de_groups.items()}
         self.generated = view.generated
         self._gen_sum = [sum(values) for values in view.generated]
+        members = [de_groups[g] for g in self.de_group_ids]
+        self._de_pos = {e: (i, j) for i, des in enumerate(members) for j, e in enumerate(des)}
+        self._idle = [[not seq[e] for e in des] for des in members]
         for g, total in zip(self.de_group_ids, self._gen_sum, strict=False):
             self.de_tok_sum[g] += total
         plain = type(view) is ClusterView  # only plain views are reused (see _delta)
