@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Mapping
 from typing import Protocol
 
 from dualpath.policy.state import RoundState
@@ -43,6 +44,21 @@ class CategoryPrefill:
         self.alpha = alpha_tokens
         self.beta = beta_tokens
         self.use_alpha = use_alpha
+        # the last PE list pulled for, and its PEs by node (the index keeps its lists while
+        # the layout stays, so a pull usually finds its list here)
+        self._grouped: tuple[list[int], list[tuple[int, list[int]]]] | None = None
+
+    def _by_node(self, pes: list[int], node: Mapping[int, int]) -> list[tuple[int, list[int]]]:
+        """``pes`` as (node, its PEs in ``pes`` order) pairs, by first appearance."""
+        grouped = self._grouped
+        if grouped is not None and grouped[0] is pes:
+            return grouped[1]
+        by_node: dict[int, list[int]] = {}
+        for e in pes:
+            by_node.setdefault(node[e], []).append(e)
+        pairs = list(by_node.items())
+        self._grouped = (pes, pairs)
+        return pairs
 
     def pull(
         self,
@@ -59,12 +75,12 @@ class CategoryPrefill:
         beta, alpha, tok, seq = self.beta, self.alpha, st.tok, st.seq
         short: list[tuple[int, int]] = []  # category 2 (or all, without α)
         long: list[tuple[int, int]] = []  # category 3
-        if self.use_alpha:
-            read_q, node = st.read_q, st.node
-            for e in pes:
-                t = tok[e]
-                if t <= beta:
-                    (short if read_q[node[e]] <= alpha else long).append((t, e))
+        if self.use_alpha:  # a node's PEs share its read queue: one category per node
+            read_q = st.read_q
+            for n, on_node in self._by_node(pes, st.node):
+                (short if read_q[n] <= alpha else long).extend(
+                    [(t, e) for e in on_node if (t := tok[e]) <= beta]
+                )
         else:
             short = [(t, e) for e in pes if (t := tok[e]) <= beta]
         heapq.heapify(short)
