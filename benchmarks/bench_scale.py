@@ -36,17 +36,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def run_units(
-    k: int, agents: int, mal: str, system: str, progress: bool = False
-) -> dict[str, float]:
+def build_units(k: int, agents: int, mal: str, system: str) -> tuple[Any, int]:
+    """The k-unit cluster (built, not run) and its number of agents."""
     from dualpath.config import apply_overrides, preset
     from dualpath.config.sim import SimConfig
-    from dualpath.sim.results import collect
-    from dualpath.sim.runner import build_cluster, run_cluster
+    from dualpath.sim.runner import build_cluster
     from dualpath.workload import synthesize
 
     config = apply_overrides(
@@ -66,9 +65,18 @@ def run_units(
         for copy in range(k)
         for t in unit
     ]
+    return build_cluster(config, system, SimConfig(), trajectories=trajs), len(trajs)
+
+
+def run_units(
+    k: int, agents: int, mal: str, system: str, progress: bool = False
+) -> dict[str, float]:
+    from dualpath.sim.results import collect
+    from dualpath.sim.runner import run_cluster
+
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    cluster = build_cluster(config, system, SimConfig(), trajectories=trajs)
+    cluster, num_agents = build_units(k, agents, mal, system)
 
     def report(sim_s: float, done: int, total: int) -> None:
         wall = time.perf_counter() - t0
@@ -90,7 +98,7 @@ def run_units(
     return {
         "units": k,
         "gpus": 48 * k,
-        "agents": len(trajs),
+        "agents": num_agents,
         "turns": result.num_turns,
         "jct_s": result.jct_s,
         "tokens_per_s": tokens / result.jct_s,
