@@ -134,8 +134,9 @@ class RateSolver:
         if not self._local:
             return False
         rate, limit = self.t.rate, self._limit
-        if not all(rate[r] + add_rate * path.count(r) <= limit[r] for r in path):
-            return False
+        for r in path:  # plain loops: this runs at every start and end of a flow
+            if rate[r] + add_rate * path.count(r) > limit[r]:
+                return False
         if not self._tm:
             return True
         if not self.t.f_cls[slot]:
