@@ -194,15 +194,20 @@ class RateSolver:
         high_flows: list[int] = []
         if self._local and self._tm:
             high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
+        # resources to walk through (forced, and those of failed guesses below) pin no flow
+        # either: their limit is -1 during this settle (any choice of them is exact)
+        limit, held = self._limit, dict[int, float]()
         if self._local:
+            for r in forced:
+                held[r] = limit[r]
+                limit[r] = -1.0
             res, edge, flows, pinned = self._component(dirty, True, forced)
             self.t.account(res, now)
             self.t.account(edge, now)
         ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
         if not ok and self._local:
-            # a resource guessed unsaturated saturates: fill again, walking through it and
-            # pinning no flow on it (its limit is -1 meanwhile), before a whole component
-            limit, held = self._limit, dict[int, float]()
+            # a resource guessed unsaturated saturates: fill again, walking through it,
+            # before a whole component
             for _ in range(MAX_RETRIES):
                 self.num_retries += 1
                 for r in self.failed:
@@ -214,8 +219,8 @@ class RateSolver:
                 ok = self._assign_rates(res, edge, flows, pinned, self._tm)
                 if ok:
                     break
-            for r, x in held.items():
-                limit[r] = x
+        for r, x in held.items():
+            limit[r] = x
         self._new.clear()
         self._gone.clear()
         if ok:
