@@ -107,9 +107,13 @@ class RateSolver:
         manager)."""
         self._new.append(slot)
         if self.t.f_cap[slot] == math.inf:  # it saturates a resource: walk through the likeliest
-            c, rate = self.t.cap, self.t.rate
+            c, rate, forced = self.t.cap, self.t.rate, self._forced
             tight = min(path, key=lambda r: (c[r] - rate[r]) / path.count(r))
-            self._forced[tight] = None
+            forced[tight] = None
+            room, limit = (c[tight] - rate[tight]) / path.count(tight), self._limit
+            for r in path:  # and through those it takes past their limit at that rate
+                if rate[r] + room * path.count(r) > limit[r]:
+                    forced[r] = None
         self._mark_dirty(path, high)
 
     def ended(self, path: tuple[int, ...], rate: float, klass: int) -> None:
@@ -289,7 +293,8 @@ class RateSolver:
         Walks breadth-first from the dirty resources through shared resources. With
         ``local``, the walk does not pass through a resource that is clearly unsaturated
         (below ``_slack_limit`` of capacity at its settled rate), unless ``forced`` (an
-        uncapped flow started there, or what HIGH leaves there changed): such a resource is
+        uncapped flow that started there may take it past its limit (``started``), or what
+        HIGH leaves there changed): such a resource is
         no flow's bottleneck, so it couples nobody's rate. It is returned in ``edge`` (its
         other flows keep their rates); flows that started are taken in directly. Capped flows
         running at their cap on clearly unsaturated resources are not re-rated either
