@@ -146,6 +146,7 @@ def replay(path: Path, seconds: float | None) -> dict[str, Any]:
         "settles": net.num_settles,
         "rerated": net.num_settled_flows,
         "fallbacks": getattr(net.rates, "num_fallbacks", -1),
+        "retries": getattr(net.rates, "num_retries", -1),  # -1: a tree without them
         "completions": len(done),
         "digest": h.hexdigest()[:16],
     }
@@ -195,7 +196,7 @@ def main() -> None:
                 best[name] = row
     print(
         f"{'tree':>6} {'window s':>15} {'flows':>8} {'CPU s':>7} {'settles':>8} "
-        f"{'re-rated':>10} {'µs/re-rated':>11} {'fallbacks':>9} {'done':>7}  digest"
+        f"{'re-rated':>10} {'µs/re-rated':>11} {'fallbacks':>9} {'retries':>7} {'done':>7}  digest"
     )
     for name, _ in trees:
         r = best[name]
@@ -203,6 +204,7 @@ def main() -> None:
             f"{name:>6} {r['window_s'][0]:>7.1f}-{r['window_s'][1]:<7.1f} {r['flows']:>8,}"
             f" {r['cpu_s']:>7.2f} {r['settles']:>8,} {r['rerated']:>10,}"
             f" {1e6 * r['cpu_s'] / max(r['rerated'], 1):>11.2f} {r['fallbacks']:>9,}"
+            f" {r.get('retries', -1):>7,}"
             f" {r['completions']:>7,}  {r['digest']}"
         )
 
