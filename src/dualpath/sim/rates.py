@@ -87,7 +87,7 @@ class RateSolver:
         self.num_settled_flows = 0  # sum over recomputations of the flows re-rated
         self.num_fallbacks = 0  # local settles redone over the whole component
         self.num_retries = 0  # local refills redone with more resources walked through
-        self.failed: list[int] = []  # resources whose guess failed in the last _assign_rates
+        self._failed: list[int] = []  # resources whose guess failed in the last _assign_rates
 
     def add_resource(self, capacity: float) -> None:
         self._limit.append(capacity * self._slack_limit)
@@ -214,7 +214,7 @@ class RateSolver:
             # before a whole component
             for _ in range(MAX_RETRIES):
                 self.num_retries += 1
-                for r in self.failed:
+                for r in self._failed:
                     held.setdefault(r, limit[r])
                     limit[r] = -1.0
                 res, edge, flows, pinned = self._component(dirty, True, forced)
@@ -367,7 +367,7 @@ class RateSolver:
         (traffic manager): ``flows`` are LOW, filled on what HIGH left (``_settle_high``);
         else both classes, HIGH first. False, changing no settled rate, if an edge resource
         or a pinned flow's resource is no longer clearly unsaturated at the new rates (those
-        resources in ``failed``; then redo walking through them, or over the whole
+        resources in ``_failed``; then redo walking through them, or over the whole
         component)."""
         cap, avail, new, rate, cnt = self.t.cap, self._scratch, self.new, self.t.rate, self._cnt
         m0, m1 = self.t.members
@@ -423,7 +423,7 @@ class RateSolver:
                             edge_rate[r] += delta
             failed = [r for r, x in edge_rate.items() if x > limit[r]]
             if failed:
-                self.failed = failed
+                self._failed = failed
                 return False
         if pinned:
             paths, rmark, epoch = self.t.f_path, self._rmark, self._epoch
@@ -439,7 +439,7 @@ class RateSolver:
                     if x > limit[r]:
                         failed.append(r)
             if failed:
-                self.failed = failed
+                self._failed = failed
                 return False
         for r in res:
             used = cap[r] - avail[r]
