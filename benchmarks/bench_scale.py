@@ -16,9 +16,11 @@ ran it (each run is its own process).
 /tmp) in the same invocation, for a before/after comparison on the same machine and load;
 ``--repeat N`` alternates the trees N times and keeps each one's fastest run (a shared
 machine's load only ever slows a run down).
+``--sim-s S`` stops every run at simulated S seconds (a window of a long run: no JCT, turns
+done so far; the event digests of two trees still compare).
 
     .venv/bin/python benchmarks/bench_scale.py [--units 1,24] [--agents 128] [--mal 32k]
-        [--before /tmp/before/src] [--repeat 3] [--max-wall-s 3000] [--progress]
+        [--before /tmp/before/src] [--repeat 3] [--max-wall-s 3000] [--progress] [--sim-s S]
 
 Paper scale offline (48P96D, 49,152 agents, MAL 32K; progress lines on stderr):
 
@@ -36,17 +38,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def run_units(
-    k: int, agents: int, mal: str, system: str, progress: bool = False
-) -> dict[str, float]:
+def build_units(k: int, agents: int, mal: str, system: str, sim_s: float = 0.0) -> tuple[Any, int]:
+    """The k-unit cluster (built, not run; ``sim_s``: stop at that simulated time) and its
+    number of agents."""
     from dualpath.config import apply_overrides, preset
     from dualpath.config.sim import SimConfig
-    from dualpath.sim.results import collect
-    from dualpath.sim.runner import build_cluster, run_cluster
+    from dualpath.sim.runner import build_cluster
     from dualpath.workload import synthesize
 
     config = apply_overrides(
@@ -66,9 +68,19 @@ def run_units(
         for copy in range(k)
         for t in unit
     ]
+    sim = SimConfig(max_sim_s=sim_s)
+    return build_cluster(config, system, sim, trajectories=trajs), len(trajs)
+
+
+def run_units(
+    k: int, agents: int, mal: str, system: str, progress: bool = False, sim_s: float = 0.0
+) -> dict[str, float]:
+    from dualpath.sim.results import collect
+    from dualpath.sim.runner import run_cluster
+
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    cluster = build_cluster(config, system, SimConfig(), trajectories=trajs)
+    cluster, num_agents = build_units(k, agents, mal, system, sim_s)
 
     def report(sim_s: float, done: int, total: int) -> None:
         wall = time.perf_counter() - t0
@@ -82,7 +94,11 @@ def run_units(
         )
 
     run_cluster(cluster, report if progress else None)
-    result = collect(cluster)
+    if cluster.num_turns_done < cluster.num_turns_total:  # stopped at --sim-s: no JCT
+        num_turns, jct_s = cluster.num_turns_done, float("nan")
+    else:
+        result = collect(cluster)
+        num_turns, jct_s = result.num_turns, result.jct_s
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     tokens = sum(r.prompt_tokens - r.hit_tokens + r.output_tokens for r in cluster.records)
@@ -90,18 +106,18 @@ def run_units(
     return {
         "units": k,
         "gpus": 48 * k,
-        "agents": len(trajs),
-        "turns": result.num_turns,
-        "jct_s": result.jct_s,
-        "tokens_per_s": tokens / result.jct_s,
+        "agents": num_agents,
+        "turns": num_turns,
+        "jct_s": jct_s,
+        "tokens_per_s": tokens / jct_s,
         "scheduler_s": scheduler_s,
-        "scheduler_cores": scheduler_s / result.jct_s,
+        "scheduler_cores": scheduler_s / jct_s,
         "wall_s": wall,
         "cpu_s": cpu,
         "events": cluster.loop.num_processed,
         "events_per_s": cluster.loop.num_processed / wall,
         "events_per_cpu_s": cluster.loop.num_processed / cpu,
-        "turns_per_cpu_s": result.num_turns / cpu,
+        "turns_per_cpu_s": num_turns / cpu,
         "flows_per_settle": cluster.net.num_settled_flows / max(cluster.net.num_settles, 1),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
         "digest": cluster.loop.log_digest(),
@@ -111,7 +127,8 @@ def run_units(
 def run_child(src: Path, k: int, args: argparse.Namespace) -> dict[str, float] | None:
     """One size on the tree ``src``, in a fresh process (its own peak RSS); None on timeout."""
     cmd = [sys.executable, __file__, "--child", str(k), "--agents", str(args.agents)]
-    cmd += ["--mal", args.mal, "--system", args.system] + (["--progress"] if args.progress else [])
+    cmd += ["--mal", args.mal, "--system", args.system, "--sim-s", str(args.sim_s)]
+    cmd += ["--progress"] if args.progress else []
     env = {**os.environ, "PYTHONPATH": str(src)}
     try:
         out = subprocess.run(
@@ -142,13 +159,21 @@ def main() -> None:
     ap.add_argument("--max-wall-s", type=float, default=3600.0, help="per run; then 'timeout'")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--progress", action="store_true", help="print each run's progress to stderr")
+    ap.add_argument(
+        "--sim-s", type=float, default=0.0, help="stop at this simulated time (no JCT then)"
+    )
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run_units(args.child, args.agents, args.mal, args.system, args.progress)))
+        print(
+            json.dumps(
+                run_units(args.child, args.agents, args.mal, args.system, args.progress, args.sim_s)
+            )
+        )
         return
     trees = [("this", SRC)] + ([("before", args.before)] if args.before else [])
-    print(f"DS 660B, {args.agents} agents per 2P4D unit, MAL {args.mal}, {args.system}")
+    upto = f", to simulated {args.sim_s:g} s" if args.sim_s else ""
+    print(f"DS 660B, {args.agents} agents per 2P4D unit, MAL {args.mal}, {args.system}{upto}")
     print(
         f"{'tree':>6} {'units':>5} {'GPUs':>5} {'agents':>7} {'JCT s':>8} {'JCT/JCT1':>9} "
         f"{'sched cores':>12} {'wall s':>8} {'events/s':>9} {'CPU s':>8} {'ev/CPU s':>9} "

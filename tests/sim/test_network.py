@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dualpath.sim import rates
 from dualpath.sim.events import EventLoop
 from dualpath.sim.maxmin import fill_max_min
 from dualpath.sim.network import FluidNetwork
@@ -529,18 +530,27 @@ def _rail_run(seed: int, local: bool) -> Harness:
     return h
 
 
+@pytest.mark.parametrize("retries", [rates.MAX_RETRIES, 0])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_local_recomputation_on_rails_is_bit_identical(seed: int) -> None:
+def test_local_recomputation_on_rails_is_bit_identical(
+    seed: int, retries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Skipping unsaturated resources (the shared memory), walking uncapped flows through
     their tightest resource only and filling HIGH apart change no completion time, no
     event, and re-rate fewer flows than whole-component refills; guesses that fail (an edge
-    resource saturates) fall back to a whole-component refill, which this run exercises."""
+    resource saturates) are refilled locally, walking through the resources that failed
+    (``retries``), and, when that fails too (or with no retries), over the whole component;
+    this run exercises both."""
+    monkeypatch.setattr(rates, "MAX_RETRIES", retries)
     fast, slow = _rail_run(seed, local=True), _rail_run(seed, local=False)
     assert len(fast.done) == 160
     assert fast.done == slow.done and fast.order == slow.order
     assert fast.loop.log_digest() == slow.loop.log_digest()
     assert fast.net.num_settled_flows < 0.8 * slow.net.num_settled_flows
-    assert fast.net.rates.num_fallbacks > 0
+    if retries:
+        assert fast.net.rates.num_retries > 0
+    else:
+        assert fast.net.rates.num_fallbacks > 0
     for r in range(fast.net.num_resources):
         assert fast.net.bytes_carried(r) == pytest.approx(slow.net.bytes_carried(r), rel=1e-9)
 
@@ -650,17 +660,24 @@ def _churn_run(seed: int, local: bool, tm: bool) -> Harness:
     return h
 
 
+@pytest.mark.parametrize("retries", [rates.MAX_RETRIES, 0])
 @pytest.mark.parametrize("tm", [True, False])
-def test_local_recomputation_survives_random_churn(tm: bool) -> None:
+def test_local_recomputation_survives_random_churn(
+    tm: bool, retries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """60 random scenarios: completion times, order and event history of the local
-    recomputation equal whole-component refills, bit for bit."""
-    fallbacks = 0
+    recomputation equal whole-component refills, bit for bit, with local retries of failed
+    guesses and without."""
+    monkeypatch.setattr(rates, "MAX_RETRIES", retries)
+    fallbacks = retried = 0
     for seed in range(60):
         fast, slow = _churn_run(seed, True, tm), _churn_run(seed, False, tm)
         assert fast.done == slow.done and fast.order == slow.order, f"seed {seed}"
         assert fast.loop.log_digest() == slow.loop.log_digest(), f"seed {seed}"
         fallbacks += fast.net.rates.num_fallbacks
-    assert fallbacks > 0  # the guesses failed somewhere, and the fallback was exact too
+        retried += fast.net.rates.num_retries
+    # the guesses failed somewhere, and the local retry / the fallback was exact too
+    assert (retried if retries else fallbacks) > 0
 
 
 def test_capped_flows_in_freezing_order_for_few_and_for_most_flows() -> None:

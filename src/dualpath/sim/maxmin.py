@@ -46,20 +46,26 @@ def fill_max_min(
     cap_level = math.inf
     pop, replace = heapq.heappop, heapq.heapreplace
     while num_left:
-        if nc:
-            while ci < nc and out[capped[ci][2]] >= 0.0:
-                ci += 1
-            if ci < nc and (not heap or capped[ci][0] <= heap[0][0]):
-                # every key is at most its resource's level, so this cap is at most the
-                # lowest level: the capped flow freezes first, without refreshing the heap
+        if ci < nc:
+            # every key is at most its resource's level, so a cap at most the lowest key is
+            # at most the lowest level: such capped flows freeze first, in order, without
+            # refreshing the heap (which they do not touch)
+            top = heap[0][0] if heap else math.inf
+            while ci < nc:
                 level, _, s = capped[ci]
+                if out[s] >= 0.0:  # frozen already (at a bottleneck)
+                    ci += 1
+                    continue
+                if level > top:
+                    break
                 ci += 1
                 out[s] = level
                 for r2 in paths[s]:
                     avail[r2] -= level
                     cnt[r2] -= 1
                 num_left -= 1
-                continue
+            if not num_left:
+                break
         level, r = math.inf, -1
         while heap:  # lazy increase-key: refresh the top until it is current
             key, r = heap[0]

@@ -16,6 +16,7 @@ from dualpath.sim.flowtable import FlowTable
 from dualpath.sim.maxmin import fill_max_min
 
 SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
+MAX_RETRIES = 4  # local refills with more resources walked through before a whole-component one
 
 
 class RateSolver:
@@ -27,9 +28,10 @@ class RateSolver:
     or a resource's shared status flipped (``_settle_high``); LOW (or the single class) is
     refilled over the flows reachable from the dirty resources through resources that can be
     bottlenecks (``_component``); capped flows at their cap on clearly unsaturated resources
-    are held. Guesses are checked after filling and a failed one refills the whole component,
-    so the result is bit-identical to refilling whole components every time (``local=False``,
-    the reference that ``tests/sim/test_network.py`` compares with).
+    are held. Guesses are checked after filling; a failed one is filled again locally with
+    the resources that failed walked through (up to ``MAX_RETRIES`` times), then over the
+    whole component, so the result is bit-identical to refilling whole components every time
+    (``local=False``, the reference that ``tests/sim/test_network.py`` compares with).
 
     Its own state: the dirty sets of this instant, the HIGH shares (``_high_left``,
     ``_shared``), scratch lists for filling and walking, and counters. ``reschedule(flows,
@@ -84,6 +86,8 @@ class RateSolver:
         self.num_settles = 0  # recomputations (at most one per instant unless queried)
         self.num_settled_flows = 0  # sum over recomputations of the flows re-rated
         self.num_fallbacks = 0  # local settles redone over the whole component
+        self.num_retries = 0  # local refills redone with more resources walked through
+        self._failed: list[int] = []  # resources whose guess failed in the last _assign_rates
 
     def add_resource(self, capacity: float) -> None:
         self._limit.append(capacity * self._slack_limit)
@@ -103,9 +107,13 @@ class RateSolver:
         manager)."""
         self._new.append(slot)
         if self.t.f_cap[slot] == math.inf:  # it saturates a resource: walk through the likeliest
-            c, rate = self.t.cap, self.t.rate
+            c, rate, forced = self.t.cap, self.t.rate, self._forced
             tight = min(path, key=lambda r: (c[r] - rate[r]) / path.count(r))
-            self._forced[tight] = None
+            forced[tight] = None
+            room, limit = (c[tight] - rate[tight]) / path.count(tight), self._limit
+            for r in path:  # and through those it takes past their limit at that rate
+                if rate[r] + room * path.count(r) > limit[r]:
+                    forced[r] = None
         self._mark_dirty(path, high)
 
     def ended(self, path: tuple[int, ...], rate: float, klass: int) -> None:
@@ -130,8 +138,9 @@ class RateSolver:
         if not self._local:
             return False
         rate, limit = self.t.rate, self._limit
-        if not all(rate[r] + add_rate * path.count(r) <= limit[r] for r in path):
-            return False
+        for r in path:  # plain loops: this runs at every start and end of a flow
+            if rate[r] + add_rate * path.count(r) > limit[r]:
+                return False
         if not self._tm:
             return True
         if not self.t.f_cls[slot]:
@@ -189,11 +198,33 @@ class RateSolver:
         high_flows: list[int] = []
         if self._local and self._tm:
             high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
+        # resources to walk through (forced, and those of failed guesses below) pin no flow
+        # either: their limit is -1 during this settle (any choice of them is exact)
+        limit, held = self._limit, dict[int, float]()
         if self._local:
+            for r in forced:
+                held[r] = limit[r]
+                limit[r] = -1.0
             res, edge, flows, pinned = self._component(dirty, True, forced)
             self.t.account(res, now)
             self.t.account(edge, now)
         ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
+        if not ok and self._local:
+            # a resource guessed unsaturated saturates: fill again, walking through it,
+            # before a whole component
+            for _ in range(MAX_RETRIES):
+                self.num_retries += 1
+                for r in self._failed:
+                    held.setdefault(r, limit[r])
+                    limit[r] = -1.0
+                res, edge, flows, pinned = self._component(dirty, True, forced)
+                self.t.account(res, now)
+                self.t.account(edge, now)
+                ok = self._assign_rates(res, edge, flows, pinned, self._tm)
+                if ok:
+                    break
+        for r, x in held.items():
+            limit[r] = x
         self._new.clear()
         self._gone.clear()
         if ok:
@@ -262,13 +293,16 @@ class RateSolver:
         Walks breadth-first from the dirty resources through shared resources. With
         ``local``, the walk does not pass through a resource that is clearly unsaturated
         (below ``_slack_limit`` of capacity at its settled rate), unless ``forced`` (an
-        uncapped flow started there, or what HIGH leaves there changed): such a resource is
+        uncapped flow that started there may take it past its limit (``started``), or what
+        HIGH leaves there changed): such a resource is
         no flow's bottleneck, so it couples nobody's rate. It is returned in ``edge`` (its
         other flows keep their rates); flows that started are taken in directly. Capped flows
         running at their cap on clearly unsaturated resources are not re-rated either
         (``pinned``). ``_assign_rates`` checks after filling that every edge resource (and
         every pinned flow's resource) is still clearly unsaturated; if one is not, the settle
-        is redone without ``local``, over the whole connected component. When the check
+        is redone with those resources treated as saturated (walked through, pinning nobody;
+        ``settle``), and without ``local``, over the whole connected component, if that keeps
+        failing. The argument below holds for any set of resources walked through. When the check
         passes, the result is what progressive filling over the whole component gives, bit
         for bit: the filling of flows coupled only through never-saturating resources runs
         the same operations, in the same (level, resource id) order, together or apart.
@@ -332,8 +366,9 @@ class RateSolver:
         ``edge`` resources: old sum plus the changes). Pinned flows keep their rate. ``low``
         (traffic manager): ``flows`` are LOW, filled on what HIGH left (``_settle_high``);
         else both classes, HIGH first. False, changing no settled rate, if an edge resource
-        or a pinned flow's resource is no longer clearly unsaturated (then redo over the
-        whole component)."""
+        or a pinned flow's resource is no longer clearly unsaturated at the new rates (those
+        resources in ``_failed``; then redo walking through them, or over the whole
+        component)."""
         cap, avail, new, rate, cnt = self.t.cap, self._scratch, self.new, self.t.rate, self._cnt
         m0, m1 = self.t.members
         t0, t1 = self.t.tot
@@ -386,19 +421,31 @@ class RateSolver:
                     for r in paths[s]:
                         if r in edge_rate:
                             edge_rate[r] += delta
-            for r, x in edge_rate.items():
-                if x > limit[r]:
-                    return False
+            failed = [r for r, x in edge_rate.items() if x > limit[r]]
+            if failed:
+                self._failed = failed
+                return False
+        if pinned:
+            paths, rmark, epoch = self.t.f_path, self._rmark, self._epoch
+            failed = []
+            for s in pinned:  # the new rates of their resources (set below if all pass)
+                for r in paths[s]:
+                    if r in edge_rate:
+                        x = edge_rate[r]
+                    elif rmark[r] == epoch:  # in res
+                        x = cap[r] - avail[r]
+                    else:  # crossed by no flow re-rated here
+                        x = rate[r]
+                    if x > limit[r]:
+                        failed.append(r)
+            if failed:
+                self._failed = failed
+                return False
         for r in res:
             used = cap[r] - avail[r]
             rate[r] = used if used > 0.0 else 0.0
         for r, x in edge_rate.items():
             rate[r] = x if x > 0.0 and (t0[r] or t1[r]) else 0.0
-        paths = self.t.f_path
-        for s in pinned:
-            for r in paths[s]:
-                if rate[r] > limit[r]:
-                    return False
         return True
 
     def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
