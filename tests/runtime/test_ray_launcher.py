@@ -6,7 +6,9 @@ actor) land on different Ray nodes and every KV byte between them crosses nodes 
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
+from dualpath.runtime.ray_launcher import LOCAL_TEMP_PARENT, LOCAL_TEMP_PREFIX, ray_session
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
 from dualpath.runtime.workload import agent_scripts, small_trajectories
@@ -39,26 +42,30 @@ NODE_ARGS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Two raylets on this host: node 0 (head) and node 1, each with its marker resource;
-    a private temp dir, so no other Ray instance on the host is found or disturbed."""
+    a private temp dir, so no other Ray instance on the host is found or disturbed, and
+    nothing an earlier run left (``/tmp/ray``) is needed."""
     temp = tempfile.mkdtemp(prefix="dpray-", dir="/tmp")  # short: Ray's socket paths
-    args = {**NODE_ARGS, "temp_dir": temp}
-    constants = ray._private.ray_constants
-    enabled = constants.ENABLE_RAY_CLUSTER
-    c = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={**args, "resources": {"dualpath_node0": 1}}
-    )
-    try:
-        c.add_node(**args, resources={"dualpath_node1": 1})
-        c.wait_for_nodes()
-        # Ray rewrites a loopback address to the host's own IP; loopback only: keep it
-        constants.ENABLE_RAY_CLUSTER = False
-        ray.init(address=c.address, logging_level="WARNING")
-        yield c
-    finally:
-        constants.ENABLE_RAY_CLUSTER = enabled
-        ray.shutdown()
-        c.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
+    ray_temp = os.path.join(temp, "ray")
+    os.mkdir(ray_temp)
+    args = {**NODE_ARGS, "temp_dir": ray_temp}
+    with pytest.MonkeyPatch.context() as mp:
+        # ``Cluster`` writes (and at shutdown deletes) the address file in Ray's default temp
+        # dir, ignoring ``temp_dir``: point the default at this one, which Ray then shares
+        mp.setenv("RAY_TMPDIR", temp)
+        c = cluster_utils.Cluster(
+            initialize_head=True, head_node_args={**args, "resources": {"dualpath_node0": 1}}
+        )
+        try:
+            c.add_node(**args, resources={"dualpath_node1": 1})
+            c.wait_for_nodes()
+            # Ray rewrites a loopback address to the host's own IP; loopback only: keep it
+            mp.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+            ray.init(address=c.address, logging_level="WARNING")
+            yield c
+        finally:
+            ray.shutdown()
+            c.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _agents(num_agents: int, num_turns: int, seed: int) -> list[AgentState]:
@@ -76,6 +83,28 @@ def _nodes_of(rt: LocalRuntime) -> dict[str, str]:
             actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
         )
     return out
+
+
+@pytest.mark.timeout(120)
+def test_a_local_instance_is_new_private_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench --runtime ray` without ``--ray-address``: a new local instance whose temp dir
+    (sockets, logs) is its own, short, and removed at shutdown; it reads no address an
+    earlier run or the environment names and needs no ``/tmp/ray`` (here: an empty default)."""
+    assert not ray.is_initialized()  # runs before this module's cluster starts
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # Ray's default temp dir: absent
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{s.getsockname()[1]}")
+    with ray_session("", 2) as session:
+        temp = Path(session._private.worker._global_node.get_temp_dir_path())
+        have = session.cluster_resources()
+        assert temp.is_dir()
+    assert temp.parent == Path(LOCAL_TEMP_PARENT) and temp.name.startswith(LOCAL_TEMP_PREFIX)
+    assert have["dualpath_node0"] == have["dualpath_node1"] == 1.0  # one node offers both
+    assert not ray.is_initialized() and not temp.exists()  # shut down, its dir removed
+    assert not list(tmp_path.iterdir())  # nothing written to Ray's default temp dir
 
 
 @pytest.mark.timeout(150)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -44,6 +46,8 @@ MAILBOX_THREADS = 2
 ACTOR_THREADS = 8  # concurrent calls into an engine / storage actor (its loop is one of them)
 LOCAL_OBJECT_STORE_BYTES = 80 * 1024 * 1024  # a local instance: control messages only
 CONNECT_TIMEOUT_S = 5.0
+LOCAL_TEMP_PARENT = "/tmp"  # short: Ray's Unix socket paths live under its temp dir
+LOCAL_TEMP_PREFIX = "dpray-"
 
 
 def node_resource(node: int) -> str:
@@ -84,27 +88,34 @@ def check_address(address: str) -> None:
 @contextlib.contextmanager
 def ray_session(address: str, num_nodes: int) -> Iterator[Any]:
     """Connect to the cluster at ``address`` (or start a local Ray instance whose one node
-    offers every emulated node's resource); shut down what this call started."""
+    offers every emulated node's resource); shut down what this call started.
+
+    A local instance is always a new one (never a cluster named by ``RAY_ADDRESS`` or by an
+    address file an earlier ``ray start`` left) and lives in a private temp dir under
+    ``/tmp``, removed at shutdown: it needs no ``/tmp/ray`` and leaves none."""
     ray = require_ray()
     if ray.is_initialized():
         yield ray
         return
-    if address:
-        check_address(address)
-        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
-    else:
-        ray.init(
-            num_cpus=os.cpu_count() or 1,
-            resources={node_resource(n): 1.0 for n in range(num_nodes)},
-            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            logging_level="WARNING",
-        )
-    try:
+    with contextlib.ExitStack() as started:
+        if address:
+            check_address(address)
+            ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        else:
+            temp_dir = tempfile.mkdtemp(prefix=LOCAL_TEMP_PREFIX, dir=LOCAL_TEMP_PARENT)
+            started.callback(shutil.rmtree, temp_dir, ignore_errors=True)
+            ray.init(
+                address="local",  # a new instance, whatever RAY_ADDRESS or /tmp/ray name
+                num_cpus=os.cpu_count() or 1,
+                resources={node_resource(n): 1.0 for n in range(num_nodes)},
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=temp_dir,
+                logging_level="WARNING",
+            )
+        started.callback(ray.shutdown)  # before the temp dir goes
         yield ray
-    finally:
-        ray.shutdown()
 
 
 class RayLauncher(Launcher):
