@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,7 @@ torch = pytest.importorskip("torch")
 from dualpath.runtime.hf_model import SequenceKV  # noqa: E402
 from dualpath.serve.generation import TextStream, sample  # noqa: E402
 from dualpath.serve.prefix_cache import PrefixCache  # noqa: E402
-from dualpath.serve.tokenizer import ByteTokenizer, HFTokenizer  # noqa: E402
+from dualpath.serve.tokenizer import HFTokenizer, TinyTokenizer  # noqa: E402
 
 
 def test_temperature_zero_is_argmax_and_seeded_sampling_repeats() -> None:
@@ -31,7 +33,7 @@ def test_top_p_keeps_only_the_nucleus() -> None:
 
 
 def test_text_stream_holds_back_partial_stop_and_cuts_at_stop() -> None:
-    tok = ByteTokenizer()
+    tok = TinyTokenizer()
     stream = TextStream(tok, stop=["END"])
     out = [stream.push(t) for t in tok.encode("abcEN")]
     assert "".join(out) == "abc"  # "EN" may start "END": held back
@@ -42,8 +44,23 @@ def test_text_stream_holds_back_partial_stop_and_cuts_at_stop() -> None:
     assert text == "xyE" and not plain.stopped
 
 
+class _Utf8Bytes:
+    """One id per UTF-8 byte: only what ``TextStream`` reads (``decode``)."""
+
+    eos_token_ids: tuple[int, ...] = ()
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode(errors="replace")
+
+    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+        raise NotImplementedError
+
+
 def test_text_stream_waits_for_complete_utf8() -> None:
-    tok = ByteTokenizer()
+    tok = _Utf8Bytes()
     stream = TextStream(tok)
     ids = tok.encode("é!")  # two bytes then one
     assert stream.push(ids[0]) == ""
@@ -51,13 +68,13 @@ def test_text_stream_waits_for_complete_utf8() -> None:
     assert stream.push(ids[2]) == "!"
 
 
-def test_byte_tokenizer_round_trip_and_chatml() -> None:
-    tok = ByteTokenizer()
+def test_tiny_tokenizer_round_trip_and_chatml() -> None:
+    tok = TinyTokenizer()
     text = tok.render_chat([{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text)
-    assert ids[0] == 257 and 258 in ids and tok.eos_token_ids == (258,)
-    assert tok.decode(tok.encode("héllo")) == "héllo"
+    assert ids[0] == 1 and 2 in ids and tok.eos_token_ids == (2,)
+    assert tok.decode(tok.encode("hello")) == "hello"
 
 
 def test_hf_tokenizer_reads_template_and_eos(tmp_path: Path) -> None:

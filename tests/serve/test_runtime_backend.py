@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "dualpath-tiny"
 # a prompt of several 64-token Full Blocks (tiny-1p1d's block size)
-SYSTEM = "You are a careful coding agent. Think step by step and call one tool per turn. " * 2
+SYSTEM = "You are a careful coding agent. Think step by step and call one tool per turn. " * 4
 TASK = "List the repository layout, then open the README file and summarise the build steps."
 
 

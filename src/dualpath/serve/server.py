@@ -100,12 +100,12 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
         raise ValueError("--device: the built-in tiny model runs on cpu only (use --model-dir)")
     from dualpath.runtime.model import TinyTransformer
     from dualpath.serve.local import TinyBatchModel
-    from dualpath.serve.tokenizer import ByteTokenizer
+    from dualpath.serve.tokenizer import TinyTokenizer
 
     tiny = TinyTransformer(config.model, seed=opts.seed)
     return LocalBackend(
         TinyBatchModel(tiny),
-        ByteTokenizer(config.model.vocab_size),
+        TinyTokenizer(config.model.vocab_size),
         f"dualpath-{config.model.name}",
         opts.local,
     )
@@ -114,7 +114,7 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
 def _runtime_backend(config: Config, opts: ServeOptions) -> Backend:
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.serve.runtime_backend import RuntimeBackend
-    from dualpath.serve.tokenizer import ByteTokenizer
+    from dualpath.serve.tokenizer import TinyTokenizer
 
     tenants = sorted(set(opts.api_keys.values()))
     options = RuntimeOptions(
@@ -127,7 +127,7 @@ def _runtime_backend(config: Config, opts: ServeOptions) -> Backend:
     return RuntimeBackend(
         config,
         options,
-        ByteTokenizer(config.model.vocab_size),
+        TinyTokenizer(config.model.vocab_size),
         f"dualpath-{config.model.name}",
         seed=opts.seed,
     )

@@ -1,9 +1,9 @@
-"""Text ↔ token ids and chat templates: a ``tokenizer.json`` tokenizer or a byte tokenizer.
+"""Text ↔ token ids and chat templates: a ``tokenizer.json`` tokenizer or the tiny tokenizer.
 
 ``HFTokenizer`` reads a local ``tokenizer.json`` with the ``tokenizers`` library and the chat
 template from ``tokenizer_config.json`` (or ``chat_template.jinja``); without one, the
-documented default is ChatML (``DEFAULT_CHAT_TEMPLATE``). ``ByteTokenizer`` serves the built-in
-tiny model: one id per UTF-8 byte plus three ChatML special tokens. No network.
+documented default is ChatML (``DEFAULT_CHAT_TEMPLATE``). ``TinyTokenizer`` serves the built-in
+tiny model: a fixed ASCII word-piece vocabulary built in code, three ChatML specials. No network.
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from dualpath.serve.tiny_vocab import (
+    CHARS,
+    MIN_VOCAB_SIZE,
+    REPLACEMENT,
+    SPECIALS,
+    tiny_vocabulary,
+)
 
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -120,30 +128,74 @@ class HFTokenizer:
         )
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as ids 0–255; ``<|endoftext|>`` 256, ``<|im_start|>`` 257, ``<|im_end|>``
-    258 (the EOS). For the built-in tiny model (vocabulary 1024); ChatML template."""
+class TinyTokenizer:
+    """A fixed word-piece tokenizer for the built-in tiny model: ids ``0 .. vocab_size-1``.
 
-    SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    Ids 0–2 are ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (the EOS); 3–99 are
+    newline, tab and the 95 printable ASCII characters; the rest are the first
+    ``vocab_size - 100`` multi-character pieces of ``tiny_vocabulary()``. ``vocab_size``
+    must be in ``[MIN_VOCAB_SIZE, len(tiny_vocabulary())]``.
+
+    ``encode`` recognises the specials written in the text, maps each character outside
+    printable ASCII, newline and tab (non-ASCII, ``\\r``, other controls) to the one id of
+    ``"?"`` (lossy: the demo model has no byte tokens), and cuts the rest greedily, longest
+    piece first. So ``decode(encode(s)) == s`` for any string of those 97 characters that
+    does not contain ``<|im_end|>``.
+
+    ``decode`` drops the EOS and writes the other specials literally. Every other id decodes
+    to text with a visible (non-space) character, except the four ``WHITESPACE_TOKENS`` of
+    ``tiny_vocab`` (space, tab, newline, four spaces): so a reply is empty after ``strip()``
+    only if each of its ids is the EOS or one of those four.
+    """
 
     def __init__(self, vocab_size: int = 1024) -> None:
-        if vocab_size < 256 + len(self.SPECIALS):
-            raise ValueError(f"vocab_size={vocab_size} is invalid for bytes: must be >= 259")
-        self._special_ids = {s: 256 + i for i, s in enumerate(self.SPECIALS)}
-        self._split = re.compile("(" + "|".join(re.escape(s) for s in self.SPECIALS) + ")")
-        self.eos_token_ids: tuple[int, ...] = (self._special_ids["<|im_end|>"],)
+        full = tiny_vocabulary()
+        if not MIN_VOCAB_SIZE <= vocab_size <= len(full):
+            raise ValueError(
+                f"vocab_size={vocab_size} is invalid: must be in [{MIN_VOCAB_SIZE}, {len(full)}]"
+                " (3 specials and 97 characters at least)"
+            )
+        self.vocab_size = vocab_size
+        pieces = full[:vocab_size]
+        self._ids = {p: i for i, p in enumerate(pieces)}
+        self._special_ids = {s: self._ids[s] for s in SPECIALS}
+        self.eos_token_ids: tuple[int, ...] = (self._ids["<|im_end|>"],)
+        self.replacement_id = self._ids[REPLACEMENT]
+        self._text = tuple("" if i in self.eos_token_ids else p for i, p in enumerate(pieces))
+        # the longest piece that starts with each character bounds the greedy search there
+        self._longest: dict[str, int] = {}
+        for p in pieces[len(SPECIALS) :]:
+            self._longest[p[0]] = max(self._longest.get(p[0], 0), len(p))
+        specials = "|".join(re.escape(s) for s in SPECIALS)
+        self._split = re.compile(f"({specials}|[^\\t\\n -~])")
 
     def encode(self, text: str) -> list[int]:
         out: list[int] = []
-        for piece in self._split.split(text):
-            if piece in self._special_ids:
-                out.append(self._special_ids[piece])
-            elif piece:
-                out.extend(piece.encode())
+        for segment in self._split.split(text):  # specials and unknown characters apart
+            if segment in self._special_ids:
+                out.append(self._special_ids[segment])
+            elif len(segment) == 1 and segment not in CHARS:
+                out.append(self.replacement_id)
+            elif segment:
+                self._greedy(segment, out)
         return out
 
+    def _greedy(self, text: str, out: list[int]) -> None:
+        """Longest match at each position; ends because every character is a token."""
+        i, ids, longest = 0, self._ids, self._longest
+        while i < len(text):
+            for k in range(min(longest[text[i]], len(text) - i), 0, -1):
+                piece_id = ids.get(text[i : i + k])
+                if piece_id is not None:
+                    out.append(piece_id)
+                    i += k
+                    break
+
     def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode(errors="replace")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is invalid: must be in [0, {self.vocab_size})")
+        return "".join(self._text[i] for i in ids)
 
     def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
         return _render(DEFAULT_CHAT_TEMPLATE, messages)
