@@ -45,7 +45,7 @@ def reference_outputs(
     """Recompute from scratch: each turn's greedy tokens over the whole prompt."""
     import torch
 
-    from dualpath.runtime.model import TinyTransformer
+    from dualpath.runtime.model import TinyTransformer, greedy_generate
 
     torch.set_num_threads(1)
     model = TinyTransformer(cfg.model, seed=seed)
@@ -55,7 +55,7 @@ def reference_outputs(
         turns = []
         for append, n in zip(a.appends, a.outputs, strict=True):
             prompt = (*context, *append)
-            gen, _ = model.generate(prompt, n)
+            gen, _ = greedy_generate(model, prompt, n)
             turns.append(tuple(gen))
             context = (*prompt, *gen)
         out[a.agent_id] = tuple(turns)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import dualpath.runtime.env as env_mod
 import dualpath.runtime.kvstore as kvs
 from dualpath.runtime.env import kv_namespace
 from dualpath.runtime.kvstore import BlockLayout, KVStore, KVStoreError
@@ -45,11 +44,9 @@ def test_namespace_fingerprints_every_dependency(monkeypatch: pytest.MonkeyPatch
             replace(cfg, scheduler=replace(cfg.scheduler, block_tokens=32)), 0
         ),
         "tenant": kv_namespace(cfg, 0, "tenant-a"),
+        "dtype": kv_namespace(cfg, 0, "", "bfloat16"),
+        "checkpoint digest": kv_namespace(cfg, "0" * 32),
     }
-    kv_namespace.cache_clear()
-    monkeypatch.setattr(env_mod, "KV_DTYPE", "bfloat16")
-    variants["dtype"] = kv_namespace(cfg, 0)
-    monkeypatch.undo()
     kv_namespace.cache_clear()
     monkeypatch.setattr(kvs, "VERSION", kvs.VERSION + 1)
     variants["layout version"] = kv_namespace(cfg, 0)

@@ -1,4 +1,5 @@
-"""Our layerwise forward on tiny random HF checkpoints equals transformers' (logits, greedy)."""
+"""Our layerwise forward on tiny random HF checkpoints equals transformers' (logits, greedy);
+the weights are memory-mapped views of the safetensors files."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from dualpath.runtime.hf_model import HFSpec, HFTransformer  # noqa: E402
+from dualpath.runtime.hf_model import (  # noqa: E402
+    HFSpec,
+    HFTransformer,
+    load_safetensors,
+    model_config,
+)
+from dualpath.runtime.model import CacheBatch, KVCache  # noqa: E402
 from dualpath.serve.checkpoint import write_tiny_checkpoint  # noqa: E402
 
 ATOL = 1e-4  # float32; different kernels and matmul shapes
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     return write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch=request.param)
@@ -38,9 +45,9 @@ def test_logits_match_transformers_at_every_position(ckpt: Path) -> None:
     prompt = _tokens(ours.vocab_size, 40, seed=1)
     with torch.no_grad():
         ref_logits = ref(torch.tensor([prompt])).logits[0]
-    seq = ours.new_sequence(64)
+    seq = KVCache(ours, 64)
     for i, tok in enumerate(prompt):  # one token at a time: the KV cache path
-        got = ours.forward_batch([([tok], seq)])[0]
+        got = seq.extend(ours, [tok])
         assert torch.allclose(got, ref_logits[i], atol=ATOL), f"position {i}"
     assert ref_logits.std() > 0.1  # the random weights give logits that differ
 
@@ -51,14 +58,16 @@ def test_cached_prefix_plus_new_tokens_equals_full_prefill(ckpt: Path, cached: i
     prompt = _tokens(ours.vocab_size, 48, seed=cached)
     with torch.no_grad():
         ref_last = ref(torch.tensor([prompt])).logits[0, -1]
-    full = ours.new_sequence(48)
-    ours.forward_batch([(prompt, full)])
-    part = ours.new_sequence(48)
+    full = KVCache(ours, 48)
+    full.extend(ours, prompt)
+    part = KVCache(ours, 48)
     for layer in range(ours.num_layers):  # KV "loaded" for the cached prefix
-        part.put(layer, 0, full.past(layer)[:cached])
+        part.layers[layer][:cached] = full.past(layer)[:cached]
     part.length = cached
     seen: list[int] = []
-    logits = ours.prefill(prompt[cached:], part.past, lambda layer, kv: seen.append(kv.shape[0]))
+    logits = ours.forward_batch(
+        [prompt[cached:]], CacheBatch([part]), lambda layer, h: seen.append(h.shape[0])
+    )[0]
     assert seen == [48 - cached] * ours.num_layers
     assert torch.allclose(logits, ref_last, atol=ATOL)
 
@@ -72,10 +81,10 @@ def test_greedy_tokens_match_transformers_generate(ckpt: Path) -> None:
             torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0
         )
     expected = out[0, len(prompt) :].tolist()
-    seq = ours.new_sequence(64)
-    got = [int(ours.forward_batch([(prompt, seq)])[0].argmax())]
+    seq = KVCache(ours, 64)
+    got = [int(seq.extend(ours, prompt).argmax())]
     while len(got) < 16:
-        got.append(int(ours.forward_batch([([got[-1]], seq)])[0].argmax()))
+        got.append(int(seq.extend(ours, got[-1:]).argmax()))
     assert got == expected
     assert len(set(got)) > 1
 
@@ -83,12 +92,11 @@ def test_greedy_tokens_match_transformers_generate(ckpt: Path) -> None:
 def test_batched_step_equals_separate_sequences(ckpt: Path) -> None:
     ours = HFTransformer.from_dir(ckpt)
     a, b = _tokens(ours.vocab_size, 30, 7), _tokens(ours.vocab_size, 11, 8)
-    sa, sb = ours.new_sequence(40), ours.new_sequence(40)
-    ours.forward_batch([(a[:20], sa)])
-    together = ours.forward_batch([(a[20:], sa), (b, sb)])  # a: continuation, b: fresh
-    alone_a, alone_b = ours.new_sequence(40), ours.new_sequence(40)
-    assert torch.allclose(together[0], ours.forward_batch([(a, alone_a)])[0], atol=ATOL)
-    assert torch.allclose(together[1], ours.forward_batch([(b, alone_b)])[0], atol=ATOL)
+    sa, sb = KVCache(ours, 40), KVCache(ours, 40)
+    sa.extend(ours, a[:20])
+    together = ours.forward_batch([a[20:], b], CacheBatch([sa, sb]))  # a: continuation, b: fresh
+    assert torch.allclose(together[0], KVCache(ours, 40).extend(ours, a), atol=ATOL)
+    assert torch.allclose(together[1], KVCache(ours, 40).extend(ours, b), atol=ATOL)
     assert sa.length == 30 and sb.length == 11
 
 
@@ -128,7 +136,34 @@ def test_llama3_rope_scaling_matches_transformers() -> None:
 def test_cuda_forward_matches_cpu(ckpt: Path) -> None:
     cpu, gpu = HFTransformer.from_dir(ckpt), HFTransformer.from_dir(ckpt, device="cuda")
     prompt = _tokens(cpu.vocab_size, 32, seed=3)
-    a = cpu.forward_batch([(prompt, cpu.new_sequence(40))])
-    b = gpu.forward_batch([(prompt, gpu.new_sequence(40))])
-    assert b.device.type == "cuda"
-    assert torch.allclose(a, b.cpu(), atol=1e-3)
+    a = KVCache(cpu, 40).extend(cpu, prompt)
+    b = KVCache(gpu, 40).extend(gpu, prompt)
+    assert gpu.layers[0].wq.device.type == "cuda"
+    assert torch.allclose(a, b, atol=1e-3)
+
+
+def test_weights_are_views_of_the_memory_mapped_file(ckpt: Path) -> None:
+    """Zero-copy: the model's tensors point into the mapping of model.safetensors, so engine
+    processes share the file's pages instead of holding private copies."""
+    weights = load_safetensors(ckpt / "model.safetensors")
+    ours = HFTransformer(HFSpec.from_dir(ckpt), weights)
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert ours.layers[0].wq.data_ptr() == weights[key].data_ptr()
+    ref = _reference(ckpt).state_dict()
+    assert all(torch.equal(weights[k], ref[k]) for k in weights)
+
+
+def test_corrupt_safetensors_is_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes((10**9).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        load_safetensors(bad)
+
+
+def test_model_config_sizes_the_runtime_kv(ckpt: Path) -> None:
+    spec = HFSpec.from_dir(ckpt)
+    m = model_config(spec, "bfloat16", "x")
+    assert m.kv_bytes_per_token_per_layer == 2 * spec.num_kv_heads * spec.head_dim * 2
+    ours = HFTransformer(spec, load_safetensors(ckpt / "model.safetensors"), dtype=torch.bfloat16)
+    assert ours.kv_row_bytes == m.kv_bytes_per_token_per_layer
+    assert m.num_layers == spec.num_layers and m.vocab_size == spec.vocab_size

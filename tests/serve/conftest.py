@@ -88,10 +88,12 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     """A server on a checkpoint that `serve --init-tiny-checkpoint` writes itself (the same
     tiny Llama as ``hf_checkpoint``: seed 0)."""
-    model_dir = tmp_path_factory.mktemp("served") / "tiny-llama"
+    served = tmp_path_factory.mktemp("served")
+    model_dir = served / "tiny-llama"
     server = ServerProc(
-        ["--model-dir", str(model_dir), "--init-tiny-checkpoint", "--api-key", "acme=sk-test"]
-    )
+        ["--model-dir", str(model_dir), "--init-tiny-checkpoint", "--api-key", "acme=sk-test",
+         "--block-tokens", "16", "--kv-root", str(served / "kv")]
+    )  # fmt: skip
     try:
         yield server
     finally:

@@ -1,4 +1,4 @@
-"""Sampling, incremental text with stop strings, chat templates, the prefix cache."""
+"""Sampling, incremental text with stop strings, chat templates."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dualpath.runtime.hf_model import SequenceKV  # noqa: E402
 from dualpath.serve.generation import TextStream, sample  # noqa: E402
-from dualpath.serve.prefix_cache import PrefixCache  # noqa: E402
 from dualpath.serve.tokenizer import HFTokenizer, TinyTokenizer  # noqa: E402
 
 
@@ -89,27 +87,6 @@ def test_hf_tokenizer_reads_template_and_eos(tmp_path: Path) -> None:
     assert tok.eos_token_ids == (tok._tok.token_to_id("<|im_end|>"),)
     assert tok._tok.token_to_id("<|im_start|>") in ids  # specials in text are one token
     assert tok.decode(tok.encode("Run the tests.")) == "Run the tests."
-
-
-def _seq(length: int, layers: int = 2) -> SequenceKV:
-    data = [
-        torch.arange(length * 4, dtype=torch.float32).view(length, 2, 1, 2) + i
-        for i in range(layers)
-    ]
-    return SequenceKV(data, length)
-
-
-def test_prefix_cache_round_trip_namespaces_and_lru() -> None:
-    cache = PrefixCache(block_tokens=4, capacity_blocks=3)
-    tokens = list(range(11))
-    assert cache.store(tokens, "a", _seq(11)) == 2  # two full blocks of 11 tokens
-    fresh = SequenceKV([torch.zeros(16, 2, 1, 2) for _ in range(2)])
-    assert cache.load([*tokens, 99], "a", fresh) == 8
-    assert torch.equal(fresh.past(1), _seq(11).past(1)[:8])
-    assert cache.load(tokens, "b", SequenceKV([torch.zeros(16, 2, 1, 2)] * 2)) == 0
-    assert cache.load(tokens[:8], "a", SequenceKV([torch.zeros(16, 2, 1, 2)] * 2)) == 4
-    cache.store([50 + t for t in range(8)], "a", _seq(8))  # evicts the least recently used
-    assert len(cache) == 3
 
 
 def test_windowed_text_stream_equals_full_decode(tmp_path: Path) -> None:

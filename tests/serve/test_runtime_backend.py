@@ -1,5 +1,5 @@
-"""Acceptance: `dualpath serve --backend runtime` (scheduler, storage workers and PE/DE engines
-as processes) on loopback, driven by the official `openai` client."""
+"""Acceptance: `dualpath serve` on the built-in tiny model (scheduler, storage workers and PE/DE
+engines as processes) on loopback, driven by the official `openai` client."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ TASK = "List the repository layout, then open the README file and summarise the 
 
 
 def _runtime_args(kv_root: Path, system: str = "dualpath") -> list[str]:
-    return ["--backend", "runtime", "--system", system, "--preset", "tiny-1p1d",
+    return ["--system", system, "--preset", "tiny-1p1d",
             "--kv-root", str(kv_root), "--hbm-tokens", "4096"]  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Acceptance: the real server on loopback, driven by the official `openai` client."""
+"""Acceptance: the real server on an HF checkpoint (through the DualPath runtime) on loopback,
+driven by the official `openai` client."""
 
 from __future__ import annotations
 
@@ -89,10 +90,11 @@ def test_second_turn_reports_cached_prompt_tokens(hf_server: ServerProc) -> None
     assert hf_server.metric("dualpath:prefix_cache_hits_total") > 0
 
 
-def test_tenants_do_not_share_prefixes(hf_checkpoint: Path) -> None:
+def test_tenants_do_not_share_prefixes(hf_checkpoint: Path, tmp_path: Path) -> None:
     server = ServerProc(
-        ["--model-dir", str(hf_checkpoint), "--api-key", "a=sk-a", "--api-key", "b=sk-b"]
-    )
+        ["--model-dir", str(hf_checkpoint), "--api-key", "a=sk-a", "--api-key", "b=sk-b",
+         "--block-tokens", "16", "--kv-root", str(tmp_path / "kv")]
+    )  # fmt: skip
     try:
         msgs = [{"role": "user", "content": "The same long prompt from two tenants, twice."}]
         a, b = _client(server, "sk-a"), _client(server, "sk-b")
@@ -156,8 +158,9 @@ def test_client_disconnect_mid_stream_frees_the_request(hf_server: ServerProc) -
             break
     stream.close()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if hf_server.metric("dualpath:num_aborted_requests_total") > aborted_before:
+    while time.monotonic() < deadline:  # the runtime's stats reach /metrics every 0.5 s
+        aborted = hf_server.metric("dualpath:num_aborted_requests_total") > aborted_before
+        if aborted and hf_server.metric("dualpath:num_requests_running") == 0:
             break
         time.sleep(0.1)
     assert hf_server.metric("dualpath:num_aborted_requests_total") == aborted_before + 1
@@ -178,7 +181,7 @@ def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
         "dualpath:num_requests_running",
         "dualpath:num_requests_waiting",
         "dualpath:prefix_cache_hit_ratio",
-        'dualpath:kv_bytes_total{path="local_hit"}',
+        'dualpath:kv_bytes_total{path="pd_transfer"}',
         "dualpath:request_success_total",
     ):
         assert name in text, name
@@ -206,28 +209,6 @@ def _children(pid: int) -> list[int]:
             if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(stat.parent.name))
     return out
-
-
-def test_sigterm_with_a_request_in_flight_exits_cleanly() -> None:
-    server = ServerProc(["--preset", "tiny-1p1d"])  # the built-in tiny model
-    client = _client(server, key="unused")
-    stream = client.completions.create(
-        model="dualpath-tiny",
-        prompt="x",
-        max_tokens=5000,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    next(iter(stream))  # the request is running
-    pid = server.proc.pid
-    shm, children = _shm_used_by(pid), _children(pid)
-    assert server.stop() == 0
-    with pytest.raises(openai.APIError):  # the stream ends without [DONE]
-        for _ in stream:
-            pass
-    assert not Path(f"/proc/{pid}").exists()
-    assert [c for c in children if Path(f"/proc/{c}").exists()] == []
-    assert [f for f in shm if Path(f).exists()] == []
 
 
 def test_stop_string_cuts_the_text_and_oversized_body_is_413(hf_server: ServerProc) -> None:
@@ -264,8 +245,9 @@ def test_non_streaming_client_that_gives_up_frees_the_request(hf_server: ServerP
             timeout=0.5,
         )
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if hf_server.metric("dualpath:num_aborted_requests_total") > aborted_before:
+    while time.monotonic() < deadline:  # the runtime's stats reach /metrics every 0.5 s
+        aborted = hf_server.metric("dualpath:num_aborted_requests_total") > aborted_before
+        if aborted and hf_server.metric("dualpath:num_requests_running") == 0:
             break
         time.sleep(0.1)
     assert hf_server.metric("dualpath:num_aborted_requests_total") == aborted_before + 1

@@ -135,26 +135,33 @@ def finite_float(text: str) -> float:
     return value
 
 
-# the runtime's emulated GPUs hold a whole context in an mmap'd "HBM" and in CPU torch: cap it
+# each emulated GPU's HBM is an mmap'd pool in host memory: cap it so a typo cannot swap the host
 MAX_RUNTIME_KV_BYTES = 1 << 30
+KV_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
-def check_runnable(config: Config) -> None:
-    """ValueError (one line) when the runtime cannot run ``config``'s model (SPEC §13)."""
+def check_runnable(config: Config, hbm_tokens: int = 65536, dtype: str = "float32") -> None:
+    """ValueError (one line) when the runtime cannot run ``config``'s model (SPEC §13): a
+    dense GQA model whose KV dtype is the engines' ``dtype``, and an HBM pool of
+    ``hbm_tokens`` within the host-memory cap."""
     m = config.model
     why = []
     if m.attention != "gqa":
         why.append(f"attention={m.attention!r} (needs 'gqa')")
-    if m.kv_dtype_bytes != 4:
-        why.append(f"kv_dtype_bytes={m.kv_dtype_bytes} (needs 4, float32)")
-    if not why and m.num_layers * m.max_context_tokens * m.kv_bytes_per_token_per_layer > (
-        MAX_RUNTIME_KV_BYTES
-    ):
-        why.append("a context's KV exceeds the CPU runtime's 1 GiB per engine")
+    need = KV_DTYPE_BYTES.get(dtype, 4)
+    if m.kv_dtype_bytes != need:
+        why.append(f"kv_dtype_bytes={m.kv_dtype_bytes} (needs {need}, {dtype})")
     if why:
         raise ValueError(
             f"preset/model {m.name!r} cannot run on the local runtime: {'; '.join(why)} "
-            "(use a tiny-* preset, e.g. --preset tiny-1p1d)"
+            "(use a tiny-* preset, e.g. --preset tiny-1p1d, or --model-dir CHECKPOINT)"
+        )
+    pool = hbm_tokens * m.num_layers * m.kv_bytes_per_token_per_layer
+    if pool > MAX_RUNTIME_KV_BYTES:
+        raise ValueError(
+            f"--hbm-tokens {hbm_tokens} is invalid for {m.name!r}: each engine's KV pool would "
+            f"take {pool / 2**30:.1f} GiB of host memory (at most {MAX_RUNTIME_KV_BYTES / 2**30:g} "
+            "GiB; lower --hbm-tokens)"
         )
 
 

@@ -20,9 +20,16 @@ def _api_keys(values: list[str]) -> dict[str, str]:
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, metrics)")
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server over the DualPath runtime (chat, completions, metrics)",
+    )
     add_config_args(p, default_preset="tiny-1p1d")
-    p.add_argument("--model-dir", help="local HF checkpoint (config.json, safetensors, tokenizer)")
+    p.add_argument(
+        "--model-dir",
+        help="local HF checkpoint (config.json, *.safetensors, tokenizer.json): Llama, Qwen2 or "
+        "Qwen3; default: the preset's built-in tiny model",
+    )
     p.add_argument(
         "--init-tiny-checkpoint",
         action="store_true",
@@ -32,59 +39,65 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument(
-        "--backend",
-        default="local",
-        help="local (default: in-process, any HF checkpoint) or runtime (the multi-process "
-        "DualPath runtime: scheduler, storage workers, PE/DE engines; built-in tiny model)",
+        "--system", default="dualpath", help="basic, layer, dpl, dualpath (default), oracle"
+    )
+    p.add_argument("--kv-root", default="./.dualpath/kv", help="the persistent KV store's root")
+    p.add_argument("--hbm-tokens", type=int, default=65536, help="KV tokens per engine's HBM")
+    p.add_argument(
+        "--snic-mb-per-s", type=float, help="emulated SNIC bandwidth, MB/s (default: the preset's)"
     )
     p.add_argument(
-        "--system",
-        default="dualpath",
-        help="--backend runtime: basic, layer, dpl, dualpath, oracle",
+        "--device", default="cpu", help="cpu, or cuda (engine i on GPU i %% count), or cuda:N"
     )
-    p.add_argument("--kv-root", default="./.dualpath/kv", help="--backend runtime: KV store root")
+    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     p.add_argument(
-        "--hbm-tokens", type=int, default=65536, help="--backend runtime: KV tokens per engine"
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads per engine (default: the host's cores shared by the engines)",
     )
     p.add_argument(
-        "--snic-mb-per-s",
-        type=float,
-        help="--backend runtime: emulated SNIC bandwidth, MB/s (default: the preset's)",
+        "--runtime", default="local", help="local (processes on this host) or ray (Ray actors)"
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument(
+        "--ray-address", default="", help="--runtime ray: HEAD:PORT (default: a local Ray)"
+    )
+    p.add_argument(
+        "--transport", help="KV transport: shm, tcp or mooncake (default: shm locally, tcp on Ray)"
+    )
+    p.add_argument(
+        "--block-tokens", type=int, help="Full Block size in tokens (default: the preset's)"
+    )
     p.add_argument("--seed", type=int, default=0, help="weights of the tiny model; sampling")
     p.add_argument(
         "--api-key", action="append", default=[], metavar="[TENANT=]KEY", help="repeatable"
     )
-    p.add_argument("--max-batch-seqs", type=int, default=32, help="sequences per step")
-    p.add_argument(
-        "--max-batch-tokens", type=int, default=512, help="new tokens per step (prefill chunk)"
-    )
-    p.add_argument("--cache-blocks", type=int, default=4096, help="prefix cache capacity")
-    p.add_argument("--block-tokens", type=int, default=16, help="prefix block size (default 16)")
     p.add_argument("--default-max-tokens", type=int, default=256)
-    p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(func=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from dualpath.serve.local import LocalOptions
-    from dualpath.serve.server import ServeOptions, build_backend, run_server
+    from dataclasses import replace
+
+    from dualpath.cli.runtime_cmd import check_kv_root, check_runnable, resolve_runtime
+    from dualpath.serve.server import ServeOptions, build_backend, resolve_config, run_server
 
     config = build_config(args)
     if args.snic_mb_per_s is not None:
         if not args.snic_mb_per_s > 0:
             raise ValueError(f"--snic-mb-per-s {args.snic_mb_per_s} is invalid: must be > 0")
-        from dataclasses import replace
-
         hw = replace(config.hardware, snic_bytes_per_s=args.snic_mb_per_s * 1e6)
         config = replace(config, hardware=hw)
-    if args.backend == "runtime":
-        from dualpath.cli.runtime_cmd import check_kv_root, check_runnable
-
-        check_runnable(config)
-        check_kv_root(args.kv_root)
+    if args.block_tokens is not None:
+        if args.block_tokens < 1:
+            raise ValueError(f"--block-tokens {args.block_tokens} is invalid: must be >= 1")
+        config = replace(
+            config, scheduler=replace(config.scheduler, block_tokens=args.block_tokens)
+        )
+    if args.hbm_tokens < 1:
+        raise ValueError(f"--hbm-tokens {args.hbm_tokens} is invalid: must be >= 1")
+    transport = resolve_runtime(args)
     if args.init_tiny_checkpoint:
         if not args.model_dir:
             raise ValueError("--init-tiny-checkpoint needs --model-dir DIR")
@@ -95,40 +108,35 @@ def run_serve(args: argparse.Namespace) -> int:
 
             write_tiny_checkpoint(args.model_dir, seed=args.seed)
             print(f"dualpath serve: wrote a tiny random checkpoint to {args.model_dir}")
-    local = LocalOptions(
-        max_batch_seqs=args.max_batch_seqs,
-        max_batch_tokens=args.max_batch_tokens,
-        block_tokens=args.block_tokens,
-        cache_blocks=args.cache_blocks,
-        seed=args.seed,
-    )
     opts = ServeOptions(
         host=args.host,
         port=args.port,
-        backend=args.backend,
         model_dir=args.model_dir,
         device=args.device,
+        dtype=args.dtype,
         seed=args.seed,
         api_keys=_api_keys(args.api_key),
-        local=local,
         system=args.system,
         kv_root=args.kv_root,
         hbm_tokens=args.hbm_tokens,
+        runtime=args.runtime,
+        ray_address=args.ray_address,
+        transport=transport,
+        threads=args.threads,
         default_max_tokens=args.default_max_tokens,
         log_level=args.log_level,
     )
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    config = resolve_config(config, opts)
+    check_runnable(config, opts.hbm_tokens, opts.dtype)
+    check_kv_root(opts.kv_root)
     backend = build_backend(config, opts)
     if not opts.is_loopback:
         print(f"dualpath serve: warning: listening on {opts.host}, not loopback", file=sys.stderr)
+    topo = f"{config.cluster.num_prefill_nodes}P{config.cluster.num_decode_nodes}D"
     print(
         f"dualpath serve: {backend.model_name} on http://{opts.host}:{opts.port}/v1 "
-        f"(backend {opts.backend}"
-        + (f", system {opts.system}" if opts.backend == "runtime" else "")
-        + f", device {opts.device})",
+        f"(DualPath runtime {opts.runtime}, {config.name} {topo}, system {opts.system}, "
+        f"device {opts.device}, {opts.dtype})",
         flush=True,
     )
     return run_server(backend, opts)

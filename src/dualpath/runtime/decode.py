@@ -20,6 +20,7 @@ import torch
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import (
     CancelMsg,
@@ -84,7 +85,8 @@ class DecodeEngine(Engine):
 
     def _persist(self, r: _Running, block: int) -> None:
         bt = self.block_tokens
-        key = block_keys(r.tokens[: (block + 1) * bt], bt, self.env.namespace)[block]
+        namespace = r.msg.namespace or self.env.namespace
+        key = block_keys(r.tokens[: (block + 1) * bt], bt, namespace)[block]
         slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
         window = TransferWindow(self.env.options.transfer_window)
         for layer in range(self.model.num_layers):
@@ -128,16 +130,9 @@ class DecodeEngine(Engine):
         self._admit()
         active = [r for r in self.running if not r.done]
         if active:
-            pool = self.pool
-
-            def pasts(layer: int) -> list[torch.Tensor]:
-                return [pool.gather(r.tables[layer], len(r.tokens)) for r in active]
-
-            def put(layer: int, news: Any) -> None:
-                for r, kv in zip(active, news, strict=True):
-                    pool.scatter(r.tables[layer], len(r.tokens), kv)
-
-            logits = self.model.forward_batch([r.out[-1:] for r in active], pasts, put)
+            kv = PagedKV(self.pool, lambda layer: [r.tables[layer] for r in active],
+                         [len(r.tokens) for r in active])  # fmt: skip
+            logits = self.model.forward_batch([r.out[-1:] for r in active], kv)
             now = self.clock.now()
             for i, r in enumerate(active):
                 r.tokens.append(r.out[-1])

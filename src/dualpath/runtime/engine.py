@@ -16,12 +16,10 @@ import signal
 from collections import deque
 from typing import Any
 
-import torch
-
 from dualpath.runtime.env import ProcEnv, child_setup
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
-from dualpath.runtime.model import TinyTransformer
+from dualpath.runtime.model import CacheBatch, KVCache, RuntimeModel
 from dualpath.runtime.pacer import NicPacer, Pacer, transfer_all
 from dualpath.runtime.transport import make_transport
 from dualpath.runtime.transport.base import RegionHandle, Transfer
@@ -52,7 +50,6 @@ class Engine:
     """Base of PE and DE engine processes (one per emulated GPU)."""
 
     def __init__(self, env: ProcEnv, engine_id: int, crash_at: int) -> None:
-        torch.set_num_threads(1)
         self.env = env
         self.engine_id = engine_id
         self.node = env.topology.node_of(engine_id)
@@ -60,14 +57,20 @@ class Engine:
         self.name = env.topology.engine_name(engine_id)
         self.clock = env.clock
         m = env.config.model
-        self.model = TinyTransformer(m, seed=env.options.weight_seed)
+        self.model: RuntimeModel = env.build_model(engine_id)
         self.row_bytes = m.kv_bytes_per_token_per_layer
+        if self.model.kv_row_bytes != self.row_bytes or self.model.num_layers != m.num_layers:
+            raise ValueError(
+                f"{self.model.name}: {self.model.num_layers} layers of {self.model.kv_row_bytes} "
+                f"KV bytes per token, but the config says {m.num_layers} of {self.row_bytes}"
+            )
         self.block_tokens = env.block_tokens
         self.pool = HbmPool(
             env.options.hbm_pages(m.num_layers, self.block_tokens, env.topology.is_pe(engine_id)),
             self.block_tokens,
             m.num_kv_heads,
             m.head_dim,
+            self.model.dtype,
         )
         self.transport = make_transport(env.options.transport)
         self.hbm: RegionHandle = self.transport.register(
@@ -83,8 +86,8 @@ class Engine:
         self._crash_at = crash_at
         self._num_work = 0
         # warm up (lazy kernel setup) before the readiness ack, as a serving engine would
-        empty = self.model.empty_kv()
-        self.model.forward_batch([[0], [0, 1]], lambda layer: [empty, empty])
+        warm = [KVCache(self.model, 2), KVCache(self.model, 2)]
+        self.model.forward_batch([[0], [0, 1]], CacheBatch(warm))
 
     def cnic_of(self, engine: int) -> NicPacer:
         """Engine ``engine``'s CNIC (shared links, so this process's charges contend with its

@@ -34,36 +34,40 @@ class Clock:
 
 
 HEARTBEAT_S = 0.2  # children's heartbeat period (liveness_timeout_s is many of these)
-KV_DTYPE = "float32"  # the runtime model's KV dtype (model.kv_dtype_bytes must be 4)
 
 
 @functools.lru_cache(maxsize=8)
-def weights_digest(config: Config, weight_seed: int) -> str:
-    """blake2b of every weight tensor of the runtime model (built from its seed, so a change
-    of generator, init or shapes changes the digest too)."""
+def weights_digest(config: Config, weight_seed: int, model_dir: str = "") -> str:
+    """Fingerprint of the weights the engines run: blake2b of every weight tensor of the tiny
+    model (built from its seed, so a change of generator, init or shapes changes it too), or of
+    a checkpoint's files (``hf_model.checkpoint_digest``)."""
+    if model_dir:
+        from dualpath.runtime.hf_model import checkpoint_digest
+
+        return checkpoint_digest(model_dir)
     from dualpath.runtime.model import TinyTransformer
 
-    model = TinyTransformer(config.model, seed=weight_seed)
     h = hashlib.blake2b(digest_size=16)
-    tensors = [model.embedding, model.final_norm, model.lm_head]
-    for layer in model.layers:
-        tensors.extend(getattr(layer, f) for f in layer.__dataclass_fields__)
-    for t in tensors:
+    for t in TinyTransformer(config.model, seed=weight_seed).tensors():
         h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=8)
-def kv_namespace(config: Config, weight_seed: int, tenant: str = "") -> str:
+@functools.lru_cache(maxsize=64)
+def kv_namespace(
+    config: Config, weights: str | int, tenant: str = "", dtype: str = "float32"
+) -> str:
     """Hash-chain namespace: a fingerprint of everything a block's KV depends on — the model
-    config, a digest of the weights, the KV dtype, the block size and the store's layout
-    version — plus an optional per-tenant salt (blocks are never shared across tenants)."""
+    config, the weights (a digest, or the tiny model's seed), the KV dtype, the block size and
+    the store's layout version — plus an optional per-tenant salt (blocks are never shared
+    across tenants)."""
     from dualpath.runtime.kvstore import VERSION
 
+    digest = weights if isinstance(weights, str) else weights_digest(config, weights)
     parts = {
         "model": asdict(config.model),
-        "weights": weights_digest(config, weight_seed),
-        "dtype": KV_DTYPE,
+        "weights": digest,
+        "dtype": dtype,
         "block_tokens": config.scheduler.block_tokens,
         "layout": VERSION,
         "tenant": tenant,
@@ -97,6 +101,7 @@ class ProcEnv:
     links: tuple[Any, ...] = ()
     # per PE (index = engine id): its hidden-state exchange segment ("" = none, group of one)
     exchange_names: tuple[str, ...] = ()
+    weights: str = ""  # the launcher's ``weights_digest`` (computed once per run, not per child)
 
     def heartbeat_slot(self, who: str) -> int:
         """Index of ``who``'s heartbeat: engines by id, then storage workers by node."""
@@ -156,9 +161,36 @@ class ProcEnv:
         m = self.config.model
         return kvs.BlockLayout(m.num_layers, self.block_tokens, m.kv_bytes_per_token_per_layer)
 
+    def namespace_for(self, tenant: str) -> str:
+        """The hash chain's namespace of ``tenant``'s blocks."""
+        weights = self.weights or weights_digest(
+            self.config, self.options.weight_seed, self.options.model_dir
+        )
+        return kv_namespace(self.config, weights, tenant, self.options.dtype)
+
     @property
     def namespace(self) -> str:
-        return kv_namespace(self.config, self.options.weight_seed, self.options.tenant)
+        """The default tenant's namespace (``RuntimeOptions.tenant``)."""
+        return self.namespace_for(self.options.tenant)
+
+    def build_model(self, engine_id: int) -> Any:
+        """The model engine ``engine_id`` runs (a ``model.RuntimeModel``) on its device, with
+        its share of the host's cores (``RuntimeOptions.engine_threads``)."""
+        import torch
+
+        opts = self.options
+        torch.set_num_threads(
+            opts.engine_threads(len(self.topology.engine_ids), os.cpu_count() or 1)
+        )
+        if not opts.model_dir:
+            from dualpath.runtime.model import TinyTransformer
+
+            return TinyTransformer(self.config.model, seed=opts.weight_seed)
+        from dualpath.runtime.hf_model import DTYPES, HFTransformer
+
+        count = torch.cuda.device_count() if opts.device.startswith("cuda") else 0
+        device = opts.engine_device(engine_id, count)
+        return HFTransformer.from_dir(opts.model_dir, device=device, dtype=DTYPES[opts.dtype])
 
     def cnic_links(self, engine: int) -> tuple[Any, Any] | None:
         """Shared (tx, rx) links of ``engine``'s CNIC, or None when links are per process."""
@@ -191,8 +223,10 @@ class ProcEnv:
         return RegionHandle("shm", spec.name, 0, spec.data_bytes)
 
     def store(self) -> kvs.KVStore:
+        """The persistent store; its block headers carry the tenant-free namespace (the
+        tenant salts the keys, ``namespace_for``)."""
         return kvs.KVStore(
-            self.options.kv_root, self.layout, self.options.direct_io, self.namespace
+            self.options.kv_root, self.layout, self.options.direct_io, self.namespace_for("")
         )
 
     def parent_alive(self) -> bool:

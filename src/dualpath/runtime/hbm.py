@@ -1,15 +1,19 @@
 """An engine's emulated HBM as a paged pool: fixed pages of one Layer Block each.
 
-A page holds ``page_tokens`` rows of one layer's KV (``[tokens, 2, kv_heads, head_dim]``
-float32), so a Full Block's Layer Block maps onto exactly one page. Requests own pages
-through per-request block tables (one page list per layer) kept by the engine. The region is
-an anonymous mmap registered with the transport; torch tensors are views of it.
+A page holds ``page_tokens`` rows of one layer's KV (``[tokens, 2, kv_heads, head_dim]`` in the
+model's KV dtype), so a Full Block's Layer Block maps onto exactly one page. Requests own pages
+through per-request block tables (one page list per layer) kept by the engine; ``PagedKV``
+hands them to a batched forward (``model.BatchKV``). The region is an anonymous mmap registered
+with the transport; torch tensors are views of it. On CUDA the pool stays in host memory (the
+transports move bytes between host regions; a GPU-direct RDMA transport would register device
+memory instead), and each layer's gathered KV is copied to the device by the model.
 """
 
 from __future__ import annotations
 
 import mmap
 import threading
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,17 +23,24 @@ from dualpath.runtime.buffer import PAGE_BYTES
 class HbmPool:
     """``num_pages`` pages; thread-safe alloc / free (lowest free pages first)."""
 
-    def __init__(self, num_pages: int, page_tokens: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_tokens: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         if num_pages < 1:
             raise ValueError(f"num_pages={num_pages} is invalid: must be >= 1")
         self.num_pages = num_pages
         self.page_tokens = page_tokens
-        self.row_bytes = 2 * kv_heads * head_dim * 4
+        self.row_bytes = 2 * kv_heads * head_dim * dtype.itemsize
         self.page_bytes = page_tokens * self.row_bytes
         size = -(-num_pages * self.page_bytes // PAGE_BYTES) * PAGE_BYTES
         self.region = mmap.mmap(-1, size)
-        flat = torch.frombuffer(self.region, dtype=torch.float32, count=size // 4)
-        n = num_pages * self.page_bytes // 4
+        flat = torch.frombuffer(self.region, dtype=dtype, count=size // dtype.itemsize)
+        n = num_pages * self.page_bytes // dtype.itemsize
         self.pages = flat[:n].view(num_pages, page_tokens, 2, kv_heads, head_dim)
         self._free = list(range(num_pages - 1, -1, -1))  # pop() gives the lowest page
         self._cond = threading.Condition()
@@ -73,6 +84,18 @@ class HbmPool:
         used = table[: self.pages_for(num_tokens)]
         return self.pages[torch.tensor(used)].flatten(0, 1)[:num_tokens]
 
+    def gather_batch(self, tables: Sequence[list[int]], lens: Sequence[int]) -> torch.Tensor:
+        """Rows ``0..lens[i]`` of each block table, padded into one tensor in one indexing
+        copy: ``[B, L, 2, kv_heads, head_dim]`` with ``L`` ≥ every length (whole pages); rows
+        past a sequence's length hold other data and must not be read."""
+        counts = [self.pages_for(n) for n in lens]
+        width = max(1, *counts)
+        index = [
+            t[:c] + [t[0] if t else 0] * (width - c) for t, c in zip(tables, counts, strict=True)
+        ]
+        pages = self.pages[torch.tensor(index)]  # [B, width, page_tokens, 2, kvh, hd]
+        return pages.flatten(1, 2)
+
     def scatter(self, table: list[int], start: int, kv: torch.Tensor) -> None:
         """Write ``kv`` as rows ``start..`` of a block table."""
         t, done = start, 0
@@ -84,3 +107,40 @@ class HbmPool:
 
     def close(self) -> None:
         self.pages = self.pages.new_zeros(0, *self.pages.shape[1:])
+
+
+class PagedKV:
+    """``model.BatchKV`` over an ``HbmPool``: sequence ``i``'s layer-``l`` KV is in the pages
+    ``tables(l)[i]``, ``past_lens[i]`` rows cached. ``before(layer)`` runs first (a PE waits
+    there for the layer's Layer Blocks), ``after(layer)`` once the new KV is in its pages (a PE
+    hands the layer to its sender)."""
+
+    def __init__(
+        self,
+        pool: HbmPool,
+        tables: Callable[[int], Sequence[list[int]]],
+        past_lens: Sequence[int],
+        before: Callable[[int], None] | None = None,
+        after: Callable[[int], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.tables = tables
+        self.past_lens = list(past_lens)
+        self.before = before
+        self.after = after
+
+    def update(self, layer: int, new_kv: torch.Tensor, lens: Sequence[int]) -> torch.Tensor:
+        if self.before is not None:
+            self.before(layer)
+        tables = self.tables(layer)
+        new_kv = new_kv.to("cpu")  # the pool is host memory (no copy on the CPU)
+        start = 0
+        for table, p, t in zip(tables, self.past_lens, lens, strict=True):
+            self.pool.scatter(table, p, new_kv[start : start + t])
+            start += t
+        full = self.pool.gather_batch(
+            tables, [p + t for p, t in zip(self.past_lens, lens, strict=True)]
+        )
+        if self.after is not None:
+            self.after(layer)
+        return full

@@ -1,34 +1,44 @@
-"""A Hugging Face-format Llama / Qwen2 checkpoint run by our own layerwise forward.
+"""Hugging Face-format Llama / Qwen2 / Qwen3 checkpoints run by the runtime's layerwise forward.
 
-Loads ``config.json`` + ``*.safetensors`` from a local directory (no hub access) and exposes
-the same per-layer interface as ``TinyTransformer`` (``layer_forward``, ``prefill(new_tokens,
-get_past, on_layer)``, ``logits``, ``empty_kv``): a layer's KV for T tokens is one tensor
-``[T, 2, kv_heads, head_dim]``, so the runtime can swap models. ``forward_batch`` runs several
-sequences' new tokens through one set of GEMMs (continuous batching); attention stays per
-sequence. No clock; the only I/O is ``from_dir``.
+Reads ``config.json`` + ``*.safetensors`` from a local directory (no hub access). The weights are
+memory-mapped (``load_safetensors``: the file's pages are shared by every engine process that
+maps it, copy-on-write), so N engines on one host hold one copy in the page cache, not N
+private ones, as long as the checkpoint's dtype is the compute dtype (else each converts its own
+copy). ``HFTransformer`` implements ``model.RuntimeModel``: batched layerwise forward over a
+``BatchKV``; Qwen3's per-head q/k RMSNorm included. No clock; the only I/O is loading.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import mmap
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dualpath.runtime.model import LayerHook, PastFn, run_layers
+from dualpath.config import Config, ModelConfig
+from dualpath.runtime.model import BatchKV, HiddenHook, attend, kv_row_bytes, last_rows, positions
 
-SUPPORTED_TYPES = ("llama", "qwen2")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# safetensors dtype names → torch dtypes (the ones a Llama / Qwen checkpoint can hold)
+_ST_DTYPES = {
+    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
 SUPPORTED_ROPE = ("default", "llama3")
 
 
 @dataclass(frozen=True, slots=True)
 class HFSpec:
-    """The architecture fields of a Llama / Qwen2 ``config.json`` that the forward uses."""
+    """The architecture fields of a Llama / Qwen2 / Qwen3 ``config.json`` the forward uses."""
 
     model_type: str
     vocab_size: int
@@ -65,6 +75,26 @@ class HFSpec:
                 f"must be one of {', '.join(SUPPORTED_ROPE)}"
             )
 
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3: RMSNorm over each head of q and k before RoPE."""
+        return self.model_type == "qwen3"
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> HFSpec:
+        """From ``model_dir/config.json``; ValueError (one line) naming what is wrong."""
+        root = Path(model_dir)
+        cfg_path = root / "config.json"
+        if not cfg_path.is_file():
+            raise ValueError(f"--model-dir {root}: no config.json there")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{cfg_path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{cfg_path}: must be a JSON object")
+        return cls.from_config(cfg)
+
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> HFSpec:
         """From a parsed ``config.json`` (transformers 4 or 5 layout of the RoPE fields)."""
@@ -90,7 +120,7 @@ class HFSpec:
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                # Qwen2 always has q/k/v biases; Llama has them when attention_bias is set
+                # Qwen2 always has q/k/v biases; Llama / Qwen3 have them when attention_bias is set
                 attention_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -120,22 +150,54 @@ def rope_inv_freq(spec: HFSpec) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-@dataclass(slots=True)
-class SequenceKV:
-    """One sequence's preallocated per-layer KV, ``[capacity, 2, kv_heads, head_dim]`` each."""
+def load_safetensors(path: str | Path) -> dict[str, Tensor]:
+    """Every tensor of one ``.safetensors`` file as a zero-copy view of a private (copy-on-
+    write) memory map of it: pages are read from the page cache on first touch and shared by
+    every process that maps the same file. ValueError (one line) for a malformed file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = path.stat().st_size
+        if size < 8:
+            raise ValueError(f"{path}: not a safetensors file ({size} bytes)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    header_len = int.from_bytes(mm[:8], "little")
+    if header_len > size - 8:
+        raise ValueError(f"{path}: not a safetensors file (header of {header_len} bytes)")
+    try:
+        header = json.loads(bytes(mm[8 : 8 + header_len]))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{path}: not a safetensors file (header is not JSON)") from None
+    base = 8 + header_len
+    out: dict[str, Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
+        begin, end = (int(x) for x in info["data_offsets"])
+        shape = [int(d) for d in info["shape"]]
+        count = math.prod(shape)
+        if end - begin != count * dtype.itemsize or base + end > size:
+            raise ValueError(f"{path}: tensor {name!r} has inconsistent offsets")
+        if count == 0:
+            out[name] = torch.empty(shape, dtype=dtype)
+            continue
+        out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=base + begin).view(shape)
+    return out
 
-    layers: list[Tensor]
-    length: int = 0
 
-    @property
-    def capacity(self) -> int:
-        return self.layers[0].shape[0] if self.layers else 0
-
-    def past(self, layer: int) -> Tensor:
-        return self.layers[layer][: self.length]
-
-    def put(self, layer: int, start: int, kv: Tensor) -> None:
-        self.layers[layer][start : start + kv.shape[0]] = kv
+def checkpoint_digest(model_dir: str | Path) -> str:
+    """blake2b over ``config.json`` and every ``*.safetensors`` shard's bytes (the KV
+    namespace's fingerprint of the weights; ≈ 1 GB/s, once per run in the launcher)."""
+    root = Path(model_dir)
+    h = hashlib.blake2b(digest_size=16)
+    for path in [root / "config.json", *sorted(root.glob("*.safetensors"))]:
+        h.update(path.name.encode())
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +210,8 @@ class _Layer:
     bq: Tensor | None
     bk: Tensor | None
     bv: Tensor | None
+    q_norm: Tensor | None  # Qwen3: per-head RMSNorm weights [head_dim]
+    k_norm: Tensor | None
     mlp_norm: Tensor
     w_gate: Tensor
     w_up: Tensor
@@ -162,7 +226,8 @@ def _linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
 
 
 class HFTransformer:
-    """Our forward over HF Llama / Qwen2 weights (names as ``LlamaForCausalLM`` saves them)."""
+    """Our forward over HF Llama / Qwen2 / Qwen3 weights (names as ``*ForCausalLM`` saves
+    them); a ``model.RuntimeModel``."""
 
     def __init__(
         self,
@@ -177,11 +242,13 @@ class HFTransformer:
         self.device = torch.device(device)
         self.dtype = dtype
         self.num_layers = spec.num_layers
+        self.hidden_size = spec.hidden_size
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
         self.vocab_size = spec.vocab_size
         self.max_context_tokens = spec.max_position_embeddings
+        self.eos_token_ids = spec.eos_token_ids
 
         def get(key: str, required: bool = True) -> Tensor | None:
             t = weights.get(key)
@@ -189,18 +256,18 @@ class HFTransformer:
                 if required:
                     raise ValueError(f"checkpoint is missing tensor {key!r}")
                 return None
-            return t.to(device=self.device, dtype=dtype)
+            return t.to(device=self.device, dtype=dtype)  # no copy when both already match
 
         def req(key: str) -> Tensor:
-            if key not in weights:
-                raise ValueError(f"checkpoint is missing tensor {key!r}")
-            return weights[key].to(device=self.device, dtype=dtype)
+            t = get(key)
+            assert t is not None
+            return t
 
         self.embedding = req("model.embed_tokens.weight")
         self.layers = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
-            ab, mb = spec.attention_bias, spec.mlp_bias
+            ab, mb, qk = spec.attention_bias, spec.mlp_bias, spec.qk_norm
             self.layers.append(
                 _Layer(
                     attn_norm=req(p + "input_layernorm.weight"),
@@ -211,6 +278,8 @@ class HFTransformer:
                     bq=get(p + "self_attn.q_proj.bias", ab),
                     bk=get(p + "self_attn.k_proj.bias", ab),
                     bv=get(p + "self_attn.v_proj.bias", ab),
+                    q_norm=get(p + "self_attn.q_norm.weight", qk) if qk else None,
+                    k_norm=get(p + "self_attn.k_norm.weight", qk) if qk else None,
                     mlp_norm=req(p + "post_attention_layernorm.weight"),
                     w_gate=req(p + "mlp.gate_proj.weight"),
                     w_up=req(p + "mlp.up_proj.weight"),
@@ -229,46 +298,25 @@ class HFTransformer:
     def from_dir(
         cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
     ) -> HFTransformer:
-        """Load ``config.json`` and every ``*.safetensors`` shard of a local checkpoint."""
-        from safetensors.torch import load_file
-
+        """Load ``config.json`` and every ``*.safetensors`` shard of a local checkpoint
+        (memory-mapped, see ``load_safetensors``)."""
         root = Path(model_dir)
-        cfg_path = root / "config.json"
-        if not cfg_path.is_file():
-            raise ValueError(f"--model-dir {root}: no config.json there")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{cfg_path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        spec = HFSpec.from_dir(root)
         shards = sorted(root.glob("*.safetensors"))
         if not shards:
             raise ValueError(f"--model-dir {root}: no *.safetensors weights there")
         weights: dict[str, Tensor] = {}
         for shard in shards:
-            weights.update(load_file(str(shard)))
-        return cls(HFSpec.from_config(cfg), weights, device=device, dtype=dtype, name=root.name)
-
-    # -- the per-layer interface shared with TinyTransformer ------------------------------
+            weights.update(load_safetensors(shard))
+        return cls(spec, weights, device=device, dtype=dtype, name=root.name)
 
     @property
     def kv_row_bytes(self) -> int:
-        """Bytes of one token's KV in one layer (a Layer Block row)."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return kv_row_bytes(self)
 
-    def empty_kv(self, num_tokens: int = 0) -> Tensor:
-        return torch.zeros(
-            num_tokens, 2, self.num_kv_heads, self.head_dim, device=self.device, dtype=self.dtype
-        )
-
-    def new_sequence(self, capacity_tokens: int) -> SequenceKV:
-        return SequenceKV([self.empty_kv(capacity_tokens) for _ in range(self.num_layers)])
-
-    def embed(self, tokens: Sequence[int]) -> Tensor:
-        return self.embedding[torch.tensor(list(tokens), dtype=torch.long, device=self.device)]
-
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        # x: [T, heads, head_dim]; HF layout: rotate the two halves (rotate_half)
-        angles = positions.to(self._inv_freq.dtype).unsqueeze(1) * self._inv_freq.unsqueeze(0)
+    def _rope(self, x: Tensor, pos: Tensor) -> Tensor:
+        # x: [N, heads, head_dim]; HF layout: rotate the two halves (rotate_half)
+        angles = pos.to(self._inv_freq.dtype).unsqueeze(1) * self._inv_freq.unsqueeze(0)
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
         half = x.shape[-1] // 2
@@ -280,108 +328,86 @@ class HFTransformer:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
         return weight * x32.to(x.dtype)
 
-    def _qkv(self, layer: int, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _layer(
+        self, layer: int, h: Tensor, pos: Tensor, kv: BatchKV, lens: Sequence[int]
+    ) -> Tensor:
         w = self.layers[layer]
-        t = h.shape[0]
+        n = h.shape[0]
         x = self._norm(h, w.attn_norm)
-        q = _linear(x, w.wq, w.bq).view(t, self.num_heads, self.head_dim)
-        k = _linear(x, w.wk, w.bk).view(t, self.num_kv_heads, self.head_dim)
-        v = _linear(x, w.wv, w.bv).view(t, self.num_kv_heads, self.head_dim)
-        return self._rope(q, positions), self._rope(k, positions), v
-
-    def _attend(self, q: Tensor, kv: Tensor, past_len: int) -> Tensor:
-        """Causal attention of new queries q [T, H, hd] over kv [P+T, 2, kvh, hd] → [T, H*hd]."""
-        t = q.shape[0]
-        rep = self.num_heads // self.num_kv_heads
-        keys = kv[:, 0].repeat_interleave(rep, dim=1).transpose(0, 1)
-        vals = kv[:, 1].repeat_interleave(rep, dim=1).transpose(0, 1)
-        mask = None
-        if t > 1:
-            total = past_len + t
-            pos = torch.arange(total, device=q.device)
-            mask = pos.unsqueeze(0) <= (pos[past_len:]).unsqueeze(1)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), keys, vals, attn_mask=mask
-        )
-        return out.transpose(0, 1).reshape(t, -1)
-
-    def _mlp(self, layer: int, h: Tensor) -> Tensor:
-        w = self.layers[layer]
+        q = _linear(x, w.wq, w.bq).view(n, self.num_heads, self.head_dim)
+        k = _linear(x, w.wk, w.bk).view(n, self.num_kv_heads, self.head_dim)
+        v = _linear(x, w.wv, w.bv).view(n, self.num_kv_heads, self.head_dim)
+        if w.q_norm is not None and w.k_norm is not None:
+            q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
+        q, k = self._rope(q, pos), self._rope(k, pos)
+        full = kv.update(layer, torch.stack((k, v), dim=1), lens).to(self.device, self.dtype)
+        h = h + _linear(attend(q, full, kv.past_lens, lens), w.wo, None)
         x = self._norm(h, w.mlp_norm)
         gate = torch.nn.functional.silu(_linear(x, w.w_gate, w.b_gate))
         return h + _linear(gate * _linear(x, w.w_up, w.b_up), w.w_down, w.b_down)
 
-    def layer_forward(self, layer: int, h: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
-        """One layer over new hidden states ``h`` [T, hidden] after ``past`` [P, 2, kvh, hd].
-
-        Returns (new hidden states, KV of the new tokens [T, 2, kvh, hd])."""
-        p = past.shape[0]
-        positions = torch.arange(p, p + h.shape[0], device=self.device)
-        q, k, v = self._qkv(layer, h, positions)
-        new_kv = torch.stack((k, v), dim=1)
-        kv = torch.cat((past, new_kv), dim=0) if p else new_kv
-        h = h + _linear(self._attend(q, kv, p), self.layers[layer].wo, None)
-        return self._mlp(layer, h), new_kv
-
-    def logits(self, h_last: Tensor) -> Tensor:
-        return (self._norm(h_last, self.final_norm) @ self.lm_head.T).float()
-
     @torch.no_grad()
-    def prefill(
-        self, new_tokens: Sequence[int], get_past: PastFn, on_layer: LayerHook | None = None
+    def forward_batch(
+        self,
+        new_tokens: Sequence[Sequence[int]],
+        kv: BatchKV,
+        on_hidden: HiddenHook | None = None,
     ) -> Tensor:
-        """Layerwise prefill of ``new_tokens`` after a cached prefix; returns the last logits
-        (same contract as ``TinyTransformer.prefill``)."""
-        if not new_tokens:
-            raise ValueError("prefill needs at least one new token (got 0)")
-        h = self.embed(new_tokens)
-        return self.logits(run_layers(self, h, get_past, on_layer)[-1])
-
-    # -- batched steps (continuous batching) ----------------------------------------------
-
-    @torch.no_grad()
-    def forward_batch(self, items: Sequence[tuple[Sequence[int], SequenceKV]]) -> Tensor:
-        """Run each sequence's new tokens after its cached ``length`` in one pass.
-
-        Projections and MLPs run on all new tokens at once; attention per sequence. Each
-        sequence's KV is written at ``[length, length + T)`` and ``length`` advances.
-        Returns the logits of each sequence's last new token, ``[len(items), vocab]``."""
-        if not items or any(not toks for toks, _ in items):
-            raise ValueError("forward_batch needs at least one new token per sequence")
-        lens = [len(toks) for toks, _ in items]
-        for (_, seq), n in zip(items, lens, strict=True):
-            if seq.length + n > seq.capacity:
-                raise ValueError(
-                    f"sequence of {seq.length} + {n} tokens exceeds its KV capacity {seq.capacity}"
-                )
-        ids = [t for toks, _ in items for t in toks]
-        positions = torch.cat(
-            [
-                torch.arange(seq.length, seq.length + n)
-                for (_, seq), n in zip(items, lens, strict=True)
-            ]
-        ).to(self.device)
-        h = self.embed(ids)
+        """Batched layerwise forward (``model.RuntimeModel``): logits of each sequence's last
+        new token, ``[B, vocab]`` float32 on the CPU."""
+        lens = [len(t) for t in new_tokens]
+        if not lens or min(lens) < 1:
+            raise ValueError(f"forward_batch needs >= 1 new token per sequence (got {lens})")
+        pos = positions(kv.past_lens, lens).to(self.device)
+        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
+        h = self.embedding[ids.to(self.device)]
         for layer in range(self.num_layers):
-            q, k, v = self._qkv(layer, h, positions)
-            new_kv = torch.stack((k, v), dim=1)
-            outs, start = [], 0
-            for (_, seq), n in zip(items, lens, strict=True):
-                seq.put(layer, seq.length, new_kv[start : start + n])
-                kv = seq.layers[layer][: seq.length + n]
-                outs.append(self._attend(q[start : start + n], kv, seq.length))
-                start += n
-            h = h + _linear(torch.cat(outs), self.layers[layer].wo, None)
-            h = self._mlp(layer, h)
-        for (_, seq), n in zip(items, lens, strict=True):
-            seq.length += n
-        last = torch.tensor(list(_last_indices(lens)), device=self.device)
-        return self.logits(h[last])
+            h = self._layer(layer, h, pos, kv, lens)
+            if on_hidden is not None:
+                on_hidden(layer, h)
+        h_last = self._norm(h[last_rows(lens).to(self.device)], self.final_norm)
+        return (h_last @ self.lm_head.T).float().cpu()
 
 
-def _last_indices(lens: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for n in lens:
-        total += n
-        out.append(total - 1)
-    return out
+def model_config(spec: HFSpec, dtype: str, name: str) -> ModelConfig:
+    """The runtime's ``ModelConfig`` of a checkpoint (what the scheduler, buffers, store and
+    cost model size by): dense GQA, KV in the compute ``dtype``."""
+    itemsize = DTYPES[dtype].itemsize
+    embed = spec.vocab_size * spec.hidden_size * (1 if spec.tie_word_embeddings else 2)
+    attn = spec.hidden_size * spec.head_dim * (2 * spec.num_heads + 2 * spec.num_kv_heads)
+    per_layer = attn + 3 * spec.hidden_size * spec.intermediate_size + 2 * spec.hidden_size
+    params = float(embed + spec.num_layers * per_layer)
+    return ModelConfig(
+        name=name,
+        attention="gqa",
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        kv_dtype_bytes=itemsize,
+        active_params=params,
+        total_params=params,
+        num_routed_experts=0,
+        experts_per_token=0,
+        num_shared_experts=0,
+        num_dense_layers=spec.num_layers,
+        ffn_hidden_size=spec.intermediate_size,
+        moe_intermediate_size=0,
+        vocab_size=spec.vocab_size,
+        max_context_tokens=spec.max_position_embeddings,
+        compute_dtype="bf16",
+        weight_dtype_bytes=float(itemsize),
+    )
+
+
+def with_checkpoint(config: Config, model_dir: str, dtype: str = "float32") -> Config:
+    """``config`` with its model replaced by ``model_dir``'s (``model_config``)."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ValueError(f"--model-dir {model_dir}: no such directory")
+    spec = HFSpec.from_dir(root)
+    if not any(root.glob("*.safetensors")):
+        raise ValueError(f"--model-dir {root}: no *.safetensors weights there")
+    model = model_config(spec, dtype, root.resolve().name)
+    return replace(config, model=model)

@@ -25,7 +25,7 @@ from dualpath.config import Config
 from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.engine import engine_main
-from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.env import ProcEnv, weights_digest
 from dualpath.runtime.exchange import region_bytes
 from dualpath.runtime.kvstore import BlockLayout
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
@@ -115,7 +115,8 @@ class Launcher:
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
                       storage_inboxes, time.monotonic(), os.getpid(),
                       heartbeats=self.heartbeats, nic_busy=self.nic_busy, links=links,
-                      exchange_names=self._create_exchanges(tag, topo))  # fmt: skip
+                      exchange_names=self._create_exchanges(tag, topo),
+                      weights=weights_digest(cfg, self.options.weight_seed, self.options.model_dir))  # fmt: skip
         self.env = env
         crash = self.options.faults.crash_storage
         for node in range(topo.num_nodes):

@@ -152,6 +152,7 @@ class DecodeMsg:
     de_slots: tuple[int, ...]
     stored_blocks: int
     sampling: SamplingParams | None = None  # None: greedy, to ``output_tokens``
+    namespace: str = ""  # the hash chain of its blocks' keys ("" = the run's default tenant)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,21 @@
-"""The runtime's real model: a small decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU).
+"""The runtime's model interface, its one KV class, and the built-in tiny transformer.
 
-Executed one layer at a time with an explicit per-layer KV cache, so engines can load each
-layer's Layer Blocks just before computing it and send its KV right after (SPEC §8). A layer's
-KV for T tokens is one float32 tensor ``[T, 2, kv_heads, head_dim]`` (K then V per token), i.e.
-``kv_bytes_per_token_per_layer`` bytes per token: exactly a Layer Block row.
-Weights come from a seed (``torch.Generator``); nothing is downloaded. No I/O, no clock.
+Every model an engine runs (``RuntimeModel``: the tiny model here, Hugging Face checkpoints in
+``hf_model.py``) is executed one layer at a time over a batch of sequences, each sequence's new
+tokens after its cached prefix, with the KV kept outside the model (``BatchKV``): an engine's
+paged HBM (``hbm.PagedKV``) or a preallocated ``KVCache`` (the recompute reference). That is
+what lets engines load each layer's Layer Blocks just before computing it and send its KV right
+after (SPEC §8). A layer's KV for T tokens is ``[T, 2, kv_heads, head_dim]`` (K then V per
+token): ``kv_row_bytes`` per token, exactly a Layer Block row.
+The tiny model's weights come from a seed (``torch.Generator``); nothing is downloaded. No I/O,
+no clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -22,13 +26,151 @@ from dualpath.types import AttentionKind
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
 
-# get_past(layer) -> KV of the cached prefix for that layer, shape [cached, 2, kv_heads, head_dim]
-PastFn = Callable[[int], Tensor]
-# on_layer(layer, new_kv) after the layer is computed; new_kv is the KV of the new tokens only
-LayerHook = Callable[[int, Tensor], None]
-# batched: get_pasts(layer) -> one cached-prefix KV per sequence; on_layers(layer, new KVs)
-PastsFn = Callable[[int], Sequence[Tensor]]
-LayersHook = Callable[[int, Sequence[Tensor]], None]
+# on_hidden(layer, h): the layer's output hidden states [Σ new, hidden] (the PEs' exchange)
+HiddenHook = Callable[[int, Tensor], None]
+
+
+class BatchKV(Protocol):
+    """Where a batched forward keeps its KV: sequence ``i`` has ``past_lens[i]`` cached tokens
+    (the same in every layer) and gets ``lens[i]`` new ones in this forward."""
+
+    @property
+    def past_lens(self) -> Sequence[int]: ...
+
+    def update(self, layer: int, new_kv: Tensor, lens: Sequence[int]) -> Tensor:
+        """Store ``layer``'s KV of the new tokens (``[Σ lens, 2, kvh, hd]``, sequence-major)
+        and return the layer's whole KV, cached then new, padded: ``[B, L, 2, kvh, hd]`` with
+        ``L = max(past_lens[i] + lens[i])``; rows past a sequence's length are never read."""
+        ...
+
+
+class RuntimeModel(Protocol):
+    """What an engine needs from a model (``TinyTransformer``, ``hf_model.HFTransformer``)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context_tokens: int
+    eos_token_ids: tuple[int, ...]
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def kv_row_bytes(self) -> int: ...
+
+    def forward_batch(
+        self,
+        new_tokens: Sequence[Sequence[int]],
+        kv: BatchKV,
+        on_hidden: HiddenHook | None = None,
+    ) -> Tensor:
+        """Logits of each sequence's last new token, ``[B, vocab]`` float32 on the CPU."""
+        ...
+
+
+def kv_row_bytes(model: RuntimeModel) -> int:
+    """Bytes of one token's KV in one layer (a Layer Block row)."""
+    return 2 * model.num_kv_heads * model.head_dim * model.dtype.itemsize
+
+
+def positions(past_lens: Sequence[int], lens: Sequence[int]) -> Tensor:
+    """Absolute position of every new token, sequence-major ``[Σ lens]``."""
+    return torch.cat([torch.arange(p, p + t) for p, t in zip(past_lens, lens, strict=True)])
+
+
+def attend(q: Tensor, kv: Tensor, past_lens: Sequence[int], lens: Sequence[int]) -> Tensor:
+    """Causal GQA attention of the new queries ``q`` [Σ lens, H, hd] over each sequence's
+    padded KV ``kv`` [B, L, 2, kvh, hd] → ``[Σ lens, H·hd]``. One SDPA call for the batch: a
+    query at position p sees keys 0..p of its own sequence; padded query rows are dropped."""
+    b, heads, hd = len(lens), q.shape[1], q.shape[2]
+    t_max = max(lens)
+    if t_max == 1:  # decode: one query per sequence, no query padding
+        qp = q.view(b, 1, heads, hd)
+        rows = None
+    else:
+        rows = torch.cat([torch.arange(t) + i * t_max for i, t in enumerate(lens)])
+        qp = q.new_zeros(b * t_max, heads, hd)
+        qp[rows] = q
+        qp = qp.view(b, t_max, heads, hd)
+    qpos = torch.tensor(list(past_lens)).unsqueeze(1) + torch.arange(t_max).unsqueeze(0)
+    mask = torch.arange(kv.shape[1]).view(1, 1, -1) <= qpos.unsqueeze(2)  # [B, T, L]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qp.transpose(1, 2),
+        kv[:, :, 0].transpose(1, 2),
+        kv[:, :, 1].transpose(1, 2),
+        attn_mask=mask.unsqueeze(1).to(q.device),
+        enable_gqa=True,
+    )  # [B, H, T, hd]
+    flat = out.transpose(1, 2).reshape(b * t_max, heads * hd)
+    return flat if rows is None else flat[rows.to(q.device)]
+
+
+def last_rows(lens: Sequence[int]) -> Tensor:
+    """Index of each sequence's last new token in the sequence-major batch."""
+    return torch.tensor(list(lens)).cumsum(0) - 1
+
+
+class KVCache:
+    """Preallocated per-layer KV of one sequence, ``[capacity, 2, kv_heads, head_dim]`` each;
+    ``length`` tokens are valid. ``CacheBatch`` runs several of them through one forward."""
+
+    def __init__(self, model: RuntimeModel, capacity_tokens: int) -> None:
+        shape = (capacity_tokens, 2, model.num_kv_heads, model.head_dim)
+        self.layers = [
+            torch.zeros(shape, dtype=model.dtype, device=model.device)
+            for _ in range(model.num_layers)
+        ]
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].shape[0] if self.layers else 0
+
+    def past(self, layer: int) -> Tensor:
+        return self.layers[layer][: self.length]
+
+    def extend(self, model: RuntimeModel, tokens: Sequence[int]) -> Tensor:
+        """Prefill/decode ``tokens`` after the cached ones, append their KV; last logits."""
+        return model.forward_batch([tokens], CacheBatch([self]))[0]
+
+
+class CacheBatch:
+    """``BatchKV`` over ``KVCache``s; each cache's ``length`` advances after the last layer."""
+
+    def __init__(self, caches: Sequence[KVCache]) -> None:
+        self.caches = list(caches)
+        self.past_lens = [c.length for c in self.caches]
+
+    def update(self, layer: int, new_kv: Tensor, lens: Sequence[int]) -> Tensor:
+        start = 0
+        for c, p, t in zip(self.caches, self.past_lens, lens, strict=True):
+            if p + t > c.capacity:
+                raise ValueError(f"{p} + {t} tokens exceed the KV cache's capacity {c.capacity}")
+            c.layers[layer][p : p + t] = new_kv[start : start + t]
+            start += t
+        rows = [c.layers[layer][: p + t] for c, p, t in zip(self.caches, self.past_lens, lens,
+                                                              strict=True)]  # fmt: skip
+        out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        if layer == len(self.caches[0].layers) - 1:
+            for c, p, t in zip(self.caches, self.past_lens, lens, strict=True):
+                c.length = p + t
+        return out
+
+
+@torch.no_grad()
+def greedy_generate(
+    model: RuntimeModel, prompt: Sequence[int], num_tokens: int
+) -> tuple[list[int], KVCache]:
+    """Recompute from scratch: greedy ``num_tokens`` tokens; returns them and the cache
+    holding the KV of prompt + generated[:-1] (the reference for tests)."""
+    cache = KVCache(model, len(prompt) + num_tokens)
+    out = [int(cache.extend(model, prompt).argmax())]
+    while len(out) < num_tokens:
+        out.append(int(cache.extend(model, out[-1:]).argmax()))
+    return out, cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,22 +186,13 @@ class _Layer:
     w_down: Tensor
 
 
-def run_layers(model: Any, h: Tensor, get_past: PastFn, on_layer: LayerHook | None) -> Tensor:
-    """The layerwise loop every runtime model shares: for each layer, its cached prefix KV from
-    ``get_past``, the layer, then ``on_layer`` with the new tokens' KV; the last hidden states."""
-    for layer in range(model.num_layers):
-        h, new_kv = model.layer_forward(layer, h, get_past(layer))
-        if on_layer is not None:
-            on_layer(layer, new_kv)
-    return h
-
-
 def _rms_norm(x: Tensor, weight: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * weight
 
 
 class TinyTransformer:
-    """Deterministic-weight GQA transformer for a ``ModelConfig`` with ``attention="gqa"``."""
+    """Deterministic-weight GQA transformer (RMSNorm, interleaved RoPE, SwiGLU) for a
+    ``ModelConfig`` with ``attention="gqa"`` and float32 KV; CPU."""
 
     def __init__(self, model: ModelConfig, seed: int = 0) -> None:
         if model.attention_kind is not AttentionKind.GQA:
@@ -72,10 +205,17 @@ class TinyTransformer:
                 "must be 4 (float32 KV)"
             )
         self.config = model
+        self.name = f"dualpath-{model.name}"
         self.num_layers = model.num_layers
+        self.hidden_size = model.hidden_size
         self.num_heads = model.num_heads
         self.num_kv_heads = model.num_kv_heads
         self.head_dim = model.head_dim
+        self.vocab_size = model.vocab_size
+        self.max_context_tokens = model.max_context_tokens
+        self.eos_token_ids: tuple[int, ...] = ()  # the tokenizer's (serve/tokenizer.py)
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
         gen = torch.Generator().manual_seed(seed)
         hid, ffn = model.hidden_size, model.ffn_hidden_size
         qd, kvd = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
@@ -109,180 +249,54 @@ class TinyTransformer:
 
     @property
     def kv_row_bytes(self) -> int:
-        """Bytes of one token's KV in one layer (a Layer Block row)."""
-        return 2 * self.num_kv_heads * self.head_dim * 4
+        return kv_row_bytes(self)
 
-    def empty_kv(self, num_tokens: int = 0) -> Tensor:
-        return torch.zeros(num_tokens, 2, self.num_kv_heads, self.head_dim)
+    def tensors(self) -> list[Tensor]:
+        """Every weight tensor, in a fixed order (the KV namespace's weight digest)."""
+        out = [self.embedding, self.final_norm, self.lm_head]
+        for layer in self.layers:
+            out.extend(getattr(layer, f) for f in layer.__dataclass_fields__)
+        return out
 
-    def _rope(self, x: Tensor, start: int) -> Tensor:
-        # x: [T, heads, head_dim]; rotate pairs (even, odd) by position-dependent angles
-        t = x.shape[0]
-        cos = self._cos[start : start + t].unsqueeze(1)
-        sin = self._sin[start : start + t].unsqueeze(1)
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-
-    def layer_forward(self, layer: int, h: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
-        """One layer over new hidden states ``h`` [T, hidden] after ``past`` [P, 2, kvh, hd].
-
-        Returns (new hidden states, KV of the new tokens [T, 2, kvh, hd])."""
-        w = self.layers[layer]
-        t, p = h.shape[0], past.shape[0]
-        x = _rms_norm(h, w.attn_norm)
-        q = self._rope((x @ w.wq.T).view(t, self.num_heads, self.head_dim), p)
-        k = self._rope((x @ w.wk.T).view(t, self.num_kv_heads, self.head_dim), p)
-        v = (x @ w.wv.T).view(t, self.num_kv_heads, self.head_dim)
-        new_kv = torch.stack((k, v), dim=1)
-        kv = torch.cat((past, new_kv), dim=0) if p else new_kv
-        rep = self.num_heads // self.num_kv_heads
-        keys = kv[:, 0].repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, P+T, hd]
-        vals = kv[:, 1].repeat_interleave(rep, dim=1).transpose(0, 1)
-        mask = torch.arange(p + t).unsqueeze(0) <= (torch.arange(t) + p).unsqueeze(1)
-        attn = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), keys, vals, attn_mask=mask
-        )
-        h = h + attn.transpose(0, 1).reshape(t, -1) @ w.wo.T
-        x = _rms_norm(h, w.mlp_norm)
-        gate = torch.nn.functional.silu(x @ w.w_gate.T)
-        h = h + (gate * (x @ w.w_up.T)) @ w.w_down.T
-        return h, new_kv
-
-    def _rope_at(self, x: Tensor, pos: Tensor) -> Tensor:
-        # x: [N, heads, head_dim] at absolute positions ``pos`` [N]
+    def _rope(self, x: Tensor, pos: Tensor) -> Tensor:
+        # x: [N, heads, head_dim] at absolute positions ``pos`` [N]; rotate pairs (even, odd)
         cos = self._cos[pos].unsqueeze(1)
         sin = self._sin[pos].unsqueeze(1)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
-    def layer_forward_batch(
-        self, layer: int, h: Tensor, lens: Sequence[int], pasts: Sequence[Tensor]
-    ) -> tuple[Tensor, list[Tensor]]:
-        """One layer over a batch of sequences: ``h`` [Σ lens, hidden] is the new tokens of
-        every sequence concatenated, sequence i after its cached prefix ``pasts[i]``.
-
-        Projections and the MLP run over all tokens at once; attention is one padded
-        variable-length SDPA call over the (cached, new) pairs with a per-sequence causal
-        mask. Returns (new hidden states, the KV of each sequence's new tokens)."""
+    def _layer(
+        self, layer: int, h: Tensor, pos: Tensor, kv: BatchKV, lens: Sequence[int]
+    ) -> Tensor:
         w = self.layers[layer]
-        n, b = h.shape[0], len(lens)
-        starts = [p.shape[0] for p in pasts]
-        pos = torch.cat([torch.arange(s, s + t) for s, t in zip(starts, lens, strict=True)])
+        n = h.shape[0]
         x = _rms_norm(h, w.attn_norm)
-        q = self._rope_at((x @ w.wq.T).view(n, self.num_heads, self.head_dim), pos)
-        k = self._rope_at((x @ w.wk.T).view(n, self.num_kv_heads, self.head_dim), pos)
+        q = self._rope((x @ w.wq.T).view(n, self.num_heads, self.head_dim), pos)
+        k = self._rope((x @ w.wk.T).view(n, self.num_kv_heads, self.head_dim), pos)
         v = (x @ w.wv.T).view(n, self.num_kv_heads, self.head_dim)
-        kv_new = torch.stack((k, v), dim=1)
-        news = list(kv_new.split(list(lens)))
-        t_max = max(lens)
-        l_max = max(s + t for s, t in zip(starts, lens, strict=True))
-        rep = self.num_heads // self.num_kv_heads
-        qp = h.new_zeros(b, t_max, self.num_heads, self.head_dim)
-        kvp = h.new_zeros(b, l_max, 2, self.num_kv_heads, self.head_dim)
-        qs = q.split(list(lens))
-        for i in range(b):
-            s, t = starts[i], lens[i]
-            qp[i, :t] = qs[i]
-            if s:
-                kvp[i, :s] = pasts[i]
-            kvp[i, s : s + t] = news[i]
-        keys = kvp[:, :, 0].repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, H, L, hd]
-        vals = kvp[:, :, 1].repeat_interleave(rep, dim=2).transpose(1, 2)
-        qpos = torch.tensor(starts).unsqueeze(1) + torch.arange(t_max).unsqueeze(0)  # [B, T]
-        mask = torch.arange(l_max).view(1, 1, -1) <= qpos.unsqueeze(2)  # causal, [B, T, L]
-        attn = torch.nn.functional.scaled_dot_product_attention(
-            qp.transpose(1, 2), keys, vals, attn_mask=mask.unsqueeze(1)
-        )  # [B, H, T, hd]; padded query rows see a valid prefix, their output is dropped
-        out = attn.transpose(1, 2)
-        flat = torch.cat([out[i, : lens[i]] for i in range(b)]).reshape(n, -1)
-        h = h + flat @ w.wo.T
+        full = kv.update(layer, torch.stack((k, v), dim=1), lens)
+        h = h + attend(q, full, kv.past_lens, lens) @ w.wo.T
         x = _rms_norm(h, w.mlp_norm)
         gate = torch.nn.functional.silu(x @ w.w_gate.T)
-        h = h + (gate * (x @ w.w_up.T)) @ w.w_down.T
-        return h, news
+        return h + (gate * (x @ w.w_up.T)) @ w.w_down.T
 
     @torch.no_grad()
     def forward_batch(
         self,
         new_tokens: Sequence[Sequence[int]],
-        get_pasts: PastsFn,
-        on_layers: LayersHook | None = None,
-        on_hidden: Callable[[int, Tensor], None] | None = None,
+        kv: BatchKV,
+        on_hidden: HiddenHook | None = None,
     ) -> Tensor:
-        """Batched layerwise forward of several sequences (prefill chunks or decode steps);
-        returns the logits of each sequence's last new token, ``[B, vocab]``.
-
-        ``get_pasts(layer)`` gives each sequence's cached KV (its length must not change
-        across layers); ``on_layers(layer, new_kvs)`` receives each sequence's new KV;
-        ``on_hidden(layer, h)`` the layer's output hidden states ``[Σ new, hidden]``."""
+        """Batched layerwise forward of several sequences (prefill chunks or decode steps):
+        projections and MLPs over every new token at once, attention in one padded call;
+        returns the logits of each sequence's last new token, ``[B, vocab]``."""
         lens = [len(t) for t in new_tokens]
         if not lens or min(lens) < 1:
             raise ValueError(f"forward_batch needs >= 1 new token per sequence (got {lens})")
-        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
-        h = self.embedding[ids]
+        pos = positions(kv.past_lens, lens)
+        h = self.embedding[torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)]
         for layer in range(self.num_layers):
-            h, news = self.layer_forward_batch(layer, h, lens, get_pasts(layer))
-            if on_layers is not None:
-                on_layers(layer, news)
+            h = self._layer(layer, h, pos, kv, lens)
             if on_hidden is not None:
                 on_hidden(layer, h)
-        last = torch.tensor(lens).cumsum(0) - 1
-        return self.logits(h[last])
-
-    def logits(self, h_last: Tensor) -> Tensor:
-        return _rms_norm(h_last, self.final_norm) @ self.lm_head.T
-
-    @torch.no_grad()
-    def prefill(
-        self,
-        new_tokens: Sequence[int],
-        get_past: PastFn,
-        on_layer: LayerHook | None = None,
-    ) -> Tensor:
-        """Layerwise prefill of ``new_tokens`` after a cached prefix; returns the last logits.
-
-        For each layer: ``get_past(layer)`` supplies the cached prefix KV (all layers must give
-        the same length), the layer runs, then ``on_layer(layer, new_kv)`` receives its KV."""
-        if not new_tokens:
-            raise ValueError("prefill needs at least one new token (got 0)")
-        h = self.embedding[torch.tensor(list(new_tokens), dtype=torch.long)]
-        return self.logits(run_layers(self, h, get_past, on_layer)[-1])
-
-    @torch.no_grad()
-    def generate(self, prompt: Sequence[int], num_tokens: int) -> tuple[list[int], KVCache]:
-        """Recompute from scratch: greedy ``num_tokens`` tokens; returns them and the cache
-        holding the KV of prompt + generated[:-1] (the reference for tests)."""
-        cache = KVCache(self, len(prompt) + num_tokens)
-        out = [int(cache.extend(self, prompt).argmax())]
-        while len(out) < num_tokens:
-            out.append(int(cache.extend(self, out[-1:]).argmax()))
-        return out, cache
-
-
-class KVCache:
-    """Preallocated per-layer KV of one request: ``[capacity, 2, kv_heads, head_dim]`` each."""
-
-    def __init__(self, model: TinyTransformer, capacity_tokens: int) -> None:
-        self.layers = [model.empty_kv(capacity_tokens) for _ in range(model.num_layers)]
-        self.length = 0
-
-    @classmethod
-    def over(cls, layers: list[Tensor], length: int) -> KVCache:
-        """A cache over existing per-layer tensors (e.g. views of an engine's HBM region)."""
-        cache = cls.__new__(cls)
-        cache.layers = layers
-        cache.length = length
-        return cache
-
-    def past(self, layer: int) -> Tensor:
-        return self.layers[layer][: self.length]
-
-    def put(self, layer: int, start: int, kv: Tensor) -> None:
-        self.layers[layer][start : start + kv.shape[0]] = kv
-
-    def extend(self, model: TinyTransformer, tokens: Sequence[int]) -> Tensor:
-        """Prefill/decode ``tokens`` after the cached ones; append their KV; last logits."""
-        start = self.length
-        logits = model.prefill(tokens, self.past, lambda layer, kv: self.put(layer, start, kv))
-        self.length = start + len(tokens)
-        return logits
+        return _rms_norm(h[last_rows(lens)], self.final_norm) @ self.lm_head.T

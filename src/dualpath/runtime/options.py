@@ -8,6 +8,8 @@ from dualpath.config.systems import SystemSpec, system_spec
 
 TRANSPORTS = ("shm", "tcp", "mooncake")
 RUNTIMES = ("local", "ray")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,14 @@ class RuntimeOptions:
     engine thread keeps outstanding (1 = each waited for before the next is issued).
     ``runtime``: ``local`` (processes on this host) or ``ray`` (Ray actors placed per node,
     ``ray_address`` the cluster's GCS address, "" = a local Ray instance); Ray needs a
-    transport that crosses nodes (tcp or mooncake)."""
+    transport that crosses nodes (tcp or mooncake).
+    ``model_dir``: a local Hugging Face checkpoint (Llama / Qwen2 / Qwen3) every engine runs
+    (memory-mapped); "" = the preset's built-in tiny model from ``weight_seed``. ``device``:
+    ``cpu`` or ``cuda`` (engine i on ``cuda:i % device_count``; ``cuda:N`` pins every engine
+    to GPU N); ``dtype``: the engines' compute and KV dtype. ``threads``: torch CPU threads
+    per engine process (0 = the host's cores shared evenly by the engines, at least 1: each
+    emulated GPU gets its share of the host and no engine's spinning threads steal another's
+    core)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
@@ -62,6 +71,10 @@ class RuntimeOptions:
     faults: FaultPlan = FaultPlan()
     runtime: str = "local"
     ray_address: str = ""
+    model_dir: str = ""
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 0
 
     def __post_init__(self) -> None:
         system_spec(self.system)  # ValueError naming the allowed systems
@@ -78,6 +91,19 @@ class RuntimeOptions:
                 "transport='shm' is invalid with runtime='ray': shared memory cannot cross "
                 "nodes (use tcp or mooncake)"
             )
+        if self.device.split(":")[0] not in DEVICES or (
+            ":" in self.device and not self.device.split(":", 1)[1].isdigit()
+        ):
+            raise ValueError(f"device={self.device!r} is invalid: must be cpu, cuda or cuda:N")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid: must be one of {', '.join(DTYPES)}")
+        if not self.model_dir and (self.device != "cpu" or self.dtype != "float32"):
+            raise ValueError(
+                f"device={self.device!r} / dtype={self.dtype!r}: the built-in tiny model runs on "
+                "cpu in float32 only (give model_dir for a checkpoint)"
+            )
+        if self.threads < 0:
+            raise ValueError(f"threads={self.threads} is invalid: must be >= 0 (0 = auto)")
         if self.hbm_tokens < 1:
             raise ValueError(f"hbm_tokens={self.hbm_tokens} is invalid: must be >= 1")
         if self.pe_hbm_tokens < 0:
@@ -91,6 +117,17 @@ class RuntimeOptions:
         """Pages (one Layer Block each) of an engine's HBM pool (a PE's with ``pe``)."""
         tokens = self.pe_hbm_tokens if pe and self.pe_hbm_tokens else self.hbm_tokens
         return max(1, tokens // block_tokens) * num_layers
+
+    def engine_threads(self, num_engines: int, cpu_count: int) -> int:
+        """Torch CPU threads of each of ``num_engines`` engine processes on ``cpu_count``
+        cores (see ``threads``)."""
+        return self.threads or max(1, cpu_count // max(1, num_engines))
+
+    def engine_device(self, engine: int, device_count: int) -> str:
+        """Engine ``engine``'s torch device: ``cuda`` spreads engines over the GPUs."""
+        if self.device == "cuda":
+            return f"cuda:{engine % max(1, device_count)}"
+        return self.device
 
     @property
     def spec(self) -> SystemSpec:

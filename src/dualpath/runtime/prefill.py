@@ -1,7 +1,7 @@
 """The PE process: batched, chunked, layerwise prefill (SPEC §4, §7.2, §8) over a paged HBM.
 
 Each ``ForwardMsg`` is one forward pass packed by the policy's intra-engine plan: several
-requests' chunks, computed together (``TinyTransformer.forward_batch``). A loader thread
+requests' chunks, computed together (``RuntimeModel.forward_batch``). A loader thread
 allocates each layer's pages for every chunk and pulls the cached prefix's Layer Blocks
 (storage hits from the PE or DE buffer, earlier chunks from the DE buffer), keeping up to
 ``transfer_window`` transfers outstanding and running ahead into the next layers while pages
@@ -17,7 +17,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Sequence
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange
+from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
 from dualpath.runtime.sampling import pick
@@ -177,26 +177,22 @@ class PrefillEngine(Engine):
         plan = msg.exchange
         step = None
         if plan is not None and self.exchange is not None:
-            step = self.exchange.run_pass(plan, self.model.config.hidden_size)
+            step = self.exchange.run_pass(plan, self.model.hidden_size)
 
-        def get_pasts(layer: int) -> list[torch.Tensor]:
+        def wait_loaded(layer: int) -> None:
             loaded[layer].wait()
             if errors:
                 raise errors[0]
-            return [pool.gather(tables[layer][i], c.cached) for i, c in enumerate(chunks)]
-
-        def on_layers(layer: int, news: Sequence[torch.Tensor]) -> None:
-            for i, c in enumerate(chunks):
-                pool.scatter(tables[layer][i], c.cached, news[i])
-            sends.put(layer)
 
         def on_hidden(layer: int, h: torch.Tensor) -> None:
             if step is not None:  # the collective blocks compute, as on a GPU
-                step(layer, h)
+                step(layer, h.float().cpu())  # the exchange carries float32 rows
 
         new_tokens = [c.tokens[c.cached : c.cached + c.new] for c in chunks]
+        kv = PagedKV(pool, lambda layer: tables[layer], [c.cached for c in chunks],
+                     before=wait_loaded, after=sends.put)  # fmt: skip
         try:
-            logits = self.model.forward_batch(new_tokens, get_pasts, on_layers, on_hidden)
+            logits = self.model.forward_batch(new_tokens, kv, on_hidden)
         finally:
             sends.put(None)
             loader.join()

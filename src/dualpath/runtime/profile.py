@@ -19,8 +19,8 @@ import torch
 
 from dualpath.config import ModelConfig
 from dualpath.models.calibrate import DecodeSample, PrefillSample
-from dualpath.runtime.hbm import HbmPool
-from dualpath.runtime.model import TinyTransformer
+from dualpath.runtime.hbm import HbmPool, PagedKV
+from dualpath.runtime.model import CacheBatch, KVCache, TinyTransformer
 
 # (cached, new, batch): single chunks over the sizes the bench's turns have, and batches
 PREFILL_GRID = (
@@ -85,7 +85,8 @@ def profile_host(
         pool = HbmPool(pages * layers, block_tokens, model_cfg.num_kv_heads, model_cfg.head_dim)
 
         with torch.no_grad():
-            model.forward_batch([[0], [0, 1]], lambda layer: [model.empty_kv()] * 2)  # warm-up
+            warm = CacheBatch([KVCache(model, 2), KVCache(model, 2)])
+            model.forward_batch([[0], [0, 1]], warm)  # warm-up
             pre = [
                 PrefillSample(c, n, _measure(pool, model, layers, c, n, b, repeats), b)
                 for c, n, b in prefill_grid
@@ -121,15 +122,11 @@ def _measure(
                 raise RuntimeError("profile pool too small (a bug in its sizing)")
             row.append(got)
         tables.append(row)
-    vocab = model.embedding.shape[0]
+    vocab = model.vocab_size
     tokens = [[(i * 7 + t) % vocab for t in range(new)] for i in range(batch)]
 
     def run() -> None:
-        model.forward_batch(
-            tokens,
-            lambda layer: [pool.gather(t, cached) for t in tables[layer]],
-            lambda layer, news: _scatter(pool, tables[layer], cached, news),
-        )
+        model.forward_batch(tokens, PagedKV(pool, lambda layer: tables[layer], [cached] * batch))
 
     try:
         return _best_of(repeats, run)
@@ -137,10 +134,3 @@ def _measure(
         for row in tables:
             for t in row:
                 pool.free(t)
-
-
-def _scatter(
-    pool: HbmPool, tables: list[list[int]], start: int, news: Sequence[torch.Tensor]
-) -> None:
-    for t, kv in zip(tables, news, strict=True):
-        pool.scatter(t, start, kv)

@@ -26,7 +26,7 @@ from typing import Any
 from dualpath.config import Config
 from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec
-from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.env import ProcEnv, weights_digest
 from dualpath.runtime.kvstore import BlockLayout
 from dualpath.runtime.launcher import (
     JOIN_TIMEOUT_S,
@@ -149,6 +149,7 @@ class RayLauncher(Launcher):
         self._session: contextlib.ExitStack | None = None
         self._regions: tuple[Any, ...] = ()  # per node: its buffer as a transport region
         self._epoch_s = time.time()
+        self._weights = ""  # weights_digest, computed at start
 
     # ------------------------------------------------------------------ placement
     def _place(self, ray: Any) -> list[dict[str, Any]]:
@@ -211,6 +212,7 @@ class RayLauncher(Launcher):
         if warning:
             print(warning, file=sys.stderr)
         self._placement = self._place(ray)
+        self._weights = weights_digest(cfg, opts.weight_seed, opts.model_dir)
         mailbox = self._actor(ray, Mailbox, None).remote()
         self._mailbox = mailbox
         self.results = MailboxInbox(mailbox)
@@ -247,8 +249,8 @@ class RayLauncher(Launcher):
     def _base_env(self, specs: tuple[BufferSpec, ...], inboxes: tuple[Any, ...]) -> ProcEnv:
         n = self.topology.num_nodes
         return ProcEnv(self.config, self.options, self.topology, specs, (None,) * n,
-                       self.results, inboxes, self._epoch_s, os.getpid(),
-                       wall_clock=True)  # fmt: skip
+                       self.results, inboxes, self._epoch_s, os.getpid(), wall_clock=True,
+                       weights=self._weights)  # fmt: skip
 
     def _started(self, name: str, actor: Any) -> None:
         self.procs[name] = actor

@@ -28,6 +28,7 @@ class Req(Turn):
         "in_pass",
         "keys",
         "kv_tokens",
+        "namespace",
         "pe_slots",
         "read_node",
         "reading",
@@ -47,12 +48,14 @@ class Req(Turn):
         hit_tokens: int,
         arrival_s: float,
         sampling: SamplingParams | None = None,
+        namespace: str = "",
     ) -> None:
         super().__init__(
             request_id, agent_id, turn_index, len(tokens), hit_tokens, output_tokens, arrival_s
         )
         self.tokens = tokens
         self.keys = keys
+        self.namespace = namespace  # the hash chain's: its tenant's
         self.sampling = sampling  # None: greedy
         self.read_node = -1  # the node its hit blocks are read on (-1: nothing to read)
         self.reading = False  # its storage read is out (not yet reported back)
@@ -85,6 +88,7 @@ class AgentState:
     context: tuple[int, ...] = ()
     turn: int = 0
     generated: list[tuple[int, ...]] = field(default_factory=list)
+    tenant: str = ""  # salts its blocks' hash chain ("" = ``RuntimeOptions.tenant``)
 
     @property
     def finished(self) -> bool:

@@ -196,11 +196,12 @@ class Scheduler:
                 f"request for agent {agent_id} is invalid: {len(tokens)} prompt + {output_tokens} "
                 f"output tokens exceed an engine's HBM pool of {self.hbm_pages // self.num_layers * self.block} tokens"
             )
-        keys = block_keys(tokens, self.block, self.env.namespace)
+        namespace = self.env.namespace_for(agent.tenant or self.env.options.tenant)
+        keys = block_keys(tokens, self.block, namespace)
         hit = min(self.store.lookup(keys), (len(tokens) - 1) // self.block * self.block)
         arrival = self.now() if arrival_s is None else arrival_s
         req = Req(self.next_rid, agent_id, agent.turn, tokens, output_tokens, tuple(keys), hit,
-                  arrival, sampling=sampling)  # fmt: skip
+                  arrival, sampling=sampling, namespace=namespace)  # fmt: skip
         self.next_rid += 1
         self.reqs[req.request_id] = req
         self.policy.submit(self.ledger.submit(req, arrival), arrival)
@@ -576,7 +577,7 @@ class Scheduler:
             req.pe_slots = []
         self.launcher.engine_inbox[req.de].put(DecodeMsg(
             req.request_id, req.tokens, first_token, req.output_tokens, tuple(req.de_slots),
-            req.cached // self.block, req.sampling,
+            req.cached // self.block, req.sampling, req.namespace,
         ))  # fmt: skip
 
     def _decode_done(self, req: Req, msg: DecodeDoneMsg) -> None:

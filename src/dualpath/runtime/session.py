@@ -41,6 +41,10 @@ class LocalRuntime:
                 "scheduler.split_reads=true is not supported by the runtime (each request reads "
                 "its hit KV through one node): use the simulator, or set it to false"
             )
+        if options.model_dir:  # the checkpoint's dimensions size buffers, store and pools
+            from dualpath.runtime.hf_model import with_checkpoint
+
+            config = with_checkpoint(config, options.model_dir, options.dtype)
         self.config = config_for(config, options.spec)
         self.options = options
         self.launcher = make_launcher(self.config, options)

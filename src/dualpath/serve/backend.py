@@ -2,8 +2,8 @@
 
 A backend takes a tokenised ``GenerateRequest`` and yields ``TokenEvent``s; closing the
 iterator early (client gone, shutdown) must free the request. ``stats()`` feeds ``/metrics``.
-The local backend (``serve/local.py``) implements it in-process; ``serve/runtime_backend.py``
-over the DualPath multi-process runtime (docs/serving.md).
+``serve/runtime_backend.py`` implements it over the DualPath multi-process runtime, the one
+engine (docs/serving.md); a test double or another engine can implement it too.
 """
 
 from __future__ import annotations

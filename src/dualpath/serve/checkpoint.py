@@ -1,7 +1,7 @@
 """Build a tiny random Hugging Face checkpoint and tokenizer on local disk (no hub access).
 
 Used by tests, demos and ``benchmarks/bench_serve.py``: ``transformers`` builds a random
-Llama / Qwen2 model from a small config and saves it with ``save_pretrained`` (config.json +
+Llama / Qwen2 / Qwen3 model from a small config and saves it with ``save_pretrained`` (config.json +
 model.safetensors); ``tokenizers`` trains a byte-level BPE on a few strings. Needs the
 ``serve`` extra.
 """
@@ -15,6 +15,8 @@ from typing import Any
 from dualpath.serve.tokenizer import DEFAULT_CHAT_TEMPLATE
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+ARCHS = ("llama", "qwen2", "qwen3")  # transformers' config / model class prefixes below
+_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 _CORPUS = (
     "You are a helpful coding agent. Read the file, run the tests, fix the bug.",
@@ -66,12 +68,12 @@ def write_tiny_checkpoint(
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
 ) -> Path:
-    """Write a random ``arch`` ('llama' or 'qwen2') checkpoint + tokenizer to ``out_dir``."""
+    """Write a random ``arch`` (one of ``ARCHS``) checkpoint + tokenizer to ``out_dir``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
-    if arch not in ("llama", "qwen2"):
-        raise ValueError(f"arch={arch!r} is invalid: must be 'llama' or 'qwen2'")
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r} is invalid: must be one of {', '.join(ARCHS)}")
     out = Path(out_dir)
     vocab = write_tokenizer(out)
     from tokenizers import Tokenizer
@@ -91,16 +93,21 @@ def write_tiny_checkpoint(
     )
     # initializer_range larger than the default so logits are not all ~equal
     common["initializer_range"] = 0.2
+    common["head_dim"] = hidden_size // num_heads  # Qwen3's default (128) is not derived
+    prefix = _CLASSES[arch]
+    config_cls = getattr(transformers, f"{prefix}Config")
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     model: Any
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if arch == "llama":
-            model = LlamaForCausalLM(LlamaConfig(**common))
-        else:
-            model = Qwen2ForCausalLM(Qwen2Config(**common))
-        if arch == "qwen2":  # biases start at zero; make them matter in the comparison
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+        model = model_cls(config_cls(**common))
+        for layer in model.model.layers:  # make what differs per family matter in comparisons
+            attn = layer.self_attn
+            if arch == "qwen2":  # biases start at zero
+                for proj in (attn.q_proj, attn.k_proj):
                     torch.nn.init.normal_(proj.bias, std=0.2)
+            if arch == "qwen3":  # q/k norms start at one
+                for norm in (attn.q_norm, attn.k_norm):
+                    torch.nn.init.normal_(norm.weight, mean=1.0, std=0.3)
     model.save_pretrained(str(out))
     return out

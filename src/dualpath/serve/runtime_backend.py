@@ -1,4 +1,4 @@
-"""``Backend`` over the DualPath multi-process runtime (``dualpath serve --backend runtime``).
+"""``Backend`` over the DualPath multi-process runtime: what ``dualpath serve`` runs.
 
 The scheduler runs in its own process (``serve/runtime_host.py``) with the storage workers
 and engines as its children: every request goes through the policy core, the storage read
@@ -6,7 +6,8 @@ and engines as its children: every request goes through the policy core, the sto
 step's tokens back (a ``TokensMsg`` per step). Sampling (temperature, top-p, seed,
 EOS) happens on the engines; stop strings here, which then cancel the request in the runtime.
 KV reuse is the persistent store's content hash chain: a resent conversation gets its
-durable Full Blocks as hits. The model is the preset's built-in tiny model.
+durable Full Blocks as hits, salted per tenant. The model is the preset's built-in tiny model or
+a Hugging Face checkpoint (``RuntimeOptions.model_dir``), built in every engine process.
 """
 
 from __future__ import annotations
@@ -180,7 +181,9 @@ class RuntimeBackend:
         key = next(self._keys)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[key] = stream
-        self._inbox.put(SubmitCmd(key, request.prompt_tokens, request.max_tokens, sampling))
+        self._inbox.put(
+            SubmitCmd(key, request.prompt_tokens, request.max_tokens, sampling, request.tenant)
+        )
         text = TextStream(self.tokenizer, request.stop)
         generated = 0
         cached = 0

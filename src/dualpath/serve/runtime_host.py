@@ -33,6 +33,7 @@ class SubmitCmd:
     prompt: tuple[int, ...]
     max_tokens: int
     sampling: SamplingParams
+    tenant: str = ""  # salts the request's blocks: tenants never share cached KV
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class _Host:
         # a request is a turn of a new, scriptless agent: the whole conversation is its prompt
         # (reuse comes from the hash chain, not from the agent's context); the agent counts
         # as finished, so the run never waits for a turn of it that will not come
-        agent = AgentState(self.next_agent, (), ())
+        agent = AgentState(self.next_agent, (), (), tenant=cmd.tenant)
         self.next_agent += 1
         sent = [0]
 

@@ -1,9 +1,12 @@
-"""Build a backend from the command line's options and run the HTTP server (uvicorn).
+"""Build the DualPath runtime behind the HTTP server from the command line's options; run it.
 
+There is one engine: every request goes through the multi-process runtime (scheduler, storage
+workers, PE and DE engine processes, the persistent KV store; ``serve/runtime_backend.py``),
+on this host or as Ray actors over a cluster (``runtime="ray"``), running the preset's
+built-in tiny model or a Hugging Face checkpoint (``model_dir``) on CPU or CUDA.
 uvicorn handles SIGINT / SIGTERM: it stops accepting, lets in-flight requests finish for up
-to ``graceful_s``, then cancels them; the app's lifespan then stops the backend (the engine
-thread exits, queued requests end with ``abort``). The local backend holds no shared memory;
-the runtime backend's scheduler process stops its engines and unlinks the node buffers.
+to ``graceful_s``, then cancels them; the app's lifespan then stops the runtime, whose
+scheduler process stops its engines and unlinks the node buffers.
 """
 
 from __future__ import annotations
@@ -17,60 +20,59 @@ from pathlib import Path
 
 from dualpath.config import Config
 from dualpath.config.systems import SYSTEMS
+from dualpath.runtime.options import DEVICES, DTYPES, RUNTIMES
 from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
-from dualpath.serve.local import LocalBackend, LocalOptions
 
-BACKENDS = ("local", "runtime")
 RUNTIME_SYSTEMS = tuple(SYSTEMS)  # every system the runtime runs
-DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    backend: str = "local"
     model_dir: str | None = None  # an HF checkpoint; None: the preset's built-in tiny model
     device: str = "cpu"
+    dtype: str = "float32"
     seed: int = 0
-    api_keys: dict[str, str] = field(default_factory=dict)
-    local: LocalOptions = field(default_factory=LocalOptions)
-    system: str = "dualpath"  # --backend runtime: the policy (runtime's RuntimeOptions.system)
-    kv_root: str = "./.dualpath/kv"  # --backend runtime: the persistent KV store
-    hbm_tokens: int = 65536  # --backend runtime: each engine's paged HBM, tokens
+    api_keys: dict[str, str] = field(default_factory=dict)  # key → tenant
+    system: str = "dualpath"  # the policy (``RuntimeOptions.system``)
+    kv_root: str = "./.dualpath/kv"  # the persistent KV store
+    hbm_tokens: int = 65536  # each engine's paged HBM, tokens
+    runtime: str = "local"  # processes on this host, or Ray actors ("ray")
+    ray_address: str = ""
+    transport: str = "shm"
+    threads: int = 0  # torch CPU threads per engine (0: the cores shared by the engines)
     default_max_tokens: int = 256
     graceful_s: float = 5.0
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(
-                f"--backend {self.backend!r} is invalid: must be one of {', '.join(BACKENDS)}"
-            )
         if self.system not in RUNTIME_SYSTEMS:
             raise ValueError(
                 f"--system {self.system!r} is invalid: must be one of {', '.join(RUNTIME_SYSTEMS)}"
             )
-        if self.backend == "runtime":
-            if self.model_dir is not None:
-                raise ValueError(
-                    "--model-dir: the runtime backend's engines run the preset's built-in "
-                    "model (use --backend local for an HF checkpoint)"
-                )
-            if self.device != "cpu":
-                raise ValueError("--device: the runtime backend's engines run on cpu only")
-            if len(set(self.api_keys.values())) > 1:
-                raise ValueError(
-                    "--api-key: the runtime backend serves one tenant per run (its KV "
-                    "namespace); give keys of one tenant, or use --backend local"
-                )
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"--device {self.device!r} is invalid: must be cpu or cuda[:N]")
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"--dtype {self.dtype!r} is invalid: must be one of {', '.join(DTYPES)}"
+            )
+        if self.model_dir is None and (self.device != "cpu" or self.dtype != "float32"):
+            raise ValueError(
+                "--device / --dtype: the built-in tiny model runs on cpu in float32 only "
+                "(give --model-dir for a checkpoint)"
+            )
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"--runtime {self.runtime!r} is invalid: must be one of {', '.join(RUNTIMES)}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port {self.port} is invalid: must be 0..65535")
         if self.default_max_tokens < 1:
             raise ValueError(f"default max_tokens={self.default_max_tokens} must be >= 1")
+        if self.threads < 0:
+            raise ValueError(f"--threads {self.threads} is invalid: must be >= 0 (0 = auto)")
 
     @property
     def is_loopback(self) -> bool:
@@ -80,57 +82,51 @@ class ServeOptions:
             return self.host == "localhost"
 
 
+def resolve_config(config: Config, opts: ServeOptions) -> Config:
+    """``config`` with the checkpoint's model (``--model-dir``), as the engines will run it."""
+    if opts.model_dir is None:
+        return config
+    from dualpath.runtime.hf_model import with_checkpoint
+
+    return with_checkpoint(config, opts.model_dir, opts.dtype)
+
+
 def build_backend(config: Config, opts: ServeOptions) -> Backend:
-    """The local backend over an HF checkpoint (``model_dir``) or the preset's tiny model;
-    or the multi-process runtime (``--backend runtime``) on the preset's tiny model."""
-    if opts.backend == "runtime":
-        return _runtime_backend(config, opts)
-    import torch
-
-    if opts.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {opts.device}: CUDA is not available on this machine")
-    if opts.model_dir is not None:
-        from dualpath.runtime.hf_model import HFTransformer
-        from dualpath.serve.tokenizer import HFTokenizer
-
-        model = HFTransformer.from_dir(opts.model_dir, device=opts.device)
-        tokenizer = HFTokenizer.from_dir(opts.model_dir, extra_eos_ids=model.spec.eos_token_ids)
-        return LocalBackend(model, tokenizer, Path(opts.model_dir).name, opts.local)
-    if opts.device != "cpu":
-        raise ValueError("--device: the built-in tiny model runs on cpu only (use --model-dir)")
-    from dualpath.runtime.model import TinyTransformer
-    from dualpath.serve.local import TinyBatchModel
-    from dualpath.serve.tokenizer import TinyTokenizer
-
-    tiny = TinyTransformer(config.model, seed=opts.seed)
-    return LocalBackend(
-        TinyBatchModel(tiny),
-        TinyTokenizer(config.model.vocab_size),
-        f"dualpath-{config.model.name}",
-        opts.local,
-    )
-
-
-def _runtime_backend(config: Config, opts: ServeOptions) -> Backend:
+    """The DualPath runtime over ``config`` (already ``resolve_config``d) with the checkpoint's
+    tokenizer, or the tiny model's ``TinyTokenizer``."""
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.serve.runtime_backend import RuntimeBackend
-    from dualpath.serve.tokenizer import TinyTokenizer
+    from dualpath.serve.tokenizer import HFTokenizer, TextTokenizer, TinyTokenizer
 
-    tenants = sorted(set(opts.api_keys.values()))
+    if opts.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {opts.device}: CUDA is not available on this machine")
+    tokenizer: TextTokenizer
+    if opts.model_dir is not None:
+        from dualpath.runtime.hf_model import HFSpec
+
+        eos = HFSpec.from_dir(opts.model_dir).eos_token_ids
+        tokenizer = HFTokenizer.from_dir(opts.model_dir, extra_eos_ids=eos)
+        name = Path(opts.model_dir).resolve().name
+    else:
+        tokenizer = TinyTokenizer(config.model.vocab_size)
+        name = f"dualpath-{config.model.name}"
     options = RuntimeOptions(
         system=opts.system,
         kv_root=opts.kv_root,
         hbm_tokens=opts.hbm_tokens,
         weight_seed=opts.seed,
-        tenant=tenants[0] if tenants else "",
+        model_dir=opts.model_dir or "",
+        device=opts.device,
+        dtype=opts.dtype,
+        threads=opts.threads,
+        runtime=opts.runtime,
+        ray_address=opts.ray_address,
+        transport=opts.transport,
     )
-    return RuntimeBackend(
-        config,
-        options,
-        TinyTokenizer(config.model.vocab_size),
-        f"dualpath-{config.model.name}",
-        seed=opts.seed,
-    )
+    return RuntimeBackend(config, options, tokenizer, name, seed=opts.seed)
 
 
 def run_server(backend: Backend, opts: ServeOptions) -> int:
