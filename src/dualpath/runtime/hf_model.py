@@ -314,11 +314,16 @@ class HFTransformer:
     def kv_row_bytes(self) -> int:
         return kv_row_bytes(self)
 
-    def _rope(self, x: Tensor, pos: Tensor) -> Tensor:
-        # x: [N, heads, head_dim]; HF layout: rotate the two halves (rotate_half)
+    def _rope_table(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin ``[N, 1, head_dim]`` of the new tokens' positions (once per forward)."""
         angles = pos.to(self._inv_freq.dtype).unsqueeze(1) * self._inv_freq.unsqueeze(0)
         emb = torch.cat((angles, angles), dim=-1)
-        cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
+        return emb.cos().to(self.dtype).unsqueeze(1), emb.sin().to(self.dtype).unsqueeze(1)
+
+    @staticmethod
+    def _rope(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        # x: [N, heads, head_dim]; HF layout: rotate the two halves (rotate_half)
+        cos, sin = rope
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -329,7 +334,12 @@ class HFTransformer:
         return weight * x32.to(x.dtype)
 
     def _layer(
-        self, layer: int, h: Tensor, pos: Tensor, kv: BatchKV, lens: Sequence[int]
+        self,
+        layer: int,
+        h: Tensor,
+        rope: tuple[Tensor, Tensor],
+        kv: BatchKV,
+        lens: Sequence[int],
     ) -> Tensor:
         w = self.layers[layer]
         n = h.shape[0]
@@ -339,7 +349,7 @@ class HFTransformer:
         v = _linear(x, w.wv, w.bv).view(n, self.num_kv_heads, self.head_dim)
         if w.q_norm is not None and w.k_norm is not None:
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
-        q, k = self._rope(q, pos), self._rope(k, pos)
+        q, k = self._rope(q, rope), self._rope(k, rope)
         full = kv.update(layer, torch.stack((k, v), dim=1), lens).to(self.device, self.dtype)
         h = h + _linear(attend(q, full, kv.past_lens, lens), w.wo, None)
         x = self._norm(h, w.mlp_norm)
@@ -358,11 +368,11 @@ class HFTransformer:
         lens = [len(t) for t in new_tokens]
         if not lens or min(lens) < 1:
             raise ValueError(f"forward_batch needs >= 1 new token per sequence (got {lens})")
-        pos = positions(kv.past_lens, lens).to(self.device)
+        rope = self._rope_table(positions(kv.past_lens, lens).to(self.device))
         ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long)
         h = self.embedding[ids.to(self.device)]
         for layer in range(self.num_layers):
-            h = self._layer(layer, h, pos, kv, lens)
+            h = self._layer(layer, h, rope, kv, lens)
             if on_hidden is not None:
                 on_hidden(layer, h)
         h_last = self._norm(h[last_rows(lens).to(self.device)], self.final_norm)
