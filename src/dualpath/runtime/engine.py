@@ -14,11 +14,12 @@ import os
 import queue
 import signal
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
-from dualpath.runtime.env import ProcEnv, child_setup
+from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.hbm import HbmPool
-from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
+from dualpath.runtime.messages import ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.model import CacheBatch, KVCache, RuntimeModel
 from dualpath.runtime.pacer import NicPacer, Pacer, transfer_all
 from dualpath.runtime.transport import make_transport
@@ -174,6 +175,9 @@ class Engine:
                 msg = None
             if isinstance(msg, StopMsg):
                 break
+            if isinstance(msg, RegionsMsg):  # sent once after spawn, before any work
+                self.env = replace(self.env, regions=msg.regions)
+                continue
             if msg is not None:
                 self._num_work += 1
                 if self._num_work == self._crash_at:  # fault injection: die or stall, mid-run
@@ -187,23 +191,3 @@ class Engine:
 
     def close(self) -> None:
         self.transport.close()
-
-
-def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:
-    """Process entry point of engine ``engine_id`` (PE or DE by id)."""
-    child_setup()
-    name = env.topology.engine_name(engine_id)
-    env.start_heartbeat(name)
-    try:
-        if env.topology.is_pe(engine_id):
-            from dualpath.runtime.prefill import PrefillEngine
-
-            engine: Engine = PrefillEngine(env, engine_id, crash_at)
-        else:
-            from dualpath.runtime.decode import DecodeEngine
-
-            engine = DecodeEngine(env, engine_id, crash_at)
-        engine.serve(inbox)
-    except Exception as err:
-        env.results.put(ErrorMsg(name, f"{type(err).__name__}: {err}"))
-        raise

@@ -28,12 +28,15 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from dualpath.runtime.messages import ExchangePlan
 from dualpath.runtime.transport.base import KVTransport, RegionHandle
+
+if TYPE_CHECKING:
+    import torch
 
 HEADER_BYTES = 32
 SLOT_BYTES = 1 << 22  # payload per slot: 4 MiB (4096 tokens of a 256-wide float32 state)
@@ -109,6 +112,8 @@ class HiddenExchange:
         rounds = max(1, -(-most // SLOT_BYTES))
         lost: set[int] = set()
         state = {"k": 0}
+
+        import torch
 
         def layer_step(layer: int, h: torch.Tensor) -> list[torch.Tensor]:
             mine = h.detach().contiguous().numpy().view(np.uint8).reshape(-1)

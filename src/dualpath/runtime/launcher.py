@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -24,11 +25,10 @@ from typing import Any
 from dualpath.config import Config
 from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec, SlotBuffer
-from dualpath.runtime.engine import engine_main
-from dualpath.runtime.env import ProcEnv, weights_digest
+from dualpath.runtime.env import ProcEnv, child_setup, weights_digest
 from dualpath.runtime.exchange import region_bytes
 from dualpath.runtime.kvstore import BlockLayout
-from dualpath.runtime.messages import ErrorMsg, ReadyMsg, StopMsg
+from dualpath.runtime.messages import ErrorMsg, ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.pacer import Pacer, PacerStats, SharedLink
 from dualpath.runtime.storage import storage_main
@@ -88,6 +88,7 @@ class Launcher:
         self.link_dir: str | None = None
         self.exchanges: list[SharedMemory] = []  # PEs' hidden-state exchange segments
         self.engine_regions: dict[str, RegionHandle] = {}  # engine name → exchange region
+        self._early_ready: set[str] = set()  # engines acked while the storage workers started
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
@@ -119,17 +120,19 @@ class Launcher:
                       weights=weights_digest(cfg, self.options.weight_seed, self.options.model_dir))  # fmt: skip
         self.env = env
         crash = self.options.faults.crash_storage
+        storage = [f"storage@node{n}" for n in range(topo.num_nodes)]
         for node in range(topo.num_nodes):
-            self._spawn(f"storage@node{node}", storage_main,
+            self._spawn(storage[node], storage_main,
                         (env, node, storage_inboxes[node], node == crash))  # fmt: skip
-        regions = self._await_ready(set(self.procs))
-        env = replace(
-            env, regions=tuple(regions[f"storage@node{n}"] for n in range(topo.num_nodes))
-        )
-        self.env = env
-        for e in topo.engine_ids:
+        for e in topo.engine_ids:  # in parallel: imports and model loading dominate start-up
             self._spawn_engine(e, first=True)
-        self.engine_regions = self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
+        regions = self._await_ready(set(storage), also=set(self.procs) - set(storage))
+        self.env = env = replace(env, regions=tuple(regions[n] for n in storage))
+        for e in topo.engine_ids:  # before any work message: FIFO inboxes
+            self.engine_inbox[e].put(RegionsMsg(env.regions))
+        self.engine_regions = self._await_ready(
+            {topo.engine_name(e) for e in topo.engine_ids} - self._early_ready
+        ) | {n: r for n, r in regions.items() if n not in storage}
         return env
 
     def _create_exchanges(self, tag: str, topo: Topology) -> tuple[str, ...]:
@@ -160,8 +163,11 @@ class Launcher:
         name = self.topology.engine_name(engine)
         self._spawn(name, engine_main, (self.env, engine, inbox, crash_at))
 
-    def _await_ready(self, names: set[str]) -> dict[str, RegionHandle]:
-        """Wait for every ``names`` ack; returns the regions they announced."""
+    def _await_ready(
+        self, names: set[str], also: AbstractSet[str] = frozenset()
+    ) -> dict[str, RegionHandle]:
+        """Wait for every ``names`` ack; returns the regions they announced. Acks of ``also``
+        (processes starting meanwhile) that arrive first are kept (``_early_ready``)."""
         regions: dict[str, RegionHandle] = {}
         deadline = time.monotonic() + self.options.ready_timeout_s
         waiting = set(names)
@@ -169,7 +175,7 @@ class Launcher:
             try:
                 msg = self.results.get(timeout=READY_POLL_S)
             except queue.Empty:
-                self._check_bootstrap(waiting)
+                self._check_bootstrap(waiting | (set(also) - self._early_ready))
                 if time.monotonic() > deadline:
                     raise RuntimeFailure(
                         f"not ready in time: {', '.join(sorted(waiting))}"
@@ -179,6 +185,8 @@ class Launcher:
                 raise RuntimeFailure(f"{msg.who} failed to start: {msg.text}")
             if isinstance(msg, ReadyMsg):
                 waiting.discard(msg.who)
+                if msg.who in also:
+                    self._early_ready.add(msg.who)
                 if msg.region is not None:
                     regions[msg.who] = msg.region
         return regions
@@ -308,3 +316,24 @@ class Launcher:
 
     def pids(self) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.pid is not None)
+
+
+def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:
+    """Process entry point of engine ``engine_id`` (PE or DE by id). Only engine processes
+    import torch: the launcher, scheduler and storage processes never do."""
+    child_setup()
+    name = env.topology.engine_name(engine_id)
+    env.start_heartbeat(name)
+    try:
+        if env.topology.is_pe(engine_id):
+            from dualpath.runtime.prefill import PrefillEngine
+
+            engine: Any = PrefillEngine(env, engine_id, crash_at)
+        else:
+            from dualpath.runtime.decode import DecodeEngine
+
+            engine = DecodeEngine(env, engine_id, crash_at)
+        engine.serve(inbox)
+    except Exception as err:
+        env.results.put(ErrorMsg(name, f"{type(err).__name__}: {err}"))
+        raise

@@ -13,6 +13,14 @@ from dualpath.runtime.transport.base import RegionHandle
 
 
 @dataclass(frozen=True, slots=True)
+class RegionsMsg:
+    """Engines: the node buffers' transport regions, as the storage workers announced them
+    (engines start in parallel with the storage workers, so they learn these after spawn)."""
+
+    regions: tuple[RegionHandle, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ReadyMsg:
     """A process finished starting (``who`` = its name). A storage worker also announces its
     node buffer as a transport region (``region``), which engines then address."""

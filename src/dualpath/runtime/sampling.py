@@ -1,12 +1,17 @@
 """Token sampling shared by the engines and the in-process server: greedy, or temperature /
-top-p with a per-request seeded ``torch.Generator``. Pure functions; no I/O, no clock."""
+top-p with a per-request seeded ``torch.Generator``. Pure functions; no I/O, no clock.
+torch is imported where it is used: the scheduler and storage processes carry
+``SamplingParams`` in messages without importing it (start-up time).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,8 @@ class SamplingParams:
 
     def generator(self, stream: int) -> torch.Generator:
         """The request's generator for ``stream`` (0: the PE's first token, 1: the DE's)."""
+        import torch
+
         return torch.Generator().manual_seed((self.seed * 2 + stream) % 2**63)
 
 
@@ -34,6 +41,8 @@ def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Ge
     """One token from ``logits`` [vocab]: greedy at temperature 0, else nucleus sampling.
 
     Ties in the nucleus cut keep every token whose cumulative mass *before* it is < top_p."""
+    import torch
+
     if temperature <= 0.0:
         return int(logits.argmax())
     probs = torch.softmax(logits.float() / temperature, dim=-1)
