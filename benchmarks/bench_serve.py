@@ -1,37 +1,25 @@
-"""`dualpath loadgen` against `dualpath serve`: 32 concurrent agent sessions, bounded time.
+"""`dualpath loadgen` against `dualpath serve`: DualPath vs Basic over HTTP, concurrent agents.
 
-Run: .venv/bin/python benchmarks/bench_serve.py [--agents 32 --duration 20 --threads 1]
+Run: .venv/bin/python benchmarks/bench_serve.py [--variants basic,dualpath --agents 32 ...]
 Builds a tiny random Llama checkpoint (4 layers, hidden 256: the built-in tiny model's shape)
-in a temporary folder, then for each variant starts a fresh server on 127.0.0.1 and replays
-the same SPEC §9 agents (scaled) through the HTTP API for ``--duration`` seconds:
+in a temporary folder, then for each variant starts a fresh `dualpath serve --model-dir` (the
+DualPath runtime: scheduler, storage workers, 2 PE + 2 DE engine processes, tiny-1p1d, a fresh
+KV store each) on 127.0.0.1 and replays the same SPEC §9 agents (scaled) through the HTTP API:
 
-  reuse      prefix KV reuse (hash chain) + continuous batching (the default server)
-  recompute  same, prefix cache off (--cache-blocks 0): every turn prefills its whole prompt
-  serial     prefix reuse, one sequence per step (--max-batch-seqs 1): no batching
+  basic      --system basic: hit KV loaded only through the PE node's SNIC
+  dualpath   --system dualpath: hit KV through the PE or the DE node's SNIC (the second
+             path), the policy picks per request
+  tiny-basic / tiny-dualpath: the same on the built-in tiny model (no --model-dir)
 
-  rt-basic     --backend runtime --system basic: the multi-process runtime (scheduler,
-               storage workers, 2 PE + 2 DE engine processes, tiny-1p1d), KV loaded only
-               through the PE node's SNIC
-  rt-dualpath  the same runtime with DualPath: hit KV loaded through the PE or the DE
-               node's SNIC (the second path), the policy picks per request
-
-The runtime variants use the built-in tiny model (same shape as the checkpoint), a fresh KV
-store each, and an emulated SNIC of ``--snic-mb-per-s`` (default 5 MB/s: low enough that
-storage reads bind on a 2-core host; at 30 MB/s the CPUs bind and the systems tie).
-``--duration 0`` runs every turn of every agent (fixed work: then the job JCT compares the
-systems).
-
-Measured (2-core host shared with other jobs, load 10–20; docs/serving.md has the table):
-  bench_serve.py --variants rt-basic,rt-dualpath --agents 32 --turns 4 --duration 0 \
-      --snic-mb-per-s 5
-  rt-basic     job JCT 114.2 s  TTFT p50/p99 16.7/27.3 s  TPOT p50/p99 55/2708 ms  hit 0.694
-  rt-dualpath  job JCT  60.1 s  TTFT p50/p99  5.4/11.1 s  TPOT p50/p99 504/1310 ms hit 0.694
-  (128 requests each, 0 errors; PE/DE read MB: Basic 406.8/0, DualPath 200.0/206.8)
-  again with --variants rt-dualpath,rt-basic: job JCT 62.7 s vs 98.5 s, TTFT p50 5.4 vs 14.8 s
+The emulated SNIC runs at ``--snic-mb-per-s`` (default 5 MB/s: low enough that storage reads
+bind on a 2-core host; at 30 MB/s the CPUs bind and the systems tie). ``--duration 0`` (the
+default) runs every turn of every agent (fixed work: the job JCT compares the systems);
+``--duration S`` stops starting turns after S seconds.
 
 Prints requests/s, output tokens/s, TTFT / TPOT / agent-JCT p50 and p99, job JCT, hit ratio,
-errors per variant, and the host's 1-minute load average before each (the figures only mean
-something on a quiet host: other processes on the CPUs inflate every latency).
+errors, KV bytes per load path (from /metrics) per variant, and the host's 1-minute load
+average before each (the figures only mean something on a quiet host: other processes on the
+CPUs inflate every latency). docs/serving.md has the measured table.
 """
 
 from __future__ import annotations
@@ -53,11 +41,10 @@ from dualpath.serve.checkpoint import write_tiny_checkpoint
 from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions, agent_scripts
 
 VARIANTS = {
-    "reuse": [],
-    "recompute": ["--cache-blocks", "0"],
-    "serial": ["--max-batch-seqs", "1"],
-    "rt-basic": ["--backend", "runtime", "--system", "basic"],
-    "rt-dualpath": ["--backend", "runtime", "--system", "dualpath"],
+    "basic": ["--system", "basic"],
+    "dualpath": ["--system", "dualpath"],
+    "tiny-basic": ["--system", "basic"],
+    "tiny-dualpath": ["--system", "dualpath"],
 }
 RUNTIME_ARGS = ["--preset", "tiny-1p1d", "--hbm-tokens", "16384"]
 
@@ -99,20 +86,17 @@ def _kv_bytes(url: str) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=32, help="concurrent agent sessions")
-    ap.add_argument("--turns", type=int, default=40, help="turns per agent (bounded by time)")
+    ap.add_argument("--turns", type=int, default=4, help="turns per agent")
     ap.add_argument(
-        "--duration", type=float, default=20.0, help="seconds of load per variant (0: all turns)"
+        "--duration", type=float, default=0.0, help="seconds of load per variant (0: all turns)"
     )
-    ap.add_argument("--snic-mb-per-s", type=float, default=5.0, help="runtime variants' SNIC")
+    ap.add_argument("--snic-mb-per-s", type=float, default=5.0, help="emulated SNIC, MB/s")
     ap.add_argument("--token-scale", type=float, default=0.05)
     ap.add_argument("--max-gen", type=int, default=16)
     ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads of the server (1: stable on a shared host)",
+        "--threads", type=int, default=0, help="torch threads per engine (0: the server's default)"
     )
-    ap.add_argument("--variants", default="reuse,recompute,serial")
+    ap.add_argument("--variants", default="basic,dualpath")
     ap.add_argument("--json", help="write all summaries here")
     args = ap.parse_args()
     scripts = agent_scripts(args.agents, args.turns, args.token_scale, args.max_gen, seed=0)
@@ -123,11 +107,12 @@ def main() -> None:
             Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256, intermediate_size=688
         )
         for name in [v for v in args.variants.split(",") if v]:
-            if name.startswith("rt-"):
-                model_args = [*RUNTIME_ARGS, "--kv-root", str(Path(tmp) / f"kv-{name}")]
-                model_args += ["--snic-mb-per-s", str(args.snic_mb_per_s)]
-            else:
-                model_args = ["--model-dir", str(ckpt)]
+            if name not in VARIANTS:
+                raise SystemExit(f"--variants: {name!r} is not one of {', '.join(VARIANTS)}")
+            model_args = [*RUNTIME_ARGS, "--kv-root", str(Path(tmp) / f"kv-{name}")]
+            model_args += ["--snic-mb-per-s", str(args.snic_mb_per_s)]
+            if not name.startswith("tiny-"):
+                model_args += ["--model-dir", str(ckpt)]
             proc, url = _start(model_args, VARIANTS[name], args.threads)
             try:
                 # warm-up (first forwards of a process are slow), on prompts the run never sends
@@ -156,7 +141,7 @@ def main() -> None:
                 paths = "  ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(kv_bytes.items()))
                 print(f"{'':<10} KV MB by path (server /metrics): {paths}", flush=True)
     print(
-        f"host: {os.cpu_count()} CPUs; server torch threads {args.threads}; "
+        f"host: {os.cpu_count()} CPUs; torch threads per engine {args.threads or 'auto'}; "
         f"{args.agents} agents, appends × {args.token_scale}, gen ≤ {args.max_gen}"
     )
     if args.json:
