@@ -12,15 +12,15 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# every CLI command works after `make run` (bench: the runtime extra, serve/loadgen: the serve extra; torch pinned)
+# every CLI command works after `make run` (the `all` extra: plot, runtime, serve, ray; torch pinned)
 $(STAMP_CORE): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[plot,runtime,serve]'
+	$(BIN)/pip install -q -e '.[all]'
 	@touch $@
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[plot,runtime,serve,dev]'
+	$(BIN)/pip install -q -e '.[all,dev]'
 	-@bash scripts/install_mooncake.sh $(BIN)/pip
 	@touch $@ $(STAMP_CORE)
 

@@ -144,6 +144,7 @@ class RayLauncher(Launcher):
         self.nic_busy = None
         self._runs: dict[str, Any] = {}  # name → ObjectRef of the actor's main loop
         self._pids: dict[str, int] = {}
+        self._early_ready: set[str] = set()  # ``Launcher._await_ready``'s; engines ack in ``run``
         self._mailbox: Any = None
         self._placement: list[dict[str, Any]] = []
         self._session: contextlib.ExitStack | None = None
