@@ -167,27 +167,37 @@ class Engine:
         """One unit of that work (a DE's batched decode step), between messages."""
 
     def serve(self, inbox: Any) -> None:
+        """Ack, then handle every message that has arrived before each unit of work (so new
+        requests join a DE's running batch at its next step, not one per step)."""
         self.env.results.put(ReadyMsg(self.name, os.getpid(), self.ready_region))
         while self.env.parent_alive():
             try:
                 msg = inbox.get_nowait() if self.has_work() else inbox.get(timeout=POLL_S)
             except queue.Empty:
                 msg = None
-            if isinstance(msg, StopMsg):
-                break
-            if isinstance(msg, RegionsMsg):  # sent once after spawn, before any work
-                self.env = replace(self.env, regions=msg.regions)
-                continue
-            if msg is not None:
-                self._num_work += 1
-                if self._num_work == self._crash_at:  # fault injection: die or stall, mid-run
-                    if self.env.options.faults.crash_mode == "stop":
-                        os.kill(os.getpid(), signal.SIGSTOP)
-                    os._exit(17)
-                self.handle(msg)
+            while msg is not None:
+                if isinstance(msg, StopMsg):
+                    self.close()
+                    return
+                self._dispatch(msg)
+                try:
+                    msg = inbox.get_nowait()
+                except queue.Empty:
+                    msg = None
             if self.has_work():
                 self.step()
         self.close()
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, RegionsMsg):  # sent once after spawn, before any work
+            self.env = replace(self.env, regions=msg.regions)
+            return
+        self._num_work += 1
+        if self._num_work == self._crash_at:  # fault injection: die or stall, mid-run
+            if self.env.options.faults.crash_mode == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            os._exit(17)
+        self.handle(msg)
 
     def close(self) -> None:
         self.transport.close()
