@@ -61,13 +61,26 @@ def prompts(vocab: int, n: int, length: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
 
-def hf_generate(ckpt: Path, batch: list[list[int]], new: int, threads: int) -> float:
+def isolated(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a fresh spawned process: the runtime's scheduler runs in this one, and
+    must not inherit transformers' torch threads (measured: 1.6x slower runs when it did)."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def hf_generate(
+    ckpt: Path, batch: list[list[int]], new: int, threads: int, dtype: str = "float32"
+) -> float:
     """tokens/s of one batched greedy ``generate`` (best of two, after a warm-up)."""
     import torch
     import transformers
 
     torch.set_num_threads(threads)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(ckpt), dtype=getattr(torch, dtype)
+    )
     model.eval()
     model.generation_config.eos_token_id = None
     ids = torch.tensor(batch)
@@ -82,7 +95,9 @@ def hf_generate(ckpt: Path, batch: list[list[int]], new: int, threads: int) -> f
     return len(batch) * new / best
 
 
-def engine_tokens_per_s(ckpt: Path, batch: list[list[int]], new: int, system: str) -> float:
+def engine_tokens_per_s(
+    ckpt: Path, batch: list[list[int]], new: int, system: str, dtype: str = "float32"
+) -> float:
     """tokens/s of the runtime on the batch: every request one agent's single turn."""
     from dualpath.config import preset
     from dualpath.runtime.options import RuntimeOptions
@@ -97,6 +112,7 @@ def engine_tokens_per_s(ckpt: Path, batch: list[list[int]], new: int, system: st
             kv_root=root,
             model_dir=str(ckpt),
             hbm_tokens=16384,
+            dtype=dtype,
             threads=int(os.environ.get("BENCH_THREADS", "0")),
         )
         best = float("inf")
@@ -160,6 +176,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16, for both sides")
     ap.add_argument("--before", help="another source tree to measure ready time against")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -175,13 +192,14 @@ def main() -> None:
         if "throughput" in parts:
             batch = prompts(spec.vocab_size, args.requests, args.prompt)
             print(f"\nthroughput: {args.requests} requests x ({args.prompt} prompt + {args.new} "
-                  "new tokens), greedy")  # fmt: skip
+                  f"new tokens), greedy, {args.dtype}")  # fmt: skip
             cores = os.cpu_count() or 1
-            ref = {t: hf_generate(ckpt, batch, args.new, t) for t in sorted({cores, 1})}
+            ref = {t: isolated(hf_generate, ckpt, batch, args.new, t, args.dtype)
+                   for t in sorted({cores, 1})}  # fmt: skip
             for t, v in ref.items():
                 print(f"  transformers generate, {t} thread(s): {v:8.1f} tok/s")
             for system in ("oracle", "dualpath"):
-                v = engine_tokens_per_s(ckpt, batch, args.new, system)
+                v = engine_tokens_per_s(ckpt, batch, args.new, system, args.dtype)
                 ratios = ", ".join(f"{v / r:.2f}x of {t}-thread" for t, r in ref.items())
                 print(f"  engine ({system:8s}, 1P1D):        {v:8.1f} tok/s  ({ratios})")
         if "ready" in parts or "rss" in parts:

@@ -130,6 +130,7 @@ class Scheduler:
         self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
         self.rejected: list[str] = []  # turns rejected alone (one line each)
         self.next_pass_id = 0  # ids of group passes (the exchange's sequence numbers)
+        self._deferred_kicks: set[int] | None = None  # groups to kick after try_alloc's round
         # group → (start, batches) of its pass in flight, for ForwardStarted / ForwardDone
         self.group_pass: dict[int, tuple[float, Any]] = {}
 
@@ -326,18 +327,27 @@ class Scheduler:
             self.alloc_wait.append(req.request_id)
 
     def try_alloc(self) -> None:
-        """Give waiting requests their buffer slots, FIFO; a request that does not fit waits."""
+        """Give waiting requests their buffer slots, FIFO; a request that does not fit waits.
+        Requests with nothing to read join their PE's queue at once, and each group's next
+        pass is planned after the whole round, so requests ready together are batched
+        together (not the first alone)."""
         still: list[int] = []
-        for rid in self.alloc_wait:
-            req = self.reqs[rid]
-            if req.phase is Phase.ABORTED:
-                continue
-            if not self._alloc(req):
-                self.counters.alloc_stalls += 1
-                still.append(rid)
-                continue
-            self._start_read(req)
-        self.alloc_wait = still
+        self._deferred_kicks = set()
+        try:
+            for rid in self.alloc_wait:
+                req = self.reqs[rid]
+                if req.phase is Phase.ABORTED:
+                    continue
+                if not self._alloc(req):
+                    self.counters.alloc_stalls += 1
+                    still.append(rid)
+                    continue
+                self._start_read(req)
+        finally:
+            groups, self._deferred_kicks = self._deferred_kicks, None
+            self.alloc_wait = still
+        for group in sorted(groups):
+            self.kick(group)
 
     def _alloc(self, req: Req) -> bool:
         de_buf = self.launcher.buffers[self.topo.node_of(req.de)]
@@ -397,7 +407,10 @@ class Scheduler:
         """The request's hit KV is in a buffer: it joins its PE's local queue."""
         req.kv_tokens = req.cached
         self.pe_queue[req.pe].append(req.request_id)
-        self.kick(self.topo.group_of(req.pe))
+        if self._deferred_kicks is not None:  # inside try_alloc's round: kicked after it
+            self._deferred_kicks.add(self.topo.group_of(req.pe))
+        else:
+            self.kick(self.topo.group_of(req.pe))
 
     # ------------------------------------------------------------------ forward passes
     def kv_budget_tokens(self, pending: tuple[PendingPrefill, ...]) -> int:
