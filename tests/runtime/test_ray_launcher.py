@@ -6,16 +6,14 @@ actor) land on different Ray nodes and every KV byte between them crosses nodes 
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.procs import two_raylets
 
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.ray_launcher import LOCAL_TEMP_PARENT, LOCAL_TEMP_PREFIX, ray_session
@@ -30,42 +28,13 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 pytestmark = [pytest.mark.slow, pytest.mark.runtime]
 
-# the smallest footprint Ray accepts: 75 MiB is its object store's floor
-NODE_ARGS: dict[str, Any] = {
-    "num_cpus": 1,
-    "object_store_memory": 80 * 1024 * 1024,
-    "include_dashboard": False,
-    "node_ip_address": "127.0.0.1",
-}
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """Two raylets on this host: node 0 (head) and node 1, each with its marker resource;
-    a private temp dir, so no other Ray instance on the host is found or disturbed, and
-    nothing an earlier run left (``/tmp/ray``) is needed."""
-    temp = tempfile.mkdtemp(prefix="dpray-", dir="/tmp")  # short: Ray's socket paths
-    ray_temp = os.path.join(temp, "ray")
-    os.mkdir(ray_temp)
-    args = {**NODE_ARGS, "temp_dir": ray_temp}
-    with pytest.MonkeyPatch.context() as mp:
-        # ``Cluster`` writes (and at shutdown deletes) the address file in Ray's default temp
-        # dir, ignoring ``temp_dir``: point the default at this one, which Ray then shares
-        mp.setenv("RAY_TMPDIR", temp)
-        c = cluster_utils.Cluster(
-            initialize_head=True, head_node_args={**args, "resources": {"dualpath_node0": 1}}
-        )
-        try:
-            c.add_node(**args, resources={"dualpath_node1": 1})
-            c.wait_for_nodes()
-            # Ray rewrites a loopback address to the host's own IP; loopback only: keep it
-            mp.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
-            ray.init(address=c.address, logging_level="WARNING")
-            yield c
-        finally:
-            ray.shutdown()
-            c.shutdown()
-            shutil.rmtree(temp, ignore_errors=True)
+    """Two raylets on this host (``tests.procs.two_raylets``): node 0 (head) and node 1, each
+    with its marker resource, in a private temp dir."""
+    with two_raylets() as (c, _):
+        yield c
 
 
 def _agents(num_agents: int, num_turns: int, seed: int) -> list[AgentState]:

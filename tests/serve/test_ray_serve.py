@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +24,12 @@ openai = pytest.importorskip("openai")
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+from tests.procs import descendants, two_raylets  # noqa: E402
 from tests.serve.conftest import REPO, ServerProc, free_port  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 MODEL = "tiny-llama"
-NODE_ARGS: dict[str, Any] = {  # the smallest raylet Ray accepts (75 MiB object store floor)
-    "num_cpus": 1,
-    "object_store_memory": 80 * 1024 * 1024,
-    "include_dashboard": False,
-    "node_ip_address": "127.0.0.1",
-}
 ACTOR_CLASSES = ("EngineActor", "StorageActor", "Mailbox")
 # Ray rewrites a loopback address to the host's own IP; this keeps every Ray process of the
 # server (its driver: the scheduler process) on loopback, as the cluster's raylets are
@@ -50,29 +43,10 @@ class RayCluster(NamedTuple):
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
-    """Two raylets on this host, node 0 (head) and node 1, each with its marker resource, in a
-    private temp dir (no other Ray instance on the host is found or disturbed); this process
-    joins it as a driver to ask the GCS where the server's actors live."""
-    temp = tempfile.mkdtemp(prefix="dpray-", dir="/tmp")  # short: Ray's socket paths
-    ray_temp = os.path.join(temp, "ray")
-    os.mkdir(ray_temp)
-    args = {**NODE_ARGS, "temp_dir": ray_temp}
-    with pytest.MonkeyPatch.context() as mp:
-        # ``Cluster`` writes its address file in Ray's default temp dir: point that here too
-        mp.setenv("RAY_TMPDIR", temp)
-        c = cluster_utils.Cluster(
-            initialize_head=True, head_node_args={**args, "resources": {"dualpath_node0": 1}}
-        )
-        try:
-            c.add_node(**args, resources={"dualpath_node1": 1})
-            c.wait_for_nodes()
-            mp.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
-            ray.init(address=c.address, logging_level="WARNING")
-            yield RayCluster(c.address, temp)
-        finally:
-            ray.shutdown()
-            c.shutdown()
-            shutil.rmtree(temp, ignore_errors=True)
+    """The two raylets (``tests.procs.two_raylets``); this process asks their GCS where the
+    server's actors live."""
+    with two_raylets() as (c, temp):
+        yield RayCluster(c.address, temp)
 
 
 class RayServer(ServerProc):
@@ -159,7 +133,7 @@ def test_actors_run_on_the_node_that_offers_their_emulated_node(ray_server: RayS
     assert len(by_class["Mailbox"]) == 1
     # loopback only: the HTTP server, the scheduler process and every actor (KV transport,
     # Ray's own worker ports)
-    procs = [ray_server.proc.pid, *_descendants(ray_server.proc.pid)]
+    procs = [ray_server.proc.pid, *descendants(ray_server.proc.pid)]
     bound = _listening(procs + [a["Pid"] for a in actors])
     assert f"127.0.0.1:{ray_server.port}" in bound
     assert len(bound) > len(actors)  # one port per actor at least: the sockets were found
@@ -201,31 +175,21 @@ def test_second_turn_hits_kv_that_crossed_nodes(ray_server: RayServer) -> None:
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens // 16 * 16  # every Full Block of turn 1
     assert 0 < cached < second.usage.prompt_tokens
-    time.sleep(1.2)  # the runtime's counters reach /metrics with its next snapshot (0.5 s)
-    read = ray_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + ray_server.metric(
-        'dualpath:kv_bytes_total{path="de_read"}'
-    )
+    deadline = time.monotonic() + 10  # the runtime's counters reach /metrics every 0.5 s
+    read = 0.0
+    while time.monotonic() < deadline and not read:
+        read = ray_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + ray_server.metric(
+            'dualpath:kv_bytes_total{path="de_read"}'
+        )
+        time.sleep(0.1)
     assert read > 0  # the hit KV was read from the store through a SNIC
     # PE (node 0) → DE buffer (node 1): over TCP between the two Ray nodes
     assert ray_server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
 
 
-def _descendants(pid: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [c for c, p in parents.items() if p in frontier]
-        out += kids
-        frontier = kids
-    return out
-
-
 def test_sigterm_exits_0_and_leaves_no_process_or_actor(ray_server: RayServer) -> None:
     """Runs last: it stops the module's server."""
-    procs = _descendants(ray_server.proc.pid)  # the scheduler process (Ray's driver) …
+    procs = descendants(ray_server.proc.pid)  # the scheduler process (Ray's driver) …
     actor_pids = [a["Pid"] for a in _alive_actors()]  # … and the actors, the raylets' children
     assert procs and len(actor_pids) == 5  # 2 engines, 2 storage actors, the mailbox
     ray_server.proc.send_signal(signal.SIGTERM)

@@ -14,6 +14,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from tests.procs import descendants  # noqa: E402
 from tests.serve.conftest import ServerProc  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -191,19 +192,6 @@ def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> Non
         assert name in text, name
 
 
-def _descendants(pid: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [c for c, p in parents.items() if p in frontier]
-        out += kids
-        frontier = kids
-    return out
-
-
 def _shm_used_by(pids: list[int]) -> set[str]:
     used: set[str] = set()
     for pid in pids:
@@ -225,7 +213,7 @@ def _stop_with_a_request_in_flight(server: ServerProc) -> None:
     )
     next(iter(stream))  # the request is running in the engines
     pid = server.proc.pid
-    procs = _descendants(pid)
+    procs = descendants(pid)
     assert len(procs) >= 7  # scheduler + 2 storage workers + 4 engines (+ resource tracker)
     shm = _shm_used_by(procs)
     assert shm  # the node buffers
