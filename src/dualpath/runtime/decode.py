@@ -15,8 +15,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
@@ -42,7 +40,6 @@ class _Running:
     persisted: list[str] = field(default_factory=list)
     second_s: float = 0.0
     bytes_in: int = 0
-    generator: torch.Generator | None = None  # the request's sampling stream (None: greedy)
     cancelled: bool = False
 
     @property
@@ -109,8 +106,6 @@ class DecodeEngine(Engine):
             self.waiting.popleft()
             tables = [pages[i * per_layer : (i + 1) * per_layer] for i in range(layers)]
             r = _Running(msg, list(msg.tokens), tables, [msg.first_token])
-            if msg.sampling is not None:
-                r.generator = msg.sampling.generator(1)
             num_prompt = len(msg.tokens)
             window = TransferWindow(self.env.options.transfer_window)
             for b, slot in enumerate(msg.de_slots):
@@ -136,7 +131,9 @@ class DecodeEngine(Engine):
             now = self.clock.now()
             for i, r in enumerate(active):
                 r.tokens.append(r.out[-1])
-                r.out.append(pick(logits[i], r.msg.sampling, r.generator))
+                sampling = r.msg.sampling  # token len(out) of the request's output
+                gen = sampling.generator(len(r.out)) if sampling is not None else None
+                r.out.append(pick(logits[i], sampling, gen))
                 if len(r.out) == 2:
                     r.second_s = now
                 if len(r.tokens) % self.block_tokens == 0:

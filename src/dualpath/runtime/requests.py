@@ -32,6 +32,7 @@ class Req(Turn):
         "pe_slots",
         "read_node",
         "reading",
+        "resumed",
         "sampling",
         "streamed",
         "tokens",
@@ -67,6 +68,9 @@ class Req(Turn):
         self.first_token = -1
         self.generated = 0  # tokens its DE reported generated (from admission, token 1 on)
         self.streamed: list[int] = []  # tokens reported so far (servers)
+        # output tokens of this turn that an earlier incarnation delivered before its engine
+        # died: this request continues after them (its prompt ends with them)
+        self.resumed: tuple[int, ...] = ()
         self.cancelled = False  # its client is gone: abort as soon as its phase allows
 
     def stamp_done(self, second_token_s: float, finish_s: float) -> None:

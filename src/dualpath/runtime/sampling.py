@@ -14,27 +14,49 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: nearby (seed, index) pairs give unrelated generator seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How an engine picks a request's tokens. ``temperature`` 0 is greedy (argmax, the
-    runtime's default). ``stop_token_ids``: the DE ends the request after emitting one (EOS)."""
+    runtime's default). ``stop_token_ids``: the DE ends the request after emitting one (EOS).
+    ``first_index``: the position in its turn's output of this request's first token (> 0
+    for a turn resumed after an engine fault, whose earlier tokens the client already has).
+
+    Draws are counter-based: output token i is drawn with a generator seeded from
+    ``(seed, i)`` alone, so whichever engine draws it (the PE's first token, the DE's, a
+    respawned engine's after a fault) the draw is the same: a resumed turn continues exactly
+    the stream the fault-free one would have produced."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    first_index: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} is invalid: must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p} is invalid: must be in (0, 1]")
+        if self.first_index < 0:
+            raise ValueError(f"first_index={self.first_index} is invalid: must be >= 0")
 
-    def generator(self, stream: int) -> torch.Generator:
-        """The request's generator for ``stream`` (0: the PE's first token, 1: the DE's)."""
+    def generator(self, index: int) -> torch.Generator:
+        """The generator of this request's output token ``index`` (0: the PE's first)."""
         import torch
 
-        return torch.Generator().manual_seed((self.seed * 2 + stream) % 2**63)
+        seed = _mix64(_mix64(self.seed & _MASK64) ^ (self.first_index + index)) >> 1
+        return torch.Generator().manual_seed(seed)
 
 
 def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:

@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from dualpath.ledger import (
@@ -558,7 +558,7 @@ class Scheduler:
                     self.generated[msg.engine_id] += 1
                     if rid in self.token_callbacks:
                         req.streamed.append(token)
-                        self._emit(req, (req.first_token, *req.streamed), False)
+                        self._emit(req, (*req.resumed, req.first_token, *req.streamed), False)
             return
         if isinstance(msg, (LoadedMsg, DecodeDoneMsg)):
             self._report_free(msg.engine_id, msg.free_pages)
@@ -584,7 +584,7 @@ class Scheduler:
     def _prefill_done(self, req: Req, first_token: int, done_s: float) -> None:
         self.ledger.first_token(req, done_s)  # it leaves its PE
         req.first_token = first_token
-        self._emit(req, (first_token,), False)
+        self._emit(req, (*req.resumed, first_token), False)
         if req.pe_slots:
             self.launcher.buffers[self.topo.node_of(req.pe)].free(req.pe_slots)
             req.pe_slots = []
@@ -603,12 +603,13 @@ class Scheduler:
             self.events.emit(Persisted(msg.finish_s, self.topo.node_of(req.de), size))
         self.ledger.finish(req, msg.finish_s)  # records it (TurnDone)
         pending_keys = {k for k in msg.persisted_keys if k not in self.durable}
+        output = (*req.resumed, *msg.output)  # the whole turn's output, as the client sees it
         if req.request_id in self.token_callbacks and pending_keys:
             # a server's client may resend the conversation as soon as it has the answer:
             # report the turn done once its blocks are durable, so that resend hits them
-            self.done_after_persist[req.request_id] = (pending_keys, req, msg.output)
+            self.done_after_persist[req.request_id] = (pending_keys, req, output)
         else:
-            self._emit(req, msg.output, True)
+            self._emit(req, output, True)
         agent = self.agents[req.agent_id]
         agent.finish_turn(req.tokens, msg.output)
         nxt = agent.next_turn()
@@ -671,17 +672,35 @@ class Scheduler:
                 in_flight = req.reading or (req.in_pass and req.pe != e)
                 self._abort(req, free_now=not in_flight)
                 self.counters.requeued += 1
-                append = req.tokens[len(self.agents[req.agent_id].context) :]
-                again = self.submit_turn(
-                    req.agent_id, append, req.output_tokens, sampling=req.sampling
-                )
-                if req.request_id in self.token_callbacks:
-                    self.token_callbacks[again.request_id] = self.token_callbacks.pop(
-                        req.request_id
-                    )
+                self._resubmit(req)
             self._report_free(e, self._pool_pages(e))  # a fresh engine: its whole pool
             for group in sorted(self.groups):
                 self.kick(group)
+
+    def _resubmit(self, req: Req) -> None:
+        """Submit an aborted request again, exactly once from its client's view: a server's
+        turn continues after the tokens already delivered (they end the new prompt; the
+        counter-based sampler draws the next ones as the lost engine would have), never
+        sending one twice; a turn whose delivered tokens already end it is finished here."""
+        cb = self.token_callbacks.pop(req.request_id, None)
+        delivered = (req.first_token, *req.streamed) if cb and req.first_token >= 0 else ()
+        resumed = (*req.resumed, *delivered)
+        total = len(req.resumed) + req.output_tokens  # the turn's output budget
+        stops = req.sampling.stop_token_ids if req.sampling else ()
+        agent = self.agents[req.agent_id]
+        if resumed and (len(resumed) >= total or resumed[-1] in stops):
+            agent.finish_turn(req.tokens[: len(req.tokens) - len(req.resumed)], resumed)
+            if cb is not None:
+                cb(req.request_id, resumed, True)
+            return
+        append = (*req.tokens[len(agent.context) :], *delivered)
+        sampling = req.sampling
+        if sampling is not None and resumed:
+            sampling = replace(sampling, first_index=len(resumed))
+        again = self.submit_turn(req.agent_id, append, total - len(resumed), sampling=sampling)
+        again.resumed = resumed
+        if cb is not None:
+            self.token_callbacks[again.request_id] = cb
 
     def _recover_storage(self, node: int) -> None:
         """Respawn a dead storage worker; re-issue its reads and its queued writes. Writes it

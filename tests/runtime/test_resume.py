@@ -1,0 +1,93 @@
+"""Exactly-once streaming across engine faults (issue 24, item 1): a turn whose DE dies after
+it streamed some tokens resumes after them: what its client receives only ever grows, and
+ends as the fault-free run's answer (greedy and seeded sampling alike)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.session import LocalRuntime
+
+from .conftest import small_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.runtime, pytest.mark.timeout(240)]
+
+NUM = 6
+NEW = 40
+
+
+def _requests(vocab: int) -> list[tuple[tuple[int, ...], SamplingParams]]:
+    rng = random.Random(5)
+    out = []
+    for i in range(NUM):
+        prompt = tuple(rng.randrange(vocab) for _ in range(20 + 7 * i))
+        temperature = 0.0 if i % 2 == 0 else 1.0  # greedy and seeded sampling
+        out.append((prompt, SamplingParams(temperature, 0.9, seed=100 + i)))
+    return out
+
+
+def _serve(
+    kv_root: Path, kill_at: int = 0, stop: bool = False
+) -> tuple[list[list[tuple[int, ...]]], int, int]:
+    """Every request submitted as a server does: the token sequences each callback got, the
+    requests requeued, and how many of those resumed after tokens already delivered. With
+    ``kill_at``, DE 2 gets SIGKILL (``stop``: SIGSTOP, found by its silent heartbeat) once a
+    request has received that many tokens: mid-stream."""
+    cfg = small_config(gpus_per_node=2)
+    opts = RuntimeOptions(kv_root=str(kv_root), liveness_timeout_s=2.0, request_timeout_s=60.0)
+    seen: list[list[tuple[int, ...]]] = [[] for _ in range(NUM)]
+    done = threading.Event()
+    left = [NUM]
+    killed: list[int] = []
+    with LocalRuntime(cfg, opts) as rt:
+        sched = rt.scheduler
+        cfg_topo = sched.topo
+
+        def callback(i: int):  # type: ignore[no-untyped-def]
+            def on_tokens(rid: int, tokens: tuple[int, ...], finished: bool) -> None:
+                seen[i].append(tokens)
+                if kill_at and len(tokens) == kill_at and not killed:
+                    killed.append(rt.launcher.procs[cfg_topo.engine_name(2)].pid)
+                    os.kill(killed[0], signal.SIGSTOP if stop else signal.SIGKILL)
+                if finished:
+                    left[0] -= 1
+                    if not left[0]:
+                        done.set()
+
+            return on_tokens
+
+        for i, (prompt, sampling) in enumerate(_requests(cfg.model.vocab_size)):
+            agent = AgentState(1000 + i, (), ())
+            sched.submit_threadsafe(agent, prompt, NEW, callback(i), sampling)
+        result = sched.run(until=done)
+        resumed = sum(1 for r in sched.reqs.values() if r.resumed)
+    assert bool(killed) == bool(kill_at)
+    return seen, result.requeued, resumed
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["kill", "stop"])
+def test_a_dead_or_stalled_decode_engine_never_sends_a_token_twice(
+    tmp_path: Path, stop: bool
+) -> None:
+    reference, requeued, _ = _serve(tmp_path / "ref")
+    assert requeued == 0
+    got, requeued, resumed = _serve(tmp_path / "fault", kill_at=12, stop=stop)
+    assert requeued >= 1 and resumed >= 1  # some turns died mid-stream and continued
+    for i in range(NUM):
+        final = reference[i][-1]
+        assert len(final) == NEW
+        assert got[i][-1] == final, f"request {i}: the answer differs from the fault-free one"
+        for before, after in zip(got[i], got[i][1:], strict=False):
+            # what the client has only grows: never a token sent twice, never one replaced
+            assert after[: len(before)] == before, f"request {i}: tokens re-sent or changed"
