@@ -1,8 +1,10 @@
-"""`dualpath bench --runtime local`: argument errors and one small real run."""
+"""`dualpath bench --runtime local`: argument errors (a missing transport library too) and one
+small real run."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing.process
 import os
 import signal
 import subprocess
@@ -29,6 +31,29 @@ def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -
     err = capsys.readouterr().err
     assert "split_reads=true is not supported by the runtime" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("runtime", ["local", "ray"])
+def test_missing_mooncake_is_one_line_and_starts_nothing(
+    runtime: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    for name in ("mooncake", "mooncake.engine"):  # imports fail, as where it is not installed
+        monkeypatch.setitem(sys.modules, name, None)
+
+    def started(*_: object) -> None:
+        raise AssertionError("got past the transport check")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", started)
+    monkeypatch.setattr("dualpath.cli.runtime_cmd.check_kv_root", started)
+    argv = ["bench", "--runtime", runtime, "--transport", "mooncake", "--agents", "1",
+            "--turns", "1", "--no-progress", "--kv-root", str(tmp_path / "kv")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dualpath: error: --transport mooncake needs the Mooncake")
+    assert "pip install mooncake-transfer-engine-non-cuda" in err and "'mooncake' extra" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert not (tmp_path / "kv").exists()
 
 
 @pytest.mark.slow

@@ -26,9 +26,15 @@ def free_port() -> int:
 
 
 class ServerProc:
-    def __init__(self, args: list[str]) -> None:
+    """``dualpath serve ARGS`` on a free loopback port; ``api_key``: what ``metric()`` sends
+    (a server with ``--api-key`` keeps ``/metrics`` behind it)."""
+
+    api_key: str | None = None  # also for subclasses with their own __init__
+
+    def __init__(self, args: list[str], api_key: str | None = None) -> None:
         self.port = free_port()
         self.args = args
+        self.api_key = api_key
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
@@ -57,11 +63,17 @@ class ServerProc:
         self.stop()
         raise RuntimeError("server did not become ready")
 
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def metric(self, name: str) -> float:
         import httpx
 
         total = 0.0
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
+        response = httpx.get(self.url + "/metrics", headers=self.auth_headers)
+        response.raise_for_status()
+        for line in response.text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
@@ -92,7 +104,8 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     model_dir = served / "tiny-llama"
     server = ServerProc(
         ["--model-dir", str(model_dir), "--init-tiny-checkpoint", "--api-key", "acme=sk-test",
-         "--block-tokens", "16", "--kv-root", str(served / "kv")]
+         "--block-tokens", "16", "--kv-root", str(served / "kv")],
+        api_key="sk-test",
     )  # fmt: skip
     try:
         yield server

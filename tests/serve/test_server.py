@@ -173,7 +173,8 @@ def test_client_disconnect_mid_stream_frees_the_request(hf_server: ServerProc) -
 def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
     import httpx
 
-    text = httpx.get(hf_server.url + "/metrics").text
+    assert httpx.get(hf_server.url + "/metrics").status_code == 401  # keys set: it needs one
+    text = httpx.get(hf_server.url + "/metrics", headers=hf_server.auth_headers).text
     for name in (
         "dualpath:time_to_first_token_seconds_bucket",
         "dualpath:time_per_output_token_seconds_bucket",

@@ -177,11 +177,31 @@ def check_kv_root(kv_root: str) -> None:
         raise ValueError(f"--kv-root {kv_root!r} is invalid: not writable ({reason})") from None
 
 
+def check_transport_library(transport: str) -> None:
+    """ValueError (one line) when ``transport`` needs a library that cannot be imported, before
+    any process starts (in an engine it would be a traceback per process)."""
+    if transport != "mooncake":
+        return
+    from dualpath.runtime.transport.mooncake import load_engine_class
+
+    try:
+        load_engine_class()
+    except ImportError as err:
+        cause = " ".join(str(err.__cause__ or err).split())
+        raise ValueError(
+            f"--transport mooncake needs the Mooncake Transfer Engine, which cannot be imported "
+            f"({cause}): pip install mooncake-transfer-engine-non-cuda (the 'mooncake' extra: "
+            "pip install -e '.[mooncake]') and apt-get install libibverbs1"
+        ) from None
+
+
 def resolve_runtime(args: argparse.Namespace) -> str:
     """The KV transport for ``--runtime`` / ``--transport`` / ``--ray-address``; ValueError
-    (one line) on a bad combination, a missing Ray or an unreachable ``--ray-address``."""
+    (one line) on a bad combination, a missing Ray or transport library, or an unreachable
+    ``--ray-address``."""
     if args.runtime not in ("local", "ray"):
         raise ValueError(f"--runtime {args.runtime!r} is invalid: must be 'local' or 'ray'")
+    check_transport_library(str(args.transport or ""))
     if args.runtime == "local":
         if args.ray_address:
             raise ValueError("--ray-address is only valid with --runtime ray")

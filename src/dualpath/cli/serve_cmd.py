@@ -72,6 +72,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument(
         "--api-key", action="append", default=[], metavar="[TENANT=]KEY", help="repeatable"
     )
+    p.add_argument(
+        "--metrics-open",
+        action="store_true",
+        help="serve /metrics without a key for a scraper on loopback (default: with --api-key "
+        "set, /metrics needs a key like /v1/*: its counters cover every tenant)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(func=run_serve)
@@ -116,6 +122,7 @@ def run_serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         seed=args.seed,
         api_keys=_api_keys(args.api_key),
+        metrics_open=args.metrics_open,
         system=args.system,
         kv_root=args.kv_root,
         hbm_tokens=args.hbm_tokens,
@@ -132,6 +139,9 @@ def run_serve(args: argparse.Namespace) -> int:
     backend = build_backend(config, opts)
     if not opts.is_loopback:
         print(f"dualpath serve: warning: listening on {opts.host}, not loopback", file=sys.stderr)
+        if opts.metrics_open and opts.api_keys:
+            print("dualpath serve: warning: --metrics-open: /metrics needs no key from any host",
+                  file=sys.stderr)  # fmt: skip
     topo = f"{config.cluster.num_prefill_nodes}P{config.cluster.num_decode_nodes}D"
     print(
         f"dualpath serve: {backend.model_name} on http://{opts.host}:{opts.port}/v1 "

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): chat and text completions (SSE or whole),
-models, health and Prometheus metrics. Validation errors are 4xx in OpenAI's error shape; a
-client that goes away closes its backend iterator, which frees the request.
+models, health and Prometheus metrics. Bad input (body size, depth, Unicode, ranges: see
+``serve/body.py``) is a 4xx in OpenAI's error shape, never a 500; a client that goes away
+closes its backend iterator, which frees the request.
 """
 
 from __future__ import annotations
@@ -19,16 +20,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from dualpath.serve.backend import Backend, GenerateRequest, TokenEvent
+from dualpath.serve.body import BodyError, decode_object, read_limited
 from dualpath.serve.metrics import ServeMetrics
 
 
 @dataclass(frozen=True, slots=True)
 class ApiOptions:
-    """``api_keys`` maps each accepted key to its tenant (empty: no key needed)."""
+    """``api_keys`` maps each accepted key to its tenant (empty: no key needed);
+    ``metrics_open``: ``/metrics`` needs no key even when there are keys."""
 
     api_keys: dict[str, str] = field(default_factory=dict)
+    metrics_open: bool = False
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
     max_stop_strings: int = 4
@@ -57,13 +62,17 @@ class ChatMessage(_Base):
         return self.content or ""
 
 
+MAX_TOKENS = 2**31 - 1  # far past any context length: a bigger value is named as the error
+MAX_SEED = 2**63 - 1  # a seed is a non-negative int64 (what torch generators take)
+
+
 class _Sampling(_Base):
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
@@ -168,18 +177,14 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         return opts.api_keys[key]
 
     async def parse(request: Request, model: type[_Sampling]) -> Any:
-        size = int(request.headers.get("content-length") or 0)
-        if size > opts.max_body_bytes:
-            raise ApiError(413, f"request body of {size} bytes exceeds {opts.max_body_bytes}")
-        raw = await request.body()
-        if len(raw) > opts.max_body_bytes:
-            raise ApiError(413, f"request body of {len(raw)} bytes exceeds {opts.max_body_bytes}")
+        length = request.headers.get("content-length")
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "request body must be a JSON object")
+            raw = await read_limited(request.stream(), length, opts.max_body_bytes)
+            data = decode_object(raw)
+        except BodyError as exc:
+            raise ApiError(exc.status, exc.message, exc.param) from None
+        except ClientDisconnect:
+            raise ApiError(400, "the client went away before sending the whole body") from None
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -384,7 +389,9 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        if not opts.metrics_open:
+            authorise(request)  # the counters are global: they would leak across tenants
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

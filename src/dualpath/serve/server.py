@@ -36,6 +36,7 @@ class ServeOptions:
     dtype: str = "float32"
     seed: int = 0
     api_keys: dict[str, str] = field(default_factory=dict)  # key → tenant
+    metrics_open: bool = False  # /metrics without a key (a scraper on loopback)
     system: str = "dualpath"  # the policy (``RuntimeOptions.system``)
     kv_root: str = "./.dualpath/kv"  # the persistent KV store
     hbm_tokens: int = 65536  # each engine's paged HBM, tokens
@@ -143,9 +144,12 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
 
     stopped_by: list[int] = []
 
-    app = create_app(
-        backend, ApiOptions(api_keys=opts.api_keys, default_max_tokens=opts.default_max_tokens)
+    api = ApiOptions(
+        api_keys=opts.api_keys,
+        metrics_open=opts.metrics_open,
+        default_max_tokens=opts.default_max_tokens,
     )
+    app = create_app(backend, api)
     config = uvicorn.Config(
         app,
         host=opts.host,
