@@ -87,7 +87,10 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "dualpath.cli.main", "bench", "--agents", "4", "--turns", "40",
            "--snic-mb-per-s", "2", "--systems", "basic", "--kv-root", str(tmp_path),
            "--set", "hardware.gpus_per_node=1"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the child starts with SIGINT at its default whatever this process inherited (a shell's
+    # background job, e.g. `make test &`, ignores SIGINT, and a child inherits that)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_default_sigint)  # fmt: skip
     deadline = time.monotonic() + 60
     while len(_tagged(tag)) < 5 and time.monotonic() < deadline:  # parent + 4 children
         time.sleep(0.2)
@@ -100,6 +103,10 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     while _tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _tagged(tag) == []
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _tagged(tag: str) -> list[int]:
