@@ -245,6 +245,9 @@ class _StatsOnly:
 
         return BackendStats(num_running=3)
 
+    def failure(self) -> str | None:
+        return None
+
 
 @pytest.mark.parametrize("metrics_open", [False, True])
 def test_metrics_open_serves_metrics_without_a_key(metrics_open: bool) -> None:

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from dualpath.serve.backend import Backend, GenerateRequest, TokenEvent
+from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.body import BodyError, decode_object, read_limited
 from dualpath.serve.metrics import ServeMetrics
 
@@ -250,6 +250,9 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
     async def run(
         request: Request, gen: GenerateRequest, chat: bool, body: _Sampling, t: _Timing
     ) -> Response:
+        failure = backend.failure()
+        if failure is not None:
+            raise ApiError(503, f"the runtime failed: {failure}")
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -281,6 +284,8 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                         t.last = time.monotonic()
                         parts.append(ev.text)
                         last = ev
+                except BackendFailure as exc:
+                    raise ApiError(503, f"the runtime failed: {exc}") from None
                 finally:
                     await events.aclose()  # type: ignore[attr-defined]
 
@@ -322,12 +327,17 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                 if chat:
                     first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
                     yield sse([{**first, "logprobs": None, "finish_reason": None}])
-                async for ev in events:
-                    t.first = t.first or time.monotonic()
-                    t.last = time.monotonic()
-                    last = ev
-                    if ev.text or ev.finish_reason:
-                        yield sse([choice(ev.text, ev.finish_reason, True)])
+                try:
+                    async for ev in events:
+                        t.first = t.first or time.monotonic()
+                        t.last = time.monotonic()
+                        last = ev
+                        if ev.text or ev.finish_reason:
+                            yield sse([choice(ev.text, ev.finish_reason, True)])
+                except BackendFailure as exc:  # an OpenAI error event, then the stream ends
+                    err = error_body(503, f"the runtime failed: {exc}", None)
+                    yield f"data: {json.dumps(err)}\n\n"
+                    return
                 if include_usage:
                     yield sse([], {"usage": usage(last)})
                 yield "data: [DONE]\n\n"
@@ -385,8 +395,11 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         }
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> Response:
+        failure = backend.failure()
+        if failure is not None:  # the runtime died: the server is on its way out (fail-fast)
+            return JSONResponse({"status": "error", "error": failure}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:

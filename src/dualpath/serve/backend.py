@@ -67,6 +67,10 @@ class BackendStats:
     queue_lengths: dict[str, int] = field(default_factory=dict)  # read queues per node
 
 
+class BackendFailure(RuntimeError):
+    """The backend cannot serve any more (its runtime died): requests get a 503."""
+
+
 class Backend(Protocol):
     model_name: str
     tokenizer: TextTokenizer
@@ -82,3 +86,7 @@ class Backend(Protocol):
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]: ...
 
     def stats(self) -> BackendStats: ...
+
+    def failure(self) -> str | None:
+        """Why the backend cannot serve any more (``/health`` is then 503), or None."""
+        ...

@@ -18,17 +18,18 @@ import itertools
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import sys
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dualpath.config import Config
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.serve.backend import BackendStats, GenerateRequest, TokenEvent
+from dualpath.serve.backend import BackendFailure, BackendStats, GenerateRequest, TokenEvent
 from dualpath.serve.generation import TextStream
 from dualpath.serve.runtime_host import (
     CancelCmd,
@@ -82,12 +83,17 @@ class RuntimeBackend:
         self._proc: Any = None
         self._reader: threading.Thread | None = None
         self._closed: ClosedEvt | None = None
+        self._stopping = False
         self._stats = StatsEvt(0, 0, 0, 0)
         self._history: deque[StatsEvt] = deque()
         self._num_aborted = 0
         self._prompt_tokens = 0  # counted here, so /metrics agrees with the responses at once
         self._cached_tokens = 0
         self.pids: tuple[int, ...] = ()
+        self._ready: ReadyEvt | None = None
+        self._failure: str | None = None  # why the runtime died under us (None: healthy)
+        # called once, from the reader thread, when the runtime dies (the server exits)
+        self.on_failure: Callable[[str], None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -112,6 +118,7 @@ class RuntimeBackend:
             self._proc.join(timeout=STOP_TIMEOUT_S)
             raise RuntimeError(f"the runtime failed to start: {first.error}")
         assert isinstance(first, ReadyEvt)
+        self._ready = first
         self.pids = first.pids
         self._reader = threading.Thread(target=self._read_loop, name="runtime-events")
         self._reader.start()
@@ -122,6 +129,7 @@ class RuntimeBackend:
     def _stop_blocking(self) -> None:
         if self._proc is None:
             return
+        self._stopping = True
         if self._proc.is_alive():
             self._inbox.put(StopCmd())
         self._proc.join(timeout=STOP_TIMEOUT_S)
@@ -129,7 +137,7 @@ class RuntimeBackend:
             self._kill()
         if self._reader is not None:
             self._reader.join(timeout=5.0)
-        self._closed = self._closed or ClosedEvt("stopped")
+        self._closed = self._closed or ClosedEvt()  # a clean stop: in-flight streams abort
         for key in list(self._streams):
             self._deliver(key, self._closed)
         self._proc = None
@@ -144,8 +152,10 @@ class RuntimeBackend:
             try:
                 evt = self._outbox.get(timeout=0.5)
             except queue.Empty:
-                if self._proc is None or not self._proc.is_alive():
-                    evt = ClosedEvt("the scheduler process exited")
+                proc = self._proc
+                if proc is None or not proc.is_alive():
+                    code = proc.exitcode if proc is not None else None
+                    evt = ClosedEvt(f"the scheduler process exited (code {code})")
                 else:
                     continue
             if isinstance(evt, StatsEvt):
@@ -156,12 +166,39 @@ class RuntimeBackend:
             elif isinstance(evt, (TokensEvt, RejectedEvt)):
                 self._deliver(evt.key, evt)
             elif isinstance(evt, ClosedEvt):
-                if evt.error:  # the runtime failed: say so once; requests now get 503s
-                    print(f"dualpath serve: runtime stopped: {evt.error}", file=sys.stderr)
+                if self._stopping:  # we asked it to stop: whatever it says, a clean stop
+                    evt = ClosedEvt()
+                elif not evt.error:
+                    evt = ClosedEvt("the runtime stopped by itself")
+                if evt.error:
+                    self._fail(evt)
                 self._closed = evt
                 for key in list(self._streams):
                     self._deliver(key, evt)
                 return
+
+    def _fail(self, evt: ClosedEvt) -> None:
+        """The runtime died (e.g. its scheduler process was killed): say so once, mark the
+        backend failed (``/health`` 503, requests 503), remove what the dead scheduler process
+        cannot (its shared memory, the links directory; the children exit by themselves when
+        their parent is gone), and tell the server (fail-fast: it exits non-zero)."""
+        self._failure = evt.error
+        print(f"dualpath serve: runtime stopped: {evt.error}", file=sys.stderr, flush=True)
+        if self._ready is not None:
+            from multiprocessing.shared_memory import SharedMemory
+
+            for name in self._ready.shm_names:
+                with contextlib.suppress(OSError):
+                    seg = SharedMemory(name=name)
+                    seg.close()
+                    seg.unlink()
+            if self._ready.link_dir:
+                shutil.rmtree(self._ready.link_dir, ignore_errors=True)
+        if self.on_failure is not None:
+            self.on_failure(evt.error)
+
+    def failure(self) -> str | None:
+        return self._failure
 
     def _deliver(self, key: int, evt: TokensEvt | RejectedEvt | ClosedEvt) -> None:
         s = self._streams.get(key)
@@ -174,7 +211,7 @@ class RuntimeBackend:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         if self._closed is not None or self._proc is None:
-            raise RuntimeError("the runtime is not running")
+            raise BackendFailure(self._failure or "the runtime is not running")
         seed = request.seed if request.seed is not None else next(self._seeds)
         eos = () if request.ignore_eos else tuple(self.tokenizer.eos_token_ids)
         sampling = SamplingParams(request.temperature, request.top_p, seed, eos)
@@ -201,6 +238,8 @@ class RuntimeBackend:
                     raise ValueError(evt.text)
                 if isinstance(evt, ClosedEvt):
                     finished = True
+                    if evt.error:  # died mid-request: a clean error, not a cut answer
+                        raise BackendFailure(evt.error)
                     yield event((), "", "abort")
                     return
                 if not generated and held is None:  # the first event: prompt accounting

@@ -49,6 +49,10 @@ class StopCmd:
 @dataclass(frozen=True, slots=True)
 class ReadyEvt:
     pids: tuple[int, ...]  # this process and every runtime child
+    # what the runtime made outside its processes that must not outlive it if this process
+    # is killed: shared-memory segments (node buffers, exchanges) and the links directory
+    shm_names: tuple[str, ...] = ()
+    link_dir: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +209,13 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
     try:
         with LocalRuntime(config, options) as rt:
             host = _Host(rt, outbox)
-            outbox.put(ReadyEvt((os.getpid(), *rt.pids())))
+            launcher = rt.launcher
+            shm: tuple[str, ...] = ()
+            if options.runtime == "local":  # (Ray: the segments live with the actors)
+                shm = tuple(b.spec.name for b in launcher.buffers)
+                shm += tuple(x.name for x in launcher.exchanges)
+            link_dir = getattr(launcher, "link_dir", None) or ""
+            outbox.put(ReadyEvt((os.getpid(), *rt.pids()), shm, link_dir))
             nic_busy = rt.launcher.nic_busy_s
             threads = [
                 threading.Thread(target=host.commands, args=(inbox, parent_pid), daemon=True),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,7 +159,22 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         timeout_graceful_shutdown=int(max(1, opts.graceful_s)),
         access_log=False,
     )
-    _Server(config).run()
+    server = _Server(config)
+    failed: list[str] = []
+
+    def on_failure(reason: str) -> None:
+        # fail-fast: the runtime died under us; in-flight requests get a 503 / an error event,
+        # then the server exits non-zero so a process manager restarts it (the KV store is
+        # persistent: warm prefixes survive the restart)
+        failed.append(reason)
+        server.should_exit = True
+
+    if hasattr(backend, "on_failure"):
+        backend.on_failure = on_failure
+    server.run()
+    if failed:
+        print("dualpath serve: exiting (1): the runtime failed", file=sys.stderr, flush=True)
+        return 1
     if stopped_by:
         print(f"dualpath serve: stopped ({signal.Signals(stopped_by[0]).name})", flush=True)
     return 0
