@@ -9,6 +9,7 @@ kill stragglers) and unlinks the buffers, so no process or segment outlives the 
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.queues as mp_queues
 import os
 import queue
 import shutil
@@ -30,7 +31,7 @@ from dualpath.runtime.exchange import region_bytes
 from dualpath.runtime.kvstore import BlockLayout
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.pacer import Pacer, PacerStats, SharedLink
+from dualpath.runtime.pacer import LinkLock, Pacer, PacerStats, SharedLink
 from dualpath.runtime.storage import storage_main
 from dualpath.runtime.transport.base import RegionHandle
 
@@ -40,6 +41,16 @@ READY_POLL_S = 0.1  # how often start-up checks that children are still alive
 
 class RuntimeFailure(Exception):
     """A runtime process failed; the message names it."""
+
+
+class DeathSafeQueue(mp_queues.Queue):
+    """``multiprocessing.Queue`` whose writers' lock is a ``LinkLock``: an engine killed by
+    SIGKILL while its feeder thread writes leaves no lock taken for ever (a semaphore would,
+    and every other process's messages would then wait behind it: a stuck run)."""
+
+    def __init__(self, ctx: Any, write_lock: LinkLock) -> None:
+        super().__init__(ctx=ctx)
+        self._wlock = write_lock
 
 
 def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> int:
@@ -99,18 +110,21 @@ class Launcher:
         layout = BlockLayout(cfg.model.num_layers, cfg.scheduler.block_tokens,
                              cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # lock files: the links', the node buffers' and the shared queues' writer locks (flock:
+        # the kernel releases a lock whose holder is killed, where a semaphore stays taken)
+        self.link_dir = tempfile.mkdtemp(prefix=f"{tag}-links-")
         specs, locks = [], []
         for node in range(topo.num_nodes):
             slots = buffer_slots(cfg, self.options, topo.kind_of_node(node).value == "pe")
             spec = BufferSpec(f"{tag}-n{node}", slots, layout.full_block_bytes)
-            lock = self.ctx.Lock()
+            lock = self._file_lock(f"buffer{node}")
             self.buffers.append(SlotBuffer.create(spec, lock))
             specs.append(spec)
             locks.append(lock)
-        storage_inboxes = tuple(self.ctx.Queue() for _ in range(topo.num_nodes))
+        storage_inboxes = tuple(self._queue(f"storage{n}") for n in range(topo.num_nodes))
+        self.results = self._queue("results")
         self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         self.nic_busy = self.ctx.RawArray("d", 2 * (len(topo.engine_ids) + topo.num_nodes))
-        self.link_dir = tempfile.mkdtemp(prefix=f"{tag}-links-")  # the links' lock files
         links = tuple(SharedLink.create(self.ctx, os.path.join(self.link_dir, f"link{i}.lock"))
                       for i in range(2 * len(topo.engine_ids) + topo.num_nodes))  # fmt: skip
         env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
@@ -134,6 +148,18 @@ class Launcher:
             {topo.engine_name(e) for e in topo.engine_ids} - self._early_ready
         ) | {n: r for n, r in regions.items() if n not in storage}
         return env
+
+    def _file_lock(self, name: str) -> LinkLock:
+        assert self.link_dir is not None
+        path = os.path.join(self.link_dir, f"{name}.lock")
+        with open(path, "a"):  # exists before any process opens it
+            pass
+        return LinkLock(path)
+
+    def _queue(self, name: str) -> Any:
+        """A queue several processes write to, whose writers' lock survives a writer killed
+        while holding it (a message under PIPE_BUF bytes is written in one atomic write)."""
+        return DeathSafeQueue(self.ctx, self._file_lock(f"queue-{name}"))
 
     def _create_exchanges(self, tag: str, topo: Topology) -> tuple[str, ...]:
         """One shared-memory exchange segment per PE whose group has other PEs (sparse: only

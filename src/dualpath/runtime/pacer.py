@@ -103,6 +103,12 @@ class LinkLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._threads.release()
 
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
     def close(self) -> None:
         """Close this process's descriptor (the file stays; its creator removes it)."""
         if self._pid == os.getpid() and self._fd >= 0:
