@@ -66,3 +66,14 @@ def two_raylets() -> Iterator[tuple[Any, str]]:
             ray.shutdown()
             c.shutdown()
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def shm_used_by(pids: list[int]) -> set[str]:
+    """/dev/shm files the processes ``pids`` map (the host's /dev/shm is shared with other
+    jobs, so only these processes' own entries are checked)."""
+    used: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            used |= {line.split()[-1] for line in maps if "/dev/shm/" in line}
+    return used

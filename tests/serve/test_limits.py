@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from tests.serve.conftest import ServerProc
+from tests.serve.stub import StubBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -219,42 +220,12 @@ def test_metrics_need_the_api_key(server: ServerProc) -> None:
     _assert_serves(server)
 
 
-class _StatsOnly:
-    """Just enough backend for ``/metrics`` (no request ever reaches ``generate``)."""
-
-    model_name = "stub"
-    max_context_tokens = 1024
-    vocab_size = 1024
-
-    def __init__(self) -> None:
-        from dualpath.serve.tokenizer import TinyTokenizer
-
-        self.tokenizer = TinyTokenizer(self.vocab_size)
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def generate(self, request: object) -> AsyncIterator[object]:
-        raise NotImplementedError
-
-    def stats(self) -> object:
-        from dualpath.serve.backend import BackendStats
-
-        return BackendStats(num_running=3)
-
-    def failure(self) -> str | None:
-        return None
-
-
 @pytest.mark.parametrize("metrics_open", [False, True])
 def test_metrics_open_serves_metrics_without_a_key(metrics_open: bool) -> None:
     from dualpath.serve.api import ApiOptions, create_app
 
     opts = ApiOptions(api_keys={KEY: "lim"}, metrics_open=metrics_open)
-    app = create_app(_StatsOnly(), opts)  # type: ignore[arg-type]
+    app = create_app(StubBackend(num_running=3), opts)  # type: ignore[arg-type]
 
     async def scrape() -> tuple[httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=app)

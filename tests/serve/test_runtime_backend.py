@@ -3,7 +3,6 @@ engines as processes) on loopback, driven by the official `openai` client."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
@@ -14,7 +13,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from tests.procs import descendants  # noqa: E402
+from tests.procs import descendants, shm_used_by  # noqa: E402
 from tests.serve.conftest import ServerProc  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -192,15 +191,6 @@ def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> Non
         assert name in text, name
 
 
-def _shm_used_by(pids: list[int]) -> set[str]:
-    used: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-            used |= {line.split()[-1] for line in maps if "/dev/shm/" in line}
-    return used
-
-
 def test_sigterm_stops_every_process_and_unlinks_shared_memory(rt_server: ServerProc) -> None:
     """Runs last: it stops the module's server (its fixture then finds it stopped)."""
     _stop_with_a_request_in_flight(rt_server)
@@ -215,7 +205,7 @@ def _stop_with_a_request_in_flight(server: ServerProc) -> None:
     pid = server.proc.pid
     procs = descendants(pid)
     assert len(procs) >= 7  # scheduler + 2 storage workers + 4 engines (+ resource tracker)
-    shm = _shm_used_by(procs)
+    shm = shm_used_by(procs)
     assert shm  # the node buffers
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=60) == 0

@@ -6,12 +6,10 @@ persists), and no process, shared-memory segment or links directory outlives the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,19 +17,11 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from tests.procs import descendants  # noqa: E402
+from tests.procs import descendants, shm_used_by  # noqa: E402
 from tests.serve.conftest import ServerProc  # noqa: E402
+from tests.serve.stub import StubBackend  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def _shm_of(pids: list[int]) -> set[str]:
-    used: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-            used |= {line.split()[-1] for line in maps if "/dev/shm/" in line}
-    return used
 
 
 def _scheduler_pid(server_pid: int) -> int:
@@ -54,7 +44,7 @@ def test_killing_the_scheduler_process_fails_fast_and_leaves_nothing(tmp_path: P
         next(iter(stream))  # the request is running in the engines
         sched = _scheduler_pid(server.proc.pid)
         procs = descendants(server.proc.pid)
-        shm = _shm_of(procs)
+        shm = shm_used_by(procs)
         links = list(Path(tempfile.gettempdir()).glob(f"dp{sched}-*-links-*"))
         assert shm and links  # the node buffers and the pacers' links directory
         os.kill(sched, signal.SIGKILL)
@@ -76,40 +66,10 @@ def test_killing_the_scheduler_process_fails_fast_and_leaves_nothing(tmp_path: P
         server.stop()
 
 
-class _Failed:
-    """A backend whose runtime has died (what RuntimeBackend reports after the kill)."""
-
-    model_name = "stub"
-    max_context_tokens = 1024
-    vocab_size = 1024
-
-    def __init__(self) -> None:
-        from dualpath.serve.tokenizer import TinyTokenizer
-
-        self.tokenizer = TinyTokenizer(self.vocab_size)
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def generate(self, request: object) -> AsyncIterator[object]:
-        raise AssertionError("a failed backend gets no request")
-
-    def stats(self) -> object:
-        from dualpath.serve.backend import BackendStats
-
-        return BackendStats()
-
-    def failure(self) -> str | None:
-        return "the scheduler process exited (code -9)"
-
-
 def test_a_failed_runtime_is_503_on_health_and_on_requests() -> None:
     from dualpath.serve.api import ApiOptions, create_app
 
-    app = create_app(_Failed(), ApiOptions())  # type: ignore[arg-type]
+    app = create_app(StubBackend(failure="the scheduler process exited (code -9)"), ApiOptions())  # type: ignore[arg-type]
 
     async def ask() -> tuple[httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=app)
