@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath.runtime.buffer import SlotBuffer
+from dualpath.runtime.decoding import Chooser, choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.hbm import PagedKV
@@ -28,7 +29,6 @@ from dualpath.runtime.messages import (
     PersistMsg,
     TokensMsg,
 )
-from dualpath.runtime.sampling import pick
 
 
 @dataclass(slots=True)
@@ -36,6 +36,7 @@ class _Running:
     msg: DecodeMsg
     tokens: list[int]  # tokens whose KV is in HBM (prompt, then generated but the last)
     tables: list[list[int]]  # block table per layer
+    chooser: Chooser
     out: list[int] = field(default_factory=list)
     persisted: list[str] = field(default_factory=list)
     second_s: float = 0.0
@@ -105,7 +106,8 @@ class DecodeEngine(Engine):
                 return  # joins between later steps, when finished requests free pages
             self.waiting.popleft()
             tables = [pages[i * per_layer : (i + 1) * per_layer] for i in range(layers)]
-            r = _Running(msg, list(msg.tokens), tables, [msg.first_token])
+            chooser = self.chooser(msg.sampling, (msg.first_token,))
+            r = _Running(msg, list(msg.tokens), tables, chooser, [msg.first_token])
             num_prompt = len(msg.tokens)
             window = TransferWindow(self.env.options.transfer_window)
             for b, slot in enumerate(msg.de_slots):
@@ -128,19 +130,22 @@ class DecodeEngine(Engine):
             kv = PagedKV(self.pool, lambda layer: [r.tables[layer] for r in active],
                          [len(r.tokens) for r in active])  # fmt: skip
             logits = self.model.forward_batch([r.out[-1:] for r in active], kv)
+            gens = [_generator(r) for r in active]  # token len(out) of each one's output
+            picked = choose_batch([r.chooser for r in active], logits, gens)
             now = self.clock.now()
-            for i, r in enumerate(active):
+            for r, (token, _) in zip(active, picked, strict=True):
                 r.tokens.append(r.out[-1])
-                sampling = r.msg.sampling  # token len(out) of the request's output
-                gen = sampling.generator(len(r.out)) if sampling is not None else None
-                r.out.append(pick(logits[i], sampling, gen))
+                r.out.append(token)
                 if len(r.out) == 2:
                     r.second_s = now
                 if len(r.tokens) % self.block_tokens == 0:
                     self._persist(r, len(r.tokens) // self.block_tokens - 1)
             # every step: the scheduler counts tokens generated (tok_e, SPEC §13.4) and streams
             step = tuple((r.msg.request_id, r.out[-1]) for r in active)
-            self.env.results.put(TokensMsg(self.engine_id, step))
+            lps = tuple(
+                (r.msg.request_id, lp) for r, (_, lp) in zip(active, picked, strict=True) if lp
+            )
+            self.env.results.put(TokensMsg(self.engine_id, step, lps))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
             self.pool.free([p for t in r.tables for p in t])
@@ -156,3 +161,9 @@ class DecodeEngine(Engine):
                     self.pool.num_free,
                 )
             )
+
+
+def _generator(r: _Running) -> Any:
+    """The generator of ``r``'s next output token (None: greedy)."""
+    s = r.msg.sampling
+    return s.generator(len(r.out)) if s is not None and s.temperature > 0.0 else None

@@ -14,14 +14,17 @@ import os
 import queue
 import signal
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from dualpath.runtime.decoding import Chooser, build_tokenizer
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.model import CacheBatch, KVCache, RuntimeModel
 from dualpath.runtime.pacer import NicPacer, Pacer, transfer_all
+from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.transport import make_transport
 from dualpath.runtime.transport.base import RegionHandle, Transfer
 from dualpath.types import TrafficClass
@@ -89,6 +92,20 @@ class Engine:
         # warm up (lazy kernel setup) before the readiness ack, as a serving engine would
         warm = [KVCache(self.model, 2), KVCache(self.model, 2)]
         self.model.forward_batch([[0], [0, 1]], CacheBatch(warm))
+        self._grammar_tokenizer: Any = None
+
+    def chooser(self, sampling: SamplingParams | None, prefix: Sequence[int] = ()) -> Chooser:
+        """A request's token chooser; the grammar library's tokenizer is built on the first
+        constrained request (about a second for a large vocabulary) and kept."""
+        tokenizer = None
+        if sampling is not None and sampling.grammar:
+            vocab = self.env.options.vocab
+            if vocab is None:
+                raise ValueError("a grammar-constrained request, but RuntimeOptions.vocab is unset")
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = build_tokenizer(vocab, self.model.vocab_size)
+            tokenizer = self._grammar_tokenizer
+        return Chooser(sampling, prefix, tokenizer)
 
     def cnic_of(self, engine: int) -> NicPacer:
         """Engine ``engine``'s CNIC (shared links, so this process's charges contend with its

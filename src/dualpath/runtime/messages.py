@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.transport.base import RegionHandle
 
@@ -145,6 +146,7 @@ class ForwardDoneMsg:
     bytes_in: int
     bytes_out: int
     free_pages: int
+    first_logprobs: tuple[tuple[int, TokenLogprob], ...] = ()  # requests that asked for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,7 @@ class TokensMsg:
 
     engine_id: int
     tokens: tuple[tuple[int, int], ...]
+    logprobs: tuple[tuple[int, TokenLogprob], ...] = ()  # requests that asked for them
 
 
 @dataclass(frozen=True, slots=True)

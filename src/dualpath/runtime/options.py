@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dualpath.config.systems import SystemSpec, system_spec
+from dualpath.runtime.decoding import VocabSpec
 
 TRANSPORTS = ("shm", "tcp", "mooncake")
 RUNTIMES = ("local", "ray")
@@ -52,7 +53,8 @@ class RuntimeOptions:
     to GPU N); ``dtype``: the engines' compute and KV dtype. ``threads``: torch CPU threads
     per engine process (0 = the host's cores shared evenly by the engines, at least 1: each
     emulated GPU gets its share of the host and no engine's spinning threads steal another's
-    core)."""
+    core). ``vocab``: what the engines build the grammar library's tokenizer from (set by the
+    server; without it a request with a grammar is refused)."""
 
     system: str = "dualpath"
     kv_root: str = "./.dualpath/kv"
@@ -75,6 +77,7 @@ class RuntimeOptions:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0
+    vocab: VocabSpec | None = None  # the tokenizer's vocabulary: grammar-constrained requests
 
     def __post_init__(self) -> None:
         system_spec(self.system)  # ValueError naming the allowed systems

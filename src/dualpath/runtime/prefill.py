@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
+from dualpath.runtime.decoding import choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
-from dualpath.runtime.sampling import pick
+from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.transport.base import Transfer
 from dualpath.types import TrafficClass
 
@@ -199,13 +200,17 @@ class PrefillEngine(Engine):
             sender.join()
         if errors:
             raise errors[0]
-        firsts = tuple(
-            (
-                c.request_id,
-                pick(logits[i], c.sampling, c.sampling.generator(0) if c.sampling else None),
-            )
-            for i, c in enumerate(chunks)
-            if c.is_last
+        last = [i for i, c in enumerate(chunks) if c.is_last]
+        picked = choose_batch(
+            [self.chooser(chunks[i].sampling) for i in last],
+            logits[last] if len(last) < len(chunks) else logits,
+            [_generator(chunks[i].sampling) for i in last],
+        )
+        firsts = tuple((chunks[i].request_id, t) for i, (t, _) in zip(last, picked, strict=True))
+        logprobs = tuple(
+            (chunks[i].request_id, lp)
+            for i, (_, lp) in zip(last, picked, strict=True)
+            if lp is not None
         )
         self.env.results.put(
             ForwardDoneMsg(
@@ -217,5 +222,13 @@ class PrefillEngine(Engine):
                 moved["in"],
                 moved["out"],
                 pool.num_free,
+                logprobs,
             )
         )
+
+
+def _generator(sampling: SamplingParams | None) -> torch.Generator | None:
+    """The generator of a request's first output token (None: greedy)."""
+    if sampling is None or sampling.temperature <= 0.0:
+        return None
+    return sampling.generator(0)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from dualpath.ledger import Turn
 from dualpath.metrics import TurnRecord
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class Req(Turn):
         "in_pass",
         "keys",
         "kv_tokens",
+        "logprobs",
         "namespace",
         "pe_slots",
         "read_node",
@@ -71,6 +73,9 @@ class Req(Turn):
         # output tokens of this turn that an earlier incarnation delivered before its engine
         # died: this request continues after them (its prompt ends with them)
         self.resumed: tuple[int, ...] = ()
+        # the log-probabilities of the turn's output so far (resumed tokens first), for a
+        # client that asked for them (``sampling.logprobs``)
+        self.logprobs: list[TokenLogprob] = []
         self.cancelled = False  # its client is gone: abort as soon as its phase allows
 
     def stamp_done(self, second_token_s: float, finish_s: float) -> None:

@@ -30,7 +30,10 @@ class SamplingParams:
     """How an engine picks a request's tokens. ``temperature`` 0 is greedy (argmax, the
     runtime's default). ``stop_token_ids``: the DE ends the request after emitting one (EOS).
     ``first_index``: the position in its turn's output of this request's first token (> 0
-    for a turn resumed after an engine fault, whose earlier tokens the client already has).
+    for a turn resumed after an engine fault, whose earlier tokens the client already has;
+    ``history`` holds them when penalties or a grammar depend on them). Penalties and bias
+    follow OpenAI: ``logit - count·frequency - [count > 0]·presence + bias``, counts over the
+    turn's output. ``grammar``: llguidance's grammar text (``decoding.py`` applies it).
 
     Draws are counter-based: output token i is drawn with a generator seeded from
     ``(seed, i)`` alone, so whichever engine draws it (the PE's first token, the DE's, a
@@ -42,6 +45,12 @@ class SamplingParams:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
     first_index: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's and the top k
+    grammar: str = ""  # an llguidance grammar the output must match ("" = free text)
+    history: tuple[int, ...] = ()  # the turn's output before ``first_index`` (a resumed turn)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -50,6 +59,13 @@ class SamplingParams:
             raise ValueError(f"top_p={self.top_p} is invalid: must be in (0, 1]")
         if self.first_index < 0:
             raise ValueError(f"first_index={self.first_index} is invalid: must be >= 0")
+        if self.history and len(self.history) != self.first_index:
+            raise ValueError(
+                f"history has {len(self.history)} tokens: it must be the turn's output before "
+                f"first_index={self.first_index}"
+            )
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs={self.logprobs} is invalid: must be >= 0 (or None)")
 
     def generator(self, index: int) -> torch.Generator:
         """The generator of this request's output token ``index`` (0: the PE's first)."""

@@ -514,6 +514,9 @@ class Scheduler:
         self.counters.pass_new_tokens += sum(c.new for c in batch.chunks)
         self.counters.pass_busy_s += msg.done_s - msg.start_s
         firsts = dict(msg.first_tokens)
+        for rid, lp in msg.first_logprobs:
+            if rid in self.reqs:
+                self.reqs[rid].logprobs.append(lp)
         for c in batch.chunks:
             req = self.reqs[c.request_id]
             req.in_pass = False
@@ -551,6 +554,10 @@ class Scheduler:
             self._forward_done(msg)
             return
         if isinstance(msg, TokensMsg):  # one decode step of a DE
+            for rid, lp in msg.logprobs:  # (before the tokens: a callback reads them)
+                req = self.reqs.get(rid)
+                if req is not None and req.phase is Phase.DECODING and rid in self.token_callbacks:
+                    req.logprobs.append(lp)
             for rid, token in msg.tokens:
                 req = self.reqs.get(rid)
                 if req is not None and req.phase is Phase.DECODING:
@@ -696,9 +703,10 @@ class Scheduler:
         append = (*req.tokens[len(agent.context) :], *delivered)
         sampling = req.sampling
         if sampling is not None and resumed:
-            sampling = replace(sampling, first_index=len(resumed))
+            sampling = replace(sampling, first_index=len(resumed), history=resumed)
         again = self.submit_turn(req.agent_id, append, total - len(resumed), sampling=sampling)
         again.resumed = resumed
+        again.logprobs = req.logprobs[: len(resumed)]
         if cb is not None:
             self.token_callbacks[again.request_id] = cb
 

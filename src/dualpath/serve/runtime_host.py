@@ -21,6 +21,7 @@ from typing import Any
 from dualpath.config import Config
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
 
 STATS_PERIOD_S = 0.5
@@ -61,6 +62,7 @@ class TokensEvt:
     tokens: tuple[int, ...]  # new since the last event of this request
     cached_tokens: int  # prompt tokens whose KV was read from the store (verified)
     done: bool
+    logprobs: tuple[TokenLogprob, ...] = ()  # new since the last event (if asked for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +111,19 @@ class _Host:
         # as finished, so the run never waits for a turn of it that will not come
         agent = AgentState(self.next_agent, (), (), tenant=cmd.tenant)
         self.next_agent += 1
-        sent = [0]
+        sent = [0, 0]  # tokens, log-probabilities
 
         def on_tokens(rid: int, tokens: tuple[int, ...], done: bool) -> None:
-            cached = self.sched.reqs[rid].cached
+            req = self.sched.reqs[rid]
+            cached = req.cached
             new, sent[0] = tokens[sent[0] :], len(tokens)
+            lps, sent[1] = tuple(req.logprobs[sent[1] :]), len(req.logprobs)
             if done:
                 with self.lock:
                     self.live.discard(cmd.key)
                 self.rids.pop(cmd.key, None)
                 self.finished.append(rid)
-            self.outbox.put(TokensEvt(cmd.key, new, cached, done))
+            self.outbox.put(TokensEvt(cmd.key, new, cached, done, lps))
 
         def submitted(fut: Future[int]) -> None:
             # on the scheduler's (main) thread, between its loops; rarely the future is done

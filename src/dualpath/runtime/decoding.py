@@ -1,0 +1,225 @@
+"""Per-request token choice on the engines: logit bias, presence / frequency penalties, the
+grammar mask (llguidance), then ``sampling.sample``; and the log-probabilities a client asked
+for. Runs where sampling happens: the PE's first token and every DE step, batched.
+
+A ``Chooser`` is rebuilt from ``SamplingParams`` alone (its ``history`` is the turn's output
+so far), so a respawned engine or a resumed turn continues exactly where the other left off.
+torch and llguidance are imported where they are used (the scheduler never needs them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dualpath.runtime.sampling import SamplingParams, sample
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class VocabSpec:
+    """What an engine needs to build the grammar library's tokenizer: a Hugging Face
+    ``tokenizer.json`` (``tokenizer_json``: its path, readable on every engine's host), or
+    the text of every token id (``tokens``: a byte-level vocabulary such as the tiny model's;
+    ``special_ids`` are never produced by a grammar's text). ``eos_token_ids``: the ids a
+    finished grammar allows (the request then ends as on any EOS)."""
+
+    tokenizer_json: str = ""
+    tokens: tuple[bytes, ...] = ()
+    special_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if bool(self.tokenizer_json) == bool(self.tokens):
+            raise ValueError("VocabSpec: give exactly one of tokenizer_json and tokens")
+        if not self.eos_token_ids:
+            raise ValueError("VocabSpec.eos_token_ids is empty: a grammar could never end")
+
+
+class _ByteVocab:
+    """llguidance's tokenizer protocol over a list of token byte strings (greedy encode)."""
+
+    def __init__(self, spec: VocabSpec) -> None:
+        self.tokens = list(spec.tokens)
+        self.eos_token_id = spec.eos_token_ids[0]
+        self.bos_token_id = None
+        self.special_token_ids = list(spec.special_ids)
+        special = set(spec.special_ids)
+        self._ids = {t: i for i, t in enumerate(self.tokens) if i not in special and t}
+        self._longest = max((len(t) for t in self._ids), default=1)
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        data = text.encode() if isinstance(text, str) else text
+        out, i = [], 0
+        while i < len(data):
+            for k in range(min(self._longest, len(data) - i), 0, -1):
+                tid = self._ids.get(data[i : i + k])
+                if tid is not None:
+                    out.append(tid)
+                    i += k
+                    break
+            else:  # a byte no token spells (the vocabulary is not byte-complete): skip it
+                i += 1
+        return out
+
+
+def build_tokenizer(spec: VocabSpec, vocab_size: int) -> Any:
+    """llguidance's ``LLTokenizer`` for ``spec``, padded to the model's ``vocab_size``
+    (~1 s for a 150K vocabulary: build once per engine)."""
+    import llguidance
+
+    eos = list(spec.eos_token_ids)
+    if spec.tokenizer_json:
+        with open(spec.tokenizer_json, encoding="utf-8") as f:
+            return llguidance.LLTokenizer(f.read(), n_vocab=vocab_size, eos_token=eos)
+    wrapper = llguidance.TokenizerWrapper(_ByteVocab(spec))
+    return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=eos)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The chosen token's log-probability under the model (the raw logits, before bias,
+    penalties, mask and temperature, as vLLM reports by default) and the ``top`` most likely
+    tokens ``(id, logprob)``, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Chooser:
+    """One request's token choice on one engine (see the module docstring). ``tokenizer``:
+    the engine's llguidance tokenizer (needed only when ``params.grammar`` is set)."""
+
+    def __init__(self, params: SamplingParams | None, prefix: Sequence[int] = (),
+                 tokenizer: Any = None) -> None:  # fmt: skip
+        self.params = params
+        self.counts: dict[int, int] = {}
+        self.matcher: Any = None
+        output = (*(params.history if params else ()), *prefix)
+        if params is not None and params.grammar:
+            import llguidance
+
+            if tokenizer is None:
+                raise ValueError(
+                    "a grammar-constrained request reached an engine without a vocabulary"
+                )
+            self.matcher = llguidance.LLMatcher(tokenizer, params.grammar, log_level=0)
+        for t in output:
+            self._accept(t)
+
+    @property
+    def constrained(self) -> bool:
+        return self.matcher is not None
+
+    @property
+    def penalised(self) -> bool:
+        p = self.params
+        return p is not None and (p.presence_penalty != 0 or p.frequency_penalty != 0)
+
+    def _accept(self, token: int) -> None:
+        if self.penalised:
+            self.counts[token] = self.counts.get(token, 0) + 1
+        if self.matcher is not None and not self.matcher.is_error():
+            self.matcher.consume_token(token)
+
+    def fill_mask(self, row: Tensor) -> None:
+        """Write the grammar's allowed tokens into ``row`` (an int32 bitmask row)."""
+        m = self.matcher
+        if m.is_error():  # cannot happen under the mask; end the request rather than guess
+            row.zero_()
+            eos = self.params.stop_token_ids if self.params else ()
+            for t in eos[:1]:
+                row[t // 32] = 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
+            return
+        m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+    def adjust(self, logits: Tensor) -> Tensor:
+        """Bias and penalties applied to one request's logits [vocab] (a new tensor)."""
+        p = self.params
+        if p is None or not (p.logit_bias or self.counts):
+            return logits
+        out = logits.float().clone()
+        for t, b in p.logit_bias:
+            out[t] += b
+        if self.counts:
+            import torch
+
+            ids = torch.tensor(list(self.counts), dtype=torch.long)
+            n = torch.tensor(list(self.counts.values()), dtype=out.dtype)
+            out[ids] -= n * p.frequency_penalty + p.presence_penalty
+        return out
+
+    def take(self, token: int) -> None:
+        """The engine chose ``token`` for this request."""
+        self._accept(token)
+
+
+def apply_masks(logits: Tensor, rows: Sequence[int], masks: Tensor) -> None:
+    """Set to -inf, in place, every logit of ``logits[rows[i]]`` whose bit is 0 in
+    ``masks[i]`` (int32 words, bit j of word w = token 32·w + j, as llguidance writes)."""
+    import torch
+
+    if not rows:
+        return
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = ((masks.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, :vocab]
+    index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
+    sub = logits.index_select(0, index)
+    sub.masked_fill_(bits.to(logits.device) == 0, float("-inf"))
+    logits.index_copy_(0, index, sub)
+
+
+def choose_batch(choosers: Sequence[Chooser], logits: Tensor,
+                 generators: Sequence[Any]) -> list[tuple[int, TokenLogprob | None]]:  # fmt: skip
+    """One token for each row of ``logits`` [batch, vocab]: bias and penalties, the batch's
+    grammar masks in one pass, then greedy / nucleus sampling with each row's generator.
+    Each chooser has taken its token when this returns."""
+    import torch
+
+    raw = logits
+    work = logits
+    constrained = [i for i, c in enumerate(choosers) if c.constrained]
+    adjusted = [
+        i
+        for i, c in enumerate(choosers)
+        if c.params is not None and (c.params.logit_bias or c.counts)
+    ]
+    if constrained or adjusted:
+        work = logits.float().clone()
+        for i in adjusted:
+            work[i] = choosers[i].adjust(logits[i])
+    if constrained:
+        words = (work.shape[-1] + 31) // 32
+        masks = torch.full((len(constrained), words), -1, dtype=torch.int32)
+        for k, i in enumerate(constrained):
+            choosers[i].fill_mask(masks[k])
+        apply_masks(work, constrained, masks)
+    out: list[tuple[int, TokenLogprob | None]] = []
+    for i, c in enumerate(choosers):
+        p = c.params
+        if p is None or p.temperature <= 0.0 or generators[i] is None:
+            token = int(work[i].argmax())
+        else:
+            token = sample(work[i], p.temperature, p.top_p, generators[i])
+        c.take(token)
+        lp = None
+        if p is not None and p.logprobs is not None:
+            lp = _logprob(raw[i], token, p.logprobs)
+        out.append((token, lp))
+    return out
+
+
+def _logprob(logits: Tensor, token: int, top: int) -> TokenLogprob:
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        values, ids = torch.topk(logp, min(top, logp.shape[-1]))  # sorted, largest first
+        best = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprob(token, float(logp[token]), best)
