@@ -10,6 +10,7 @@ class StubBackend:
     model_name = "stub"
     max_context_tokens = 1024
     vocab_size = 1024
+    supports_grammar = False
 
     def __init__(self, num_running: int = 0, failure: str | None = None) -> None:
         from dualpath.serve.tokenizer import TinyTokenizer

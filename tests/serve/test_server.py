@@ -256,7 +256,12 @@ def test_non_streaming_client_that_gives_up_frees_the_request(hf_server: ServerP
 
 def test_unsupported_options_are_400(hf_server: ServerProc) -> None:
     client = _client(hf_server)
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort: not supported"):
+        client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=2,
+            extra_body={"reasoning_effort": "high"},
+        )
     with pytest.raises(openai.BadRequestError, match="echo"):
         client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, echo=True)

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API (FastAPI): chat and text completions (SSE or whole),
-models, health and Prometheus metrics. Bad input (body size, depth, Unicode, ranges: see
+"""The OpenAI-compatible HTTP API (FastAPI): chat and text completions (SSE or whole; tools,
+structured output, ``n`` samples, log-probabilities), models, health and Prometheus metrics. Bad input (body size, depth, Unicode, ranges: see
 ``serve/body.py``) is a 4xx in OpenAI's error shape, never a 500; a client that goes away
 closes its backend iterator, which frees the request.
 """
@@ -13,116 +13,55 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.body import BodyError, decode_object, read_limited
+from dualpath.serve.chat import (
+    ChatPlan,
+    ReplyReader,
+    chat_logprobs,
+    completion_logprobs,
+    plan_chat,
+)
 from dualpath.serve.metrics import ServeMetrics
+from dualpath.serve.schema import (
+    MAX_SEED,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    describe,
+    error_body,
+    unsupported_fields,
+)
+from dualpath.serve.tools import ToolCall
 
 
 @dataclass(frozen=True, slots=True)
 class ApiOptions:
     """``api_keys`` maps each accepted key to its tenant (empty: no key needed);
-    ``metrics_open``: ``/metrics`` needs no key even when there are keys."""
+    ``metrics_open``: ``/metrics`` needs no key even when there are keys; ``tool_format``:
+    how tool calls are written in the model's text (``tools.TOOL_FORMATS``)."""
 
     api_keys: dict[str, str] = field(default_factory=dict)
     metrics_open: bool = False
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
-    max_stop_strings: int = 4
-
-
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Base):
-    include_usage: bool = False
-
-
-class ContentPart(_Base):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Base):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
-
-
-MAX_TOKENS = 2**31 - 1  # far past any context length: a bigger value is named as the error
-MAX_SEED = 2**63 - 1  # a seed is a non-negative int64 (what torch generators take)
-
-
-class _Sampling(_Base):
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    ignore_eos: bool = False
-    logprobs: bool | int | None = None
-    echo: bool = False
-
-    def unsupported(self) -> str | None:
-        if self.logprobs:
-            return "logprobs"
-        if self.echo:
-            return "echo"
-        return None
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str]
+    max_stop_strings: int = 64
+    tool_format: str = "hermes"
 
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = {401: "authentication_error", 404: "not_found_error", 503: "server_error"}
-    return {
-        "error": {
-            "message": message,
-            "type": kind.get(status, "invalid_request_error"),
-            "param": param,
-            "code": None,
-        }
-    }
-
-
-def _describe(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    return f"{loc}: {first['msg']}" if loc else str(first["msg"]), loc or None
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
@@ -167,6 +106,19 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         metrics.request_errors.labels(status=str(exc.status)).inc()
         return JSONResponse(error_body(exc.status, exc.message, exc.param), exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes and wrong methods, in OpenAI's error shape."""
+        metrics.request_errors.labels(status=str(exc.status_code)).inc()
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path} on this server"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(exc.status_code, message), exc.status_code,
+                            headers=getattr(exc, "headers", None))  # fmt: skip
+
     def authorise(request: Request) -> str:
         """The caller's tenant ('' without API keys); 401 for a missing or unknown key."""
         if not opts.api_keys:
@@ -176,7 +128,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             raise ApiError(401, "invalid or missing API key")
         return opts.api_keys[key]
 
-    async def parse(request: Request, model: type[_Sampling]) -> Any:
+    async def parse(request: Request, model: type[BaseModel]) -> Any:
         length = request.headers.get("content-length")
         try:
             raw = await read_limited(request.stream(), length, opts.max_body_bytes)
@@ -185,15 +137,17 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             raise ApiError(exc.status, exc.message, exc.param) from None
         except ClientDisconnect:
             raise ApiError(400, "the client went away before sending the whole body") from None
+        unknown = unsupported_fields(data, model)
+        if unknown is not None:
+            raise ApiError(400, f"{unknown}: not supported by this server", unknown)
         try:
             return model.model_validate(data)
         except ValidationError as exc:
-            message, param = _describe(exc)
+            message, param = describe(exc)
             raise ApiError(400, message, param) from None
 
-    def to_request(body: _Sampling, prompt: list[int], request: Request) -> GenerateRequest:
-        if (name := body.unsupported()) is not None:
-            raise ApiError(400, f"{name}: not supported by this server", name)
+    def to_request(body: Sampling, prompt: list[int], request: Request, grammar: str = "",
+                   logprobs: int | None = None) -> GenerateRequest:  # fmt: skip
         if body.model not in (None, backend.model_name):
             raise ApiError(404, f"model {body.model!r} does not exist", "model")
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
@@ -210,23 +164,46 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                 f"{len(prompt)} prompt tokens and max_tokens={max_tokens}",
                 "messages" if isinstance(body, ChatRequest) else "prompt",
             )
+        bias: list[tuple[int, float]] = []
+        for key, value in sorted((body.logit_bias or {}).items()):
+            if not key.isdigit() or int(key) >= backend.vocab_size:
+                raise ApiError(400, f"logit_bias: {key!r} is not a token id of this model",
+                               "logit_bias")  # fmt: skip
+            if not -100 <= value <= 100:
+                raise ApiError(400, f"logit_bias: {value} for {key} is outside [-100, 100]",
+                               "logit_bias")  # fmt: skip
+            bias.append((int(key), float(value)))
         return GenerateRequest(
             request_id=uuid.uuid4().hex,
             prompt_tokens=tuple(prompt),
             max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
             seed=body.seed,
             stop=stop,
             ignore_eos=body.ignore_eos,
             session_id=request.headers.get("x-session-id") or body.user,
             tenant=authorise(request),
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            logit_bias=tuple(bias),
+            logprobs=logprobs,
+            grammar=grammar,
         )
 
-    def usage(last: TokenEvent | None) -> dict[str, Any]:
-        p = last.num_prompt_tokens if last else 0
-        c = last.num_generated_tokens if last else 0
-        cached = last.num_cached_tokens if last else 0
+    def samples(gen: GenerateRequest, n: int) -> list[GenerateRequest]:
+        """``n`` parallel samples of one request: seeds ``seed + i`` when a seed is given."""
+        out = [gen]
+        for i in range(1, n):
+            seed = None if gen.seed is None else (gen.seed + i) % (MAX_SEED + 1)
+            out.append(replace(gen, request_id=f"{gen.request_id}-{i}", seed=seed))
+        return out
+
+    def usage(events: list[TokenEvent | None]) -> dict[str, Any]:
+        seen = [e for e in events if e is not None]
+        p = seen[0].num_prompt_tokens if seen else 0
+        c = sum(e.num_generated_tokens for e in seen)
+        cached = seen[0].num_cached_tokens if seen else 0
         return {
             "prompt_tokens": p,
             "completion_tokens": c,
@@ -247,103 +224,148 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         metrics.generation_tokens.inc(last.num_generated_tokens)
         metrics.request_success.labels(finished_reason=last.finish_reason or "abort").inc()
 
-    async def run(
-        request: Request, gen: GenerateRequest, chat: bool, body: _Sampling, t: _Timing
-    ) -> Response:
+    async def run(request: Request, gens: list[GenerateRequest], plan: ChatPlan | None,
+                  body: Sampling, t: _Timing) -> Response:  # fmt: skip
+        """Serve ``gens`` (one per choice) as one response: whole, or as SSE chunks."""
         failure = backend.failure()
         if failure is not None:
             raise ApiError(503, f"the runtime failed: {failure}")
-        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
+        chat = plan is not None
+        rid = ("chatcmpl-" if chat else "cmpl-") + gens[0].request_id
         created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
+        want_lp = gens[0].logprobs is not None
+        tok = backend.tokenizer
 
-        def choice(text: str, finish: str | None, stream: bool) -> dict[str, Any]:
-            if not chat:
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            key = "delta" if stream else "message"
-            content: dict[str, Any] = (
-                {"content": text}
-                if stream
-                else {
-                    "role": "assistant",
-                    "content": text,
-                }
-            )
-            return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
+        def header(obj: str) -> dict[str, Any]:
+            return {"id": rid, "object": obj, "created": created, "model": backend.model_name}
 
         if not body.stream:
-            parts: list[str] = []
-            last: TokenEvent | None = None
+            readers = [ReplyReader(plan.parse if plan else None) for _ in gens]
+            lasts: list[TokenEvent | None] = [None] * len(gens)
+            lps: list[list[TokenLogprob]] = [[] for _ in gens]
 
-            async def collect() -> None:
-                nonlocal last
-                events = backend.generate(gen)
+            async def collect(i: int) -> None:
+                events = backend.generate(gens[i])
                 try:
                     async for ev in events:
                         t.first = t.first or time.monotonic()
                         t.last = time.monotonic()
-                        parts.append(ev.text)
-                        last = ev
+                        readers[i].feed(ev.text)
+                        lps[i].extend(ev.logprobs)
+                        lasts[i] = ev
+                    readers[i].finish()
                 except BackendFailure as exc:
                     raise ApiError(503, f"the runtime failed: {exc}") from None
                 finally:
                     await events.aclose()  # type: ignore[attr-defined]
 
-            finished = await _unless_disconnected(request, collect())
-            observe(t, last)
+            async def collect_all() -> None:
+                await asyncio.gather(*(collect(i) for i in range(len(gens))))
+
+            finished = await _unless_disconnected(request, collect_all())
+            for last in lasts:
+                observe(t, last)
             if not finished:
                 return Response(status_code=499)  # nobody is listening any more
-            if last is None or last.finish_reason == "abort":
+            if any(last is None or last.finish_reason == "abort" for last in lasts):
                 raise ApiError(503, "the request was aborted (server shutting down)")
-            return JSONResponse(
-                {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": backend.model_name,
-                    "choices": [choice("".join(parts), last.finish_reason, False)],
-                    "usage": usage(last),
-                }
-            )
+            choices = []
+            for i, (reader, last) in enumerate(zip(readers, lasts, strict=True)):
+                reason = reader.finish_reason(last.finish_reason if last else None)
+                text = "".join(reader.content)
+                if not chat:
+                    lp = completion_logprobs(tok, lps[i]) if want_lp else None
+                    choices.append({"index": i, "text": text, "logprobs": lp,
+                                    "finish_reason": reason})  # fmt: skip
+                    continue
+                message: dict[str, Any] = {"role": "assistant", "content": text or None}
+                if reader.calls:
+                    message["tool_calls"] = [c.openai() for c in reader.calls]
+                else:
+                    message["content"] = text
+                lp = chat_logprobs(tok, lps[i]) if want_lp else None
+                choices.append({"index": i, "message": message, "logprobs": lp,
+                                "finish_reason": reason})  # fmt: skip
+            obj = "chat.completion" if chat else "text_completion"
+            return JSONResponse({**header(obj), "choices": choices, "usage": usage(lasts)})
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
         def sse(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
-            payload = {
-                "id": rid,
-                "object": chunk_obj,
-                "created": created,
-                "model": backend.model_name,
-                "choices": choices,
-                **(extra or {}),
-            }
+            payload = {**header(chunk_obj), "choices": choices, **(extra or {})}
             return f"data: {json.dumps(payload)}\n\n"
 
+        def chunk(i: int, text: str, calls: list[ToolCall], first_call: int,
+                  lp: list[TokenLogprob], finish: str | None) -> dict[str, Any]:  # fmt: skip
+            if not chat:
+                logprobs = completion_logprobs(tok, lp) if want_lp else None
+                return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            delta: dict[str, Any] = {}
+            if text:
+                delta["content"] = text
+            if calls:
+                delta["tool_calls"] = [c.openai(first_call + k) for k, c in enumerate(calls)]
+            logprobs = chat_logprobs(tok, lp) if want_lp and lp else None
+            return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
         async def stream() -> AsyncIterator[str]:
-            last: TokenEvent | None = None
-            events = backend.generate(gen)
-            try:
-                if chat:
-                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
-                    yield sse([{**first, "logprobs": None, "finish_reason": None}])
+            lasts: list[TokenEvent | None] = [None] * len(gens)
+            out: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
+
+            async def pump(i: int) -> None:
+                events = backend.generate(gens[i])
                 try:
                     async for ev in events:
-                        t.first = t.first or time.monotonic()
-                        t.last = time.monotonic()
-                        last = ev
-                        if ev.text or ev.finish_reason:
-                            yield sse([choice(ev.text, ev.finish_reason, True)])
-                except BackendFailure as exc:  # an OpenAI error event, then the stream ends
-                    err = error_body(503, f"the runtime failed: {exc}", None)
-                    yield f"data: {json.dumps(err)}\n\n"
-                    return
+                        await out.put((i, ev))
+                    await out.put((i, None))
+                except BaseException as exc:
+                    await out.put((i, exc))
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
+
+            tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens))]
+            readers = [ReplyReader(plan.parse if plan else None) for _ in gens]
+            try:
+                if chat:
+                    for i in range(len(gens)):
+                        first = {"index": i, "delta": {"role": "assistant", "content": ""}}
+                        yield sse([{**first, "logprobs": None, "finish_reason": None}])
+                running = len(gens)
+                while running:
+                    i, item = await out.get()
+                    if isinstance(item, BaseException):
+                        if isinstance(item, BackendFailure):  # an OpenAI error event, then end
+                            err = error_body(503, f"the runtime failed: {item}", None)
+                            yield f"data: {json.dumps(err)}\n\n"
+                            return
+                        raise item
+                    reader = readers[i]
+                    if item is None:
+                        running -= 1
+                        continue
+                    t.first = t.first or time.monotonic()
+                    t.last = time.monotonic()
+                    lasts[i] = item
+                    before = len(reader.calls)
+                    text, calls = reader.feed(item.text)
+                    if item.finish_reason:
+                        tail, more = reader.finish()
+                        text, calls = text + tail, calls + more
+                    finish = reader.finish_reason(item.finish_reason)
+                    if text or calls or finish or (want_lp and item.logprobs):
+                        yield sse([chunk(i, text, calls, before, list(item.logprobs), finish)])
                 if include_usage:
-                    yield sse([], {"usage": usage(last)})
+                    yield sse([], {"usage": usage(lasts)})
                 yield "data: [DONE]\n\n"
             finally:
-                observe(t, last)  # also when the client went away (finished_reason abort)
-                await events.aclose()  # type: ignore[attr-defined]
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                for last in lasts:
+                    observe(t, last)  # also when the client went away (finished_reason abort)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
@@ -352,13 +374,12 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         t = _Timing(time.monotonic())
         authorise(request)
         body: ChatRequest = await parse(request, ChatRequest)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = backend.tokenizer.render_chat(messages)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), "messages") from None
-        prompt = backend.tokenizer.encode(text)
-        return await run(request, to_request(body, prompt, request), True, body, t)
+        plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
+        gen = to_request(body, plan.prompt, request, plan.grammar, logprobs)
+        return await run(request, samples(gen, body.n), plan, body, t)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -376,7 +397,8 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             prompt = [int(x) for x in p]
             if any(x < 0 or x >= backend.vocab_size for x in prompt):
                 raise ApiError(400, "prompt: token id out of the vocabulary", "prompt")
-        return await run(request, to_request(body, prompt, request), False, body, t)
+        gen = to_request(body, prompt, request, "", body.logprobs)
+        return await run(request, samples(gen, body.n), None, body, t)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

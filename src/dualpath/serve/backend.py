@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.tokenizer import TextTokenizer
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -31,6 +32,11 @@ class GenerateRequest:
     ignore_eos: bool = False
     session_id: str | None = None  # keeps an agent's turns together for load counters
     tenant: str = ""  # salts the prefix hash chain: tenants never share cached KV
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
+    grammar: str = ""  # llguidance grammar the output must match ("" = free text)
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -50,6 +56,7 @@ class TokenEvent:
     num_cached_tokens: int
     num_generated_tokens: int
     finish_reason: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked
 
 
 @dataclass(slots=True)
@@ -76,6 +83,7 @@ class Backend(Protocol):
     tokenizer: TextTokenizer
     max_context_tokens: int
     vocab_size: int
+    supports_grammar: bool  # grammar-constrained decoding (tool_choice, response_format)
 
     async def start(self) -> None: ...
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dualpath.config import Config
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.serve.backend import BackendFailure, BackendStats, GenerateRequest, TokenEvent
@@ -74,6 +75,7 @@ class RuntimeBackend:
         pool_tokens = max(1, options.hbm_tokens // block) * block
         self.max_context_tokens = min(config.model.max_context_tokens, pool_tokens)
         self.vocab_size = config.model.vocab_size
+        self.supports_grammar = options.vocab is not None
         self._seeds = itertools.count(seed * 1_000_003 + 1)
         self._keys = itertools.count()
         self._streams: dict[int, _Stream] = {}
@@ -214,7 +216,17 @@ class RuntimeBackend:
             raise BackendFailure(self._failure or "the runtime is not running")
         seed = request.seed if request.seed is not None else next(self._seeds)
         eos = () if request.ignore_eos else tuple(self.tokenizer.eos_token_ids)
-        sampling = SamplingParams(request.temperature, request.top_p, seed, eos)
+        sampling = SamplingParams(
+            request.temperature,
+            request.top_p,
+            seed,
+            eos,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            logit_bias=request.logit_bias,
+            logprobs=request.logprobs,
+            grammar=request.grammar,
+        )
         key = next(self._keys)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[key] = stream
@@ -227,8 +239,14 @@ class RuntimeBackend:
         finished = False
         held: TokenEvent | None = None  # the final event, until the runtime reports done
 
+        lps: list[TokenLogprob] = []  # received, not yet handed out (one per token)
+
         def event(ids: tuple[int, ...], delta: str, finish: str | None) -> TokenEvent:
-            return TokenEvent(ids, delta, len(request.prompt_tokens), cached, generated, finish)
+            mine = tuple(lps[: len(ids)]) if request.logprobs is not None else ()
+            del lps[: len(mine)]
+            return TokenEvent(
+                ids, delta, len(request.prompt_tokens), cached, generated, finish, mine
+            )
 
         try:
             while True:
@@ -246,6 +264,7 @@ class RuntimeBackend:
                     self._prompt_tokens += len(request.prompt_tokens)
                     self._cached_tokens += evt.cached_tokens
                 cached = evt.cached_tokens
+                lps.extend(evt.logprobs)
                 if held is not None:
                     if evt.done:  # the turn's blocks are durable: a resend will hit them
                         finished = True

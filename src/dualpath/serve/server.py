@@ -127,6 +127,7 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
         runtime=opts.runtime,
         ray_address=opts.ray_address,
         transport=opts.transport,
+        vocab=tokenizer.vocab_spec(),
     )
     return RuntimeBackend(config, options, tokenizer, name, seed=opts.seed)
 

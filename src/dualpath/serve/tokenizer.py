@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from dualpath.runtime.decoding import VocabSpec
 from dualpath.serve.tiny_vocab import (
     CHARS,
     MIN_VOCAB_SIZE,
@@ -23,9 +24,35 @@ from dualpath.serve.tiny_vocab import (
     tiny_vocabulary,
 )
 
+# ChatML; with tools, the Hermes / Qwen 2.5 form (a system block listing them, calls in
+# <tool_call> tags, results as <tool_response> user turns). Without tools, plain ChatML.
 DEFAULT_CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name "
+    "and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n'
+    "</tool_call><|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{% elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{ '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '\\n<tool_call>\\n{\\\"name\\\": \\\"' + call['function']['name'] + "
+    "'\\\", \\\"arguments\\\": ' + (call['function']['arguments'] | tojson) + "
+    "'}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% elif not (tools and loop.first and message['role'] == 'system') %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
@@ -38,7 +65,14 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str: ...
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str: ...
+
+    @property
+    def chat_template(self) -> str: ...
+
+    def vocab_spec(self) -> VocabSpec: ...
 
 
 def _raise_exception(message: str) -> None:
@@ -51,6 +85,7 @@ def _compile(template: str) -> Any:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = _tojson  # as transformers' templates expect: no HTML escaping
     return env.from_string(template)
 
 
@@ -63,6 +98,12 @@ def _render(template: str, messages: Sequence[dict[str, Any]], **extra: Any) -> 
         )
     except TemplateError as exc:
         raise ValueError(f"chat template failed: {exc}") from None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)  # fmt: skip
 
 
 def _token_text(value: Any) -> str | None:
@@ -83,7 +124,8 @@ class HFTokenizer:
         extra_eos_ids: Sequence[int] = (),
     ) -> None:
         self._tok = tokenizer
-        self.chat_template = chat_template or DEFAULT_CHAT_TEMPLATE
+        self._template = chat_template or DEFAULT_CHAT_TEMPLATE
+        self.path = ""  # the tokenizer.json it was read from (the engines read it too)
         self.eos_token = eos_token
         self.bos_token = bos_token
         eos = [tokenizer.token_to_id(eos_token)] if eos_token else []
@@ -105,13 +147,24 @@ class HFTokenizer:
             template = named.get("default")
         if template is None and (root / "chat_template.jinja").is_file():
             template = (root / "chat_template.jinja").read_text()
-        return cls(
+        tok = cls(
             Tokenizer.from_file(str(root / "tokenizer.json")),
             template,
             _token_text(cfg.get("eos_token")),
             _token_text(cfg.get("bos_token")),
             extra_eos_ids,
         )
+        tok.path = str((root / "tokenizer.json").resolve())
+        return tok
+
+    @property
+    def chat_template(self) -> str:
+        return self._template
+
+    def vocab_spec(self) -> VocabSpec:
+        if not self.path:
+            raise ValueError("this tokenizer was not read from a tokenizer.json")
+        return VocabSpec(tokenizer_json=self.path, eos_token_ids=self.eos_token_ids)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
@@ -119,12 +172,16 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
         return _render(
-            self.chat_template,
+            self._template,
             messages,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **extra,
         )
 
 
@@ -157,6 +214,7 @@ class TinyTokenizer:
             )
         self.vocab_size = vocab_size
         pieces = full[:vocab_size]
+        self._pieces = tuple(pieces)
         self._ids = {p: i for i, p in enumerate(pieces)}
         self._special_ids = {s: self._ids[s] for s in SPECIALS}
         self.eos_token_ids: tuple[int, ...] = (self._ids["<|im_end|>"],)
@@ -197,5 +255,19 @@ class TinyTokenizer:
             raise ValueError(f"token id {bad[0]} is invalid: must be in [0, {self.vocab_size})")
         return "".join(self._text[i] for i in ids)
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
-        return _render(DEFAULT_CHAT_TEMPLATE, messages)
+    @property
+    def chat_template(self) -> str:
+        return DEFAULT_CHAT_TEMPLATE
+
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        return _render(DEFAULT_CHAT_TEMPLATE, messages, **({"tools": list(tools)} if tools else {}))
+
+    def vocab_spec(self) -> VocabSpec:
+        specials = tuple(self._special_ids.values())
+        return VocabSpec(
+            tokens=tuple(p.encode() for p in self._pieces),
+            special_ids=specials,
+            eos_token_ids=self.eos_token_ids,
+        )

@@ -1,0 +1,205 @@
+"""What a chat request asks beyond tokens: the prompt its messages and tools render to, the
+grammar its ``tool_choice`` / ``response_format`` impose, how its replies are read back
+(content, tool calls, log-probabilities). Pure: the API routes call it; no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dualpath.runtime.decoding import TokenLogprob
+from dualpath.serve.schema import ApiError, ChatMessage, ChatRequest, ResponseFormat
+from dualpath.serve.tokenizer import TextTokenizer
+from dualpath.serve.tools import (
+    TOOL_FORMATS,
+    Tool,
+    ToolCall,
+    ToolParser,
+    call_grammar,
+    grammar_error,
+    json_grammar,
+)
+
+
+def tool_format_for(template: str, model_type: str = "") -> str:
+    """The tool-call format a chat template teaches its model (``tools.TOOL_FORMATS``)."""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "python_tag" in template or "ipython" in template or model_type == "llama":
+        return "llama3_json"
+    return "hermes"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPlan:
+    """A validated chat request: ``prompt`` token ids, the ``grammar`` (or ''), ``parse``:
+    the tool format its replies are parsed with (None: all content), ``forced``: a call is
+    required (``tool_choice`` required / named)."""
+
+    prompt: list[int]
+    grammar: str
+    parse: str | None
+    forced: bool
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them: calls' arguments as objects (as transformers'
+    templates expect), a tool result's ``tool_call_id`` kept."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        d: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.name:
+            d["name"] = m.name
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
+                               f"messages.{i}.tool_call_id")  # fmt: skip
+            d["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            calls = []
+            for k, c in enumerate(m.tool_calls):
+                args = c.function.arguments
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args or "{}")
+                    except ValueError:
+                        where = f"messages.{i}.tool_calls.{k}.function.arguments"
+                        raise ApiError(400, f"{where}: not valid JSON", where) from None
+                calls.append({"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": args}})  # fmt: skip
+            d["tool_calls"] = calls
+        out.append(d)
+    return out
+
+
+def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
+              supports_grammar: bool) -> ChatPlan:  # fmt: skip
+    """Render and validate ``body`` (every refusal a 400 naming its field)."""
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of {TOOL_FORMATS}")
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters,
+                  bool(t.function.strict)) for t in body.tools or ()]  # fmt: skip
+    if len({t.name for t in tools}) != len(tools):
+        raise ApiError(400, "tools: two tools have the same name", "tools")
+    choice = body.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice != "none" and not tools:
+        raise ApiError(400, "tool_choice: needs tools", "tool_choice")
+    messages = template_messages(body.messages)
+    try:
+        text = tokenizer.render_chat(messages, [t.openai() for t in tools] or None)
+        if tools and text == tokenizer.render_chat(messages):
+            raise ApiError(400, "tools: this model's chat template does not render tools", "tools")
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "messages") from None
+    forced_tools: list[Tool] = []
+    if choice == "required":
+        forced_tools = tools
+    elif not isinstance(choice, str):
+        forced_tools = [t for t in tools if t.name == choice.function.name]
+        if not forced_tools:
+            raise ApiError(400, f"tool_choice: no tool named {choice.function.name!r}",
+                           "tool_choice")  # fmt: skip
+    grammar = _grammar(body.response_format, tools if choice == "auto" else [], forced_tools,
+                       tool_format)  # fmt: skip
+    if grammar:
+        param = "tool_choice" if forced_tools else "response_format"
+        if not supports_grammar:
+            raise ApiError(400, f"{param}: this backend cannot constrain decoding", param)
+        if body.ignore_eos:
+            raise ApiError(400, f"ignore_eos: cannot be combined with {param}", "ignore_eos")
+        error = grammar_error(grammar)
+        if error:
+            raise ApiError(400, f"{param}: {error.splitlines()[0]}", param)
+    return ChatPlan(
+        prompt=tokenizer.encode(text),
+        grammar=grammar,
+        parse=tool_format if choice != "none" else None,
+        forced=bool(forced_tools),
+    )
+
+
+def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool],
+             tool_format: str) -> str:  # fmt: skip
+    """The grammar of a reply: a forced call; else, with a JSON ``response_format``, JSON of
+    its schema (or, with tools on ``auto``, that or a call); else none."""
+    if forced:
+        return call_grammar(forced, tool_format)
+    if fmt is None or fmt.type == "text":
+        return ""
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise ApiError(400, "response_format.json_schema: required for type json_schema",
+                           "response_format.json_schema")  # fmt: skip
+        schema: dict[str, Any] = fmt.json_schema.schema_ or {"type": "object"}
+    else:
+        schema = {"type": "object"}
+    if not optional:
+        return json_grammar(schema)
+    value = "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
+    call = call_grammar(optional, tool_format).replace("start:", "tool_call:", 1)
+    return f"start: answer | tool_call\nanswer: {value}\n{call}"
+
+
+# -- replies --------------------------------------------------------------------------------
+
+
+def chat_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in lps
+        ]
+    }
+
+
+def completion_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob],
+                        offset: int = 0) -> dict[str, Any]:  # fmt: skip
+    tokens, offsets = [], []
+    for lp in lps:
+        offsets.append(offset)
+        tokens.append(tokenizer.decode([lp.token]))
+        offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{tokenizer.decode([t]): v for t, v in lp.top} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+class ReplyReader:
+    """One choice's reply as it streams: text deltas in, content deltas and tool calls out."""
+
+    def __init__(self, parse: str | None) -> None:
+        self.parser = ToolParser(parse) if parse else None
+        self.content: list[str] = []
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self.parser is None:
+            self.content.append(text)
+            return text, []
+        content, calls = self.parser.feed(text)
+        self.content.append(content)
+        self.calls.extend(calls)
+        return content, calls
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        if self.parser is None:
+            return "", []
+        content, calls = self.parser.finish()
+        self.content.append(content)
+        self.calls.extend(calls)
+        return content, calls
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if self.calls and reason == "stop" else reason
