@@ -78,6 +78,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         help="serve /metrics without a key for a scraper on loopback (default: with --api-key "
         "set, /metrics needs a key like /v1/*: its counters cover every tenant)",
     )
+    p.add_argument(
+        "--tool-parser",
+        default="auto",
+        help="how the model writes tool calls: hermes (<tool_call> tags: Qwen, Hermes, the "
+        "default template), llama3_json, or auto (default: from the chat template / model type)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(func=run_serve)
@@ -131,6 +137,7 @@ def run_serve(args: argparse.Namespace) -> int:
         transport=transport,
         threads=args.threads,
         default_max_tokens=args.default_max_tokens,
+        tool_parser=args.tool_parser,
         log_level=args.log_level,
     )
     config = resolve_config(config, opts)

@@ -24,6 +24,7 @@ from dualpath.config.systems import SYSTEMS
 from dualpath.runtime.options import DEVICES, DTYPES, RUNTIMES
 from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
+from dualpath.serve.tools import TOOL_FORMATS
 
 RUNTIME_SYSTEMS = tuple(SYSTEMS)  # every system the runtime runs
 
@@ -46,6 +47,7 @@ class ServeOptions:
     transport: str = "shm"
     threads: int = 0  # torch CPU threads per engine (0: the cores shared by the engines)
     default_max_tokens: int = 256
+    tool_parser: str = "auto"  # a tools.TOOL_FORMATS entry, or auto (template / model type)
     graceful_s: float = 5.0
     log_level: str = "warning"
 
@@ -73,6 +75,11 @@ class ServeOptions:
             raise ValueError(f"--port {self.port} is invalid: must be 0..65535")
         if self.default_max_tokens < 1:
             raise ValueError(f"default max_tokens={self.default_max_tokens} must be >= 1")
+        if self.tool_parser not in ("auto", *TOOL_FORMATS):
+            raise ValueError(
+                f"--tool-parser {self.tool_parser!r} is invalid: must be auto or one of "
+                f"{', '.join(TOOL_FORMATS)}"
+            )
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads} is invalid: must be >= 0 (0 = auto)")
 
@@ -132,6 +139,21 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
     return RuntimeBackend(config, options, tokenizer, name, seed=opts.seed)
 
 
+def tool_format(backend: Backend, opts: ServeOptions) -> str:
+    """``--tool-parser``, or the format the chat template teaches (auto)."""
+    if opts.tool_parser != "auto":
+        return opts.tool_parser
+    from dualpath.serve.chat import tool_format_for
+
+    model_type = ""
+    if opts.model_dir is not None:
+        import json
+
+        cfg = Path(opts.model_dir) / "config.json"
+        model_type = str(json.loads(cfg.read_text()).get("model_type", "")) if cfg.is_file() else ""
+    return tool_format_for(backend.tokenizer.chat_template, model_type)
+
+
 def run_server(backend: Backend, opts: ServeOptions) -> int:
     import uvicorn
 
@@ -150,6 +172,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         api_keys=opts.api_keys,
         metrics_open=opts.metrics_open,
         default_max_tokens=opts.default_max_tokens,
+        tool_format=tool_format(backend, opts),
     )
     app = create_app(backend, api)
     config = uvicorn.Config(

@@ -129,7 +129,7 @@ class ToolParser:
             if end < 0 and not final:
                 break
             body = self._buf if end < 0 else self._buf[:end]
-            call = _parse_json_call(body, "arguments")
+            call = _parse_json_call(body, "arguments", unclosed=end < 0)
             if call is None:  # not a call after all: what the model wrote stays content
                 tail = "" if end < 0 else _CLOSE
                 content.append(_OPEN + body + tail)
@@ -171,9 +171,18 @@ class ToolParser:
         return "", calls
 
 
-def _parse_json_call(text: str, args_key: str) -> ToolCall | None:
+def _parse_json_call(text: str, args_key: str, unclosed: bool = False) -> ToolCall | None:
+    """The call ``text`` holds; ``unclosed``: the reply ended inside the call's tags (cut
+    by max_tokens), so after the JSON may come the start of the closing tag."""
     try:
-        return _call_from(json.loads(text), args_key)
+        if not unclosed:
+            return _call_from(json.loads(text), args_key)
+        stripped = text.lstrip()
+        obj, end = json.JSONDecoder().raw_decode(stripped)
+        rest = stripped[end:].strip()
+        if rest and not _CLOSE.startswith(rest):
+            return None
+        return _call_from(obj, args_key)
     except ValueError:
         return None
 
