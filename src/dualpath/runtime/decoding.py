@@ -161,16 +161,22 @@ class Chooser:
 def apply_masks(logits: Tensor, rows: Sequence[int], masks: Tensor) -> None:
     """Set to -inf, in place, every logit of ``logits[rows[i]]`` whose bit is 0 in
     ``masks[i]`` (int32 words, bit j of word w = token 32·w + j, as llguidance writes)."""
+    import numpy as np
     import torch
 
     if not rows:
         return
     vocab = logits.shape[-1]
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = ((masks.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, :vocab]
+    # little-endian words: byte k of the row holds tokens 8k .. 8k+7, lowest bit first
+    packed = masks.contiguous().view(torch.uint8).numpy()
+    allowed = np.unpackbits(packed, axis=1, bitorder="little")[:, :vocab].astype(bool)
+    banned = torch.from_numpy(~allowed).to(logits.device)
+    if len(rows) == logits.shape[0] and list(rows) == list(range(logits.shape[0])):
+        logits.masked_fill_(banned, float("-inf"))
+        return
     index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
     sub = logits.index_select(0, index)
-    sub.masked_fill_(bits.to(logits.device) == 0, float("-inf"))
+    sub.masked_fill_(banned, float("-inf"))
     logits.index_copy_(0, index, sub)
 
 
