@@ -65,7 +65,7 @@ def test_a_grammar_turns_random_logits_into_valid_json(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     out: list[int] = []
     for i in range(200):
-        (token, _), = choose_batch([c], torch.randn(1, 1024, generator=gen) * 4, [p.generator(i)])
+        ((token, _),) = choose_batch([c], torch.randn(1, 1024, generator=gen) * 4, [p.generator(i)])
         out.append(token)
         if token in TOK.eos_token_ids:
             break

@@ -70,9 +70,24 @@ def test_tools_reach_the_prompt_as_the_template_renders_them(
                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."}]  # fmt: skip
     r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=1)
     rendered = tok.render_chat(
-        [*history[:1], {**history[1], "tool_calls": [{**history[1]["tool_calls"][0],
-         "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius",
-                                                           "days": 3}}}]}, history[2]], TOOLS)
+        [
+            *history[:1],
+            {
+                **history[1],
+                "tool_calls": [
+                    {
+                        **history[1]["tool_calls"][0],
+                        "function": {
+                            "name": "get_weather",
+                            "arguments": {"city": "Paris", "unit": "celsius", "days": 3},
+                        },
+                    }
+                ],
+            },
+            history[2],
+        ],
+        TOOLS,
+    )
     assert "Sunny, 21 C." in rendered and '"city": "Paris"' in rendered  # fmt: skip
     assert r.usage is not None and r.usage.prompt_tokens == len(tok.encode(rendered))
 
@@ -233,8 +248,9 @@ def test_an_agents_sdk_agent_calls_its_tool_and_finishes(hf_server: ServerProc) 
 
     model = agents.OpenAIChatCompletionsModel(
         model=MODEL,
-        openai_client=openai.AsyncOpenAI(base_url=hf_server.url + "/v1", api_key="sk-test",
-                                         max_retries=0, timeout=60),  # fmt: skip
+        openai_client=openai.AsyncOpenAI(
+            base_url=hf_server.url + "/v1", api_key="sk-test", max_retries=0, timeout=60
+        ),
     )
     agent = agents.Agent(
         name="coder",

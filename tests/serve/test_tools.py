@@ -74,4 +74,4 @@ def test_call_grammar_is_valid_for_one_and_many_tools() -> None:
     for fmt in ("hermes", "llama3_json"):
         assert grammar_error(call_grammar([a], fmt)) == ""
         assert grammar_error(call_grammar([a, b], fmt)) == ""
-    assert grammar_error("start: %json {\"type\": \"nonsense\"}") != ""
+    assert grammar_error('start: %json {"type": "nonsense"}') != ""
