@@ -2,8 +2,9 @@
 
 For tiny random Llama / Qwen2 / Qwen3 checkpoints: `dualpath serve --device cuda` must give the
 same greedy tokens, on a first turn and on a second turn read back from the KV store, as the same
-server on `--device cpu` and as transformers' `generate` on CUDA (float32). Then the suite's CUDA
-tests. Prints one PASS/FAIL line per check and a summary; exit 0 all passed, 1 a check failed,
+server on `--device cpu` and as transformers' `generate` on CUDA (float32). Then the agent API
+on CUDA (a forced tool call and a json_schema reply valid under the engines' grammar masks,
+logprobs), and the suite's CUDA tests. Prints one PASS/FAIL line per check and a summary; exit 0 all passed, 1 a check failed,
 2 no CUDA device (without --dry-run). --dry-run runs every "cuda" step on cpu.
 """
 
@@ -23,6 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -316,6 +318,56 @@ def check_arch(arch: str, tmp: Path, device: str, report: Report) -> None:
         report.check(not diffs, name, _first(diffs) or same)
 
 
+AGENT_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}  # fmt: skip
+
+
+def _post(url: str, body: dict[str, object]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+        return dict(json.load(resp))
+
+
+def check_agent_api(tmp: Path, device: str, report: Report) -> None:
+    """Constrained decoding on ``device`` (the grammar mask on the engines' logits): a forced
+    tool call and a json_schema reply validate against their schemas; logprobs come back."""
+    import jsonschema
+
+    root = tmp / "agent"
+    ckpt = write_tiny_checkpoint(root / "tiny-llama", arch="llama")
+    work = root / "serve"
+    work.mkdir(parents=True)
+    args = [f"--model-dir={ckpt}", f"--device={device}", f"--kv-root={work / 'kv'}"]
+    server = Server(args, work / "serve.log", tmp / "pids")
+    name = f"agent API on {device}: forced tool call + json_schema + logprobs"
+    try:
+        server.wait_ready()
+        url = server.url + "/v1/chat/completions"
+        ask = [{"role": "user", "content": "Weather in Paris?"}]
+        tool = {"type": "function", "function": {"name": "weather", "parameters": AGENT_SCHEMA}}
+        r = _post(url, {"messages": ask, "tools": [tool], "tool_choice": "required",
+                        "max_tokens": 120, "temperature": 0, "logprobs": True, "top_logprobs": 2})  # fmt: skip
+        call = r["choices"][0]["message"]["tool_calls"][0]["function"]
+        jsonschema.validate(json.loads(call["arguments"]), AGENT_SCHEMA)
+        lps = r["choices"][0]["logprobs"]["content"]
+        fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": AGENT_SCHEMA}}
+        j = _post(url, {"messages": ask, "response_format": fmt, "max_tokens": 80,
+                        "temperature": 1.0, "seed": 3})  # fmt: skip
+        jsonschema.validate(json.loads(j["choices"][0]["message"]["content"]), AGENT_SCHEMA)
+        report.check(bool(lps), name, f"call {call['arguments']}, {len(lps)} logprobs")
+    except Exception as e:  # one failed check, reported with the server log
+        report.check(False, name, f"{type(e).__name__}: {e}\n{server.log_tail()}")
+    finally:
+        server.stop()
+
+
 def check_cuda_tests(dry_run: bool, report: Report) -> None:
     name = f"pytest {PYTEST_ARGS}"
     cmd = [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *PYTEST_ARGS.split()]
@@ -362,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             check_arch(arch, opts.tmp, device, report)
         except Exception:  # a broken step fails its architecture, not the whole check
             report.check(False, f"{arch} check", traceback.format_exc(limit=-4))
+    check_agent_api(opts.tmp, device, report)
     check_cuda_tests(opts.dry_run, report)
     failed = ", ".join(report.failed)
     print(

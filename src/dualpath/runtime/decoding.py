@@ -184,9 +184,12 @@ def choose_batch(choosers: Sequence[Chooser], logits: Tensor,
                  generators: Sequence[Any]) -> list[tuple[int, TokenLogprob | None]]:  # fmt: skip
     """One token for each row of ``logits`` [batch, vocab]: bias and penalties, the batch's
     grammar masks in one pass, then greedy / nucleus sampling with each row's generator.
-    Each chooser has taken its token when this returns."""
+    Each chooser has taken its token when this returns. Runs on the host (a GPU's logits are
+    copied once: B × vocab floats per step, small beside a decode step)."""
     import torch
 
+    if logits.device.type != "cpu":  # one copy per step: masks, generators and bias are host-side
+        logits = logits.float().cpu()
     raw = logits
     work = logits
     constrained = [i for i, c in enumerate(choosers) if c.constrained]
