@@ -96,12 +96,16 @@ def test_metrics_open_reaches_the_api(
         seen.append(options)
         return object()
 
-    monkeypatch.setattr(server, "build_backend", lambda *_: SimpleNamespace(model_name="stub"))
+    from dualpath.serve.tokenizer import TinyTokenizer
+
+    stub = SimpleNamespace(model_name="stub", tokenizer=TinyTokenizer())
+    monkeypatch.setattr(server, "build_backend", lambda *_: stub)
     monkeypatch.setattr(server, "create_app", app)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)  # no socket, no loop
     argv = ["serve", "--api-key", "sk-x", "--kv-root", str(tmp_path)]
     assert main(argv + ["--metrics-open"] * metrics_open) == 0
     assert [(o.metrics_open, o.api_keys) for o in seen] == [(metrics_open, {"sk-x": "key0"})]
+    assert seen[0].tool_format == "hermes"  # auto: the default template's <tool_call> form
 
 
 def test_help_documents_metrics_open(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,11 +22,9 @@ from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.backend import BackendFailure, TokenEvent
 from dualpath.serve.chat import ReplyReader, chat_logprobs, plan_chat
 from dualpath.serve.schema import MAX_TOKENS, MAX_TOP_LOGPROBS, ApiError, ChatRequest, describe
+from dualpath.serve.service import Service
 from dualpath.serve.tokenizer import TextTokenizer
 from dualpath.serve.tools import ToolCall
-
-if TYPE_CHECKING:
-    from dualpath.serve.api import Service
 
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server honours
 _CHAT_NAMES = {"response_format": "text.format", "messages": "input"}  # chat's names → ours

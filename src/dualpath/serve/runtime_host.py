@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath.config import Config
+from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
-from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
 
 STATS_PERIOD_S = 0.5
