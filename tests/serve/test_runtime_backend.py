@@ -219,3 +219,48 @@ def _stop_with_a_request_in_flight(server: ServerProc) -> None:
     assert [f for f in shm if Path(f).exists()] == []
     kv_root = Path(server.args[server.args.index("--kv-root") + 1])
     assert any(kv_root.rglob("*"))  # the store stays: it is persistent
+
+
+def test_sigterm_to_the_whole_process_group_is_a_clean_stop(tmp_path: Path) -> None:
+    """`timeout`, a terminal or `kill -- -PGID` signal every process of the group at once:
+    the runtime's processes leave the stop to the server (exit 0, nothing left behind)
+    instead of dying under it (which made the server report a failed runtime, exit 1)."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    from tests.serve.conftest import REPO, free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(port),
+         *_runtime_args(tmp_path / "kv")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        procs = descendants(proc.pid)
+        assert len(procs) >= 7
+        shm = shm_used_by(procs)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        out = proc.stdout.read().decode() if proc.stdout else ""
+        assert "runtime stopped" not in out and "stopped (SIGTERM)" in out
+        assert "leaked" not in out  # the resource tracker had nothing left to clean up
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in procs):
+            time.sleep(0.1)
+        assert [p for p in procs if Path(f"/proc/{p}").exists()] == []
+        assert [f for f in shm if Path(f).exists()] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

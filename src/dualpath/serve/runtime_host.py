@@ -207,7 +207,12 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
     """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
     from dualpath.runtime.session import LocalRuntime
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
+    # the server decides when to stop: a Ctrl-C or a SIGTERM sent to the whole process group
+    # (a terminal, `timeout`, `kill -- -PGID`) reaches the server, which stops the runtime in
+    # order; the engines and storage workers inherit the ignored dispositions (kept across
+    # exec), and the launcher still stops or SIGKILLs them itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     error = ""
     try:
