@@ -11,6 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 llguidance = pytest.importorskip("llguidance")
 
+from tests.serve.schemas import WEATHER  # noqa: E402
+
 from dualpath.runtime.decoding import (  # noqa: E402
     Chooser,
     VocabSpec,
@@ -24,16 +26,7 @@ from dualpath.serve.tools import json_grammar  # noqa: E402
 
 TOK = TinyTokenizer(1024)
 VOCAB = TOK.vocab_spec()
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 6},
-        "unit": {"enum": ["c", "f"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
+SCHEMA = WEATHER
 
 
 def test_bias_and_penalties_are_openais_formula() -> None:
@@ -76,7 +69,7 @@ def test_a_grammar_turns_random_logits_into_valid_json(seed: int) -> None:
 def test_a_resumed_chooser_continues_the_same_masks() -> None:
     tokenizer = build_tokenizer(VOCAB, 1024)
     grammar = json_grammar(SCHEMA)
-    text = TOK.encode('{"city":"Par')
+    text = TOK.encode('{"city":"Par')  # (maxLength 8: the string may go on)
     whole = Chooser(SamplingParams(grammar=grammar), (), tokenizer)
     for t in text:
         whole.take(t)

@@ -17,26 +17,15 @@ jsonschema = pytest.importorskip("jsonschema")
 httpx = pytest.importorskip("httpx")
 
 from tests.serve.conftest import ServerProc  # noqa: E402
+from tests.serve.schemas import LIST_FILES, WEATHER  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "tiny-llama"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 8},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
 TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Forecast.",
-                                      "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "list_files", "parameters": {
-        "type": "object", "properties": {"dir": {"enum": ["src", "tests"]}},
-        "required": ["dir"], "additionalProperties": False}}},
+    {"type": "function",
+     "function": {"name": "get_weather", "description": "Forecast.", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "list_files", "parameters": LIST_FILES}},
 ]  # fmt: skip
 ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
 

@@ -16,6 +16,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from tests.serve.conftest import ServerProc  # noqa: E402
+from tests.serve.schemas import LIST_FILES, WEATHER  # noqa: E402
 from tests.serve.stub import StubBackend  # noqa: E402
 
 from dualpath.serve.backend import BackendFailure, GenerateRequest, TokenEvent  # noqa: E402
@@ -23,22 +24,10 @@ from dualpath.serve.backend import BackendFailure, GenerateRequest, TokenEvent  
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "tiny-llama"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 8},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
 TOOLS: list[Any] = [
     {"type": "function", "name": "get_weather", "description": "Forecast.",
      "parameters": WEATHER, "strict": True},
-    {"type": "function", "name": "list_files", "parameters": {"type": "object",
-     "properties": {"dir": {"enum": ["src", "tests"]}}, "required": ["dir"],
-     "additionalProperties": False}, "strict": True},
+    {"type": "function", "name": "list_files", "parameters": LIST_FILES, "strict": True},
 ]  # fmt: skip
 ASK = "What is the weather in Paris this week?"
 
