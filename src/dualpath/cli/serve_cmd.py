@@ -79,6 +79,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "set, /metrics needs a key like /v1/*: its counters cover every tenant)",
     )
     p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=300.0,
+        help="every request ends this long after it arrived, at the latest (a 504, or an "
+        "error event in a stream); default 300",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(func=run_serve)
 
@@ -131,6 +138,7 @@ def run_serve(args: argparse.Namespace) -> int:
         transport=transport,
         threads=args.threads,
         default_max_tokens=args.default_max_tokens,
+        request_timeout_s=args.request_timeout_s,
         log_level=args.log_level,
     )
     config = resolve_config(config, opts)

@@ -760,7 +760,9 @@ class Scheduler:
     def _run(self, until: threading.Event | None) -> RunResult:
         start = self.now()
         last_progress = start
-        timeout_s = self.env.options.request_timeout_s
+        # a server's API ends each request at request_timeout_s and cancels it: the run is
+        # declared stuck (fatal) only if that did not unstick it
+        timeout_s = self.env.options.request_timeout_s * (1 if until is None else 2)
         while True:
             self._drain_external()
             busy = (

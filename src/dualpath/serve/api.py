@@ -30,13 +30,20 @@ from dualpath.serve.metrics import ServeMetrics
 @dataclass(frozen=True, slots=True)
 class ApiOptions:
     """``api_keys`` maps each accepted key to its tenant (empty: no key needed);
-    ``metrics_open``: ``/metrics`` needs no key even when there are keys."""
+    ``metrics_open``: ``/metrics`` needs no key even when there are keys;
+    ``request_timeout_s``: every generation request ends this long after it arrived at the
+    latest (queueing included), with a 504 or, in a stream, an error event."""
 
     api_keys: dict[str, str] = field(default_factory=dict)
     metrics_open: bool = False
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 256
     max_stop_strings: int = 4
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s={self.request_timeout_s} is invalid: must be > 0")
 
 
 class _Base(BaseModel):
@@ -79,6 +86,7 @@ class _Sampling(_Base):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    return_token_ids: bool = False  # an extension (as vLLM's): each choice's output token ids
     logprobs: bool | int | None = None
     echo: bool = False
 
@@ -108,7 +116,10 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = {401: "authentication_error", 404: "not_found_error", 503: "server_error"}
+    kind = {
+        401: "authentication_error", 404: "not_found_error", 503: "server_error",
+        504: "timeout_error",
+    }  # fmt: skip
     return {
         "error": {
             "message": message,
@@ -125,19 +136,39 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
     return f"{loc}: {first['msg']}" if loc else str(first["msg"]), loc or None
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
+class DeadlinePassed(Exception):
+    """A request reached its ``request_timeout_s`` (its backend request is cancelled)."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[None], deadline: float) -> bool:
     """Run ``work``; cancel it if the client disconnects first (its ``finally`` frees the
-    request). Returns whether it finished."""
+    request), or ``DeadlinePassed`` once ``time.monotonic()`` reaches ``deadline``. Returns
+    whether it finished."""
     task = asyncio.ensure_future(work)
     while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
+        left = deadline - time.monotonic()
+        await asyncio.wait({task}, timeout=max(0.0, min(DISCONNECT_POLL_S, left)))
+        if task.done():
+            break
+        timed_out = time.monotonic() >= deadline
+        if timed_out or await request.is_disconnected():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if timed_out:
+                raise DeadlinePassed
             return False
     task.result()  # re-raise its error, if any
     return True
+
+
+async def _next_before(events: AsyncIterator[TokenEvent], deadline: float) -> TokenEvent:
+    """The stream's next event; ``StopAsyncIteration`` at its end, ``DeadlinePassed`` (the
+    pending step cancelled, which ends the generator and frees its request) at ``deadline``."""
+    try:
+        return await asyncio.wait_for(anext(events), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        raise DeadlinePassed from None
 
 
 @dataclass(slots=True)
@@ -255,11 +286,18 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             raise ApiError(503, f"the runtime failed: {failure}")
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
         created = int(time.time())
+        deadline = t.arrived + opts.request_timeout_s
+        timeout_text = (
+            f"the request did not finish within request_timeout_s={opts.request_timeout_s:g} s"
+        )
         obj = "chat.completion" if chat else "text_completion"
 
-        def choice(text: str, finish: str | None, stream: bool) -> dict[str, Any]:
+        def choice(text: str, finish: str | None, stream: bool, ids: list[int]) -> dict[str, Any]:
+            # ``return_token_ids`` (as vLLM): the output's token ids, new ones in each chunk
+            extra = {"token_ids": ids} if body.return_token_ids else {}
             if not chat:
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                        **extra}  # fmt: skip
             key = "delta" if stream else "message"
             content: dict[str, Any] = (
                 {"content": text}
@@ -269,10 +307,11 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                     "content": text,
                 }
             )
-            return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, key: content, "logprobs": None, "finish_reason": finish, **extra}
 
         if not body.stream:
             parts: list[str] = []
+            ids: list[int] = []
             last: TokenEvent | None = None
 
             async def collect() -> None:
@@ -283,13 +322,18 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                         t.first = t.first or time.monotonic()
                         t.last = time.monotonic()
                         parts.append(ev.text)
+                        ids.extend(ev.token_ids)
                         last = ev
                 except BackendFailure as exc:
                     raise ApiError(503, f"the runtime failed: {exc}") from None
                 finally:
                     await events.aclose()  # type: ignore[attr-defined]
 
-            finished = await _unless_disconnected(request, collect())
+            try:
+                finished = await _unless_disconnected(request, collect(), deadline)
+            except DeadlinePassed:
+                metrics.request_timeouts.inc()
+                raise ApiError(504, timeout_text) from None
             observe(t, last)
             if not finished:
                 return Response(status_code=499)  # nobody is listening any more
@@ -301,7 +345,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                     "object": obj,
                     "created": created,
                     "model": backend.model_name,
-                    "choices": [choice("".join(parts), last.finish_reason, False)],
+                    "choices": [choice("".join(parts), last.finish_reason, False, ids)],
                     "usage": usage(last),
                 }
             )
@@ -328,15 +372,23 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
                     first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
                     yield sse([{**first, "logprobs": None, "finish_reason": None}])
                 try:
-                    async for ev in events:
+                    while True:
+                        try:
+                            ev = await _next_before(events, deadline)
+                        except StopAsyncIteration:
+                            break
                         t.first = t.first or time.monotonic()
                         t.last = time.monotonic()
                         last = ev
-                        if ev.text or ev.finish_reason:
-                            yield sse([choice(ev.text, ev.finish_reason, True)])
+                        if ev.text or ev.finish_reason or (body.return_token_ids and ev.token_ids):
+                            yield sse([choice(ev.text, ev.finish_reason, True, [*ev.token_ids])])
                 except BackendFailure as exc:  # an OpenAI error event, then the stream ends
                     err = error_body(503, f"the runtime failed: {exc}", None)
                     yield f"data: {json.dumps(err)}\n\n"
+                    return
+                except DeadlinePassed:  # the same, for a request past its timeout
+                    metrics.request_timeouts.inc()
+                    yield f"data: {json.dumps(error_body(504, timeout_text, None))}\n\n"
                     return
                 if include_usage:
                     yield sse([], {"usage": usage(last)})

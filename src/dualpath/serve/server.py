@@ -47,6 +47,7 @@ class ServeOptions:
     threads: int = 0  # torch CPU threads per engine (0: the cores shared by the engines)
     default_max_tokens: int = 256
     graceful_s: float = 5.0
+    request_timeout_s: float = 300.0  # every request ends by then (504 / an error event)
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -75,6 +76,10 @@ class ServeOptions:
             raise ValueError(f"default max_tokens={self.default_max_tokens} must be >= 1")
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads} is invalid: must be >= 0 (0 = auto)")
+        if not self.request_timeout_s > 0:
+            raise ValueError(
+                f"--request-timeout-s {self.request_timeout_s} is invalid: must be > 0"
+            )
 
     @property
     def is_loopback(self) -> bool:
@@ -127,6 +132,7 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
         runtime=opts.runtime,
         ray_address=opts.ray_address,
         transport=opts.transport,
+        request_timeout_s=opts.request_timeout_s,
     )
     return RuntimeBackend(config, options, tokenizer, name, seed=opts.seed)
 
@@ -149,6 +155,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         api_keys=opts.api_keys,
         metrics_open=opts.metrics_open,
         default_max_tokens=opts.default_max_tokens,
+        request_timeout_s=opts.request_timeout_s,
     )
     app = create_app(backend, api)
     config = uvicorn.Config(
