@@ -40,6 +40,7 @@ PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then i
 # a full disk (or quota) is not retried: waiting 0.25 s frees no space, and every block behind
 # it in the write queue (and every turn waiting for its writes' acks) would wait too
 NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
 def persist_with_retry(
@@ -107,6 +108,8 @@ class StorageWorker:
         self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
+        self.num_failed = 0  # block writes dropped
+        self.failed_reported_s = 0.0
         # the node buffer as a transport region: the peer side of every engine's transfers
         self.transport = make_transport(env.options.transport)
         self.region = self.transport.register(self.buffer.spec.name, self.buffer.data)
@@ -144,8 +147,18 @@ class StorageWorker:
             finally:
                 self.buffer.free([msg.slot])
             if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
-                print(f"dualpath: {self.name}: block not cached: {err}", file=sys.stderr)
+                self._report_failed(err)
             self.env.results.put(PersistedMsg(msg.key, ok=err is None))
+
+    def _report_failed(self, err: OSError) -> None:
+        """One stderr line for the first dropped write, then at most one per
+        ``FAILED_REPORT_S`` (a full disk fails every write: one line each would flood)."""
+        self.num_failed += 1
+        now = time.monotonic()
+        if self.num_failed == 1 or now - self.failed_reported_s >= FAILED_REPORT_S:
+            self.failed_reported_s = now
+            print(f"dualpath: {self.name}: block not cached: {err} "
+                  f"({self.num_failed} dropped so far)", file=sys.stderr)  # fmt: skip
 
     def serve(self, inbox: Any) -> None:
         writer = threading.Thread(target=self._write_loop, name="persist", daemon=True)
