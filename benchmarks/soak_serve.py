@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS_S = 10.0
+SETTLE_S = 15.0  # a runtime child younger than this without torch may be an engine starting
 STOP_S = (1.0, 8.0)  # SIGSTOP length, uniform: some resume, some are declared dead
 
 
@@ -193,10 +194,22 @@ def roles(server_pid: int) -> dict[int, str]:
             elif parent == server_pid:
                 out[pid] = "scheduler" if kids.get(pid) else "http-child"
             elif out.get(parent) == "scheduler":
-                out[pid] = "engine" if "libtorch" in _read(f"/proc/{pid}/maps") else "storage"
+                if "libtorch" in _read(f"/proc/{pid}/maps"):
+                    out[pid] = "engine"
+                else:  # a (re)spawned engine maps torch only once it has imported it
+                    out[pid] = "storage" if _age_s(pid) >= SETTLE_S else "starting"
             else:
                 out[pid] = f"{out.get(parent, '?')}-child"
     return out
+
+
+def _age_s(pid: int) -> float:
+    """Seconds since process ``pid`` started (0 if it is gone)."""
+    fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
+    if len(fields) < 20:
+        return 0.0
+    start_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return float(_read("/proc/uptime").split()[0]) - start_s
 
 
 def _rss_kib(pid: int) -> int | None:
@@ -314,6 +327,7 @@ async def sample_rss(server_pid: int, soak: Soak, args: argparse.Namespace, t0: 
             kib = _rss_kib(pid)
             if kib is not None:
                 entry = soak.rss.setdefault(pid, {"role": role, "samples": []})
+                entry["role"] = role  # the latest: a respawned engine starts as "starting"
                 entry["samples"].append((now, kib))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), args.rss_every_s)
