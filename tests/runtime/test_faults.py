@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 from dataclasses import replace
 from pathlib import Path
 
@@ -257,26 +259,71 @@ def test_launcher_notices_a_child_dying_at_bootstrap(tmp_path: Path) -> None:
 BIG = BlockLayout(2, 64, 64)  # payload above one header page: the injected failure applies
 
 
-@pytest.mark.parametrize("failures", [2, -1], ids=["retried", "dropped"])
+@pytest.mark.parametrize(
+    ("failures", "code", "attempts"),
+    [(2, errno.EIO, 3), (-1, errno.EIO, 3), (2, errno.ENOSPC, 1)],
+    ids=["retried", "dropped", "full-disk-not-retried"],
+)
 def test_failed_persist_is_retried_and_leaves_no_temporary_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int, code: int, attempts: int
 ) -> None:
     from dualpath.runtime import storage
 
     monkeypatch.setattr(kvs, "_write_all", kvs._write_all)  # restored after the test
-    storage.inject_write_failures(failures)
+    storage.inject_write_failures(failures, code)
+    tried = []
+    real_write = KVStore.write_block
+
+    def counting(self: KVStore, key: str, payload: memoryview | bytes) -> bool:
+        tried.append(key)
+        return real_write(self, key, payload)
+
+    monkeypatch.setattr(KVStore, "write_block", counting)
     store = KVStore(tmp_path, BIG, namespace="disk")
     payload = memoryview(bytes(range(256)) * (BIG.full_block_bytes // 256))
     err = storage.persist_with_retry(store, "ef" * 16, payload, attempts=3, backoff_s=0.001)
     assert [p.name for p in tmp_path.rglob("*.tmp")] == []
-    if failures == -1:
-        assert err is not None and "No space left" in str(err)
+    assert len(tried) == attempts  # ENOSPC: dropped at once (a retry frees no space)
+    if failures == -1 or code == errno.ENOSPC:
+        assert err is not None and err.errno == code
+        assert err.__traceback__ is None  # its frames would pin views of the node buffer
         assert not store.has("ef" * 16)
     else:
         assert err is None
         out = memoryview(bytearray(BIG.full_block_bytes))
         store.read_block("ef" * 16, out)
         assert out == payload
+
+
+def test_failed_persist_leaves_the_node_buffer_closable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shutdown ``BufferError`` after a full disk: a failed write's traceback kept views of
+    the node buffer's slots alive (a frame ↔ exception cycle), so its shared memory could not
+    be closed. Garbage collection is off, as it may well not have run before shutdown."""
+    import gc
+    import threading
+    import uuid
+
+    from dualpath.runtime import storage
+    from dualpath.runtime.buffer import BufferSpec, SlotBuffer
+
+    monkeypatch.setattr(kvs, "_write_all", kvs._write_all)
+    storage.inject_write_failures(-1)
+    store = KVStore(tmp_path, BIG, namespace="disk")
+    spec = BufferSpec(f"dpt-{uuid.uuid4().hex[:12]}", 2, BIG.full_block_bytes)
+    buffer = SlotBuffer.create(spec, threading.Lock())
+    gc.disable()
+    try:
+        err = storage.persist_with_retry(store, "ab" * 16, buffer.slot(0), backoff_s=0.001)
+        assert err is not None
+        del err  # what the storage worker's write loop does with it, by leaving the scope
+        buffer.close()  # BufferError "cannot close exported pointers exist" without the fix
+    finally:
+        gc.enable()
+        gc.collect()
+        with contextlib.suppress(FileNotFoundError, BufferError):
+            buffer.close()
 
 
 @pytest.mark.slow
@@ -375,3 +422,33 @@ def test_dead_storage_worker_is_respawned_and_its_reads_retried(tmp_path: Path) 
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4
     assert sum(r.hit_tokens for r in result.records) > 0  # reads did happen
+
+
+def _long_decode_agents(num_agents: int) -> list[AgentState]:
+    """Two-turn agents whose prompt blocks are persisted at the DE's admission and whose
+    decode (160 tokens) outlasts a failed write: its acknowledgement arrives first."""
+
+    def append(a: int, t: int) -> tuple[int, ...]:
+        return tuple((a * 7 + t * 13 + i) % 1000 + 1 for i in range(3 * 64 + 5))
+
+    return [AgentState(a, (append(a, 0), append(a, 1)), (160, 160)) for a in range(num_agents)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_failed_write_acked_before_decode_ends_does_not_stall_the_turn(tmp_path: Path) -> None:
+    """A full disk: every block write fails at once; the turn whose write failed before its
+    decode ended still completes (the next turn is submitted), with the reference tokens."""
+    from dualpath.runtime.options import FaultPlan
+
+    cfg = small_config()
+    agents = _long_decode_agents(2)
+    opts = RuntimeOptions(
+        system="basic", kv_root=str(tmp_path), faults=FaultPlan(fail_writes=-1),
+        request_timeout_s=20.0,
+    )  # fmt: skip
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(_fresh(agents))
+    assert result.outputs == reference_outputs(cfg, agents)
+    assert len(result.records) == 4
+    assert list(tmp_path.rglob("*.kvb")) == [] and list(tmp_path.rglob("*.tmp")) == []

@@ -27,23 +27,31 @@ def free_port() -> int:
 
 class ServerProc:
     """``dualpath serve ARGS`` on a free loopback port; ``api_key``: what ``metric()`` sends
-    (a server with ``--api-key`` keeps ``/metrics`` behind it)."""
+    (a server with ``--api-key`` keeps ``/metrics`` behind it); ``log``: its output goes to
+    this file (a server that writes much must not block on a full pipe), else to a pipe."""
 
     api_key: str | None = None  # also for subclasses with their own __init__
+    log: Path | None = None
 
-    def __init__(self, args: list[str], api_key: str | None = None) -> None:
+    def __init__(
+        self, args: list[str], api_key: str | None = None, log: Path | None = None
+    ) -> None:
         self.port = free_port()
         self.args = args
         self.api_key = api_key
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(self.port), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-        )
+        self.log = log
+        cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(self.port), *args]
+        if log is None:
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO
+            )
+        else:
+            with log.open("wb") as out:  # the server holds its own copy of the descriptor
+                self.proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO
+                )
         self.wait_ready()
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
@@ -52,7 +60,7 @@ class ServerProc:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+                out = self.output()
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {out}")
             try:
                 if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
@@ -62,6 +70,12 @@ class ServerProc:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError("server did not become ready")
+
+    def output(self) -> str:
+        """What the server wrote (all of it once it has exited)."""
+        if self.log is not None:
+            return self.log.read_text(errors="replace")
+        return self.proc.stdout.read().decode() if self.proc.stdout else ""
 
     @property
     def auth_headers(self) -> dict[str, str]:

@@ -1,8 +1,9 @@
-"""A backend stub for tests of the HTTP app alone (``/metrics``, ``/health``): no request ever
-reaches ``generate``."""
+"""Backend stubs for tests of the HTTP app alone: ``StubBackend`` (``/metrics``, ``/health``:
+no request ever reaches ``generate``) and ``HangingBackend`` (every request hangs)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 
@@ -35,3 +36,24 @@ class StubBackend:
 
     def failure(self) -> str | None:
         return self._failure
+
+
+class HangingBackend(StubBackend):
+    """Every request streams ``num_tokens`` tokens, then never another (a stuck runtime);
+    ``freed`` counts the requests whose generator was closed (the runtime's cancel)."""
+
+    def __init__(self, num_tokens: int = 0) -> None:
+        super().__init__()
+        self.num_tokens = num_tokens
+        self.freed = 0
+
+    async def generate(self, request: object) -> AsyncIterator[object]:  # type: ignore[override]
+        from dualpath.serve.backend import GenerateRequest, TokenEvent
+
+        assert isinstance(request, GenerateRequest)
+        try:
+            for i in range(self.num_tokens):
+                yield TokenEvent((7,), "x", len(request.prompt_tokens), 0, i + 1, None)
+            await asyncio.Event().wait()  # never set
+        finally:
+            self.freed += 1

@@ -85,6 +85,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "default template), llama3_json, or auto (default: from the chat template / model type)",
     )
     p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=300.0,
+        help="every request ends this long after it arrived, at the latest (a 504, or an "
+        "error event in a stream); default 300",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(func=run_serve)
 
@@ -138,6 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         default_max_tokens=args.default_max_tokens,
         tool_parser=args.tool_parser,
+        request_timeout_s=args.request_timeout_s,
         log_level=args.log_level,
     )
     config = resolve_config(config, opts)

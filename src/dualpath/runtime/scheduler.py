@@ -74,6 +74,7 @@ class _Counters:
     pd_bytes: int = 0
     h2d_bytes: int = 0
     persisted_blocks: int = 0
+    persist_failed: int = 0  # block writes dropped after failing (e.g. ENOSPC): not cached
     requeued: int = 0
     alloc_stalls: int = 0  # times a request found its buffer full and waited
     passes: int = 0  # PE forward passes
@@ -119,7 +120,9 @@ class Scheduler:
         self.next_rid = 0
         self.counters = _Counters()
         self._journal_file: TextIO | None = None  # record_ledger's output
-        self.durable: set[str] = set()  # block keys the storage workers acknowledged
+        # block keys whose write the storage workers acknowledged, written or dropped (a
+        # failed write's ack may arrive before the DE's DecodeDoneMsg: it must still count)
+        self.acked: set[str] = set()
         self.unpersisted: dict[int, tuple[set[str], float]] = {}  # agent → (keys, arrival_s)
         # turns submitted from other threads (a server); drained by the run loop
         self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -546,9 +549,9 @@ class Scheduler:
                 self.launcher.engine_regions[msg.who] = msg.region
             return
         if isinstance(msg, PersistedMsg):
+            if not msg.ok:  # dropped (e.g. full disk): not cached, later turns recompute it
+                self.counters.persist_failed += 1
             self._persisted(msg.key)
-            if not msg.ok:  # not cached (e.g. full disk): later turns recompute it
-                self.durable.discard(msg.key)
             return
         if isinstance(msg, ForwardDoneMsg):
             self._forward_done(msg)
@@ -609,7 +612,7 @@ class Scheduler:
             size = len(msg.persisted_keys) * self.env.layout.full_block_bytes
             self.events.emit(Persisted(msg.finish_s, self.topo.node_of(req.de), size))
         self.ledger.finish(req, msg.finish_s)  # records it (TurnDone)
-        pending_keys = {k for k in msg.persisted_keys if k not in self.durable}
+        pending_keys = {k for k in msg.persisted_keys if k not in self.acked}
         output = (*req.resumed, *msg.output)  # the whole turn's output, as the client sees it
         if req.request_id in self.token_callbacks and pending_keys:
             # a server's client may resend the conversation as soon as it has the answer:
@@ -624,14 +627,15 @@ class Scheduler:
             return
         # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
         # are durable, so its hits are what SPEC §9 says the previous turn persisted
-        pending = {k for k in msg.persisted_keys if k not in self.durable}
+        pending = {k for k in msg.persisted_keys if k not in self.acked}
         if pending:
             self.unpersisted[agent.agent_id] = (pending, msg.finish_s)
         else:
             self.submit_or_reject(agent.agent_id, *nxt, arrival_s=msg.finish_s)
 
     def _persisted(self, key: str) -> None:
-        self.durable.add(key)
+        """A write of ``key`` was acknowledged (written or dropped): no turn waits for it."""
+        self.acked.add(key)
         self._flush_done(key)
         for agent_id in sorted(self.unpersisted):
             pending, arrival_s = self.unpersisted[agent_id]
@@ -643,7 +647,7 @@ class Scheduler:
                 self.submit_or_reject(agent_id, *nxt, arrival_s=arrival_s)
 
     def _flush_done(self, key: str | None) -> None:
-        """Report the turns whose blocks are now all durable (``key`` None: all of them)."""
+        """Report the turns whose block writes are all acknowledged (``key`` None: all)."""
         for rid in sorted(self.done_after_persist):
             pending, req, output = self.done_after_persist[rid]
             pending.discard(key)
@@ -764,7 +768,9 @@ class Scheduler:
     def _run(self, until: threading.Event | None) -> RunResult:
         start = self.now()
         last_progress = start
-        timeout_s = self.env.options.request_timeout_s
+        # a server's API ends each request at request_timeout_s and cancels it: the run is
+        # declared stuck (fatal) only if that did not unstick it
+        timeout_s = self.env.options.request_timeout_s * (1 if until is None else 2)
         while True:
             self._drain_external()
             busy = (

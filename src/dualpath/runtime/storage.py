@@ -35,8 +35,12 @@ from dualpath.runtime.transport import make_transport
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
-PERSIST_ATTEMPTS = 3  # a failed block write (full disk, I/O error) is retried ...
+PERSIST_ATTEMPTS = 3  # a failed block write (I/O error) is retried ...
 PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then it is dropped
+# a full disk (or quota) is not retried: waiting 0.25 s frees no space, and every block behind
+# it in the write queue (and every turn waiting for its writes' acks) would wait too
+NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
 def persist_with_retry(
@@ -46,8 +50,10 @@ def persist_with_retry(
     attempts: int = PERSIST_ATTEMPTS,
     backoff_s: float = PERSIST_BACKOFF_S,
 ) -> OSError | None:
-    """Write one block, retrying OSErrors with exponential backoff; the last error, or None.
-    A failed attempt leaves no temporary file (``KVStore.write_block`` removes it)."""
+    """Write one block, retrying OSErrors (but ENOSPC / EDQUOT) with exponential backoff; the
+    last error, or None. A failed attempt leaves no temporary file (``KVStore.write_block``
+    removes it). The error comes back without its traceback: the traceback's frames hold
+    ``payload``, a view of the node buffer, whose shared memory could then not be closed."""
     err: OSError | None = None
     for attempt in range(attempts):
         if attempt:
@@ -56,13 +62,16 @@ def persist_with_retry(
             store.write_block(key, payload)
             return None
         except OSError as e:
-            err = e
+            err = e.with_traceback(None)
+            if e.errno in NO_RETRY_ERRNOS:
+                break
     return err
 
 
-def inject_write_failures(count: int) -> None:
+def inject_write_failures(count: int, code: int = errno.ENOSPC) -> None:
     """Fault injection (``FaultPlan.fail_writes``): this process's next ``count`` block writes
-    (-1: all) fail with ENOSPC after half the payload reached the temporary file."""
+    (-1: all) fail with ``code`` (a full disk) after half the payload reached the temporary
+    file."""
     real = kvs._write_all
     left = [count]
 
@@ -70,7 +79,7 @@ def inject_write_failures(count: int) -> None:
         if len(data) > HEADER_BYTES and left[0] != 0:
             left[0] -= 1
             real(fd, memoryview(data)[: len(data) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+            raise OSError(code, f"{os.strerror(code)} (injected)")
         real(fd, data)
 
     kvs._write_all = failing
@@ -99,6 +108,8 @@ class StorageWorker:
         self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
+        self.num_failed = 0  # block writes dropped
+        self.failed_reported_s = 0.0
         # the node buffer as a transport region: the peer side of every engine's transfers
         self.transport = make_transport(env.options.transport)
         self.region = self.transport.register(self.buffer.spec.name, self.buffer.data)
@@ -136,8 +147,18 @@ class StorageWorker:
             finally:
                 self.buffer.free([msg.slot])
             if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
-                print(f"dualpath: {self.name}: block not cached: {err}", file=sys.stderr)
+                self._report_failed(err)
             self.env.results.put(PersistedMsg(msg.key, ok=err is None))
+
+    def _report_failed(self, err: OSError) -> None:
+        """One stderr line for the first dropped write, then at most one per
+        ``FAILED_REPORT_S`` (a full disk fails every write: one line each would flood)."""
+        self.num_failed += 1
+        now = time.monotonic()
+        if self.num_failed == 1 or now - self.failed_reported_s >= FAILED_REPORT_S:
+            self.failed_reported_s = now
+            print(f"dualpath: {self.name}: block not cached: {err} "
+                  f"({self.num_failed} dropped so far)", file=sys.stderr)  # fmt: skip
 
     def serve(self, inbox: Any) -> None:
         writer = threading.Thread(target=self._write_loop, name="persist", daemon=True)

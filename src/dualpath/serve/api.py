@@ -37,7 +37,7 @@ from dualpath.serve.schema import (
     Sampling,
     error_body,
 )
-from dualpath.serve.service import ApiOptions, Service, usage
+from dualpath.serve.service import ApiOptions, DeadlinePassed, Service, usage
 from dualpath.serve.tools import ToolCall
 
 
@@ -57,10 +57,12 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
     if not body.stream:
         readers = [ReplyReader(plan.parse if plan else None) for _ in gens]
         lps: list[list[TokenLogprob]] = [[] for _ in gens]
+        ids: list[list[int]] = [[] for _ in gens]
 
         def on_event(i: int, ev: TokenEvent) -> None:
             readers[i].feed(ev.text)
             lps[i].extend(ev.logprobs)
+            ids[i].extend(ev.token_ids)
 
         lasts = await svc.whole(request, gens, arrived, on_event)
         if lasts is None:
@@ -70,10 +72,11 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
             reader.finish()
             reason = reader.finish_reason(last.finish_reason)
             text = "".join(reader.content)
+            extra = {"token_ids": ids[i]} if body.return_token_ids else {}
             if not chat:
                 lp = completion_logprobs(tok, lps[i]) if want_lp else None
                 choices.append({"index": i, "text": text, "logprobs": lp,
-                                "finish_reason": reason})  # fmt: skip
+                                "finish_reason": reason, **extra})  # fmt: skip
                 continue
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
             if reader.calls:
@@ -82,7 +85,7 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                 message["content"] = text
             lp = chat_logprobs(tok, lps[i]) if want_lp else None
             choices.append({"index": i, "message": message, "logprobs": lp,
-                            "finish_reason": reason})  # fmt: skip
+                            "finish_reason": reason, **extra})  # fmt: skip
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**header(obj), "choices": choices, "usage": usage(list(lasts))})
 
@@ -94,17 +97,22 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
         return f"data: {json.dumps(payload)}\n\n"
 
     def chunk(i: int, text: str, calls: list[ToolCall], first_call: int,
-              lp: list[TokenLogprob], finish: str | None) -> dict[str, Any]:  # fmt: skip
+              ev: TokenEvent, finish: str | None) -> dict[str, Any]:  # fmt: skip
+        lp = list(ev.logprobs)
+        # ``return_token_ids`` (as vLLM): the new output token ids in each chunk
+        extra = {"token_ids": list(ev.token_ids)} if body.return_token_ids else {}
         if not chat:
             logprobs = completion_logprobs(tok, lp) if want_lp else None
-            return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                    **extra}  # fmt: skip
         delta: dict[str, Any] = {}
         if text:
             delta["content"] = text
         if calls:
             delta["tool_calls"] = [c.openai(first_call + k) for k, c in enumerate(calls)]
         logprobs = chat_logprobs(tok, lp) if want_lp and lp else None
-        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+                **extra}  # fmt: skip
 
     async def stream() -> AsyncIterator[str]:
         lasts: list[TokenEvent | None] = [None] * len(gens)
@@ -124,11 +132,15 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                         tail, more = reader.finish()
                         text, calls = text + tail, calls + more
                     finish = reader.finish_reason(item.finish_reason)
-                    if text or calls or finish or (want_lp and item.logprobs):
-                        yield sse([chunk(i, text, calls, before, list(item.logprobs), finish)])
+                    news = (want_lp and item.logprobs) or (body.return_token_ids and item.token_ids)
+                    if text or calls or finish or news:
+                        yield sse([chunk(i, text, calls, before, item, finish)])
             except BackendFailure as exc:  # an OpenAI error event, then the end
                 err = error_body(503, f"the runtime failed: {exc}", None)
                 yield f"data: {json.dumps(err)}\n\n"
+                return
+            except DeadlinePassed as exc:  # the same, for a request past its timeout
+                yield f"data: {json.dumps(error_body(504, str(exc), None))}\n\n"
                 return
         if include_usage:
             yield sse([], {"usage": usage(lasts)})

@@ -53,6 +53,11 @@ class _BackendCollector(Collector):
             "Requests freed before finishing (client gone, shutdown)",
             value=s.num_aborted,
         )
+        yield CounterMetricFamily(
+            "dualpath:kv_persist_failed_blocks",
+            "KV block writes dropped after failing (e.g. a full disk): not cached",
+            value=s.num_persist_failed,
+        )
         kv = CounterMetricFamily(
             "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
         )
@@ -107,5 +112,8 @@ class ServeMetrics:
         )
         self.request_errors = Counter(
             "dualpath:request_errors", "Rejected requests", labelnames=["status"], registry=r
+        )
+        self.request_timeouts = Counter(
+            "dualpath:request_timeouts", "Requests ended at request_timeout_s", registry=r
         )
         r.register(_BackendCollector(stats))

@@ -22,7 +22,7 @@ from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.backend import BackendFailure, TokenEvent
 from dualpath.serve.chat import ReplyReader, chat_logprobs, plan_chat
 from dualpath.serve.schema import MAX_TOKENS, MAX_TOP_LOGPROBS, ApiError, ChatRequest, describe
-from dualpath.serve.service import Service
+from dualpath.serve.service import DeadlinePassed, Service
 from dualpath.serve.tokenizer import TextTokenizer
 from dualpath.serve.tools import ToolCall
 
@@ -426,8 +426,11 @@ async def create_response(svc: Service, request: Request) -> Response:
                         yield _sse(event)
                     reason = ev.finish_reason or reason
             except BackendFailure as exc:  # a response.failed event, then the end
-                reason = None
                 for event in writer.fail(f"the runtime failed: {exc}"):
+                    yield _sse(event)
+                return
+            except DeadlinePassed as exc:  # the same, for a request past its timeout
+                for event in writer.fail(str(exc)):
                     yield _sse(event)
                 return
         for event in writer.finish(reason):

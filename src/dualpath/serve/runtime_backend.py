@@ -316,6 +316,7 @@ class RuntimeBackend:
             prefix_hit_tokens=self._cached_tokens,
             num_preempted=s.requeued,
             num_aborted=self._num_aborted,
+            num_persist_failed=s.persist_failed,
             kv_bytes_by_path=dict(s.kv_bytes_by_path),
             utilisation=self._utilisation(),
             queue_lengths=dict(s.queue_lengths),

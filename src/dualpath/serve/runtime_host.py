@@ -79,6 +79,7 @@ class StatsEvt:
     num_waiting: int  # not yet assigned by the policy, or waiting for buffer slots
     requeued: int
     cancelled: int
+    persist_failed: int = 0  # block writes dropped (e.g. a full disk)
     kv_bytes_by_path: dict[str, int] = field(default_factory=dict)
     queue_lengths: dict[str, int] = field(default_factory=dict)
     nic_busy_s: dict[str, float] = field(default_factory=dict)  # Σ pacer busy time per NIC
@@ -195,6 +196,7 @@ class _Host:
                 num_waiting=s.policy.num_waiting + len(s.alloc_wait),
                 requeued=c.requeued,
                 cancelled=s.num_cancelled,
+                persist_failed=c.persist_failed,
                 kv_bytes_by_path=paths,
                 queue_lengths=queues,
                 nic_busy_s=nic_busy() if nic_busy is not None else {},

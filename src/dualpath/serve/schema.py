@@ -26,7 +26,7 @@ class ApiError(Exception):
 
 
 _KINDS = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-          503: "server_error"}  # fmt: skip
+          503: "server_error", 504: "timeout_error"}  # fmt: skip
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -131,6 +131,7 @@ class Sampling(_Base):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    return_token_ids: bool = False  # an extension (as vLLM's): each choice's output token ids
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)

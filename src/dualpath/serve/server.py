@@ -49,6 +49,7 @@ class ServeOptions:
     default_max_tokens: int = 256
     tool_parser: str = "auto"  # a tools.TOOL_FORMATS entry, or auto (template / model type)
     graceful_s: float = 5.0
+    request_timeout_s: float = 300.0  # every request ends by then (504 / an error event)
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -82,6 +83,10 @@ class ServeOptions:
             )
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads} is invalid: must be >= 0 (0 = auto)")
+        if not self.request_timeout_s > 0:
+            raise ValueError(
+                f"--request-timeout-s {self.request_timeout_s} is invalid: must be > 0"
+            )
 
     @property
     def is_loopback(self) -> bool:
@@ -135,6 +140,7 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
         ray_address=opts.ray_address,
         transport=opts.transport,
         vocab=tokenizer.vocab_spec(),
+        request_timeout_s=opts.request_timeout_s,
     )
     return RuntimeBackend(config, options, tokenizer, name, seed=opts.seed)
 
@@ -173,6 +179,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         metrics_open=opts.metrics_open,
         default_max_tokens=opts.default_max_tokens,
         tool_format=tool_format(backend, opts),
+        request_timeout_s=opts.request_timeout_s,
     )
     app = create_app(backend, api)
     config = uvicorn.Config(

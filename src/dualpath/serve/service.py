@@ -35,7 +35,9 @@ from dualpath.serve.schema import (
 class ApiOptions:
     """``api_keys`` maps each accepted key to its tenant (empty: no key needed);
     ``metrics_open``: ``/metrics`` needs no key even when there are keys; ``tool_format``:
-    how tool calls are written in the model's text (``tools.TOOL_FORMATS``)."""
+    how tool calls are written in the model's text (``tools.TOOL_FORMATS``);
+    ``request_timeout_s``: every generation request ends this long after it arrived at the
+    latest (queueing included), with a 504 or, in a stream, an error event."""
 
     api_keys: dict[str, str] = field(default_factory=dict)
     metrics_open: bool = False
@@ -43,6 +45,18 @@ class ApiOptions:
     default_max_tokens: int = 256
     max_stop_strings: int = 64
     tool_format: str = "hermes"
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s={self.request_timeout_s} is invalid: must be > 0")
+
+
+class DeadlinePassed(Exception):
+    """A request reached its ``request_timeout_s`` (its backend requests are cancelled)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the request did not finish within request_timeout_s={timeout_s:g} s")
 
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
@@ -184,7 +198,8 @@ class Service:
     async def tokens(self, gens: list[GenerateRequest],
                      arrived: float) -> AsyncGenerator[tuple[int, TokenEvent], None]:  # fmt: skip
         """``(choice, event)`` of every ``gens[choice]`` as they come, until all have ended;
-        raises the backend's failure. Closing it early (use ``contextlib.aclosing``) frees
+        raises the backend's failure, or ``DeadlinePassed`` at ``request_timeout_s`` after
+        ``arrived``. Closing it early (use ``contextlib.aclosing``) frees
         the requests; either way each is counted in the metrics once."""
         t = _Timing(arrived)
         lasts: list[TokenEvent | None] = [None] * len(gens)
@@ -202,10 +217,16 @@ class Service:
                 await events.aclose()  # type: ignore[attr-defined]
 
         tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens))]
+        deadline = arrived + self.opts.request_timeout_s
         try:
             running = len(gens)
             while running:
-                i, item = await out.get()
+                try:
+                    left = max(0.0, deadline - time.monotonic())
+                    i, item = await asyncio.wait_for(out.get(), left)
+                except TimeoutError:
+                    self.metrics.request_timeouts.inc()
+                    raise DeadlinePassed(self.opts.request_timeout_s) from None
                 if isinstance(item, BaseException):
                     raise item
                 if item is None:
@@ -239,6 +260,8 @@ class Service:
                         lasts[i] = ev
                 except BackendFailure as exc:
                     raise ApiError(503, f"the runtime failed: {exc}") from None
+                except DeadlinePassed as exc:
+                    raise ApiError(504, str(exc)) from None
 
         if not await _unless_disconnected(request, drain()):
             return None
