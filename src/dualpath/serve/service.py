@@ -221,12 +221,20 @@ class Service:
         try:
             running = len(gens)
             while running:
+                # not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
+                # meets a ready item (a client gone mid-stream would then run to the end)
+                getter = asyncio.ensure_future(out.get())
                 try:
                     left = max(0.0, deadline - time.monotonic())
-                    i, item = await asyncio.wait_for(out.get(), left)
-                except TimeoutError:
+                    done, _ = await asyncio.wait({getter}, timeout=left)
+                except BaseException:
+                    getter.cancel()
+                    raise
+                if not done:
+                    getter.cancel()
                     self.metrics.request_timeouts.inc()
-                    raise DeadlinePassed(self.opts.request_timeout_s) from None
+                    raise DeadlinePassed(self.opts.request_timeout_s)
+                i, item = getter.result()
                 if isinstance(item, BaseException):
                     raise item
                 if item is None:
