@@ -34,8 +34,9 @@ def _config() -> Config:
     return apply_overrides(preset("qwen32b-1p2d"), ["hardware.gpus_per_node=1"])
 
 
-def _run(system: str, **sim: float) -> tuple[Cluster, list[TurnRecord]]:
-    cluster = Cluster(_config(), system_spec(system), SimConfig(**sim))  # type: ignore[arg-type]
+def _run(system: str, *extra: str, **sim: float) -> tuple[Cluster, list[TurnRecord]]:
+    config = apply_overrides(_config(), extra)
+    cluster = Cluster(config, system_spec(system), SimConfig(**sim))  # type: ignore[arg-type]
     for agent in range(2):
         cluster.add_agent(agent, [TurnSpec(0, PROMPT, HIT, 1)], 0.0)
     run_cluster(cluster)
@@ -92,6 +93,19 @@ def test_read_ahead_lets_the_next_read_run_during_the_pass() -> None:
     # one byte short of B's read: no read-ahead
     _, (a, b) = _run("basic", classic_read_ahead_bytes=HIT * kv - 1)
     assert b.read_start_s == a.first_token_s
+
+
+def test_classic_pass_frees_the_pe_buffer_once_its_loads_land() -> None:
+    # PE buffer of exactly one read, one request of read-ahead: B's read waits for A's bytes
+    # to leave the buffer, i.e. for A's load into HBM (its read + load = 2 × 0.10469 s), not
+    # for the end of A's pass
+    read, classic_pass = _hand()
+    kv = cost.kv_bytes_per_token(_config().model)
+    buffer = f"hardware.pe_buffer_bytes={HIT * kv}"
+    _, (a, b) = _run("basic", buffer, classic_read_ahead_requests=1)
+    assert a.prefill_start_s == pytest.approx(read, rel=1e-9)
+    assert b.read_start_s == pytest.approx(2 * read, rel=1e-9)  # A's load landed
+    assert b.read_start_s < a.first_token_s == pytest.approx(read + classic_pass, rel=1e-9)
 
 
 def test_a_prompt_larger_than_the_hbm_budget_is_refused_up_front() -> None:

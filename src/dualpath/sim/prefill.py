@@ -256,12 +256,30 @@ class PrefillGroup:
             PerLayerPass(self.loop, self.transfers, layers, plan, self._end_pass).start()
         else:
             agg = AggregatePass(
-                self.loop, self.transfers, layers, plan, self.layerwise, self._end_pass
+                self.loop,
+                self.transfers,
+                layers,
+                plan,
+                self.layerwise,
+                self._end_pass,
+                None if self.layerwise else self._release_pe_buffers,
             )
             self._aggregate = agg
             agg.start()
         if plan.collective:
             self.collective_ideal_s += plan.collective[2] / self.hw.cnic_bytes_per_s
+
+    def _release_pe_buffers(self) -> None:
+        """Classic pass: its loads landed, the batch's hit KV is in HBM (reserved at
+        admission), so the PE buffer no longer holds it (layerwise passes free it at the end
+        of the request's prefill: its Layer Blocks move during the whole pass)."""
+        for pe, chunks in self._batches:
+            node = self.node_ios[self.fabric.topology.node_of(pe)]
+            for c in chunks:
+                req = self.reqs[c.request_id]
+                if req.pe_buffer_bytes:
+                    node.release(req.pe_buffer_bytes)
+                    req.pe_buffer_bytes = 0.0
 
     def _end_pass(self) -> None:
         batches = self._batches
