@@ -75,7 +75,12 @@ def _capacity_job(
     seen = _read_probe_log(probe_log)
     config, settings = _config(name), _settings(quick, name)
 
+    bound = storage_bound(config, system)
+
     def passes(aps: float) -> bool:
+        if aps > bound.aps:  # no steady state above the storage bound (studies.capacity)
+            print(f"  {name} {system:<8} aps={aps:7.3f} fail (above the storage bound)")
+            return False
         key = _probe_key(name, system, aps, quick)
         if key in seen:
             row = seen[key]
@@ -98,7 +103,6 @@ def _capacity_job(
         return r.passed
 
     res = find_capacity(passes, lo, hi, rel_tol=0.1, max_iter=9)
-    bound = storage_bound(config, system)
     bound.check(res.capacity_aps, f"{name} {system}")
     return {
         "setting": name,

@@ -13,7 +13,7 @@ import pytest
 from dualpath.config import apply_overrides, preset
 from dualpath.metrics.chrome_trace import Span
 from dualpath.metrics.slo import SLO
-from dualpath.sim.online import OnlineSettings, run_online
+from dualpath.sim.online import OnlineSettings, run_online, storage_bound
 from dualpath.sim.studies import (
     ablation,
     attention_series,
@@ -50,9 +50,12 @@ def test_capacity_search_brackets_the_slo() -> None:
         max_iter=5,
         on_probe=lambda s, aps, r: seen.append((aps, r.passed)),
     )
-    assert [(p.aps, p.passed) for p in res.probes] == seen
-    passing = [a for a, ok in seen if ok]
-    failing = [a for a, ok in seen if not ok]
+    bound = storage_bound(_config(), "basic").aps
+    # probes above the storage bound fail without a run; the others are the runs seen
+    assert [(p.aps, p.passed) for p in res.probes if p.aps <= bound] == seen
+    assert not any(p.passed for p in res.probes if p.aps > bound)
+    passing = [p.aps for p in res.probes if p.passed]
+    failing = [p.aps for p in res.probes if not p.passed]
     assert passing and failing
     assert max(passing) < min(failing)  # monotone on this seeded setting
     assert res.capacity_aps == max(passing) and res.upper_aps == min(failing)
@@ -198,7 +201,29 @@ def test_steady_settings_cover_the_agents_lives() -> None:
         for t in online.base_trajectories(config)
     ]
     assert steady.warmup_s == read_warmup_s(agents, 0.95) > 0
-    assert steady.horizon_s == steady.warmup_s + 180.0 + 60.0
+    assert steady.horizon_s == steady.warmup_s + 2 * (180.0 + 60.0)
+    assert steady.require_steady
     lives = sorted(sum(d for d, _ in a) for a in agents)
     assert lives[len(lives) // 2] < steady.warmup_s <= lives[-1]  # past the median life
     assert steady.stop_rule().warmup_s == steady.warmup_s
+
+
+def test_loads_above_the_storage_bound_fail_without_a_run() -> None:
+    from dualpath.sim import online
+
+    # storage limited to 1 GB/s: the bound is far below any load probed
+    config = _config("ds27b-1p1d", "hardware.storage_read_bytes_per_s=1e9")
+    bound = online.storage_bound(config, "basic")
+    assert bound.read_bytes_per_s == 1e9
+    runs: list[float] = []
+    res = capacity(
+        config,
+        "basic",
+        OnlineSettings(aps=1.0, horizon_s=10.0),
+        4 * bound.aps,
+        8 * bound.aps,
+        max_iter=2,
+        on_probe=lambda s, aps, r: runs.append(aps),
+    )
+    assert runs == []  # nothing simulated
+    assert res.capacity_aps == 0.0 and not any(p.passed for p in res.probes)

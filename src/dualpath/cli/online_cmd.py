@@ -156,7 +156,15 @@ def run_capacity_cmd(args: argparse.Namespace) -> int:
 
     def hook(system: str, aps: float, r: OnlineResult) -> None:
         bar.update(1)
-        bar.set_postfix_str(f"{system} {aps:.3g} APS {'pass' if r.passed else 'fail'}")
+        verdict = "pass" if r.passed else "fail"
+        bar.set_postfix_str(f"{system} {aps:.3g} APS {verdict}")
+        if args.no_progress:  # one line per probe instead of the bar
+            print(
+                f"  probe {system} {aps:.4g} APS: {verdict} (stop {r.stop_reason} at "
+                f"{r.stopped_at_s:.0f} s, TTFT {r.slo_check.ttft_s:.3f} s, TPOT "
+                f"{r.slo_check.tpot_s * 1e3:.1f} ms, {r.num_agents} agents)",
+                flush=True,
+            )
 
     for system in systems:
         res = capacity(

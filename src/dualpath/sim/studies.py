@@ -42,18 +42,23 @@ def capacity(
     on_probe: ProbeHook | None = None,
 ) -> CapacityResult:
     """Highest APS at which an online run of ``system`` meets the SLO (bisection; each probe
-    is one seeded run of ``settings`` with its ``aps`` replaced). ValueError when the
-    capacity found exceeds the system's storage bound (``online.storage_bound``): such a
-    figure was not measured at steady state and is never reported."""
+    is one seeded run of ``settings`` with its ``aps`` replaced). A load above the system's
+    storage bound (``online.storage_bound``) fails without a run: arrivals there outpace the
+    SNICs, so no steady state exists (a finite run of closed-loop agents only shows the
+    backlog growing slowly: the population grows at λ − bound). ValueError if the capacity
+    found still exceeds the bound (a guard: it is never reported)."""
+    bound = storage_bound(config, system)
 
     def passes(aps: float) -> bool:
+        if aps > bound.aps:
+            return False
         result = run_online(config, system, dataclasses.replace(settings, aps=aps), sim)
         if on_probe is not None:
             on_probe(system, aps, result)
         return result.passed
 
     result = find_capacity(passes, lo_aps, hi_aps, rel_tol, max_iter)
-    storage_bound(config, system).check(result.capacity_aps, f"{config.name} {system}")
+    bound.check(result.capacity_aps, f"{config.name} {system}")
     return result
 
 
