@@ -8,7 +8,8 @@ KV DMA contention, and the agent that finishes last (its turns and mean time per
 To tell storage-bound from latency-bound: the storage floor (the run's read bytes of each
 side over that side's SNICs at full rate; no prefill-side change can finish below it), the
 time the PE SNICs idled while a read waited for PE buffer space (the only way a faster
-prefill could feed the SNICs more), the time 90% of the agents were done (the tail after it
+prefill could feed the SNICs more) or while requests waited for a classic PE's HBM (Basic:
+a read starts only once its HBM is reserved), the time 90% of the agents were done (the tail after it
 is the long agents' sequential turns), and the last agent's turns before and after it.
 
     nice -n 5 .venv/bin/python benchmarks/ablation_breakdown.py --preset ds660b-2p4d \\
@@ -99,6 +100,7 @@ def _run(args: tuple[str, list[str], str]) -> dict[str, Any]:
         "last_agent_s_per_turn": last.finish_s / turns_of_last,
         "storage_floor_s": floor_s,
         "pe_buffer_blocked_s": sum(n.buffer_blocked_s for n in pe_nodes) / max(1, len(pe_nodes)),
+        "pe_hbm_blocked_s": sum(n.hbm_blocked_s for n in pe_nodes) / max(1, len(pe_nodes)),
         "t90_s": t90,
         "last_agent_before_t90": turn_means([r for r in mine if r.finish_s <= t90]),
         "last_agent_after_t90": turn_means([r for r in mine if r.finish_s > t90]),
@@ -162,7 +164,8 @@ def main() -> None:
         )
         print(
             f"        storage floor {row['storage_floor_s']:.0f} s; PE SNIC idle waiting for "
-            f"buffer space {row['pe_buffer_blocked_s']:.1f} s/node; 90% of agents done at "
+            f"buffer space {row['pe_buffer_blocked_s']:.1f} s/node, waiting for HBM (classic "
+            f"admission) {row['pe_hbm_blocked_s']:.1f} s/node; 90% of agents done at "
             f"{row['t90_s']:.0f} s"
         )
         for part in ("before", "after"):

@@ -7,7 +7,10 @@ DS 660B 2P4D, and TTST/TPOT of both systems at a common APS.
 
 Each setting is a (preset, MAL) pair: both presets at every MAL of ``--mals`` (default 32K,
 48K and 64K). Each capacity probe is one seeded online run (Poisson arrivals, stop rule with a
-60 s window and 180 s lookback, 900 s horizon; SLO mean TTFT ≤ 4 s, mean TPOT ≤ 50 ms).
+60 s window and 180 s lookback; SLO mean TTFT ≤ 4 s, mean TPOT ≤ 50 ms, judged in windows)
+whose warm-up and horizon are derived from the setting's workload (``steady_settings``:
+agents live whole lives; ``--quick``: a fixed 300 s horizon). A capacity above the system's
+storage bound is an error, never a row (``StorageBound.check``); each row carries the bound.
 Prints progress per probe (wall time included) and a final table; nothing is tuned to the
 paper's numbers.
 
@@ -31,17 +34,18 @@ from pathlib import Path
 
 from dualpath.config import apply_overrides, preset
 from dualpath.metrics.capacity import find_capacity
-from dualpath.sim.online import OnlineSettings, run_online
+from dualpath.sim.online import OnlineSettings, run_online, steady_settings, storage_bound
 
 # (preset, first bracket lo, hi): the bracket grows/shrinks by itself if wrong.
 SETTINGS = (("ds660b-2p4d", 4.0, 16.0), ("ds27b-1p1d", 2.0, 8.0))
 SYSTEMS = ("basic", "dualpath")
 
 
-def _settings(quick: bool) -> OnlineSettings:
+def _settings(quick: bool, setting: str) -> OnlineSettings:
     if quick:
         return OnlineSettings(aps=1.0, horizon_s=300.0, window_s=30.0, lookback_s=90.0)
-    return OnlineSettings(aps=1.0, horizon_s=900.0, window_s=60.0, lookback_s=180.0)
+    base = OnlineSettings(aps=1.0, window_s=60.0, lookback_s=180.0)
+    return steady_settings(_config(setting), base)
 
 
 def _config(setting: str):  # type: ignore[no-untyped-def]
@@ -50,7 +54,7 @@ def _config(setting: str):  # type: ignore[no-untyped-def]
 
 
 def _probe_key(name: str, system: str, aps: float, quick: bool) -> str:
-    return f"{name}|{system}|{aps!r}|{_settings(quick).horizon_s!r}"
+    return f"{name}|{system}|{aps!r}|{_settings(quick, name).horizon_s!r}"
 
 
 def _read_probe_log(path: str) -> dict[str, dict]:
@@ -69,9 +73,14 @@ def _capacity_job(
 ) -> dict:
     t0 = time.time()
     seen = _read_probe_log(probe_log)
-    config, settings = _config(name), _settings(quick)
+    config, settings = _config(name), _settings(quick, name)
+
+    bound = storage_bound(config, system)
 
     def passes(aps: float) -> bool:
+        if aps > bound.aps:  # no steady state above the storage bound (studies.capacity)
+            print(f"  {name} {system:<8} aps={aps:7.3f} fail (above the storage bound)")
+            return False
         key = _probe_key(name, system, aps, quick)
         if key in seen:
             row = seen[key]
@@ -94,11 +103,20 @@ def _capacity_job(
         return r.passed
 
     res = find_capacity(passes, lo, hi, rel_tol=0.1, max_iter=9)
-    return {"setting": name, "system": system, "wall_s": time.time() - t0, **res.to_dict()}
+    bound.check(res.capacity_aps, f"{name} {system}")
+    return {
+        "setting": name,
+        "system": system,
+        "wall_s": time.time() - t0,
+        **res.to_dict(),
+        "storage_bound_aps": bound.aps,
+        "warmup_s": settings.warmup_s,
+        "horizon_s": settings.horizon_s,
+    }
 
 
 def _latency_job(name: str, system: str, aps: float, quick: bool) -> dict:
-    r = run_online(_config(name), system, dataclasses.replace(_settings(quick), aps=aps))
+    r = run_online(_config(name), system, dataclasses.replace(_settings(quick, name), aps=aps))
     s = r.summary
     return {
         "setting": name,
@@ -181,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             for system in SYSTEMS
         ]
         lats = [f.result() for f in lat_futs]
-    print("\nsetting        system    capacity_aps  upper_aps  probes  wall_s")
+    print("\nsetting        system    capacity_aps  upper_aps  storage_bound  probes  wall_s")
     for c in caps:
         print(
             f"{c['setting']:<18} {c['system']:<8} {c['capacity_aps']:12.3f} "
-            f"{c['upper_aps'] or float('inf'):10.3f} {len(c['probes']):7d} {c['wall_s']:7.0f}"
+            f"{c['upper_aps'] or float('inf'):10.3f} {c['storage_bound_aps']:14.3f} "
+            f"{len(c['probes']):7d} {c['wall_s']:7.0f}"
         )
+        print(f"  storage bound {c['setting']} {c['system']}: capacity <= bound: ok")
     ratios = {}
     for name, _, _ in settings:
         by = {c["system"]: c["capacity_aps"] for c in caps if c["setting"] == name}

@@ -1,7 +1,7 @@
 """Event-log digests of six small reference runs: a refactor that must not change the
 simulator's behaviour leaves every line of this output unchanged.
 
-    .venv/bin/python benchmarks/sim_digests.py [--agents 64]
+    .venv/bin/python benchmarks/sim_digests.py [--agents 64] [--set section.key=value]
     PYTHONPATH=/tmp/before/src python benchmarks/sim_digests.py   # the same on another tree
 """
 
@@ -28,10 +28,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=64)
     ap.add_argument("--mal", default="32k")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     for name, system in RUNS:
         config = apply_overrides(
-            preset(name), [f"workload.num_agents={args.agents}", f"workload.mal={args.mal}"]
+            preset(name),
+            [f"workload.num_agents={args.agents}", f"workload.mal={args.mal}", *args.set],
         )
         cluster = build_cluster(config, system, SimConfig())
         run_cluster(cluster)

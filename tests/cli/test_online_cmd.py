@@ -48,6 +48,9 @@ def test_capacity_prints_the_ratio(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "DualPath/Basic capacity ratio" in out
     rows = json.loads((tmp_path / "capacity.json").read_text())
     assert {r["system"] for r in rows} == {"basic", "dualpath"}
+    for r in rows:  # the storage bound: a column and an output line per system
+        assert 0 < r["capacity_aps"] <= r["storage_bound_aps"]
+        assert f"storage bound {r['system']}: capacity" in out
     assert all(len(r["probes"]) == 2 for r in rows)
 
 

@@ -119,6 +119,20 @@ def test_stop_rule_steady_state_after_lookback() -> None:
     assert rule.stopped_at_s == pytest.approx(60.0)
 
 
+def test_stop_rule_no_steady_state_before_the_warmup() -> None:
+    # same constant TTFT, warm-up 100 s: both compared windows must lie after it, so steady
+    # state comes at 100 + 50 + 10 = 160 s, not at 60 s
+    rule = StopRule(window_s=10.0, lookback_s=50.0, rel_tol=0.05, warmup_s=100.0)
+    reason, t, i = None, 0.0, 0
+    while reason is None and t < 300:
+        reason = rule.observe(rec(i, t, 2.0), now_s=t + 2.0)
+        t, i = t + 1.0, i + 1
+    assert reason is StopReason.STEADY_STATE
+    assert rule.stopped_at_s == pytest.approx(160.0)
+    with pytest.raises(ValueError, match=r"StopRule\.warmup_s"):
+        StopRule(warmup_s=-1.0)
+
+
 def test_stop_rule_no_steady_state_while_ttft_drifts() -> None:
     rule = StopRule(window_s=10.0, lookback_s=50.0, rel_tol=0.05)
     # TTFT grows 1 % per second (0.5 s → 2.2 s, under the SLO): the window 50 s earlier is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -111,9 +112,17 @@ def test_prefill_time_and_throughput_are_consistent() -> None:
 def test_decode_roofline_grows_with_context_and_batch() -> None:
     m = MODEL_PRESETS["ds660b"]
     base = cost.decode_step_time_s(m, HW, 32, 32 * 20000, num_gpus=32)
-    # sparse attention reads top-k tokens per request (indexer keys are not modelled as read):
-    # above top-k the step no longer grows with context; below it, it does
-    assert cost.decode_step_time_s(m, HW, 32, 32 * 60000, num_gpus=32) == base
+    # sparse attention reads the KV of top-k tokens per request, and the indexer key of every
+    # token: above top-k the step grows only by the indexer keys, by hand 32 × 40,000 tokens ×
+    # 8,052 B / (3.35 TB/s × 0.8) = 3.846 ms (both steps memory-bound)
+    longer = cost.decode_step_time_s(m, HW, 32, 32 * 60000, num_gpus=32)
+    assert longer - base == pytest.approx(32 * 40_000 * 8_052 / (3.35e12 * 0.8), rel=1e-9)
+    assert longer - base == pytest.approx(3.846e-3, abs=1e-6)
+    # without the indexer key cache (the model before issue 25) it did not grow at all
+    off = replace(m, indexer_key_cache=False)
+    assert cost.decode_step_time_s(off, HW, 32, 32 * 60000, num_gpus=32) == (
+        cost.decode_step_time_s(off, HW, 32, 32 * 20000, num_gpus=32)
+    )
     assert cost.decode_step_time_s(m, HW, 32, 32 * 1000, num_gpus=32) < base
     dense = MODEL_PRESETS["qwen32b"]
     assert cost.decode_step_time_s(dense, HW, 32, 32 * 20000) > cost.decode_step_time_s(
@@ -132,7 +141,8 @@ def test_kv_capacity_accounts_for_weights() -> None:
     ep16 = cost.kv_capacity_tokens(m, HW, 16)
     assert ep32 > ep16 > 0
     free = HW.hbm_bytes - cost.weight_bytes_per_gpu(m, 32) - HW.activation_reserve_bytes
-    assert ep32 == int(free // m.kv_bytes_per_token)
+    # a resident token holds its KV (40,016 B) and its indexer key (8,052 B)
+    assert ep32 == int(free // (m.kv_bytes_per_token + 8_052))
     # DS-V3.2's parameter split adds up to its total
     total = cost.replicated_params(m) + cost.routed_params_total(m)
     assert total == pytest.approx(m.total_params)
@@ -165,3 +175,20 @@ def test_attention_time_fn_is_bit_identical_to_attention_time_s(name: str) -> No
             for _ in range(rng.randint(0, 6))
         ]
         assert fast(pairs) == cost.attention_time_s(model, hw, pairs)
+
+
+def test_indexer_key_bytes_by_hand() -> None:
+    # one FP8 key of indexer_head_dim per token per layer (the indexer's heads are query
+    # heads sharing it) + one FP32 scale per 128 values
+    assert cost.indexer_key_bytes_per_token(MODEL_PRESETS["ds660b"]) == (128 + 4) * 61 == 8_052
+    assert cost.indexer_key_bytes_per_token(MODEL_PRESETS["ds27b"]) == (64 + 4) * 30 == 2_040
+    assert cost.indexer_key_bytes_per_token(MODEL_PRESETS["qwen32b"]) == 0
+    off = replace(MODEL_PRESETS["ds660b"], indexer_key_cache=False)
+    assert cost.indexer_key_bytes_per_token(off) == 0
+    assert cost.hbm_bytes_per_token(off) == off.kv_bytes_per_token
+    # SPEC §10's stored KV (storage reads, loads, sends) does not include it
+    assert MODEL_PRESETS["ds660b"].kv_bytes_per_token == 656 * 61
+    # 64 requests of 33K tokens on one GPU: the indexer keys add 17.0 GB = 6.3 ms per step
+    extra = 64 * 33_000 * 8_052
+    assert extra == pytest.approx(17.0e9, rel=0.01)
+    assert extra / (3.35e12 * 0.8) == pytest.approx(6.34e-3, rel=0.01)

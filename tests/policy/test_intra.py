@@ -40,9 +40,24 @@ def test_cached_tokens_count_in_prediction() -> None:
 
 
 def test_forced_progress_when_one_token_exceeds_quota() -> None:
+    # (1e9 + 1/2)·1 > 3e8: no chunk meets the quota, so the head runs alone and whole (one
+    # pass), not one token per pass for 100 passes
     b = plan([P(1, 10**9, 100), P(2, 0, 10)], 0.3)
-    assert [(c.request_id, c.new, c.is_last) for c in b.chunks] == [(1, 1, False)]
-    assert b.predicted_attention_s > 0.3
+    assert [(c.request_id, c.new, c.is_last) for c in b.chunks] == [(1, 100, True)]
+    assert b.predicted_attention_s == pytest.approx(linear_predict([(10**9, 100)]))
+
+
+def test_head_larger_than_the_kv_budget_is_refused_not_advanced_token_by_token() -> None:
+    # 3500 cached + 1000 new > 4000: its last chunk would hold 4500 tokens of KV; before the
+    # fix it advanced 500 tokens, then one token per pass past the budget
+    with pytest.raises(ValueError, match=r"request 1: cached \+ new = 3500 \+ 1000 tokens"):
+        plan([P(1, 3500, 1000)], None, budget=4000)
+    with pytest.raises(ValueError, match="kv_budget_tokens=4000"):
+        plan([P(1, 4000, 1), P(2, 0, 5)], 0.3, budget=4000)
+    # exactly the budget fits whole; a later request that alone would not fit is chunked
+    # here and refused only when it reaches the head
+    b = plan([P(1, 3000, 1000), P(2, 5000, 10)], None, budget=4000)
+    assert [(c.request_id, c.new, c.is_last) for c in b.chunks] == [(1, 1000, True)]
 
 
 def test_no_quota_takes_whole_queue() -> None:
@@ -95,6 +110,8 @@ items = st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 20_000)), min
 def test_chunks_fit_quota_and_sum_to_requests(raw, quota: float, budget: int | None) -> None:  # type: ignore[no-untyped-def]
     """Plan passes until the queue is empty: each pass fits the quota (or is one forced
     chunk), packs a FIFO prefix, and every request's chunks sum to its new tokens."""
+    if budget is not None:  # a request larger than the budget is refused (its own test)
+        raw = [(min(c, budget // 2), min(n, budget // 2)) for c, n in raw]
     queue = [P(i, c, n) for i, (c, n) in enumerate(raw)]
     done: dict[int, int] = {}
     for _ in range(100_000):
@@ -102,9 +119,9 @@ def test_chunks_fit_quota_and_sum_to_requests(raw, quota: float, budget: int | N
             break
         b = plan(queue, quota, budget)
         assert b.chunks, "no progress"
-        forced = len(b.chunks) == 1 and b.chunks[0].new <= 1
+        forced = len(b.chunks) == 1 and b.chunks[0].is_last
         assert b.predicted_attention_s <= quota or forced
-        if budget is not None and not forced:
+        if budget is not None:
             assert sum(c.cached + c.new for c in b.chunks) <= budget
         assert [c.request_id for c in b.chunks] == [q.request_id for q in queue[: len(b.chunks)]]
         assert all(c.is_last for c in b.chunks[:-1])

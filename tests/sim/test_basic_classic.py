@@ -52,20 +52,21 @@ def test_basic_passes_stay_within_hbm_in_a_run() -> None:
     assert 0 < group.max_batch_tokens <= cap
 
 
-def test_ds660b_64k_basic_batch_is_hbm_capped_at_eleven_turns() -> None:
+def test_ds660b_64k_basic_batch_is_hbm_capped_at_nine_turns() -> None:
     # DS 660B EP16: 80 GB − 58 GB of weights − 6 GB reserve = 16 GB of KV per GPU, i.e.
-    # 16.04e9 / 40,016 B ≈ 400,826 tokens: 11.99 turns of a 64K-MAL context (33K cached + 430
-    # new); +Layer holds one layer at a time, so all 24 queued turns fit in one pass.
+    # 16.04e9 / (40,016 B of KV + 8,052 B of indexer key) ≈ 333,682 tokens: 9.98 turns of a
+    # 64K-MAL context (33K cached + 430 new); +Layer holds one layer at a time, so all 24
+    # queued turns fit in one pass.
     config = small_config("ds660b-2p4d", 2, "64k")
     basic = build_cluster(config, "basic").prefill_groups[0]
     layer = build_cluster(config, "layer").prefill_groups[0]
     cap = cost.kv_capacity_tokens(config.model, config.hardware, len(basic.members))
     assert basic.kv_budget_tokens == cap
-    assert cap == pytest.approx((80e9 - 57.96e9 - 6e9) / 40_016, rel=1e-3)
+    assert cap == pytest.approx((80e9 - 57.96e9 - 6e9) / (40_016 + 8_052), rel=1e-3)
     queue = [PendingPrefill(i, 33_000, 430) for i in range(24)]
     pe = basic.members[0]
     capped = basic.policy.plan_forward(pe, queue, 0.0, basic.kv_budget_tokens).chunks
     lifted = layer.policy.plan_forward(pe, queue, 0.0, layer.kv_budget_tokens).chunks
     assert sum(c.cached + c.new for c in capped) <= cap
-    assert len([c for c in capped if c.new == 430]) == 11  # 400,826 // 33,430 = 11 whole turns
+    assert len([c for c in capped if c.new == 430]) == 9  # 333,682 // 33,430 = 9 whole turns
     assert len(lifted) == 24 and all(c.new == 430 for c in lifted)

@@ -84,6 +84,17 @@ def test_without_steady_stop_runs_to_the_horizon() -> None:
     assert times == sorted(times) and times[-1] == pytest.approx(40.0)
 
 
+def test_a_run_that_must_reach_steady_state_fails_at_the_horizon() -> None:
+    # the same run to the horizon (no steady verdict): passes unless steady state is required
+    # (the paper's rule, which steady_settings switches on)
+    free = dataclasses.replace(SHORT, stop_on_steady=False)
+    assert run_online(_config(), "dualpath", free).passed
+    strict = dataclasses.replace(free, require_steady=True)
+    r = run_online(_config(), "dualpath", strict)
+    assert r.stop_reason == "horizon" and not r.passed
+    assert run_online(_config(), "dualpath", dataclasses.replace(SHORT, require_steady=True)).passed
+
+
 def test_online_run_is_deterministic_and_observer_is_passive() -> None:
     a = run_online(_config(), "dualpath", SHORT)
     b = run_online(_config(), "dualpath", SHORT, spans=True)

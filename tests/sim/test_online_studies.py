@@ -13,7 +13,7 @@ import pytest
 from dualpath.config import apply_overrides, preset
 from dualpath.metrics.chrome_trace import Span
 from dualpath.metrics.slo import SLO
-from dualpath.sim.online import OnlineSettings, run_online
+from dualpath.sim.online import OnlineSettings, run_online, storage_bound
 from dualpath.sim.studies import (
     ablation,
     attention_series,
@@ -50,9 +50,12 @@ def test_capacity_search_brackets_the_slo() -> None:
         max_iter=5,
         on_probe=lambda s, aps, r: seen.append((aps, r.passed)),
     )
-    assert [(p.aps, p.passed) for p in res.probes] == seen
-    passing = [a for a, ok in seen if ok]
-    failing = [a for a, ok in seen if not ok]
+    bound = storage_bound(_config(), "basic").aps
+    # probes above the storage bound fail without a run; the others are the runs seen
+    assert [(p.aps, p.passed) for p in res.probes if p.aps <= bound] == seen
+    assert not any(p.passed for p in res.probes if p.aps > bound)
+    passing = [p.aps for p in res.probes if p.passed]
+    failing = [p.aps for p in res.probes if not p.passed]
     assert passing and failing
     assert max(passing) < min(failing)  # monotone on this seeded setting
     assert res.capacity_aps == max(passing) and res.upper_aps == min(failing)
@@ -140,3 +143,87 @@ def test_trace_replay_at_two_speeds() -> None:
     assert sum(rec.hit_tokens for rec in fast.records) > 0  # the trace's own prefix hits
     with pytest.raises(ValueError, match="trace"):
         load_trace(TRACES / "missing.jsonl", 64)
+
+
+def test_storage_bound_by_hand_and_capacity_above_it_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dualpath.metrics.capacity import CapacityResult
+    from dualpath.models import cost
+    from dualpath.sim import online, studies
+    from dualpath.workload.trajectory import turn_requests
+
+    config = _config("ds660b-2p4d")
+    kv = cost.kv_bytes_per_token(config.model)
+    trajs = online.base_trajectories(config)
+    assert len(trajs) == 16
+    hits = sum(s.hit_tokens for t in trajs for s in turn_requests(t, 64)) * kv / 16
+    basic, dualpath = (
+        online.storage_bound(config, "basic"),
+        online.storage_bound(config, "dualpath"),
+    )
+    assert basic.hit_bytes_per_agent == pytest.approx(hits, rel=1e-12)
+    assert basic.aps == pytest.approx(2 * 50e9 / hits)  # two prefill SNICs
+    assert online.storage_bound(config, "layer").aps == basic.aps
+    assert dualpath.aps == pytest.approx(6 * 50e9 / hits)  # and the four decode SNICs
+    assert online.storage_bound(config, "oracle").aps == float("inf")
+
+    # a search that "finds" more than the bound (a too-short run) is never reported
+    def fake(passes, lo, hi, rel_tol, max_iter):  # type: ignore[no-untyped-def]
+        return CapacityResult(basic.aps * 1.2, basic.aps * 1.3, True, ())
+
+    monkeypatch.setattr(studies, "find_capacity", fake)
+    settings = OnlineSettings(aps=1.0)
+    with pytest.raises(ValueError, match="exceeds the storage bound"):
+        capacity(config, "basic", settings, 0.5, 1.0)
+    # below it, it is
+    monkeypatch.setattr(
+        studies,
+        "find_capacity",
+        lambda *a, **k: CapacityResult(basic.aps * 0.9, basic.aps, True, ()),
+    )
+    assert capacity(config, "basic", settings, 0.5, 1.0).capacity_aps == basic.aps * 0.9
+
+
+def test_steady_settings_cover_the_agents_lives() -> None:
+    from dualpath.metrics.steady import read_warmup_s
+    from dualpath.models import cost
+    from dualpath.sim import online
+    from dualpath.workload.trajectory import turn_requests
+
+    config = _config()
+    base = OnlineSettings(aps=1.0, window_s=60.0, lookback_s=180.0)
+    steady = online.steady_settings(config, base)
+    kv = cost.kv_bytes_per_token(config.model)
+    # each turn as long as the SLO allows: 4 s + (output − 1) × 50 ms
+    agents = [
+        [(4.0 + (s.output_tokens - 1) * 0.05, s.hit_tokens * kv) for s in turn_requests(t, 64)]
+        for t in online.base_trajectories(config)
+    ]
+    assert steady.warmup_s == read_warmup_s(agents, 0.95) > 0
+    assert steady.horizon_s == steady.warmup_s + 2 * (180.0 + 60.0)
+    assert steady.require_steady
+    lives = sorted(sum(d for d, _ in a) for a in agents)
+    assert lives[len(lives) // 2] < steady.warmup_s <= lives[-1]  # past the median life
+    assert steady.stop_rule().warmup_s == steady.warmup_s
+
+
+def test_loads_above_the_storage_bound_fail_without_a_run() -> None:
+    from dualpath.sim import online
+
+    # storage limited to 1 GB/s: the bound is far below any load probed
+    config = _config("ds27b-1p1d", "hardware.storage_read_bytes_per_s=1e9")
+    bound = online.storage_bound(config, "basic")
+    assert bound.read_bytes_per_s == 1e9
+    runs: list[float] = []
+    res = capacity(
+        config,
+        "basic",
+        OnlineSettings(aps=1.0, horizon_s=10.0),
+        4 * bound.aps,
+        8 * bound.aps,
+        max_iter=2,
+        on_probe=lambda s, aps, r: runs.append(aps),
+    )
+    assert runs == []  # nothing simulated
+    assert res.capacity_aps == 0.0 and not any(p.passed for p in res.probes)

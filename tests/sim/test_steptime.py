@@ -3,6 +3,9 @@ fallback to the slow cost model fails here), and dropped when the cost model cha
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+
 import pytest
 
 from dualpath.config import CLUSTER_PRESETS, preset
@@ -56,11 +59,17 @@ def test_step_columns_equal_the_scalar_form_bit_for_bit() -> None:
 
 
 def test_step_columns_across_the_memory_compute_crossover() -> None:
-    """Past the sparse top-k a memory-bound column is one repeated value; windows that end
-    just past the point where compute takes over must still equal the scalar form."""
+    """Without the indexer key cache, past the sparse top-k a memory-bound column is one
+    repeated value; windows that end just past the point where compute takes over must still
+    equal the scalar form. With it (the default) the steps keep growing: no repeated value."""
     c = preset("ds660b-2p4d")
-    f = step_time_fn(c.model, c.hardware, 32)
-    col = step_column_fn(c.model, c.hardware, 32)
+    on_f, on_col = step_time_fn(c.model, c.hardware, 32), step_column_fn(c.model, c.hardware, 32)
+    got = on_col(64, 64 * 5000, 0, 70, 0.0)
+    assert got == [on_f(64, 64 * 5000 + 64 * j) for j in range(70)]
+    assert all(b > a for a, b in itertools.pairwise(got))
+    model = replace(c.model, indexer_key_cache=False)
+    f = step_time_fn(model, c.hardware, 32)
+    col = step_column_fn(model, c.hardware, 32)
     kinds = set()
     for batch in (64, 256):  # (a batch of one stays memory-bound at any context)
         flat = f(batch, batch * 2048)

@@ -9,14 +9,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from dualpath.cli.common import add_config_args
 from dualpath.cli.sim_cmd import build_inputs
+from dualpath.config import Config
 from dualpath.config.sim import parse_systems
 from dualpath.metrics.slo import SLO
-from dualpath.sim.online import OnlineResult, OnlineSettings, run_online
+from dualpath.metrics.steady import STEADY_COVERAGE
+from dualpath.sim.online import (
+    OnlineResult,
+    OnlineSettings,
+    run_online,
+    steady_settings,
+    storage_bound,
+)
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 
@@ -28,7 +37,12 @@ def add_online_args(p: argparse.ArgumentParser, systems: str = "basic,dualpath")
     p.add_argument(
         "--systems", default=systems, help=f"comma-separated systems (default {systems})"
     )
-    p.add_argument("--horizon-s", type=float, default=900.0, help="arrivals and run end (900)")
+    p.add_argument(
+        "--horizon-s",
+        type=float,
+        help="arrivals and run end (online/capacity default: derived so that agents live "
+        "whole lives, see docs/online.md; replay/trace default 900)",
+    )
     p.add_argument("--max-agents", type=int, default=0, help="cap on arriving agents (0 = none)")
     p.add_argument("--window-s", type=float, default=60.0, help="stop-rule window (paper 150)")
     p.add_argument("--lookback-s", type=float, default=180.0, help="steady lookback (paper 1800)")
@@ -39,10 +53,14 @@ def add_online_args(p: argparse.ArgumentParser, systems: str = "basic,dualpath")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def online_settings(args: argparse.Namespace, aps: float = 1.0) -> OnlineSettings:
-    return OnlineSettings(
+def online_settings(
+    args: argparse.Namespace, aps: float = 1.0, config: Config | None = None
+) -> OnlineSettings:
+    """The flags' settings; without ``--horizon-s`` and with ``config`` (online, capacity)
+    the warm-up and horizon are derived from the workload (``steady_settings``)."""
+    settings = OnlineSettings(
         aps=aps,
-        horizon_s=args.horizon_s,
+        horizon_s=900.0 if args.horizon_s is None else args.horizon_s,
         max_agents=args.max_agents,
         window_s=args.window_s,
         lookback_s=args.lookback_s,
@@ -50,6 +68,13 @@ def online_settings(args: argparse.Namespace, aps: float = 1.0) -> OnlineSetting
         slo=SLO(args.ttft_slo, args.tpot_slo),
         stop_on_steady=not args.no_steady_stop,
     )
+    if args.horizon_s is None and config is not None:
+        settings = steady_settings(config, settings)
+        print(
+            f"steady state: warm-up {settings.warmup_s:.0f} s (storage read rate at "
+            f"{STEADY_COVERAGE:.0%} of its steady value), horizon {settings.horizon_s:.0f} s"
+        )
+    return settings
 
 
 def latency_row(r: OnlineResult) -> dict[str, Any]:
@@ -98,7 +123,7 @@ def _write(out: str | None, name: str, payload: Any) -> None:
 # ---------------------------------------------------------------------- online
 def run_online_cmd(args: argparse.Namespace) -> int:
     config, sim = build_inputs(args)
-    settings = online_settings(args, args.aps)
+    settings = online_settings(args, args.aps, config)
     rows = []
     for system in parse_systems(args.systems):
         rows.append(latency_row(run_online(config, system, settings, sim)))
@@ -122,7 +147,7 @@ def run_capacity_cmd(args: argparse.Namespace) -> int:
     from dualpath.sim.studies import capacity
 
     config, sim = build_inputs(args)
-    settings = online_settings(args)
+    settings = online_settings(args, 1.0, config)
     systems = parse_systems(args.systems)
     if not 0 < args.lo < args.hi:
         raise ValueError(f"--lo={args.lo} / --hi={args.hi} is invalid: must be 0 < lo < hi")
@@ -131,15 +156,39 @@ def run_capacity_cmd(args: argparse.Namespace) -> int:
 
     def hook(system: str, aps: float, r: OnlineResult) -> None:
         bar.update(1)
-        bar.set_postfix_str(f"{system} {aps:.3g} APS {'pass' if r.passed else 'fail'}")
+        verdict = "pass" if r.passed else "fail"
+        bar.set_postfix_str(f"{system} {aps:.3g} APS {verdict}")
+        if args.no_progress:  # one line per probe instead of the bar
+            print(
+                f"  probe {system} {aps:.4g} APS: {verdict} (stop {r.stop_reason} at "
+                f"{r.stopped_at_s:.0f} s, TTFT {r.slo_check.ttft_s:.3f} s, TPOT "
+                f"{r.slo_check.tpot_s * 1e3:.1f} ms, {r.num_agents} agents)",
+                flush=True,
+            )
 
     for system in systems:
         res = capacity(
             config, system, settings, args.lo, args.hi, args.tol, args.max_probes, sim, hook
         )
-        rows.append({"setting": config.name, "system": system, **res.to_dict()})
+        bound = storage_bound(config, system)
+        rows.append(
+            {
+                "setting": config.name,
+                "system": system,
+                **res.to_dict(),
+                "storage_bound_aps": None if math.isinf(bound.aps) else bound.aps,
+            }
+        )
     bar.close()
-    print_rows(rows, ["setting", "system", "capacity_aps", "upper_aps", "converged"])
+    print_rows(
+        rows, ["setting", "system", "capacity_aps", "upper_aps", "converged", "storage_bound_aps"]
+    )
+    for r in rows:  # studies.capacity has already refused any capacity above its bound
+        print(
+            f"storage bound {r['system']}: capacity {r['capacity_aps']:.4g} APS <= "
+            f"{_fmt(r['storage_bound_aps'])} APS (arrival rate x hit bytes per agent <= "
+            "SNIC read bandwidth): ok"
+        )
     by = {r["system"]: r["capacity_aps"] for r in rows}
     if by.get("basic") and "dualpath" in by:
         print(f"DualPath/Basic capacity ratio: {by['dualpath'] / by['basic']:.2f}x")

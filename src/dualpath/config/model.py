@@ -37,6 +37,8 @@ class ModelConfig:
     sparse_topk: int = 2048  # MLA_SPARSE: tokens each query attends to
     indexer_heads: int = 64  # MLA_SPARSE lightning indexer
     indexer_head_dim: int = 128
+    # MLA_SPARSE: decode reads (and HBM holds) the indexer's key cache (docs/calibration.md)
+    indexer_key_cache: bool = True
     active_params: float = 37e9
     total_params: float = 671e9
     num_routed_experts: int = 256

@@ -35,6 +35,13 @@ class SimConfig:
     event at most (1 = one event per step). ``persist_interval_s``: a decode node starts a
     persistence write at most this often (writes gate nothing; batching saves flows).
     ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
+    ``classic_read_ahead_requests`` / ``classic_read_ahead_bytes``: how far a non-layerwise
+    (classic, Basic) PE's storage reads may run ahead of its HBM admission, in requests or in
+    read bytes per PE (either allowance; ``inf`` bytes: reads start at assignment, bounded
+    only by the PE buffer). Default 0 / 0: the classic engine allocates HBM for a request
+    before it reads the request's KV (the paper's Fig. 12 TTFT breakdown puts allocation
+    before reading; vLLM's KV connectors load external KV into blocks the scheduler has
+    allocated). Layerwise systems read into the PE buffer as the paper sizes it.
     """
 
     systems: str = "basic,dualpath,oracle"
@@ -49,6 +56,8 @@ class SimConfig:
     persistence: bool = True
     persist_interval_s: float = 1.0  # a decode node starts a persistence write at most this often
     max_sim_s: float = 0.0
+    classic_read_ahead_requests: int = 0  # per classic PE, beyond the HBM-admitted requests
+    classic_read_ahead_bytes: float = 0.0  # per classic PE, beyond the HBM-admitted requests
     out_dir: str = ""  # "" = runs/<deterministic name from the config>
 
     def __post_init__(self) -> None:
@@ -69,6 +78,19 @@ class SimConfig:
         )
         non_negative("sim.max_sim_s", self.max_sim_s)
         non_negative("sim.persist_interval_s", self.persist_interval_s)
+        require(
+            isinstance(self.classic_read_ahead_requests, int)
+            and self.classic_read_ahead_requests >= 0,
+            "sim.classic_read_ahead_requests",
+            self.classic_read_ahead_requests,
+            "an integer >= 0",
+        )
+        require(
+            self.classic_read_ahead_bytes >= 0,
+            "sim.classic_read_ahead_bytes",
+            self.classic_read_ahead_bytes,
+            ">= 0 (inf: reads start at assignment)",
+        )
         if self.max_sim_s:
             positive("sim.max_sim_s", self.max_sim_s)
 

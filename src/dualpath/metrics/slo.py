@@ -123,9 +123,9 @@ class StopRule:
     After each observation, over the turns observed in (now - window_s, now]:
     - TTFT_OVER_SLO / TPOT_OVER_SLO: the statistic (``quantile``, mean by default) of TTFT
       (resp. TPOT) exceeds the SLO, once the window holds ≥ ``min_samples`` turns;
-    - STEADY_STATE: once now ≥ first arrival + lookback_s + window_s, the window's mean TTFT
-      is within ``rel_tol`` (relative) of the mean over the same-length window ending
-      ``lookback_s`` earlier (paper: 150 s window, 30 min lookback, 5 %).
+    - STEADY_STATE: once now ≥ max(first arrival, ``warmup_s``) + lookback_s + window_s, the
+      window's mean TTFT is within ``rel_tol`` (relative) of the mean over the same-length
+      window ending ``lookback_s`` earlier (paper: 150 s window, 30 min lookback, 5 %).
     An SLO break wins over steady state. The first reason latches: later calls return it.
     """
 
@@ -137,8 +137,10 @@ class StopRule:
         rel_tol: float = 0.05,
         quantile: float | None = None,
         min_samples: int = 1,
+        warmup_s: float = 0.0,
     ) -> None:
         positive("StopRule.window_s", window_s)
+        require(warmup_s >= 0, "StopRule.warmup_s", warmup_s, ">= 0")
         positive("StopRule.lookback_s", lookback_s)
         require(rel_tol >= 0, "StopRule.rel_tol", rel_tol, ">= 0")
         require(min_samples >= 1, "StopRule.min_samples", min_samples, ">= 1")
@@ -149,6 +151,7 @@ class StopRule:
         self.rel_tol = rel_tol
         self.quantile = quantile
         self.min_samples = min_samples
+        self.warmup_s = warmup_s
         self._ttft = _Series()
         self._tpot = _Series()
         self._first_arrival_s = math.inf
@@ -179,7 +182,7 @@ class StopRule:
         tpot, num_tpot = self._tpot.stat(lo, now, self.quantile)
         if num_tpot >= self.min_samples and tpot > self.slo.tpot_s:
             return StopReason.TPOT_OVER_SLO
-        if now < self._first_arrival_s + self.lookback_s + self.window_s:
+        if now < max(self._first_arrival_s, self.warmup_s) + self.lookback_s + self.window_s:
             return None
         current, _ = self._ttft.mean(lo, now)
         past, num_past = self._ttft.mean(lo - self.lookback_s, now - self.lookback_s)

@@ -49,6 +49,33 @@ def full_block_bytes(model: ModelConfig, block_tokens: int) -> int:
     return model.kv_bytes_per_token * block_tokens
 
 
+# DeepSeek-V3.2's lightning indexer caches one key per token per layer: its query heads
+# (``indexer_heads``) share that key (MQA), so the key is ``indexer_head_dim`` FP8 values plus
+# one FP32 scale per block of 128 values (DeepSeek-V3.2-Exp inference/model.py, ``Indexer``:
+# ``k_cache`` float8_e4m3 of head_dim, ``k_scale_cache`` float32 of head_dim // 128; the same
+# 128 + 4 B layout in SGLang's and LightLLM's V3.2 indexer caches).
+INDEXER_KEY_DTYPE_BYTES = 1  # FP8
+INDEXER_KEY_SCALE_BYTES = 4  # FP32, one per quantisation block
+INDEXER_KEY_QUANT_BLOCK = 128  # values per scale
+
+
+def indexer_key_bytes_per_token(model: ModelConfig) -> int:
+    """Indexer key-cache bytes of one token over all layers (0 unless ``MLA_SPARSE`` with
+    ``model.indexer_key_cache``): DS 660B (128 + 4) × 61 = 8,052 B; DS 27B (64 + 4) × 30 =
+    2,040 B. Not part of ``kv_bytes_per_token`` (SPEC §3/§10 size the stored KV without it:
+    storage reads, loads and sends do not move it, docs/calibration.md "Indexer keys")."""
+    if model.attention_kind is not AttentionKind.MLA_SPARSE or not model.indexer_key_cache:
+        return 0
+    dim = model.indexer_head_dim
+    scales = -(-dim // INDEXER_KEY_QUANT_BLOCK)
+    return (dim * INDEXER_KEY_DTYPE_BYTES + scales * INDEXER_KEY_SCALE_BYTES) * model.num_layers
+
+
+def hbm_bytes_per_token(model: ModelConfig) -> int:
+    """HBM one resident token takes: its KV plus its indexer key (sparse models)."""
+    return kv_bytes_per_token(model) + indexer_key_bytes_per_token(model)
+
+
 # ---------------------------------------------------------------- parameters
 def moe_layers(model: ModelConfig) -> int:
     return model.num_layers - model.num_dense_layers if model.is_moe else 0
@@ -235,21 +262,23 @@ def weight_bytes_per_gpu(model: ModelConfig, num_gpus: int) -> float:
 
 
 def kv_capacity_tokens(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> int:
-    """KV tokens that fit in one GPU's HBM after weights and the activation reserve."""
+    """KV tokens that fit in one GPU's HBM after weights and the activation reserve (a token
+    takes ``hbm_bytes_per_token``: its KV and, on sparse models, its indexer key)."""
     free = hw.hbm_bytes - weight_bytes_per_gpu(model, num_gpus) - hw.activation_reserve_bytes
-    return max(0, int(free // kv_bytes_per_token(model)))
+    return max(0, int(free // hbm_bytes_per_token(model)))
 
 
 def _decode_kv_read_bytes(model: ModelConfig, batch_size: int, context_tokens: int) -> float:
-    """KV bytes one decode step reads for a batch holding ``context_tokens`` tokens in total."""
+    """KV bytes one decode step reads for a batch holding ``context_tokens`` tokens in total:
+    sparse models read the KV of at most ``sparse_topk`` tokens per request and the indexer
+    key of every token of the context (the indexer scores every earlier token each step,
+    docs/calibration.md "Indexer keys")."""
     per_token = kv_bytes_per_token(model)
     if model.attention_kind is not AttentionKind.MLA_SPARSE or batch_size == 0:
         return float(context_tokens) * per_token
     mean_ctx = context_tokens / batch_size
-    # Only the KV SPEC §3/§10 stores (656 B/token/layer) is read: the lightning indexer's key
-    # cache is neither stored, loaded nor transferred in this model, so decode does not read it
-    # either (docs/calibration.md, "Indexer keys"); its scoring FLOPs still count.
-    return batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
+    kv = batch_size * min(mean_ctx, float(model.sparse_topk)) * per_token
+    return kv + float(context_tokens) * indexer_key_bytes_per_token(model)
 
 
 # ---------------------------------------------------------------- latency terms

@@ -27,11 +27,23 @@ def pack_forward(
 
     The first request that does not fit whole is chunked to the largest ``bsz'`` that fits
     (binary search; the predictor is monotone in ``bsz``) and packing stops: the rest stays
-    at the head. Progress is guaranteed: if nothing fits, the head contributes one chunk of
-    one token (or its whole zero-token remainder) and the batch may exceed the quota.
+    at the head. Progress is guaranteed: the head always fits the budget whole (a head whose
+    cached + new tokens exceed ``kv_budget_tokens`` is refused with a ValueError: every chunk
+    attends over all earlier KV, so no chunking lets it run within the budget), and if not
+    even one of its tokens fits the quota, chunking cannot meet the quota, so the head runs
+    alone with its whole remainder (the batch then exceeds the quota).
     """
     if kv_budget_tokens is not None and kv_budget_tokens < 0:
         raise ValueError(f"kv_budget_tokens={kv_budget_tokens} is invalid: must be >= 0 or None")
+    if queue and kv_budget_tokens is not None:
+        head = queue[0]
+        if head.cached + head.new > kv_budget_tokens:
+            raise ValueError(
+                f"request {head.request_id}: cached + new = {head.cached} + {head.new} tokens "
+                f"exceeds kv_budget_tokens={kv_budget_tokens} (engine {engine_id}); a "
+                "non-layerwise pass holds all of a request's KV, and chunking does not "
+                "shrink it: the request cannot be prefilled on this engine"
+            )
     pairs: list[tuple[int, int]] = []
     chunks: list[Chunk] = []
     resident = 0
@@ -51,11 +63,10 @@ def pack_forward(
         resident += cached + take
         if take < new:
             break
-    if not chunks and queue:
+    if not chunks and queue:  # not one token of the head fits the quota
         head = queue[0]
-        take = min(1, head.new)
-        pairs.append((head.cached, take))
-        chunks.append(Chunk(head.request_id, head.cached, take, is_last=take == head.new))
+        pairs.append((head.cached, head.new))
+        chunks.append(Chunk(head.request_id, head.cached, head.new, is_last=True))
     predicted = predict(pairs) if pairs else 0.0
     return ForwardBatch(engine_id, tuple(chunks), predicted)
 

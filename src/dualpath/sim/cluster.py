@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 
 from dualpath.config import Config
 from dualpath.config.sim import SimConfig
@@ -127,6 +128,8 @@ class Cluster:
                 collectives=sim.collectives,
                 on_prefill_done=self._on_prefill_done,
                 events=self.events,
+                read_ahead_requests=sim.classic_read_ahead_requests,
+                read_ahead_bytes=sim.classic_read_ahead_bytes,
             )
             for members in pe_groups
         ]
@@ -160,6 +163,18 @@ class Cluster:
             raise ValueError(f"agent_id={agent_id} is invalid: added twice")
         if not turns:
             raise ValueError(f"agent {agent_id}: no turns")
+        budgets = [g.kv_budget_tokens for g in self.prefill_groups if g.kv_budget_tokens]
+        if budgets:  # refused up front, not mid-run
+            budget = min(budgets)
+            big = max(turns, key=lambda t: t.prompt_tokens)
+            if big.prompt_tokens > budget:
+                raise ValueError(
+                    f"agent {agent_id}, turn {big.turn_index}: prompt_tokens="
+                    f"{big.prompt_tokens} exceeds a PE's HBM KV budget of {budget} tokens; "
+                    f"system {self.system.name!r} is not layerwise, so a PE holds the whole "
+                    "prompt's KV in HBM during its pass and cannot prefill this turn "
+                    "(chunking does not shrink it; use a layerwise system or more HBM)"
+                )
         self._agents[agent_id] = (turns, [0])
         self.num_turns_total += len(turns)
         self.loop.at(
@@ -224,12 +239,17 @@ class Cluster:
     def _assign(self, a: Assign) -> None:
         req = self.reqs[a.request_id]
         reads = self.ledger.assign(req, a, self.loop.now, read=not self.system.oracle)
+        group = self.prefill_group_of[a.pe]
         if not reads:
-            self.prefill_group_of[a.pe].add_ready(req)
+            group.offer(req, 0.0, None)
             return
         kvpt = self.kv_per_token
         req.pe_buffer_bytes = a.pe_read_tokens * kvpt
         req.de_buffer_bytes += a.de_read_tokens * kvpt
+        group.offer(req, sum(t for _, t in reads) * kvpt, partial(self._start_reads, req, reads))
+
+    def _start_reads(self, req: Req, reads: list[tuple[int, int]]) -> None:
+        kvpt = self.kv_per_token
         for node, tokens in reads:
             self.node_ios[node].enqueue(req, tokens, tokens * kvpt)
 
@@ -238,7 +258,7 @@ class Cluster:
 
     def _on_read_done(self, req: Req, node: int) -> None:
         if self.ledger.read_done(req, node, self.loop.now):
-            self.prefill_group_of[req.pe].add_ready(req)
+            self.prefill_group_of[req.pe].read_done(req)
 
     def _on_prefill_done(self, req: Req) -> None:
         now = self.loop.now

@@ -47,6 +47,11 @@ class NodeIO:
         # for buffer space (a diagnostic; it changes no timing).
         self.buffer_blocked_s = 0.0
         self._blocked_since: float | None = None
+        # SNIC time lost to a classic PE's HBM admission: no read in flight or queued while
+        # requests of the node's PEs wait for HBM before they may read (a diagnostic).
+        self.hbm_waiting = 0
+        self.hbm_blocked_s = 0.0
+        self._hbm_since: float | None = None
 
     def enqueue(self, req: Req, tokens: int, size_bytes: float) -> None:
         """Queue a read of ``tokens`` hit tokens (``size_bytes`` of Full Blocks) for ``req``."""
@@ -65,8 +70,26 @@ class NodeIO:
             self.buffer_used_bytes = 0.0
         self.pump()
 
+    def note_hbm_waiting(self, delta: int) -> None:
+        """``delta`` more (or fewer) requests of this node's PEs wait for HBM to read."""
+        self.hbm_waiting += delta
+        self._note_hbm()
+
+    def _note_hbm(self) -> None:
+        idle = self.hbm_waiting > 0 and self.in_flight == 0 and not self.queue
+        if idle and self._hbm_since is None:
+            self._hbm_since = self.transfers.loop.now
+        elif not idle and self._hbm_since is not None:
+            self.hbm_blocked_s += self.transfers.loop.now - self._hbm_since
+            self._hbm_since = None
+
     def pump(self) -> None:
         """Start queued reads, in FIFO order, while slots and buffer space allow."""
+        self._pump()
+        if self.hbm_waiting or self._hbm_since is not None:
+            self._note_hbm()
+
+    def _pump(self) -> None:
         queue = self.queue
         while queue and self.in_flight < self.reads_at_once:
             req, tokens, size = queue[0]

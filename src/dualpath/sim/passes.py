@@ -53,6 +53,7 @@ class AggregatePass:
         plan: PassPlan,
         layerwise: bool,
         on_done: Callable[[], None],
+        on_loaded: Callable[[], None] | None = None,
     ) -> None:
         self.loop = loop
         self.transfers = transfers
@@ -60,6 +61,7 @@ class AggregatePass:
         self.plan = plan
         self.layerwise = layerwise
         self.on_done = on_done
+        self.on_loaded = on_loaded  # classic path: the batch's KV is in HBM
         self.t0 = 0.0
         self.load_s = 0.0
         self.flows: list[Transfer] = []
@@ -127,6 +129,8 @@ class AggregatePass:
         """Classic path (SPEC §8/§11): the whole batch's KV is in HBM; compute (and the
         collective) runs, and only after the forward pass is the KV sent to the DE."""
         self.load_s = self._stage_s(_LOADS)
+        if self.on_loaded is not None:
+            self.on_loaded()
         self.t0 = self.loop.now
         collective = self.plan.collective
         self.ends = {}

@@ -19,6 +19,7 @@ from dualpath.ledger import EventBus, ForwardDone, ForwardStarted, Ledger
 from dualpath.models import cost
 from dualpath.policy.base import PendingPrefill, Policy
 from dualpath.policy.commands import Chunk
+from dualpath.sim.admission import HbmAdmission
 from dualpath.sim.events import EventLoop, Priority
 from dualpath.sim.fabric import Fabric
 from dualpath.sim.node_io import NodeIO
@@ -78,6 +79,8 @@ class PrefillGroup:
         collectives: bool,
         on_prefill_done: Callable[[Req], None],
         events: EventBus | None = None,
+        read_ahead_requests: int = 0,
+        read_ahead_bytes: float = 0.0,
     ) -> None:
         self.members = members
         self.loop = loop
@@ -103,6 +106,20 @@ class PrefillGroup:
             None if layerwise else cost.kv_capacity_tokens(model, hw, len(members))
         )
         self.queues: dict[int, deque[Req]] = {pe: deque() for pe in members}
+        # The classic engine reads a request's hit KV only once its HBM is reserved.
+        self.admission: dict[int, HbmAdmission] = {}
+        if self.kv_budget_tokens is not None:
+            budget = self.kv_budget_tokens
+            for pe in members:
+                node = node_ios[fabric.topology.node_of(pe)]
+                self.admission[pe] = HbmAdmission(
+                    pe,
+                    budget,
+                    read_ahead_requests,
+                    read_ahead_bytes,
+                    self.add_ready,
+                    node.note_hbm_waiting,
+                )
         self.busy = False
         self.kicked = False
         self.num_passes = 0
@@ -116,6 +133,26 @@ class PrefillGroup:
         self.collective_ideal_s = 0.0  # ... at the full CNIC rate
 
     # ------------------------------------------------------------------ intake
+    def offer(self, req: Req, read_bytes: float, start: Callable[[], None] | None) -> None:
+        """``req`` was assigned to one of this group's PEs; ``start`` starts its storage
+        reads (None: nothing to read). Layerwise: the reads start now (the PE buffer bounds
+        them); classic: once the PE's HBM admission lets them."""
+        admission = self.admission.get(req.pe)
+        if admission is not None:
+            admission.offer(req, read_bytes, start)
+        elif start is not None:
+            start()
+        else:
+            self.add_ready(req)
+
+    def read_done(self, req: Req) -> None:
+        """All of ``req``'s storage reads landed."""
+        admission = self.admission.get(req.pe)
+        if admission is not None:
+            admission.read_done(req)
+        else:
+            self.add_ready(req)
+
     def add_ready(self, req: Req) -> None:
         """``req``'s hit KV is in a buffer: it joins its PE's local FIFO queue."""
         self.queues[req.pe].append(req)
@@ -219,12 +256,30 @@ class PrefillGroup:
             PerLayerPass(self.loop, self.transfers, layers, plan, self._end_pass).start()
         else:
             agg = AggregatePass(
-                self.loop, self.transfers, layers, plan, self.layerwise, self._end_pass
+                self.loop,
+                self.transfers,
+                layers,
+                plan,
+                self.layerwise,
+                self._end_pass,
+                None if self.layerwise else self._release_pe_buffers,
             )
             self._aggregate = agg
             agg.start()
         if plan.collective:
             self.collective_ideal_s += plan.collective[2] / self.hw.cnic_bytes_per_s
+
+    def _release_pe_buffers(self) -> None:
+        """Classic pass: its loads landed, the batch's hit KV is in HBM (reserved at
+        admission), so the PE buffer no longer holds it (layerwise passes free it at the end
+        of the request's prefill: its Layer Blocks move during the whole pass)."""
+        for pe, chunks in self._batches:
+            node = self.node_ios[self.fabric.topology.node_of(pe)]
+            for c in chunks:
+                req = self.reqs[c.request_id]
+                if req.pe_buffer_bytes:
+                    node.release(req.pe_buffer_bytes)
+                    req.pe_buffer_bytes = 0.0
 
     def _end_pass(self) -> None:
         batches = self._batches
@@ -252,6 +307,9 @@ class PrefillGroup:
         self.busy = False
         for req in done:
             self.on_prefill_done(req)
+        if self.admission:  # the classic pass ends after its send: free the batch's HBM
+            for req in done:
+                self.admission[req.pe].release(req)
         if any(self.queues[pe] for pe in self.members):
             self.kick()
 

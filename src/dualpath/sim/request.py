@@ -9,8 +9,8 @@ from dualpath.ledger import Turn
 class Req(Turn):
     """``cached_tokens``: KV that exists (hits, then computed chunks);
     ``remaining_new_tokens``: prompt tokens still to compute; ``pe_buffer_bytes`` /
-    ``de_buffer_bytes``: held in the PE buffer until prefill ends / in the DE buffer until
-    the H2D copy ends."""
+    ``de_buffer_bytes``: held in the PE buffer until prefill ends (classic passes: until the
+    pass's loads into HBM land) / in the DE buffer until the H2D copy ends."""
 
     __slots__ = ("cached_tokens", "de_buffer_bytes", "pe_buffer_bytes", "remaining_new_tokens")
 

@@ -29,6 +29,7 @@ StepColumn = Callable[[int, int, int, int, float], list[float]]
 def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> tuple[StepTime, StepColumn]:
     sparse = model.attention_kind is AttentionKind.MLA_SPARSE
     per_token = float(cost.kv_bytes_per_token(model))
+    index_key = float(cost.indexer_key_bytes_per_token(model))  # read over the whole context
     topk = float(model.sparse_topk)
     weight_bytes = cost.weight_bytes_per_gpu(model, num_gpus)
     bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
@@ -44,7 +45,7 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> tuple[StepTi
         if batch <= 0:
             return 0.0
         if sparse:
-            kv = batch * min(context / batch, topk) * per_token
+            kv = batch * min(context / batch, topk) * per_token + float(context) * index_key
         else:
             kv = float(context) * per_token
         mean = context // batch
@@ -59,10 +60,11 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> tuple[StepTi
         """``[step_time_s(batch, context + batch·j) + extra for j in range(start, stop)]``,
         the same arithmetic inlined (``batch`` > 0)."""
         weights, linear = weight_bytes, linear_per_token * batch
-        if sparse and stop > start and (context + batch * start) // batch >= cap:
-            # past the top-k every step reads the same KV (memory time constant) and compute
-            # grows with the context: if the last step is still memory-bound, all are, and
-            # every step time is the same float
+        if sparse and not index_key and stop > start and (context + batch * start) // batch >= cap:
+            # past the top-k every step reads the same KV (memory time constant; not with the
+            # indexer keys, read over the growing context) and compute grows with the
+            # context: if the last step is still memory-bound, all are, and every step time
+            # is the same float
             kv = batch * min((context + batch * start) / batch, topk) * per_token
             memory_s = (weights + kv * kv_slowdown) / bandwidth
             mean = (context + batch * (stop - 1)) // batch
@@ -74,7 +76,7 @@ def _fast(model: ModelConfig, hw: HardwareConfig, num_gpus: int) -> tuple[StepTi
             c = context + batch * j
             mean = c // batch
             if sparse:
-                kv = batch * min(c / batch, topk) * per_token
+                kv = batch * min(c / batch, topk) * per_token + float(c) * index_key
                 main_pairs = mean + 1.0 if mean < cap else float(cap)
             else:
                 kv = float(c) * per_token

@@ -15,7 +15,13 @@ from dualpath.metrics.balance import windowed_max_over_avg
 from dualpath.metrics.breakdown import attention_balance, rates_from_counters
 from dualpath.metrics.capacity import CapacityResult, find_capacity
 from dualpath.sim.cluster import Cluster
-from dualpath.sim.online import OnlineResult, OnlineSettings, run_built, run_online
+from dualpath.sim.online import (
+    OnlineResult,
+    OnlineSettings,
+    run_built,
+    run_online,
+    storage_bound,
+)
 from dualpath.sim.runner import simulate
 from dualpath.workload import TurnSpec
 from dualpath.workload.mooncake import TraceRequest, load_mooncake
@@ -36,15 +42,24 @@ def capacity(
     on_probe: ProbeHook | None = None,
 ) -> CapacityResult:
     """Highest APS at which an online run of ``system`` meets the SLO (bisection; each probe
-    is one seeded run of ``settings`` with its ``aps`` replaced)."""
+    is one seeded run of ``settings`` with its ``aps`` replaced). A load above the system's
+    storage bound (``online.storage_bound``) fails without a run: arrivals there outpace the
+    SNICs, so no steady state exists (a finite run of closed-loop agents only shows the
+    backlog growing slowly: the population grows at λ − bound). ValueError if the capacity
+    found still exceeds the bound (a guard: it is never reported)."""
+    bound = storage_bound(config, system)
 
     def passes(aps: float) -> bool:
+        if aps > bound.aps:
+            return False
         result = run_online(config, system, dataclasses.replace(settings, aps=aps), sim)
         if on_probe is not None:
             on_probe(system, aps, result)
         return result.passed
 
-    return find_capacity(passes, lo_aps, hi_aps, rel_tol, max_iter)
+    result = find_capacity(passes, lo_aps, hi_aps, rel_tol, max_iter)
+    bound.check(result.capacity_aps, f"{config.name} {system}")
+    return result
 
 
 def ablation(
