@@ -130,9 +130,10 @@ class Chooser:
         """Write the grammar's allowed tokens into ``row`` (an int32 bitmask row)."""
         m = self.matcher
         if m.is_error():  # cannot happen under the mask; end the request rather than guess
-            row.zero_()
             eos = self.params.stop_token_ids if self.params else ()
-            for t in eos[:1]:
+            if eos:  # (never none: a grammar with ignore_eos is refused by the API)
+                t = eos[0]
+                row.zero_()
                 row[t // 32] = 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
             return
         m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())

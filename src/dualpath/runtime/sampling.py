@@ -91,10 +91,3 @@ def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Ge
         choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=generator)
         return int(order[choice])
     return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def pick(logits: Tensor, params: SamplingParams | None, generator: torch.Generator | None) -> int:
-    """``sample`` with ``params``, or argmax when the request has none (greedy)."""
-    if params is None or generator is None or params.temperature <= 0.0:
-        return int(logits.argmax())
-    return sample(logits, params.temperature, params.top_p, generator)
