@@ -145,6 +145,9 @@ def test_streaming_equals_non_streaming_greedy(ray_server: RayServer) -> None:
     msgs = [{"role": "user", "content": "Run the tests and summarise the failure."}]
     kw: dict[str, Any] = dict(model=MODEL, messages=msgs, max_tokens=10, temperature=0,
                               extra_body={"ignore_eos": True})  # fmt: skip
+    # warm the cache first: the runs compared below then prefill the same uncached tail (a
+    # cold and a cached prefill compute in other shapes, and need not agree to the last bit)
+    client.chat.completions.create(**kw)
     whole = client.chat.completions.create(**kw)
     assert whole.usage is not None and whole.usage.completion_tokens == 10
     chunks = list(

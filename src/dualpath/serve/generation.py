@@ -48,7 +48,15 @@ class TextStream:
         return self._flush(len(self._text) - hold)
 
     def finish(self) -> str:
-        """The held-back tail, once generation ended without a stop string."""
+        """The held-back tail, once generation ended without a stop string: the text held for
+        stop strings, and tokens still waiting to complete a UTF-8 sequence, decoded as the
+        tokenizer decodes them (U+FFFD for the incomplete bytes), so the whole answer is the
+        decode of its tokens, streamed or not."""
+        if not self.stopped and self._read < len(self._ids):
+            before = self._tok.decode(self._ids[self._prefix : self._read])
+            after = self._tok.decode(self._ids[self._prefix :])
+            self._text += after[len(before) :]
+            self._prefix = self._read = len(self._ids)
         return self._flush(len(self._text))
 
     def _flush(self, upto: int) -> str:
