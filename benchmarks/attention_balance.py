@@ -35,6 +35,9 @@ def _measure(name: str, agents: int, mal: str, system: str, extra: list[str]) ->
     half = [per_gpu for t, per_gpu in observer.attention if t < jct / 2]
     ratios = sorted(max_over_avg(p) for p in half)
     n = max(1, len(ratios))
+    quota = config.scheduler.compute_quota_s
+    # passes in which the quota bound: the busiest GPU was filled to ≥ 90% of it
+    bound = [max_over_avg(p) for p in half if quota and max(p) >= 0.9 * quota]
     return {
         "jct_s": jct,
         "passes": len(half),
@@ -44,7 +47,12 @@ def _measure(name: str, agents: int, mal: str, system: str, extra: list[str]) ->
         "idle_gpu_share": sum(1 for p in half if min(p) == 0.0) / n,
         "gpus_with_work": math.fsum(sum(1 for x in p if x > 0) for p in half) / n,
         "max_attention_ms": 1e3 * math.fsum(max(p) for p in half) / n,
-        "quota_ms": 1e3 * (config.scheduler.compute_quota_s or 0.0),
+        "quota_ms": 1e3 * (quota or 0.0),
+        "bound_share": len(bound) / n,
+        "bound_mean": math.fsum(bound) / len(bound) if bound else math.nan,
+        # the best a planner could do without moving work between GPUs: every GPU with
+        # work runs the same time, the idle ones none (16 / GPUs with work)
+        "floor": math.fsum(len(p) / max(1, sum(1 for x in p if x > 0)) for p in half) / n,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -66,7 +74,9 @@ def main() -> None:
                 f"attention max/avg mean {r['mean']:.2f} p50 {r['p50']:.2f} p90 {r['p90']:.2f}  "
                 f"passes with an idle GPU {r['idle_gpu_share']:.0%}  GPUs with work "
                 f"{r['gpus_with_work']:.1f}  busiest GPU {r['max_attention_ms']:.1f} ms "
-                f"(quota {r['quota_ms']:.0f} ms)  wall {r['wall_s']:.0f} s",
+                f"(quota {r['quota_ms']:.0f} ms)  quota-bound passes {r['bound_share']:.0%} "
+                f"max/avg there {r['bound_mean']:.2f}  no-move floor {r['floor']:.2f}  "
+                f"wall {r['wall_s']:.0f} s",
                 flush=True,
             )
 

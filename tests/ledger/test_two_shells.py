@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dualpath.config import Config, preset
+from dualpath.config import Config, apply_overrides, preset
 from dualpath.config.sim import SimConfig
 from dualpath.config.systems import system_spec
 from dualpath.ledger import (
@@ -234,3 +234,17 @@ def test_recount_fails_on_a_misreported_turn() -> None:
     with pytest.raises(AssertionError):
         for _, expected, recorded in recount(records, Topology.from_config(config)):
             assert expected == recorded
+
+
+def test_a_median_balanced_journal_replays_with_its_caps() -> None:
+    """``scheduler.pass_balance=median``: the simulator's group plans go through
+    ``Ledger.plan_group``; a capped plan is journalled with its cap and replays."""
+    cfg = apply_overrides(_config(), ["scheduler.pass_balance=median"])
+    records, config = _sim_journal(cfg, _trajectories(cfg))
+    _check(records, config)
+    capped = [r for r in records if r["op"] == "plan" and "cap" in r]
+    assert capped, "no pass of the 2-PE group was capped"
+    for r in capped:
+        r["cap"] = r["cap"] * 1e6  # a cap above the quota: the recorded chunking does not follow
+    with pytest.raises(ReplayMismatch, match="plan"):
+        replay(records, Topology.from_config(config), make_policy(config))

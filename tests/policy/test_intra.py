@@ -136,3 +136,47 @@ def test_chunks_fit_quota_and_sum_to_requests(raw, quota: float, budget: int | N
             )
     assert not queue
     assert done == {i: n for i, (_, n) in enumerate(raw)}
+
+
+def test_median_cap_is_the_median_of_the_busy_gpus_at_least_the_floor() -> None:
+    from dualpath.policy.intra import median_cap
+
+    assert median_cap([0.0, 0.1, 0.02, 0.05], 0.0) == 0.05  # busy: 0.02, 0.05, 0.1
+    assert median_cap([0.0, 0.1, 0.02, 0.05, 0.3], 0.0) == 0.05  # even count: the lower one
+    assert median_cap([0.3, 0.1], 0.0) == 0.1  # of two: the shorter
+    assert median_cap([0.0, 0.1, 0.02, 0.05], 0.08) == 0.08  # never below the floor
+    assert median_cap([0.0, 0.4, 0.0], 0.0) is None  # one busy GPU: nothing to balance
+    assert median_cap([], 0.0) is None
+
+
+def test_median_balance_chunks_the_busiest_gpus_to_the_median() -> None:
+    # linear_predict: (0, 40k) = 0.8 s, (0, 10k) = 0.05 s, (0, 20k) = 0.2 s; quota 1 s
+    queues = {0: [P(1, 0, 40_000)], 1: [P(2, 0, 10_000)], 2: [P(3, 0, 20_000)], 3: []}
+    quota = policy("dualpath", compute_quota_s=1.0).plan_group(queues, 0.0)
+    assert quota.per_gpu_s == pytest.approx((0.8, 0.05, 0.2, 0.0))
+    even = policy("dualpath", compute_quota_s=1.0, pass_balance="median").plan_group(queues, 0.0)
+    # cap = the median of 0.05, 0.2, 0.8 = 0.2: request 1 runs its first 20,000 tokens
+    # (b²/2 · 1e-9 ≤ 0.2), the others whole
+    got = [[(c.request_id, c.cached, c.new, c.is_last) for c in b.chunks] for b in even.batches]
+    assert got == [[(1, 0, 20_000, False)], [(2, 0, 10_000, True)], [(3, 0, 20_000, True)], []]
+    assert even.per_gpu_s == pytest.approx((0.2, 0.05, 0.2, 0.0))
+    assert even.bubble_ratio < quota.bubble_ratio
+    floored = policy("dualpath", compute_quota_s=1.0, pass_balance="median",
+                     balance_floor_s=0.5).plan_group(queues, 0.0)  # fmt: skip
+    assert floored.batches[0].chunks[0].new == 31_622  # largest b with b²/2 ≤ 5e8
+    assert floored.batches[2].chunks[0].new == 20_000  # below the cap: unchanged
+
+
+def test_baselines_do_not_balance_passes() -> None:
+    queues = {0: [P(1, 0, 40_000)], 1: [P(2, 0, 10_000)]}
+    g = policy("dpl", pass_balance="median").plan_group(queues, 0.0)
+    assert [b.chunks[0].new for b in g.batches] == [40_000, 10_000]
+
+
+def test_pass_balance_must_be_known() -> None:
+    from dualpath.config import apply_overrides, preset
+
+    with pytest.raises(ValueError, match="pass_balance"):
+        policy("dualpath", pass_balance="mean")
+    with pytest.raises(ValueError, match=r"scheduler\.pass_balance"):
+        apply_overrides(preset("tiny-1p1d"), ["scheduler.pass_balance=even"])

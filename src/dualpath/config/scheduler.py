@@ -9,6 +9,7 @@ from dualpath.config.systems import POLICY_NAMES
 
 ENGINE_CHOICES = ("round_robin", "least_loaded")
 READ_TIE_BREAKS = ("pe", "least_read")
+PASS_BALANCES = ("quota", "median")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +35,16 @@ class SchedulerConfig:
     # storage NICs have read fewer bytes so far ("least_read")
     read_tie_break: str = "least_read"
     record_decisions: bool = False  # keep a decision trace (JSONL-able)
+    # beyond the paper: "quota" packs each PE of an EP group to the compute quota (SPEC §7.2);
+    # "median" then caps every PE of the pass at the median predicted attention time of the
+    # PEs with work (never below a pass's fixed overheads): docs/policy.md, "Pass balance"
+    pass_balance: str = "quota"
 
     def __post_init__(self) -> None:
         one_of("scheduler.policy", self.policy, ("", *POLICY_NAMES))
         one_of("scheduler.basic_engine_choice", self.basic_engine_choice, ENGINE_CHOICES)
         one_of("scheduler.read_tie_break", self.read_tie_break, READ_TIE_BREAKS)
+        one_of("scheduler.pass_balance", self.pass_balance, PASS_BALANCES)
         positive("scheduler.alpha_read_s", self.alpha_read_s)
         positive("scheduler.beta_prefill_s", self.beta_prefill_s)
         require(self.alpha_tokens >= 0, "scheduler.alpha_tokens", self.alpha_tokens, ">= 0")

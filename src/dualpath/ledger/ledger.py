@@ -18,7 +18,7 @@ the same inputs to a fresh ledger and policy and check that they decide the same
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dualpath.ledger.events import (
@@ -209,15 +209,40 @@ class Ledger:
         pending: Sequence[PendingPrefill],
         now: float,
         budget: int | None,
+        cap_s: float | None = None,
     ) -> ForwardBatch:
         """PE ``pe``'s next forward pass over its ``pending`` queue (``policy.plan_forward``)."""
-        batch = policy.plan_forward(pe, pending, now, budget)
+        batch = policy.plan_forward(pe, pending, now, budget, cap_s)
         if self.journal is not None:
-            self.journal({"op": "plan", "t": now, "pe": pe, "budget": budget,
-                          "pending": [[p.request_id, p.cached, p.new] for p in pending],
-                          "chunks": [[c.request_id, c.cached, c.new, c.is_last]
-                                     for c in batch.chunks]})  # fmt: skip
+            rec: dict[str, Any] = {"op": "plan", "t": now, "pe": pe, "budget": budget,
+                                   "pending": [[p.request_id, p.cached, p.new] for p in pending],
+                                   "chunks": [[c.request_id, c.cached, c.new, c.is_last]
+                                              for c in batch.chunks]}  # fmt: skip
+            if cap_s is not None:
+                rec["cap"] = cap_s
+            self.journal(rec)
         return batch
+
+    def plan_group(
+        self,
+        policy: Policy,
+        queues: Mapping[int, tuple[Sequence[PendingPrefill], int | None]],
+        now: float,
+    ) -> list[tuple[int, ForwardBatch]]:
+        """The next pass of an EP group: every PE with a queue (``queues``: PE → its pending
+        queue and HBM budget) planned to the quota, then those above ``policy.balance_cap``
+        of the predictions planned again under it. PEs in id order."""
+        order = sorted(queues)
+        plans = [self.plan(policy, pe, queues[pe][0], now, queues[pe][1]) for pe in order]
+        cap = policy.balance_cap([b.predicted_attention_s for b in plans])
+        if cap is not None:
+            plans = [
+                self.plan(policy, pe, queues[pe][0], now, queues[pe][1], cap)
+                if b.predicted_attention_s > cap
+                else b
+                for pe, b in zip(order, plans, strict=True)
+            ]
+        return list(zip(order, plans, strict=True))
 
     def assign(self, turn: Turn, a: Assign, now: float, read: bool = True) -> list[tuple[int, int]]:
         """The policy's ``Assign`` for ``turn``: counts it on its PE and DE and returns the

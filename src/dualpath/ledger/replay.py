@@ -92,7 +92,7 @@ def replay(records: Iterable[Mapping[str, Any]], topology: Topology, policy: Pol
             ledger.assign(turns[rec["a"][0]], _assign(rec["a"]), t, rec["read"])
         elif op == "plan":
             pending = [PendingPrefill(*p) for p in rec["pending"]]
-            batch = policy.plan_forward(rec["pe"], pending, t, rec["budget"])
+            batch = policy.plan_forward(rec["pe"], pending, t, rec["budget"], rec.get("cap"))
             again = [[c.request_id, c.cached, c.new, c.is_last] for c in batch.chunks]
             if again != rec["chunks"]:
                 raise ReplayMismatch(f"{where}: plan {again} != recorded {rec['chunks']}")

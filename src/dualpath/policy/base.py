@@ -50,11 +50,18 @@ class Policy(Protocol):
         queue: Sequence[PendingPrefill],
         now: float,
         kv_budget_tokens: int | None = None,
+        cap_s: float | None = None,
     ) -> ForwardBatch:
         """Pack the next forward pass of PE ``engine_id`` from the FIFO ``queue``.
 
         ``kv_budget_tokens`` (non-layerwise systems): at most this many cached + new tokens
-        may be resident in HBM for the batch."""
+        may be resident in HBM for the batch. ``cap_s``: a predicted attention time below
+        the compute quota that this pass must also stay within (``balance_cap``)."""
+        ...
+
+    def balance_cap(self, predicted: Sequence[float]) -> float | None:
+        """Given the predicted attention time of every PE of an EP group's next pass (each
+        packed to the quota), the cap the PEs above it are re-planned under, or None."""
         ...
 
     @property

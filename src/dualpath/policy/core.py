@@ -13,7 +13,13 @@ from typing import Any
 from dualpath.policy.base import PendingPrefill
 from dualpath.policy.commands import Assign, ForwardBatch
 from dualpath.policy.decode import DecodeRule, Held, Placed
-from dualpath.policy.intra import GroupForwardPlan, Predictor, pack_forward, plan_group
+from dualpath.policy.intra import (
+    GroupForwardPlan,
+    Predictor,
+    median_cap,
+    pack_forward,
+    plan_group,
+)
 from dualpath.policy.params import PolicyParams
 from dualpath.policy.prefill import PrefillRule
 from dualpath.policy.side import SideRule
@@ -146,10 +152,17 @@ class PolicyCore:
         queue: Sequence[PendingPrefill],
         now: float,
         kv_budget_tokens: int | None = None,
+        cap_s: float | None = None,
     ) -> ForwardBatch:
-        return pack_forward(
-            engine_id, queue, self._predict, self.params.compute_quota_s, kv_budget_tokens
-        )
+        quota = self.params.compute_quota_s
+        if cap_s is not None:
+            quota = cap_s if quota is None else min(quota, cap_s)
+        return pack_forward(engine_id, queue, self._predict, quota, kv_budget_tokens)
+
+    def balance_cap(self, predicted: Sequence[float]) -> float | None:
+        if self.params.pass_balance == "median":
+            return median_cap(predicted, self.params.balance_floor_s)
+        return None
 
     def plan_group(
         self,
@@ -158,7 +171,11 @@ class PolicyCore:
         kv_budget_tokens: int | None = None,
     ) -> GroupForwardPlan:
         """Every PE of an EP group plans its next pass; per-GPU predictions and bubble ratio."""
-        return plan_group(lambda e, q: self.plan_forward(e, q, now, kv_budget_tokens), queues)
+        return plan_group(
+            lambda e, q, cap: self.plan_forward(e, q, now, kv_budget_tokens, cap),
+            queues,
+            self.balance_cap,
+        )
 
     def decisions(self) -> list[dict[str, Any]]:
         return list(self._trace.records)

@@ -126,9 +126,33 @@ class GroupForwardPlan:
         return sum(peak - t for t in self.per_gpu_s)
 
 
+def median_cap(predicted: Sequence[float], floor_s: float) -> float | None:
+    """The attention cap of a ``pass_balance="median"`` pass: the median of the predicted
+    attention times of the PEs with work (the lower one of an even count: of two, the
+    shorter), at least ``floor_s``. None when fewer than two PEs have work (nothing to
+    balance against)."""
+    busy = sorted(t for t in predicted if t > 0.0)
+    if len(busy) < 2:
+        return None
+    return max(busy[(len(busy) - 1) // 2], floor_s)
+
+
 def plan_group(
-    plan_one: Callable[[int, Sequence[PendingPrefill]], ForwardBatch],
+    plan_one: Callable[[int, Sequence[PendingPrefill], float | None], ForwardBatch],
     queues: Mapping[int, Sequence[PendingPrefill]],
+    cap: Callable[[Sequence[float]], float | None] = lambda _: None,
 ) -> GroupForwardPlan:
-    """Plan every engine's next forward pass with ``plan_one`` (engine id, queue)."""
-    return GroupForwardPlan(tuple(plan_one(e, queues[e]) for e in sorted(queues)))
+    """Plan every engine's next forward pass with ``plan_one(engine id, queue, cap_s)``: first
+    each to the quota (``cap_s`` None); then, where ``cap`` of the predicted times gives a
+    cap, the engines above it again under that cap (the rest of their queue waits)."""
+    engines = sorted(queues)
+    first = [plan_one(e, queues[e], None) for e in engines]
+    limit = cap([b.predicted_attention_s for b in first])
+    if limit is None:
+        return GroupForwardPlan(tuple(first))
+    return GroupForwardPlan(
+        tuple(
+            plan_one(e, queues[e], limit) if b.predicted_attention_s > limit else b
+            for e, b in zip(engines, first, strict=True)
+        )
+    )

@@ -22,6 +22,8 @@ class PolicyParams:
     ``beta_tokens`` (β): a PE whose unfinished prompt tokens exceed this is overloaded.
     ``compute_quota_s``: predicted attention time allowed per PE forward pass (None = no quota).
     ``typical_prompt_tokens``: the prompt length β was derived at (0 when β was given).
+    ``pass_balance``: "quota" (SPEC §7.2) or "median" (each pass of an EP group capped at the
+    median predicted attention of its PEs with work, never below ``balance_floor_s``).
     """
 
     alpha_tokens: int
@@ -33,6 +35,8 @@ class PolicyParams:
     record_decisions: bool = False
     typical_prompt_tokens: int = 0
     read_tie_break: str = "least_read"
+    pass_balance: str = "quota"
+    balance_floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.alpha_tokens < 0:
@@ -51,6 +55,12 @@ class PolicyParams:
             raise ValueError(
                 f"read_tie_break={self.read_tie_break!r} is invalid: must be 'pe' or 'least_read'"
             )
+        if self.pass_balance not in ("quota", "median"):
+            raise ValueError(
+                f"pass_balance={self.pass_balance!r} is invalid: must be 'quota' or 'median'"
+            )
+        if not self.balance_floor_s >= 0.0:
+            raise ValueError(f"balance_floor_s={self.balance_floor_s} is invalid: must be >= 0")
         if self.typical_prompt_tokens < 0:
             raise ValueError(
                 f"typical_prompt_tokens={self.typical_prompt_tokens} is invalid: must be >= 0"
@@ -95,4 +105,14 @@ def params_from_config(config: Config, *, compute_quota: bool = True) -> PolicyP
         record_decisions=sched.record_decisions,
         typical_prompt_tokens=prompt,
         read_tie_break=sched.read_tie_break,
+        pass_balance=sched.pass_balance,
+        balance_floor_s=pass_overhead_s(config),
     )
+
+
+def pass_overhead_s(config: Config) -> float:
+    """A prefill pass's token-independent overheads (per pass + per layer; no EP latency,
+    which depends on the group): the floor of a ``pass_balance="median"`` cap, below which a
+    capped pass would spend more on overheads than the attention it defers."""
+    hw = config.hardware
+    return hw.prefill_pass_overhead_s + hw.prefill_layer_overhead_s * config.model.num_layers

@@ -64,7 +64,8 @@ def build_policy(
             params.read_tie_break,
         )
         return PolicyCore(name, params, prefill, decode, side, predict, _layerwise(name))
-    no_quota = replace(params, compute_quota_s=None)
+    # the intra-engine rules (quota, pass balance) are DualPath's (SPEC §13.7)
+    no_quota = replace(params, compute_quota_s=None, pass_balance="quota")
     prefill = _baseline_prefill(params, engine_choice)
     decode = SimpleDecode(engine_choice)
     rule = "round_robin" if name == "dpl" else "pe"

@@ -444,7 +444,7 @@ class Scheduler:
         if any(e in self.in_pass for e in members):
             return
         now = self.now()
-        planned: list[tuple[int, ForwardBatch]] = []
+        queues: dict[int, tuple[tuple[PendingPrefill, ...], int | None]] = {}
         for e in members:
             rids = self.pe_queue[e]
             if not self.env.options.batching:
@@ -455,8 +455,9 @@ class Scheduler:
                 PendingPrefill(r, self.reqs[r].kv_tokens, len(self.reqs[r].tokens) - self.reqs[r].kv_tokens)
                 for r in rids
             )  # fmt: skip
-            budget = self.kv_budget_tokens(pending)
-            batch = self.ledger.plan(self.policy, e, pending, now, budget)
+            queues[e] = (pending, self.kv_budget_tokens(pending))
+        planned: list[tuple[int, ForwardBatch]] = []
+        for e, batch in self.ledger.plan_group(self.policy, queues, now):
             if not batch.chunks:
                 raise RuntimeFailure(f"PE {e}: queued requests but plan_forward planned nothing")
             self.in_pass[e] = batch

@@ -167,17 +167,13 @@ class PrefillGroup:
 
     # ------------------------------------------------------------------ planning
     def _plan_batches(self) -> list[tuple[int, tuple[Chunk, ...]]]:
-        now = self.loop.now
-        out = []
-        for pe in self.members:
-            queue = self.queues[pe]
-            if not queue:
-                continue
-            pending = PendingQueue(queue)
-            batch = self.ledger.plan(self.policy, pe, pending, now, self.kv_budget_tokens)
-            if batch.chunks:
-                out.append((pe, batch.chunks))
-        return out
+        queues = {
+            pe: (PendingQueue(self.queues[pe]), self.kv_budget_tokens)
+            for pe in self.members
+            if self.queues[pe]
+        }
+        planned = self.ledger.plan_group(self.policy, queues, self.loop.now)
+        return [(pe, batch.chunks) for pe, batch in planned if batch.chunks]
 
     def _make_plan(self, batches: list[tuple[int, tuple[Chunk, ...]]]) -> PassPlan:
         model, hw, fabric, kvpt = self.model, self.hw, self.fabric, self.kv_per_token
