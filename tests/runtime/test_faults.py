@@ -15,7 +15,7 @@ from dualpath.runtime.kvstore import BlockLayout, KVStore, KVStoreError
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
-from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.workload.scripts import agent_scripts, small_trajectories
 
 from .conftest import reference_outputs, small_config
 

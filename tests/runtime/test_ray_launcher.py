@@ -19,7 +19,7 @@ from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.ray_launcher import LOCAL_TEMP_PARENT, LOCAL_TEMP_PREFIX, ray_session
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
-from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.workload.scripts import agent_scripts, small_trajectories
 
 from .conftest import reference_outputs, small_config
 
@@ -104,6 +104,9 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
     assert len(result.records) == 6  # every turn finished exactly once
     sides = {r.read_side for r in result.records if r.hit_tokens}
     assert sides == {"pe", "de"}  # both paths; DE reads reach the PE from the other node
-    assert result.bytes_by_path["de_read"] > 0 and result.bytes_by_path["pe_to_de_buffer"] > 0
+    assert (
+        result.bytes_by_path["storage_to_de_buffer"] > 0
+        and result.bytes_by_path["pe_hbm_to_de_buffer"] > 0
+    )
     assert not launcher.procs  # closed: every actor killed
     assert not [s.name for s in specs if Path("/dev/shm", s.name).exists()]  # buffers unlinked

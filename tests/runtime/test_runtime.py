@@ -13,9 +13,9 @@ from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
-from dualpath.runtime.workload import agent_scripts, small_trajectories
 from dualpath.types import TrafficClass
 from dualpath.workload import persisted_tokens
+from dualpath.workload.scripts import agent_scripts, small_trajectories
 
 from .conftest import assert_no_processes, reference_outputs, replay_ledger_log, small_config
 
@@ -57,7 +57,10 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
         assert r.hit_tokens == min(done, (r.prompt_tokens - 1) // 64 * 64)
     sides = {r.read_side for r in first.records if r.hit_tokens}
     assert sides == {"pe", "de"}  # both load paths carried hit KV
-    assert first.bytes_by_path["pe_read"] > 0 and first.bytes_by_path["de_read"] > 0
+    assert (
+        first.bytes_by_path["storage_to_pe_buffer"] > 0
+        and first.bytes_by_path["storage_to_de_buffer"] > 0
+    )
     # damage the store: flip a byte of agent 0's first block, delete agent 1's second block
     ns = kv_namespace(cfg, opts.weight_seed)
     store = KVStore(
@@ -228,7 +231,7 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
         pids = rt.pids()
     assert_no_processes(pids)
     assert result.outputs == want
-    assert result.bytes_by_path["pe_to_de_buffer"] > 0
+    assert result.bytes_by_path["pe_hbm_to_de_buffer"] > 0
 
 
 def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
@@ -323,16 +326,19 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
 
     pe_tx, pe_rx = ["pe0@node0.tx", "pe1@node0.tx"], ["pe0@node0.rx", "pe1@node0.rx"]
     de_tx, de_rx = ["de2@node1.tx", "de3@node1.tx"], ["de2@node1.rx", "de3@node1.rx"]
-    assert paths["pe_to_de_buffer"] > 0 and paths["persisted"] > 0
-    assert total(pe_rx) == paths["layer_blocks_to_pe"]  # every Layer Block load
+    assert paths["pe_hbm_to_de_buffer"] > 0 and paths["de_to_storage"] > 0
+    assert total(pe_rx) == paths["buffer_to_pe_hbm"]  # every Layer Block load
     # the DE node's CNICs carry the PEs' sends too (both ends charged), plus the DEs'
     # loopback H2D and persist copies (both directions of their own CNIC)
-    assert total(de_rx) == paths["pe_to_de_buffer"] + paths["de_buffer_to_hbm"] + paths["persisted"]
+    assert (
+        total(de_rx)
+        == paths["pe_hbm_to_de_buffer"] + paths["de_buffer_to_de_hbm"] + paths["de_to_storage"]
+    )
     # every byte left through one tx: a PE's (its sends, loopback loads from the PE buffer)
     # or a DE's (loads from the DE buffer, loopback H2D and persist copies)
-    sent = sum(paths[k] for k in ("pe_to_de_buffer", "layer_blocks_to_pe", "de_buffer_to_hbm"))
-    sent += paths["persisted"]
+    sent = sum(paths[k] for k in ("pe_hbm_to_de_buffer", "buffer_to_pe_hbm", "de_buffer_to_de_hbm"))
+    sent += paths["de_to_storage"]
     assert total(pe_tx) + total(de_tx) == sent
-    assert total(de_tx) > paths["persisted"]  # the DE read path carried layer loads
+    assert total(de_tx) > paths["de_to_storage"]  # the DE read path carried layer loads
     assert links["dram@node1"].bytes_by_class[low] >= total(de_rx)  # DRAM paced per node
     assert links["dram@node0"].bytes_by_class[low] > 0

@@ -71,8 +71,10 @@ def test_small_bench_run_reports_metrics(
     assert "oracle" in text and "SNIC utilisation" in text and "JCT basic / oracle" in text
     data = json.loads(out.read_text())
     assert data["basic"]["num_turns"] == data["oracle"]["num_turns"] == 4
-    assert data["basic"]["bytes_by_path"]["persisted"] > 0
-    assert data["basic"]["bytes_by_path"]["de_read"] == 0  # Basic reads on the PE side only
+    assert data["basic"]["bytes_by_path"]["de_to_storage"] > 0
+    assert (
+        data["basic"]["bytes_by_path"]["storage_to_de_buffer"] == 0
+    )  # Basic reads on the PE side only
     assert data["oracle"]["snic_aggregate_utilisation"] is None  # unpaced: no figure
     assert not list((tmp_path / "kv").iterdir())  # per-system stores are removed
 

@@ -178,13 +178,13 @@ def test_second_turn_hits_kv_that_crossed_nodes(ray_server: RayServer) -> None:
     deadline = time.monotonic() + 10  # the runtime's counters reach /metrics every 0.5 s
     read = 0.0
     while time.monotonic() < deadline and not read:
-        read = ray_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + ray_server.metric(
-            'dualpath:kv_bytes_total{path="de_read"}'
-        )
+        read = ray_server.metric(
+            'dualpath:kv_bytes_total{path="storage_to_pe_buffer"}'
+        ) + ray_server.metric('dualpath:kv_bytes_total{path="storage_to_de_buffer"}')
         time.sleep(0.1)
     assert read > 0  # the hit KV was read from the store through a SNIC
     # PE (node 0) → DE buffer (node 1): over TCP between the two Ray nodes
-    assert ray_server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
+    assert ray_server.metric('dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}') > 0
 
 
 def test_sigterm_exits_0_and_leaves_no_process_or_actor(ray_server: RayServer) -> None:

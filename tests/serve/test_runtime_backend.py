@@ -95,12 +95,12 @@ def test_second_turn_reports_cached_prompt_tokens(rt_server: ServerProc) -> None
     # the hit KV was read from the store through a SNIC (PE or DE side) and sent PE → DE
     # (the runtime's counters reach /metrics with its next stats snapshot: every 0.5 s)
     time.sleep(1.2)
-    read = rt_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + rt_server.metric(
-        'dualpath:kv_bytes_total{path="de_read"}'
-    )
+    read = rt_server.metric(
+        'dualpath:kv_bytes_total{path="storage_to_pe_buffer"}'
+    ) + rt_server.metric('dualpath:kv_bytes_total{path="storage_to_de_buffer"}')
     assert read >= cached * 4 * 2 * 2 * 64 * 4  # layers × (K, V) × kv_heads × head_dim × 4 B
-    assert rt_server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
-    assert rt_server.metric('dualpath:kv_bytes_total{path="persist"}') > 0
+    assert rt_server.metric('dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}') > 0
+    assert rt_server.metric('dualpath:kv_bytes_total{path="de_to_storage"}') > 0
 
 
 def test_sampling_is_seeded_and_stop_strings_cut_the_text(rt_server: ServerProc) -> None:
@@ -185,7 +185,7 @@ def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> Non
         'dualpath:nic_utilization{nic="snic_node0_read"}',
         'dualpath:nic_utilization{nic="cnic_engine0_tx"}',
         'dualpath:queue_length{queue="policy_waiting"}',
-        'dualpath:kv_bytes_total{path="pd_transfer"}',
+        'dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}',
         "dualpath:num_preemptions_total",
     ):
         assert name in text, name

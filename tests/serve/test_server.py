@@ -182,7 +182,7 @@ def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
         "dualpath:num_requests_running",
         "dualpath:num_requests_waiting",
         "dualpath:prefix_cache_hit_ratio",
-        'dualpath:kv_bytes_total{path="pd_transfer"}',
+        'dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}',
         "dualpath:request_success_total",
     ):
         assert name in text, name
