@@ -1,7 +1,7 @@
 """Shared helpers for runtime tests: a small 1P1D config and reference (recomputed) outputs.
 
 Without torch only the tests of the pure runtime modules (``TORCH_FREE``) are collected;
-``test_torch_free.py`` runs them with torch blocked, so they stay torch-free.
+``test_torch_free.py`` checks statically that importing them runs no torch.
 """
 
 from __future__ import annotations

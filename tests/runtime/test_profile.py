@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pytest.importorskip("torch")
@@ -30,7 +32,8 @@ def test_profile_gives_positive_timings_the_fit_accepts() -> None:
     ]
     assert [(s.context_tokens, s.batch) for s in prof.decode] == [(64, 1), (256, 1), (128, 3)]
     assert all(s.seconds > 0 for s in prof.prefill + prof.decode)  # type: ignore[operator]
-    assert prof.memory_bytes_per_s > 1e8  # any host copies faster than 100 MB/s
+    # a measured rate (its size is this host's: benchmarks/bench_host.py reports it)
+    assert math.isfinite(prof.memory_bytes_per_s) and prof.memory_bytes_per_s > 0
     f = fit(cfg.model, prof.prefill, prof.decode, prof.memory_bytes_per_s)
     hw = calibrated_hardware(cfg.hardware, cfg.model, f)
     assert 0 < hw.kv_read_efficiency <= 1 and hw.gpu_bf16_flops > 0

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from dualpath.ledger import Topology
-from dualpath.metrics import TurnRecord
-from dualpath.runtime.env import ProcEnv
 from dualpath.types import KVPath
+
+if TYPE_CHECKING:  # types only: the result module stays importable without the runtime extra
+    from dualpath.ledger import Topology
+    from dualpath.metrics import TurnRecord
+    from dualpath.runtime.env import ProcEnv
 
 
 class RunCounters(Protocol):

@@ -161,7 +161,7 @@ class StorageWorker:
                   f"({self.num_failed} dropped so far)", file=sys.stderr)  # fmt: skip
 
     def serve(self, inbox: Any) -> None:
-        writer = threading.Thread(target=self._write_loop, name="persist", daemon=True)
+        writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
         writer.start()
         self.env.results.put(ReadyMsg(self.name, os.getpid(), self.region))
         try:
