@@ -265,25 +265,16 @@ BIG = BlockLayout(2, 64, 64)  # payload above one header page: the injected fail
     ids=["retried", "dropped", "full-disk-not-retried"],
 )
 def test_failed_persist_is_retried_and_leaves_no_temporary_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int, code: int, attempts: int
+    tmp_path: Path, failures: int, code: int, attempts: int
 ) -> None:
     from dualpath.runtime import storage
 
-    monkeypatch.setattr(kvs, "_write_all", kvs._write_all)  # restored after the test
-    storage.inject_write_failures(failures, code)
-    tried = []
-    real_write = KVStore.write_block
-
-    def counting(self: KVStore, key: str, payload: memoryview | bytes) -> bool:
-        tried.append(key)
-        return real_write(self, key, payload)
-
-    monkeypatch.setattr(KVStore, "write_block", counting)
-    store = KVStore(tmp_path, BIG, namespace="disk")
+    fault = storage.FailingWrites(failures, code)
+    store = KVStore(tmp_path, BIG, namespace="disk", write_fn=fault)
     payload = memoryview(bytes(range(256)) * (BIG.full_block_bytes // 256))
     err = storage.persist_with_retry(store, "ef" * 16, payload, attempts=3, backoff_s=0.001)
     assert [p.name for p in tmp_path.rglob("*.tmp")] == []
-    assert len(tried) == attempts  # ENOSPC: dropped at once (a retry frees no space)
+    assert fault.attempts == attempts  # ENOSPC: dropped at once (a retry frees no space)
     if failures == -1 or code == errno.ENOSPC:
         assert err is not None and err.errno == code
         assert err.__traceback__ is None  # its frames would pin views of the node buffer
@@ -295,9 +286,7 @@ def test_failed_persist_is_retried_and_leaves_no_temporary_file(
         assert out == payload
 
 
-def test_failed_persist_leaves_the_node_buffer_closable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_persist_leaves_the_node_buffer_closable(tmp_path: Path) -> None:
     """The shutdown ``BufferError`` after a full disk: a failed write's traceback kept views of
     the node buffer's slots alive (a frame ↔ exception cycle), so its shared memory could not
     be closed. Garbage collection is off, as it may well not have run before shutdown."""
@@ -308,9 +297,7 @@ def test_failed_persist_leaves_the_node_buffer_closable(
     from dualpath.runtime import storage
     from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 
-    monkeypatch.setattr(kvs, "_write_all", kvs._write_all)
-    storage.inject_write_failures(-1)
-    store = KVStore(tmp_path, BIG, namespace="disk")
+    store = KVStore(tmp_path, BIG, namespace="disk", write_fn=storage.FailingWrites(-1))
     spec = BufferSpec(f"dpt-{uuid.uuid4().hex[:12]}", 2, BIG.full_block_bytes)
     buffer = SlotBuffer.create(spec, threading.Lock())
     gc.disable()
