@@ -53,6 +53,7 @@ def _trajectories(cfg: Config) -> list[Trajectory]:
 
 
 def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[list[Any], Config]:
+    pytest.importorskip("torch")  # the runtime's engines (the simulator's tests need none)
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.runtime.session import LocalRuntime
     from dualpath.workload.scripts import agent_scripts

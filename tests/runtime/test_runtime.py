@@ -15,22 +15,18 @@ from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
 from dualpath.types import TrafficClass
 from dualpath.workload import persisted_tokens
-from dualpath.workload.scripts import agent_scripts, small_trajectories
+from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
 
 from .conftest import assert_no_processes, reference_outputs, replay_ledger_log, small_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.runtime]
 
 
-def _agents(num_agents: int, num_turns: int, seed: int = 0) -> list[AgentState]:
+def _agents(num_agents: int, num_turns: int, seed: int = 0) -> list[AgentScript]:
     cfg = small_config()
     wl = replace(cfg.workload, num_agents=num_agents, seed=seed)
     trajs = small_trajectories(wl, 64, num_turns=num_turns, token_scale=0.15, max_gen_tokens=6)
     return agent_scripts(trajs, cfg.model.vocab_size, seed)
-
-
-def _fresh(agents: list[AgentState]) -> list[AgentState]:
-    return [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
 
 
 def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path) -> None:
@@ -39,7 +35,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path))  # alternates PE / DE reads
     with LocalRuntime(cfg, opts) as rt:
-        first = rt.run(_fresh(agents))
+        first = rt.run(agents)
         pids = rt.pids()
         sched = rt.scheduler
         with pytest.raises(ValueError, match="unknown agent"):
@@ -75,7 +71,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     store.path(corrupt).write_bytes(bytes(raw))
     store.path(missing).unlink()
     with LocalRuntime(cfg, replace(opts, system="basic")) as rt:  # restart: store persisted
-        again = rt.run(_fresh(agents))
+        again = rt.run(agents)
     assert again.outputs == want  # damaged blocks were recomputed, never used
     by_turn = {(r.agent_id, r.turn_index): r for r in again.records}
     assert by_turn[(0, 0)].hit_tokens == 0  # corrupt first block: nothing usable
@@ -99,7 +95,7 @@ def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_en
     with LocalRuntime(cfg, opts) as rt:
         assert rt.scheduler.topo.kind_of(crash_engine).value == ("pe" if crash_engine < 2 else "de")
         rt.scheduler.record_ledger(str(log))
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         pids = rt.pids()
         resolved = rt.config
     assert_no_processes(pids)
@@ -121,7 +117,7 @@ def test_batched_chunked_paged_passes_give_recompute_tokens(tmp_path: Path, syst
     opts = RuntimeOptions(system=system, kv_root=str(tmp_path), hbm_tokens=hbm_tokens)
     with LocalRuntime(cfg, opts) as rt:
         rt.scheduler.record_ledger(str(log))
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         resolved = rt.config
         free = dict(rt.scheduler.free_pages)
     assert result.outputs == want  # batched, chunked, paged: same tokens as recompute
@@ -175,7 +171,7 @@ def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> Non
     slots = -(-longest // 64) + 1  # room for one request at a time plus one persist slot
     opts = RuntimeOptions(kv_root=str(tmp_path), buffer_slots=slots, hbm_tokens=2048)  # paged
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
     assert result.outputs == want  # chunked and paged under backpressure: recompute's tokens
     assert result.chunked > 0
     assert len(result.records) == 6
@@ -227,7 +223,7 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="mooncake")
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         pids = rt.pids()
     assert_no_processes(pids)
     assert result.outputs == want
@@ -245,7 +241,7 @@ def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
     cfg = small_config()
     script = _agents(1, 1, seed=7)[0]
     prompt, n = script.appends[0], 8
-    want = reference_outputs(cfg, [AgentState(0, (prompt,), (n,))])[0][0]
+    want = reference_outputs(cfg, [AgentScript(0, (prompt,), (n,))])[0][0]
     seen: dict[int, list[tuple[tuple[int, ...], bool]]] = {}
 
     def cb(rid: int, toks: tuple[int, ...], done: bool) -> None:
@@ -303,7 +299,7 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(kv_root=str(tmp_path), transfer_window=2, pe_hbm_tokens=1024)
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         links = rt.launcher.link_stats()
         free = dict(rt.scheduler.free_pages)
     # batched, chunked, paged (a small PE pool), both load paths, the exchange, a window of 2:

@@ -96,7 +96,10 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while len(_tagged(tag)) < 5 and time.monotonic() < deadline:  # parent + 4 children
         time.sleep(0.2)
-    time.sleep(1.0)
+    # mid-run: the first turn's blocks are in the store (not a guessed pause)
+    while not any(tmp_path.rglob("*.kvb")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(tmp_path.rglob("*.kvb")), "the run persisted nothing within 60 s"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
