@@ -154,7 +154,9 @@ class StorageActor:
         lock = threading.Lock()  # every allocation of this node runs in this process
         self._owner = SlotBuffer.create(env.buffers[node], lock)
         locks = tuple(lock if n == node else None for n in range(len(env.buffers)))
-        self.worker = StorageWorker(replace(env, locks=locks, slot_owners=()), node, write_faults(env))
+        self.worker = StorageWorker(
+            replace(env, locks=locks, slot_owners=()), node, write_faults(env)
+        )
         self.inbox: queue.Queue[Any] = queue.Queue()
 
     def pid(self) -> int:
