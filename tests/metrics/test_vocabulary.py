@@ -103,3 +103,23 @@ def test_run_result_and_server_stats_share_the_path_names() -> None:
     paths = kv_bytes_by_path(Counters(), full_block_bytes=10)  # type: ignore[arg-type]
     assert set(paths) <= set(KVPath) and len(paths) == 6
     assert paths[KVPath.DE_TO_STORAGE] == 60 and paths["storage_to_pe_buffer"] == 1
+
+
+def test_summaries_name_latencies_as_the_definitions_do() -> None:
+    """The simulator's and runtime's ``RunSummary`` and the load generator's summary report
+    each latency under its ``metrics.latency`` name, with the same values for one turn."""
+    from dualpath.metrics import summarize
+    from dualpath.serve.loadgen import LoadgenResult
+
+    rec = TurnRecord(0, 0, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.5, 5.5, 100, 64, 6, "de")
+    res = RequestResult("agent-0", 0, ok=True, start_s=1.0, ttft_s=2.0, second_token_s=2.5,
+                        end_s=5.5, completion_tokens=6)  # fmt: skip
+    shells = summarize([rec]).to_dict()
+    client = LoadgenResult([res], [4.5], wall_s=4.5).summary()
+    common = {"ttft_s", "ttst_s", "tpot_s"}
+    assert common <= set(shells) and {*common, "itl_s"} <= set(client)
+    assert {k for k in {*shells, *client} if k.endswith(("ft_s", "st_s", "ot_s", "tl_s"))} <= {
+        *latency.DEFINITIONS
+    }
+    for key in common:
+        assert shells[key]["p50"] == pytest.approx(client[key]["p50"]), key  # type: ignore[index]
