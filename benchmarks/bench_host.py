@@ -1,5 +1,6 @@
 """Host speed figures that unit tests must not assert: how closely a pacer's transfers follow
-their reserved link time on this host's wall clock, and the copy bandwidth the profiler uses.
+their reserved link time on this host's wall clock, the copy bandwidth the profiler uses, and
+whether the calibration fits this host's measured tiny-model timings.
 
 Run: .venv/bin/python benchmarks/bench_host.py [--rate-mb-per-s 10 --transfers 20]
 Prints, per transfer size, wall time / reserved link time (1.00 = exact pacing; above 1: the
@@ -11,8 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from dualpath.config import preset
+from dualpath.models.calibrate import fit
 from dualpath.runtime.pacer import Pacer
-from dualpath.runtime.profile import memory_bytes_per_s
+from dualpath.runtime.profile import memory_bytes_per_s, profile_host
 from dualpath.types import TrafficClass
 
 
@@ -39,6 +42,15 @@ def main() -> None:
         print(f"pacer {nbytes:>9} B x {args.transfers} at {args.rate_mb_per_s:g} MB/s: "
               f"wall / link time {ratio:.3f}")  # fmt: skip
     print(f"memory copy bandwidth {memory_bytes_per_s() / 1e9:.2f} GB/s (read + written)")
+    cfg = preset("tiny-1p1d")
+    prof = profile_host(cfg.model, cfg.scheduler.block_tokens)
+    try:
+        f = fit(cfg.model, prof.prefill, prof.decode, prof.memory_bytes_per_s)
+    except ValueError as err:
+        print(f"calibration on this host's tiny-model timings: refused ({err})")
+        return
+    print(f"calibration on this host's tiny-model timings: prefill within "
+          f"{f.prefill_max_rel_err:.0%}, decode within {f.decode_max_rel_err:.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
     text = httpx.get(hf_server.url + "/metrics", headers=hf_server.auth_headers).text
     for name in (
         "dualpath:time_to_first_token_seconds_bucket",
-        "dualpath:time_per_output_token_seconds_bucket",
+        "dualpath:inter_token_latency_seconds_bucket",
         "dualpath:e2e_request_latency_seconds_count",
         "dualpath:num_requests_running",
         "dualpath:num_requests_waiting",
