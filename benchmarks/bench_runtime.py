@@ -34,7 +34,8 @@ from typing import Any
 from dualpath.config import Config, preset
 from dualpath.runtime.env import HEARTBEAT_S
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.requests import AgentState, RunResult
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.result import RunResult
 from dualpath.runtime.session import LocalRuntime
 
 
@@ -220,7 +221,7 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
     host, set the pace: Basic reads every hit through the prefill node's SNIC, DualPath
     through both, and the ideal speed-up is (P+D)/P = 2."""
     from dualpath.metrics import summarize
-    from dualpath.runtime.workload import agent_scripts, small_trajectories
+    from dualpath.workload.scripts import agent_scripts, small_trajectories
 
     rate = args.snic_mb_per_s * 1e6
     cfg = replace(
@@ -252,7 +253,10 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
                 res = run["result"]
                 summ = summarize(res.records, "offline")
                 jct = jcts[system] = summ.jct_s
-                pe_mb, de_mb = (res.bytes_by_path[k] / 1e6 for k in ("pe_read", "de_read"))
+                pe_mb, de_mb = (
+                    res.bytes_by_path[k] / 1e6
+                    for k in ("storage_to_pe_buffer", "storage_to_de_buffer")
+                )
                 busy = [b / jct for b in run["read_busy_s"]]
                 cpu = [c / jct for c in run["cpu_s"]]
                 floor = max(pe_mb, de_mb) * 1e6 / rate_total  # the busier SNIC's read time

@@ -38,7 +38,8 @@ from pathlib import Path
 import httpx
 
 from dualpath.serve.checkpoint import write_tiny_checkpoint
-from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions, agent_scripts
+from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
+from dualpath.workload.scripts import chat_scripts
 
 VARIANTS = {
     "basic": ["--system", "basic"],
@@ -99,8 +100,8 @@ def main() -> None:
     ap.add_argument("--variants", default="basic,dualpath")
     ap.add_argument("--json", help="write all summaries here")
     args = ap.parse_args()
-    scripts = agent_scripts(args.agents, args.turns, args.token_scale, args.max_gen, seed=0)
-    warmup = agent_scripts(4, 2, args.token_scale, args.max_gen, seed=99)
+    scripts = chat_scripts(args.agents, args.turns, args.token_scale, args.max_gen, seed=0)
+    warmup = chat_scripts(4, 2, args.token_scale, args.max_gen, seed=99)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny_checkpoint(

@@ -1,5 +1,5 @@
 """STYLE §2: imports point down the layer stack only; sim and runtime never import each other;
-the policy core touches no clock, sockets, processes or torch."""
+no import circle; the policy core touches no clock, sockets, processes or torch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from tests.imports import cycles, graph, module_files
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dualpath"
 
@@ -87,3 +88,24 @@ def test_layer_table_catches_an_upward_import(tmp_path: Path) -> None:
     bad.write_text("from dualpath.sim.events import EventLoop\n")
     assert "dualpath.sim.events" in _imports(bad)
     assert RANK[_layer("dualpath.sim.events") or ""] > RANK["policy"]
+
+
+def test_no_import_circle() -> None:
+    """No module reaches itself through its imports: lazy imports in functions and
+    ``TYPE_CHECKING`` blocks count (they only hide a circle from the interpreter)."""
+    assert cycles(graph(module_files())) == []
+
+
+def test_circle_check_finds_a_circle(tmp_path: Path) -> None:
+    """The checker itself fails on a circle, also one through a lazy or typing-only import."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import c\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"
+    )
+    (pkg / "d.py").write_text("import pkg.a\n")  # reaches the circle, is not on it
+    assert cycles(graph(module_files(tmp_path))) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert cycles(graph(module_files(tmp_path), executed=True)) == []  # what the interpreter sees

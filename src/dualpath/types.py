@@ -20,6 +20,22 @@ class ReadSide(StrEnum):
     NONE = "none"  # nothing to read (no hits, or the Oracle)
 
 
+class KVPath(StrEnum):
+    """The hops KV bytes take (SPEC §4), one name each for every shell, result and metric:
+    ``RunResult.bytes_by_path``, the server's ``dualpath:kv_bytes_total{path=...}``, the
+    simulator's bytes per path. A layer load is counted per source buffer where the shell
+    knows it (the simulator), else as ``BUFFER_TO_PE_HBM`` (the runtime)."""
+
+    STORAGE_TO_PE_BUFFER = "storage_to_pe_buffer"  # PE read path: the PE node's SNIC reads
+    STORAGE_TO_DE_BUFFER = "storage_to_de_buffer"  # DE read path: the DE node's SNIC reads
+    PE_BUFFER_TO_PE_HBM = "pe_buffer_to_pe_hbm"  # Layer Blocks, PE read path
+    DE_BUFFER_TO_PE_HBM = "de_buffer_to_pe_hbm"  # Layer Blocks over the compute network
+    BUFFER_TO_PE_HBM = "buffer_to_pe_hbm"  # the two above together
+    PE_HBM_TO_DE_BUFFER = "pe_hbm_to_de_buffer"  # prefill's KV to the DE (the PD transfer)
+    DE_BUFFER_TO_DE_HBM = "de_buffer_to_de_hbm"  # H2D before decode
+    DE_TO_STORAGE = "de_to_storage"  # Full Blocks persisted by the DE
+
+
 class AttentionKind(StrEnum):
     """Attention families the cost model knows (SPEC §10)."""
 

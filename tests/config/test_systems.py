@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dualpath.config import apply_overrides, preset
+from dualpath.config import apply_overrides, config_for, preset
 from dualpath.config.sim import parse_systems
-from dualpath.config.systems import POLICY_NAMES, config_for, system_spec
+from dualpath.config.systems import POLICY_NAMES, system_spec
 
 
 def test_systems_map_to_policies() -> None:

@@ -45,8 +45,7 @@ def _config() -> Config:
 
 
 def _trajectories(cfg: Config) -> list[Trajectory]:
-    pytest.importorskip("torch")  # the runtime package (its workload helper) needs it
-    from dualpath.runtime.workload import small_trajectories
+    from dualpath.workload.scripts import small_trajectories
 
     wl = replace(cfg.workload, num_agents=4, seed=3)
     return small_trajectories(wl, cfg.scheduler.block_tokens, 3, token_scale=0.15,
@@ -54,9 +53,10 @@ def _trajectories(cfg: Config) -> list[Trajectory]:
 
 
 def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[list[Any], Config]:
+    pytest.importorskip("torch")  # the runtime's engines (the simulator's tests need none)
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.runtime.session import LocalRuntime
-    from dualpath.runtime.workload import agent_scripts
+    from dualpath.workload.scripts import agent_scripts
 
     log = tmp / "ledger.jsonl"
     opts = RuntimeOptions(system=SYSTEM, kv_root=str(tmp / "kv"))

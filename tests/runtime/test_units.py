@@ -1,33 +1,17 @@
-"""Small runtime pieces: HIGH traffic sizes, workload scripts, options."""
+"""Small runtime pieces: HIGH traffic sizes, agent state, options."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from dualpath.config import preset
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.requests import AgentState, _union_s
-from dualpath.runtime.workload import agent_scripts, small_trajectories
-
-
-def test_agent_scripts_are_seeded_and_in_vocab() -> None:
-    cfg = preset("tiny-1p1d")
-    wl = replace(cfg.workload, num_agents=3)
-    trajs = small_trajectories(wl, 64, num_turns=4, token_scale=0.1, max_gen_tokens=5)
-    assert all(len(t.turns) == 4 and max(x.gen_tokens for x in t.turns) <= 5 for t in trajs)
-    a = agent_scripts(trajs, 1024, seed=1)
-    b = agent_scripts(trajs, 1024, seed=1)
-    assert [x.appends for x in a] == [x.appends for x in b]
-    assert a[0].appends != agent_scripts(trajs, 1024, seed=2)[0].appends
-    assert all(0 <= tok < 1024 for ag in a for ap in ag.appends for tok in ap)
-    with pytest.raises(ValueError, match="num_turns"):
-        small_trajectories(wl, 64, num_turns=0)
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.result import union_s
+from dualpath.workload.scripts import AgentScript
 
 
 def test_agent_state_grows_its_context() -> None:
-    agent = AgentState(0, ((1, 2), (3,)), (2, 1))
+    agent = AgentState.from_script(AgentScript(0, ((1, 2), (3,)), (2, 1)))
     assert agent.next_turn() == ((1, 2), 2)
     agent.finish_turn((1, 2), (7, 8))
     assert agent.context == (1, 2, 7, 8) and agent.next_turn() == ((3,), 1)
@@ -36,8 +20,8 @@ def test_agent_state_grows_its_context() -> None:
 
 
 def test_union_of_read_windows() -> None:
-    assert _union_s([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
-    assert _union_s([]) == 0.0
+    assert union_s([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
+    assert union_s([]) == 0.0
 
 
 def test_options_derive_policy_and_pacing() -> None:

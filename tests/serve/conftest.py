@@ -7,8 +7,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import pytest
 
@@ -101,6 +102,38 @@ class ServerProc:
                 self.proc.kill()
                 self.proc.wait()
         return int(self.proc.returncode)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passed (False): a test waits
+    for the state it checks (e.g. the runtime's next stats snapshot), not a guessed time."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+S = TypeVar("S", bound=ServerProc)
+
+
+class ServerPool(Generic[S]):
+    """A module's shared server, started again if a test stopped it: a test that stops the
+    server may run in any order (the next test gets a fresh one; in file order nothing is
+    started twice). ``close`` stops every server started, their exit codes."""
+
+    def __init__(self, start: Callable[[], S]) -> None:
+        self._start = start
+        self.started: list[S] = []
+
+    def live(self) -> S:
+        if not self.started or self.started[-1].proc.poll() is not None:
+            self.started.append(self._start())
+        return self.started[-1]
+
+    def close(self) -> list[int]:
+        return [server.stop() for server in self.started]
 
 
 @pytest.fixture(scope="session")

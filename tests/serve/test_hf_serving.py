@@ -88,12 +88,12 @@ def test_greedy_tokens_equal_transformers_generate_on_both_turns(
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        read = server.metric('dualpath:kv_bytes_total{path="pe_read"}') + server.metric(
-            'dualpath:kv_bytes_total{path="de_read"}'
-        )
-        if read > 0 and server.metric('dualpath:kv_bytes_total{path="persist"}') > 0:
+        read = server.metric(
+            'dualpath:kv_bytes_total{path="storage_to_pe_buffer"}'
+        ) + server.metric('dualpath:kv_bytes_total{path="storage_to_de_buffer"}')
+        if read > 0 and server.metric('dualpath:kv_bytes_total{path="de_to_storage"}') > 0:
             break
         time.sleep(0.2)
     assert read > 0
-    assert server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
-    assert server.metric('dualpath:kv_bytes_total{path="persist"}') > 0
+    assert server.metric('dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}') > 0
+    assert server.metric('dualpath:kv_bytes_total{path="de_to_storage"}') > 0

@@ -10,17 +10,17 @@ import pytest
 from tests.serve.conftest import ServerProc
 
 from dualpath.cli.main import main
-from dualpath.serve.loadgen import agent_scripts, trace_scripts
+from dualpath.workload.scripts import chat_scripts, trace_scripts
 
 TRACE = (
     Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 )
 
 
-def test_agent_scripts_are_seeded_and_scaled() -> None:
-    a = agent_scripts(4, 3, token_scale=0.05, max_gen_tokens=8, seed=1)
-    assert a == agent_scripts(4, 3, token_scale=0.05, max_gen_tokens=8, seed=1)
-    assert a != agent_scripts(4, 3, token_scale=0.05, max_gen_tokens=8, seed=2)
+def test_chat_scripts_are_seeded_and_scaled() -> None:
+    a = chat_scripts(4, 3, token_scale=0.05, max_gen_tokens=8, seed=1)
+    assert a == chat_scripts(4, 3, token_scale=0.05, max_gen_tokens=8, seed=1)
+    assert a != chat_scripts(4, 3, token_scale=0.05, max_gen_tokens=8, seed=2)
     assert len(a) == 4 and all(len(s.turns) == 3 for s in a)
     assert all(t.max_tokens <= 8 and t.append_words >= 1 for s in a for t in s.turns)
     assert len({s.session_id for s in a}) == 4
@@ -42,7 +42,7 @@ def test_loadgen_agents_against_serve(hf_server: ServerProc, tmp_path: Path) -> 
     assert s["requests"] == 12 and s["errors"] == 0
     assert 0 < s["hit_ratio"] < 1  # turns 2 and 3 resend the conversation
     assert s["cached_tokens"] > 0
-    for key in ("ttft_s", "ttst_s", "tpot_s", "agent_jct_s"):
+    for key in ("ttft_s", "ttst_s", "tpot_s", "itl_s", "agent_jct_s"):
         assert s[key]["count"] > 0 and math.isfinite(s[key]["p99"]), key
     assert s["ttft_s"]["p50"] <= s["agent_jct_s"]["p50"]
 

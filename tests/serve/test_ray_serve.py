@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from tests.procs import descendants, two_raylets  # noqa: E402
-from tests.serve.conftest import REPO, ServerProc, free_port  # noqa: E402
+from tests.serve.conftest import REPO, ServerPool, ServerProc, free_port  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -72,21 +72,29 @@ class RayServer(ServerProc):
 
 
 @pytest.fixture(scope="module")
-def ray_server(
+def ray_servers(
     cluster: RayCluster, hf_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RayServer]:
-    kv = tmp_path_factory.mktemp("kv")
-    # one engine per node: a PE actor on node 0, a DE actor on node 1 (each imports torch)
-    args = ["--runtime", "ray", "--ray-address", cluster.address, "--model-dir",
-            str(hf_checkpoint), "--block-tokens", "16", "--kv-root", str(kv),
-            "--set", "hardware.gpus_per_node=1", "--hbm-tokens", "4096",
-            "--host", "127.0.0.1"]  # fmt: skip
-    env = {**LOOPBACK_ENV, "RAY_TMPDIR": cluster.temp}
-    server = RayServer(args, tmp_path_factory.mktemp("log") / "serve.log", env)
+) -> Iterator[ServerPool[RayServer]]:
+    def start() -> RayServer:
+        kv = tmp_path_factory.mktemp("kv")
+        # one engine per node: a PE actor on node 0, a DE actor on node 1 (each imports torch)
+        args = ["--runtime", "ray", "--ray-address", cluster.address, "--model-dir",
+                str(hf_checkpoint), "--block-tokens", "16", "--kv-root", str(kv),
+                "--set", "hardware.gpus_per_node=1", "--hbm-tokens", "4096",
+                "--host", "127.0.0.1"]  # fmt: skip
+        env = {**LOOPBACK_ENV, "RAY_TMPDIR": cluster.temp}
+        return RayServer(args, tmp_path_factory.mktemp("log") / "serve.log", env)
+
+    pool = ServerPool(start)
     try:
-        yield server
+        yield pool
     finally:
-        server.stop()
+        pool.close()
+
+
+@pytest.fixture
+def ray_server(ray_servers: ServerPool[RayServer]) -> RayServer:
+    return ray_servers.live()
 
 
 def _client(server: ServerProc) -> openai.OpenAI:
@@ -181,17 +189,17 @@ def test_second_turn_hits_kv_that_crossed_nodes(ray_server: RayServer) -> None:
     deadline = time.monotonic() + 10  # the runtime's counters reach /metrics every 0.5 s
     read = 0.0
     while time.monotonic() < deadline and not read:
-        read = ray_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + ray_server.metric(
-            'dualpath:kv_bytes_total{path="de_read"}'
-        )
+        read = ray_server.metric(
+            'dualpath:kv_bytes_total{path="storage_to_pe_buffer"}'
+        ) + ray_server.metric('dualpath:kv_bytes_total{path="storage_to_de_buffer"}')
         time.sleep(0.1)
     assert read > 0  # the hit KV was read from the store through a SNIC
     # PE (node 0) → DE buffer (node 1): over TCP between the two Ray nodes
-    assert ray_server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
+    assert ray_server.metric('dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}') > 0
 
 
 def test_sigterm_exits_0_and_leaves_no_process_or_actor(ray_server: RayServer) -> None:
-    """Runs last: it stops the module's server."""
+    """Stops the module's server (a test after it gets a fresh one: ``ServerPool``)."""
     procs = descendants(ray_server.proc.pid)  # the scheduler process (Ray's driver) …
     actor_pids = [a["Pid"] for a in _alive_actors()]  # … and the actors, the raylets' children
     assert procs and len(actor_pids) == 5  # 2 engines, 2 storage actors, the mailbox

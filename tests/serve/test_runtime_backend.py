@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from dualpath.types import KVPath
+
 openai = pytest.importorskip("openai")
 
 from tests.procs import descendants, shm_used_by  # noqa: E402
-from tests.serve.conftest import ServerProc  # noqa: E402
+from tests.serve.conftest import ServerPool, ServerProc, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -31,12 +33,17 @@ def _runtime_args(kv_root: Path, system: str = "dualpath") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def rt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    server = ServerProc(_runtime_args(tmp_path_factory.mktemp("kv")))
+def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool[ServerProc]]:
+    pool = ServerPool(lambda: ServerProc(_runtime_args(tmp_path_factory.mktemp("kv"))))
     try:
-        yield server
+        yield pool
     finally:
-        assert server.stop() == 0
+        assert set(pool.close()) <= {0}
+
+
+@pytest.fixture
+def rt_server(rt_servers: ServerPool[ServerProc]) -> ServerProc:
+    return rt_servers.live()
 
 
 def _client(server: ServerProc) -> openai.OpenAI:
@@ -94,13 +101,17 @@ def test_second_turn_reports_cached_prompt_tokens(rt_server: ServerProc) -> None
     assert rt_server.metric("dualpath:prefix_cache_hits_total") >= cached
     # the hit KV was read from the store through a SNIC (PE or DE side) and sent PE → DE
     # (the runtime's counters reach /metrics with its next stats snapshot: every 0.5 s)
-    time.sleep(1.2)
-    read = rt_server.metric('dualpath:kv_bytes_total{path="pe_read"}') + rt_server.metric(
-        'dualpath:kv_bytes_total{path="de_read"}'
-    )
-    assert read >= cached * 4 * 2 * 2 * 64 * 4  # layers × (K, V) × kv_heads × head_dim × 4 B
-    assert rt_server.metric('dualpath:kv_bytes_total{path="pd_transfer"}') > 0
-    assert rt_server.metric('dualpath:kv_bytes_total{path="persist"}') > 0
+    need = cached * 4 * 2 * 2 * 64 * 4  # layers × (K, V) × kv_heads × head_dim × 4 B
+
+    def kv_bytes(*paths: KVPath) -> float:
+        return sum(rt_server.metric(f'dualpath:kv_bytes_total{{path="{p}"}}') for p in paths)
+
+    def counted() -> bool:
+        read = kv_bytes(KVPath.STORAGE_TO_PE_BUFFER, KVPath.STORAGE_TO_DE_BUFFER)
+        moved = min(kv_bytes(KVPath.PE_HBM_TO_DE_BUFFER), kv_bytes(KVPath.DE_TO_STORAGE))
+        return read >= need and moved > 0
+
+    assert wait_until(counted), rt_server.metric("dualpath:kv_bytes_total")
 
 
 def test_sampling_is_seeded_and_stop_strings_cut_the_text(rt_server: ServerProc) -> None:
@@ -179,20 +190,24 @@ def test_client_disconnect_mid_stream_frees_the_request(rt_server: ServerProc) -
 def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> None:
     import httpx
 
-    time.sleep(1.2)  # two stats snapshots
-    text = httpx.get(rt_server.url + "/metrics").text
-    for name in (
+    names = (
         'dualpath:nic_utilization{nic="snic_node0_read"}',
         'dualpath:nic_utilization{nic="cnic_engine0_tx"}',
         'dualpath:queue_length{queue="policy_waiting"}',
-        'dualpath:kv_bytes_total{path="pd_transfer"}',
+        f'dualpath:kv_bytes_total{{path="{KVPath.PE_HBM_TO_DE_BUFFER}"}}',
         "dualpath:num_preemptions_total",
-    ):
-        assert name in text, name
+    )
+
+    def missing() -> list[str]:
+        text = httpx.get(rt_server.url + "/metrics").text
+        return [name for name in names if name not in text]
+
+    wait_until(lambda: not missing())  # (utilisation needs two stats snapshots)
+    assert missing() == []
 
 
 def test_sigterm_stops_every_process_and_unlinks_shared_memory(rt_server: ServerProc) -> None:
-    """Runs last: it stops the module's server (its fixture then finds it stopped)."""
+    """Stops the module's server (a test after it gets a fresh one: ``ServerPool``)."""
     _stop_with_a_request_in_flight(rt_server)
 
 

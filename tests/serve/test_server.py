@@ -180,12 +180,12 @@ def test_metrics_exposes_vllm_style_names(hf_server: ServerProc) -> None:
     text = httpx.get(hf_server.url + "/metrics", headers=hf_server.auth_headers).text
     for name in (
         "dualpath:time_to_first_token_seconds_bucket",
-        "dualpath:time_per_output_token_seconds_bucket",
+        "dualpath:inter_token_latency_seconds_bucket",
         "dualpath:e2e_request_latency_seconds_count",
         "dualpath:num_requests_running",
         "dualpath:num_requests_waiting",
         "dualpath:prefix_cache_hit_ratio",
-        'dualpath:kv_bytes_total{path="pd_transfer"}',
+        'dualpath:kv_bytes_total{path="pe_hbm_to_de_buffer"}',
         "dualpath:request_success_total",
     ):
         assert name in text, name

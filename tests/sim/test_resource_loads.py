@@ -11,7 +11,7 @@ from dualpath.models.planner import resource_loads
 from dualpath.sim.cluster import Cluster
 from dualpath.sim.runner import build_cluster
 from dualpath.types import EngineKind
-from dualpath.workload import Trajectory, Turn
+from dualpath.workload import Trajectory, TrajectoryTurn
 
 # planner name → (node kind, resource attribute of Topology)
 MAPPING = {
@@ -56,7 +56,10 @@ def test_steady_state_loads_match_planner(shape: tuple[int, int]) -> None:
         [f"cluster.num_prefill_nodes={p}", f"cluster.num_decode_nodes={d}"],
     )
     # I/O-bound turns: ~20K hit tokens, 1 appended token, 2 generated (one decode step)
-    trajs = [Trajectory(a, (Turn(20_000 + 64 * (a % 7), 2), *[Turn(1, 2)] * 12)) for a in range(96)]
+    trajs = [
+        Trajectory(a, (TrajectoryTurn(20_000 + 64 * (a % 7), 2), *[TrajectoryTurn(1, 2)] * 12))
+        for a in range(96)
+    ]
     sim = SimConfig(collectives=False)
     cluster = build_cluster(config, "dualpath", sim, trajectories=trajs)
     total = cluster.num_turns_total

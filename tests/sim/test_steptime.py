@@ -13,13 +13,25 @@ from dualpath.models import cost
 from dualpath.sim.steptime import fast_step_time, step_column_fn, step_time_fn
 
 
-def test_the_fast_form_holds_for_every_preset() -> None:
+def _no_cost_model(*args: object, **kwargs: object) -> float:
+    raise AssertionError("the fallback: the fast form was not used")
+
+
+def test_the_fast_form_holds_for_every_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built for every preset, neither form calls the cost model afterwards (the fallback
+    would: a stand-in that raises catches it)."""
+    built = []
     for name in sorted(CLUSTER_PRESETS):
         c = preset(name)
         for gpus in (1, 8, 16, 32):
             assert fast_step_time(c.model, c.hardware, gpus) is not None, (name, gpus)
             f = step_time_fn(c.model, c.hardware, gpus)
-            assert f.__qualname__.startswith("_fast."), (name, gpus)  # not the fallback
+            col = step_column_fn(c.model, c.hardware, gpus)
+            built.append((name, gpus, f, col))
+    monkeypatch.setattr(cost, "decode_step_time_s", _no_cost_model)
+    for name, gpus, f, col in built:
+        assert f(5, 5000) > 0, (name, gpus)
+        assert len(col(5, 5000, 0, 3, 0.0)) == 3, (name, gpus)
 
 
 def test_steptime_matches_cost_model() -> None:
@@ -50,8 +62,7 @@ def test_step_columns_equal_the_scalar_form_bit_for_bit() -> None:
         c = preset(name)
         for gpus in (1, 8, 32):
             f = step_time_fn(c.model, c.hardware, gpus)
-            col = step_column_fn(c.model, c.hardware, gpus)
-            assert col.__qualname__.startswith("_fast."), (name, gpus)
+            col = step_column_fn(c.model, c.hardware, gpus)  # fast: the test above
             for batch in (1, 3, 64):
                 for context in (1, batch * 1000 + 7, batch * 2040, batch * 40_000 + 1):
                     got = col(batch, context, 2, 70, 1.5e-5)

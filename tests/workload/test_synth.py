@@ -67,12 +67,12 @@ def test_per_turn_form_is_the_earlier_generator_unchanged() -> None:
 
 
 def test_stats_per_trajectory_means_by_hand() -> None:
-    from dualpath.workload import Turn
+    from dualpath.workload import TrajectoryTurn
     from dualpath.workload.stats import turns_stats
 
     # two trajectories: 2 turns and 4 turns; per-trajectory means differ from turn-weighted
-    a = [Turn(100, 10), Turn(50, 30)]
-    b = [Turn(10, 2)] * 4
+    a = [TrajectoryTurn(100, 10), TrajectoryTurn(50, 30)]
+    b = [TrajectoryTurn(10, 2)] * 4
     got = turns_stats([a, b])
     assert got.turns == 3.0
     assert got.traj_append_tokens == pytest.approx((75 + 10) / 2)

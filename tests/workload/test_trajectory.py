@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from dualpath.workload import Trajectory, Turn, TurnSpec, persisted_tokens, turn_requests
+from dualpath.workload import Trajectory, TrajectoryTurn, TurnSpec, persisted_tokens, turn_requests
 
 
 def test_turn_requests_hand_built() -> None:
-    traj = Trajectory(3, (Turn(100, 10), Turn(20, 5), Turn(64, 1), Turn(1, 7)))
+    traj = Trajectory(
+        3,
+        (
+            TrajectoryTurn(100, 10),
+            TrajectoryTurn(20, 5),
+            TrajectoryTurn(64, 1),
+            TrajectoryTurn(1, 7),
+        ),
+    )
     specs = turn_requests(traj, block_tokens=64)
     # turn 0: prompt 100, nothing stored yet
     # turn 1: prompt 110 + 20 = 130; stored after turn 0: floor((110 - 1) / 64) * 64 = 64
@@ -25,14 +33,20 @@ def test_turn_requests_hand_built() -> None:
 
 def test_exact_block_boundary_keeps_last_token_uncached() -> None:
     # after turn 0 the context is exactly 128 tokens, but the last generated token has no KV
-    specs = turn_requests(Trajectory(0, (Turn(120, 8), Turn(10, 2))), block_tokens=64)
+    specs = turn_requests(
+        Trajectory(0, (TrajectoryTurn(120, 8), TrajectoryTurn(10, 2))), block_tokens=64
+    )
     assert specs[1].hit_tokens == 64
-    specs = turn_requests(Trajectory(0, (Turn(120, 9), Turn(10, 2))), block_tokens=64)
+    specs = turn_requests(
+        Trajectory(0, (TrajectoryTurn(120, 9), TrajectoryTurn(10, 2))), block_tokens=64
+    )
     assert specs[1].hit_tokens == 128
 
 
 def test_block_size_one_hits_everything_but_the_last_token() -> None:
-    specs = turn_requests(Trajectory(0, (Turn(50, 5), Turn(7, 3))), block_tokens=1)
+    specs = turn_requests(
+        Trajectory(0, (TrajectoryTurn(50, 5), TrajectoryTurn(7, 3))), block_tokens=1
+    )
     assert specs[1].prompt_tokens == 62
     assert specs[1].hit_tokens == 54
 
@@ -44,7 +58,7 @@ def test_persisted_tokens() -> None:
 
 
 def test_trajectory_totals() -> None:
-    traj = Trajectory(0, (Turn(100, 10), Turn(20, 5)))
+    traj = Trajectory(0, (TrajectoryTurn(100, 10), TrajectoryTurn(20, 5)))
     assert traj.total_tokens == 135
     assert traj.num_turns == 2
 
@@ -52,12 +66,12 @@ def test_trajectory_totals() -> None:
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (lambda: Turn(0, 5), "append_tokens"),
-        (lambda: Turn(5, 0), "gen_tokens"),
-        (lambda: Trajectory(-1, (Turn(1, 1),)), "agent_id"),
+        (lambda: TrajectoryTurn(0, 5), "append_tokens"),
+        (lambda: TrajectoryTurn(5, 0), "gen_tokens"),
+        (lambda: Trajectory(-1, (TrajectoryTurn(1, 1),)), "agent_id"),
         (lambda: Trajectory(0, ()), "turns"),
         (lambda: TurnSpec(0, 10, 10, 1), "hit_tokens"),
-        (lambda: turn_requests(Trajectory(0, (Turn(1, 1),)), 0), "block_tokens"),
+        (lambda: turn_requests(Trajectory(0, (TrajectoryTurn(1, 1),)), 0), "block_tokens"),
     ],
 )
 def test_invalid_values_name_the_field(build: object, field: str) -> None:

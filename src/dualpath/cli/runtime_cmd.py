@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.cli.common import add_config_args, build_config
-from dualpath.config import Config
-from dualpath.config.systems import config_for
+from dualpath.config import Config, config_for
 from dualpath.metrics import RunSummary, format_summary, summarize
 
 DEFAULT_PRESET = "tiny-1p1d"
@@ -30,7 +29,7 @@ DEFAULT_PRESET = "tiny-1p1d"
 class BenchRun:
     system: str
     summary: RunSummary
-    result: Any  # dualpath.runtime.requests.RunResult (runtime imports stay lazy)
+    result: Any  # dualpath.runtime.result.RunResult (runtime imports stay lazy)
 
 
 def run_runtime_systems(
@@ -51,7 +50,7 @@ def run_runtime_systems(
     ``runtime="ray"`` one Ray session (``ray_address``, or a local instance) serves them all
     (``transfer_window``: see ``RuntimeOptions``)."""
     from dualpath.runtime.options import RuntimeOptions
-    from dualpath.runtime.workload import small_trajectories
+    from dualpath.workload.scripts import small_trajectories
 
     def options(system: str, root: str) -> RuntimeOptions:
         return RuntimeOptions(system=system, kv_root=root, transport=transport,
@@ -90,7 +89,7 @@ def _run_system(
     from tqdm import tqdm
 
     from dualpath.runtime.session import LocalRuntime
-    from dualpath.runtime.workload import agent_scripts
+    from dualpath.workload.scripts import agent_scripts
 
     agents = agent_scripts(trajs, config.model.vocab_size, config.workload.seed)
     with (

@@ -201,13 +201,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from dualpath.serve.loadgen import (
-        LoadGenerator,
-        LoadgenOptions,
-        agent_scripts,
-        format_summary,
-        trace_scripts,
-    )
+    from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions, format_summary
+    from dualpath.workload.scripts import chat_scripts, trace_scripts
 
     opts = LoadgenOptions(
         url=args.url,
@@ -225,7 +220,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
             args.trace, args.token_scale, args.max_gen, args.speedup, args.limit
         )
     else:
-        scripts = agent_scripts(
+        scripts = chat_scripts(
             args.agents, args.turns, args.token_scale, args.max_gen, seed=args.seed
         )
     total = sum(len(s.turns) for s in scripts)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.cli.common import add_config_args
-from dualpath.config import Config, apply_overrides, load_toml, preset, to_dict
+from dualpath.config import Config, apply_overrides, config_for, load_toml, preset, to_dict
 from dualpath.config.sim import SimConfig, parse_systems
-from dualpath.config.systems import config_for, system_spec
+from dualpath.config.systems import system_spec
 from dualpath.sim.plots import plot_results, plot_sweep
 from dualpath.sim.report import (
     CSV_COLUMNS,

@@ -108,8 +108,8 @@ def bench_config(args: argparse.Namespace) -> Config:
 
 def run_validate(args: argparse.Namespace) -> int:
     from dualpath.runtime.profile import profile_host
-    from dualpath.runtime.workload import small_trajectories
     from dualpath.sim.runner import simulate
+    from dualpath.workload.scripts import small_trajectories
 
     config = bench_config(args)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

@@ -11,7 +11,7 @@ from dualpath.config.presets import (
     MODEL_PRESETS,
     preset,
 )
-from dualpath.config.root import Config
+from dualpath.config.root import Config, config_for
 from dualpath.config.scheduler import SchedulerConfig
 from dualpath.config.sim import SimConfig
 from dualpath.config.workload import WorkloadConfig
@@ -29,6 +29,7 @@ __all__ = [
     "SimConfig",
     "WorkloadConfig",
     "apply_overrides",
+    "config_for",
     "dump_json",
     "from_dict",
     "load_toml",

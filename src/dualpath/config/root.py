@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dualpath.config.cluster import ClusterConfig
 from dualpath.config.hardware import HardwareConfig
 from dualpath.config.model import ModelConfig
 from dualpath.config.scheduler import SchedulerConfig
 from dualpath.config.sim import SimConfig
+from dualpath.config.systems import SystemSpec
 from dualpath.config.workload import WorkloadConfig
 
 
@@ -21,3 +22,17 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+
+
+def config_for(config: Config, spec: SystemSpec) -> Config:
+    """``config`` with the system's policy selected (nothing else changes).
+
+    ``scheduler.policy`` left empty takes the system's policy; set to another policy it is a
+    conflict (ValueError), never silently overwritten."""
+    chosen = config.scheduler.policy
+    if chosen and chosen != spec.policy:
+        raise ValueError(
+            f"scheduler.policy={chosen!r} conflicts with system {spec.name!r} (policy "
+            f"{spec.policy!r}): leave scheduler.policy unset or run a system with that policy"
+        )
+    return replace(config, scheduler=replace(config.scheduler, policy=spec.policy))

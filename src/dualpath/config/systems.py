@@ -1,17 +1,14 @@
 """The five systems of SPEC §11, one table: which policy, layerwise prefill or not, Oracle.
 
-Both shells, the config checks and the policy registry read this table; a system name means
+Both shells, the config checks and the policy registry read this table (``config.config_for``
+applies a system to a ``Config``); a system name means
 the same thing everywhere. Everything else (workload, seed, cost model, hardware) is shared
 by all systems of a comparison.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the root imports the sections, which read this table
-    from dualpath.config.root import Config
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +44,3 @@ def system_spec(name: str) -> SystemSpec:
     if key not in SYSTEMS:
         raise ValueError(f"system={name!r} is invalid: must be one of {', '.join(SYSTEM_NAMES)}")
     return SYSTEMS[key]
-
-
-def config_for(config: Config, spec: SystemSpec) -> Config:
-    """``config`` with the system's policy selected (nothing else changes).
-
-    ``scheduler.policy`` left empty takes the system's policy; set to another policy it is a
-    conflict (ValueError), never silently overwritten."""
-    chosen = config.scheduler.policy
-    if chosen and chosen != spec.policy:
-        raise ValueError(
-            f"scheduler.policy={chosen!r} conflicts with system {spec.name!r} (policy "
-            f"{spec.policy!r}): leave scheduler.policy unset or run a system with that policy"
-        )
-    return replace(config, scheduler=replace(config.scheduler, policy=spec.policy))

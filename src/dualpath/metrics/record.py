@@ -1,6 +1,6 @@
 """The timeline of one served turn, as both shells record it, and its latency metrics.
 
-Owns the metric definitions (SPEC §9); validates, never clamps.
+Its latency metrics are those of ``metrics.latency`` (SPEC §9); validates, never clamps.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from dualpath.config.checks import require
+from dualpath.metrics import latency
 
 # Timeline fields in the order they must be non-decreasing.
 TIMELINE_FIELDS = (
@@ -110,21 +111,23 @@ class TurnRecord:
 
     @property
     def ttft_s(self) -> float:
-        """Time to first token: first_token_s - arrival_s."""
-        return self.first_token_s - self.arrival_s
+        """Time to first token (``metrics.latency``)."""
+        return latency.ttft_s(self.arrival_s, self.first_token_s)
 
     @property
     def ttst_s(self) -> float | None:
-        """Time between the first and the second token (SPEC §9: hand-off to the DE + its first
-        decode step), ``second_token_s - first_token_s``; None if output_tokens < 2."""
-        return self.second_token_s - self.first_token_s if self.output_tokens >= 2 else None
+        """First to second token (``metrics.latency``); None if output_tokens < 2."""
+        return latency.ttst_s(self.first_token_s, self.second_token_s, self.output_tokens)
 
     @property
     def tpot_s(self) -> float | None:
-        """Mean time per later token: (finish - second) / (output - 2); None if output <= 2."""
-        if self.output_tokens <= 2:
-            return None
-        return (self.finish_s - self.second_token_s) / (self.output_tokens - 2)
+        """Mean time per token after the second (``metrics.latency``); None if output <= 2."""
+        return latency.tpot_s(self.second_token_s, self.finish_s, self.output_tokens)
+
+    @property
+    def itl_s(self) -> float | None:
+        """Mean inter-token latency after the first token (``metrics.latency``)."""
+        return latency.itl_s(self.first_token_s, self.finish_s, self.output_tokens)
 
     @property
     def queue_s(self) -> float:

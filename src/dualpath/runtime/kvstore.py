@@ -17,7 +17,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +76,8 @@ class BlockLayout:
         return layer * self.layer_block_bytes + token_in_block * self.row_bytes
 
 
-def _write_all(fd: int, data: memoryview | bytes) -> None:
+def write_all(fd: int, data: memoryview | bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (a short write goes on where it stopped)."""
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view) :]
@@ -103,8 +104,15 @@ def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str) -> list
     return keys
 
 
+# how a block file's bytes reach the file: ``write_all``, or a fault-injecting stand-in
+WriteFn = Callable[[int, memoryview | bytes], None]
+
+
 class KVStore:
-    """Full Blocks under ``root`` (a local directory or a shared file-system mount)."""
+    """Full Blocks under ``root`` (a local directory or a shared file-system mount).
+
+    ``write_fn`` writes each block file's header, then its payload (``write_all``; a test
+    or ``FaultPlan.fail_writes`` injects failing writes here, see ``storage.FailingWrites``)."""
 
     def __init__(
         self,
@@ -112,11 +120,19 @@ class KVStore:
         layout: BlockLayout,
         direct_io: bool = False,
         namespace: str = "",
+        write_fn: WriteFn = write_all,
     ) -> None:
         self.root = Path(root)
         self.layout = layout
         self.direct_io = direct_io
         self.fingerprint = fingerprint(namespace)
+        self.write_fn = write_fn
+
+    def with_write_fn(self, write_fn: WriteFn) -> KVStore:
+        """The same store (root, layout, namespace) writing through ``write_fn``."""
+        other = KVStore(self.root, self.layout, self.direct_io, write_fn=write_fn)
+        other.fingerprint = self.fingerprint
+        return other
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.kvb"
@@ -155,8 +171,8 @@ class KVStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, self._header(zlib.crc32(payload)))
-                _write_all(fd, payload)
+                self.write_fn(fd, self._header(zlib.crc32(payload)))
+                self.write_fn(fd, payload)
                 os.fsync(fd)  # the bytes are on disk before the name points at them
             finally:
                 os.close(fd)

@@ -148,15 +148,15 @@ class StorageActor:
     """Node ``node``'s storage worker; creates and owns the node's buffer."""
 
     def __init__(self, env: ProcEnv, node: int) -> None:
-        from dualpath.runtime.storage import StorageWorker, inject_write_failures
+        from dualpath.runtime.storage import StorageWorker, write_faults
 
         env = _actor_env(env)
-        if env.options.faults.fail_writes:
-            inject_write_failures(env.options.faults.fail_writes)
         lock = threading.Lock()  # every allocation of this node runs in this process
         self._owner = SlotBuffer.create(env.buffers[node], lock)
         locks = tuple(lock if n == node else None for n in range(len(env.buffers)))
-        self.worker = StorageWorker(replace(env, locks=locks, slot_owners=()), node)
+        self.worker = StorageWorker(
+            replace(env, locks=locks, slot_owners=()), node, write_faults(env)
+        )
         self.inbox: queue.Queue[Any] = queue.Queue()
 
     def pid(self) -> int:

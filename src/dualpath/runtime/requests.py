@@ -1,17 +1,14 @@
-"""Scheduler-side bookkeeping: one request (turn) in flight, one agent, one run's result."""
+"""Scheduler-side bookkeeping: one request (turn) in flight, one agent (the run's result:
+``runtime.result``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from dualpath.ledger import Turn
-from dualpath.metrics import TurnRecord
 from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from dualpath.runtime.scheduler import Scheduler
+from dualpath.workload.scripts import AgentScript
 
 
 class Req(Turn):
@@ -88,8 +85,9 @@ class Req(Turn):
 
 @dataclass(slots=True)
 class AgentState:
-    """An agent's script (token ids appended per turn, tokens to generate per turn) and its
-    progress: the context grows by each turn's append and real greedy output."""
+    """An agent's script (token ids appended per turn, tokens to generate per turn: a
+    ``workload.scripts.AgentScript``) and its progress: the context grows by each turn's
+    append and real greedy output."""
 
     agent_id: int
     appends: tuple[tuple[int, ...], ...]
@@ -98,6 +96,10 @@ class AgentState:
     turn: int = 0
     generated: list[tuple[int, ...]] = field(default_factory=list)
     tenant: str = ""  # salts its blocks' hash chain ("" = ``RuntimeOptions.tenant``)
+
+    @classmethod
+    def from_script(cls, script: AgentScript) -> AgentState:
+        return cls(script.agent_id, script.appends, script.outputs)
 
     @property
     def finished(self) -> bool:
@@ -112,69 +114,3 @@ class AgentState:
         self.context = (*prompt, *output)
         self.generated.append(output)
         self.turn += 1
-
-
-def _union_s(windows: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(windows):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Records (for ``dualpath.metrics.summarize``), outputs, bytes per path, SNIC use."""
-
-    records: tuple[TurnRecord, ...]
-    outputs: dict[int, tuple[tuple[int, ...], ...]]  # agent → generated tokens per turn
-    bytes_by_path: dict[str, int]
-    snic_busy_utilisation: float  # bytes read / (SNIC rate × time each SNIC had reads); NaN: n/a
-    snic_aggregate_utilisation: float  # bytes read / (all SNICs' rate × time any read ran)
-    requeued: int
-    alloc_stalls: int
-    wall_s: float
-    forward_passes: int = 0  # PE forward passes
-    forward_chunks: int = 0  # request chunks over all passes (mean batch = chunks / passes)
-    chunked: int = 0  # chunks that were not their request's last (chunked prefill)
-    max_pass_tokens: int = 0  # most cached + new tokens one pass held
-    pass_new_tokens: int = 0  # tokens computed by all PE passes
-    pass_busy_s: float = 0.0  # Σ PE pass durations (engine-measured)
-
-    @property
-    def mean_batch(self) -> float:
-        return self.forward_chunks / self.forward_passes if self.forward_passes else 0.0
-
-    @classmethod
-    def build(cls, sched: Scheduler, start_s: float, end_s: float) -> RunResult:
-        c = sched.counters
-        rate = sched.env.config.hardware.snic_total_bytes_per_s
-        read = c.pe_read_bytes + c.de_read_bytes
-        busy = sum(_union_s(w) for w in c.read_windows.values())
-        span = _union_s([x for w in c.read_windows.values() for x in w])
-        nodes = sched.topo.num_nodes
-        paced = sched.env.options.paced_kv  # the Oracle's reads take no SNIC time: no figure
-        nan = float("nan")
-        paths: dict[str, Any] = {
-            "pe_read": c.pe_read_bytes, "de_read": c.de_read_bytes,
-            "layer_blocks_to_pe": c.layer_in_bytes, "pe_to_de_buffer": c.pd_bytes,
-            "de_buffer_to_hbm": c.h2d_bytes,
-            "persisted": c.persisted_blocks * sched.env.layout.full_block_bytes,
-        }  # fmt: skip
-        return cls(
-            records=tuple(sorted(sched.records, key=lambda r: r.request_id)),
-            outputs={a: tuple(s.generated) for a, s in sorted(sched.agents.items())},
-            bytes_by_path=paths,
-            snic_busy_utilisation=read / (rate * busy) if busy > 0 and paced else nan,
-            snic_aggregate_utilisation=read / (rate * nodes * span) if span > 0 and paced else nan,
-            requeued=c.requeued,
-            alloc_stalls=c.alloc_stalls,
-            wall_s=end_s - start_s,
-            forward_passes=c.passes,
-            forward_chunks=c.pass_chunks,
-            chunked=c.chunked,
-            max_pass_tokens=c.max_pass_tokens,
-            pass_new_tokens=c.pass_new_tokens,
-            pass_busy_s=c.pass_busy_s,
-        )

@@ -55,7 +55,8 @@ from dualpath.runtime.messages import (
     ReadyMsg,
     TokensMsg,
 )
-from dualpath.runtime.requests import AgentState, Req, RunResult
+from dualpath.runtime.requests import AgentState, Req
+from dualpath.runtime.result import RunResult
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.types import EngineKind, ReadSide
 

@@ -1,7 +1,7 @@
 """The runtime's entry point: start the processes, run agents to completion, shut down.
 
     with LocalRuntime(config, RuntimeOptions(system="dualpath")) as rt:
-        result = rt.run(agent_scripts(...))
+        result = rt.run(agent_scripts(...))   # dualpath.workload.scripts
 
 Ctrl-C or any failure stops every process and removes the shared-memory buffers.
 """
@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from dualpath.config import Config
-from dualpath.config.systems import config_for
+from dualpath.config import Config, config_for
 from dualpath.ledger import TurnDone
 from dualpath.metrics import TurnRecord
 from dualpath.policy import make_policy
 from dualpath.runtime.launcher import Launcher
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.requests import AgentState, RunResult
+from dualpath.runtime.requests import AgentState
+from dualpath.runtime.result import RunResult
 from dualpath.runtime.scheduler import Scheduler
+from dualpath.workload.scripts import AgentScript
 
 
 def make_launcher(config: Config, options: RuntimeOptions) -> Launcher:
@@ -75,16 +76,18 @@ class LocalRuntime:
 
     def run(
         self,
-        agents: Sequence[AgentState],
+        agents: Sequence[AgentScript | AgentState],
         on_turn: Callable[[TurnRecord], None] | None = None,
     ) -> RunResult:
-        """Serve every agent's turns to the end (offline: all agents start together)."""
+        """Serve every agent's turns to the end (offline: all agents start together); a
+        script starts a fresh ``AgentState``, a given state goes on from its progress."""
         sched = self.scheduler
         if on_turn is not None:
             sched.events.subscribe(TurnDone, lambda ev: on_turn(ev.record))
-        for agent in agents:
+        states = [a if isinstance(a, AgentState) else AgentState.from_script(a) for a in agents]
+        for agent in states:
             sched.add_agent(agent)
-        for agent in agents:
+        for agent in states:
             first = agent.next_turn()
             if first is not None:
                 sched.submit_or_reject(agent.agent_id, *first)

@@ -68,30 +68,40 @@ def persist_with_retry(
     return err
 
 
-def inject_write_failures(count: int, code: int = errno.ENOSPC) -> None:
-    """Fault injection (``FaultPlan.fail_writes``): this process's next ``count`` block writes
-    (-1: all) fail with ``code`` (a full disk) after half the payload reached the temporary
-    file."""
-    real = kvs._write_all
-    left = [count]
+class FailingWrites:
+    """Fault injection (``FaultPlan.fail_writes``), a ``KVStore`` write hook: the next ``count``
+    block writes (-1: all) fail with ``code`` (a full disk) after half the payload reached the
+    temporary file. ``attempts`` counts the payload writes it saw (failed or not)."""
 
-    def failing(fd: int, data: memoryview | bytes) -> None:
-        if len(data) > HEADER_BYTES and left[0] != 0:
-            left[0] -= 1
-            real(fd, memoryview(data)[: len(data) // 2])
-            raise OSError(code, f"{os.strerror(code)} (injected)")
-        real(fd, data)
+    def __init__(self, count: int, code: int = errno.ENOSPC) -> None:
+        self.left = count
+        self.code = code
+        self.attempts = 0
 
-    kvs._write_all = failing
+    def __call__(self, fd: int, data: memoryview | bytes) -> None:
+        if len(data) > HEADER_BYTES:  # the payload (a header is written whole)
+            self.attempts += 1
+            if self.left != 0:
+                self.left -= 1
+                kvs.write_all(fd, memoryview(data)[: len(data) // 2])
+                raise OSError(self.code, f"{os.strerror(self.code)} (injected)")
+        kvs.write_all(fd, data)
+
+
+def write_faults(env: ProcEnv) -> FailingWrites | None:
+    """The write hook ``env``'s fault plan asks for, if any."""
+    count = env.options.faults.fail_writes
+    return FailingWrites(count) if count else None
 
 
 class StorageWorker:
-    def __init__(self, env: ProcEnv, node: int) -> None:
+    def __init__(self, env: ProcEnv, node: int, write_fn: kvs.WriteFn | None = None) -> None:
         self.env = env
         self.node = node
         self.name = f"storage@node{node}"
         self.buffer: SlotBuffer = env.attach_buffer(node)
-        self.store: KVStore = env.store()
+        store = env.store()
+        self.store: KVStore = store if write_fn is None else store.with_write_fn(write_fn)
         rate = env.config.hardware.snic_total_bytes_per_s
         now = env.clock.now  # the process's one clock
         self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
@@ -161,7 +171,7 @@ class StorageWorker:
                   f"({self.num_failed} dropped so far)", file=sys.stderr)  # fmt: skip
 
     def serve(self, inbox: Any) -> None:
-        writer = threading.Thread(target=self._write_loop, name="persist", daemon=True)
+        writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
         writer.start()
         self.env.results.put(ReadyMsg(self.name, os.getpid(), self.region))
         try:
@@ -190,10 +200,8 @@ def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = Fals
     """Process entry point of node ``node``'s storage worker."""
     child_setup()
     env.start_heartbeat(f"storage@node{node}")
-    if env.options.faults.fail_writes:
-        inject_write_failures(env.options.faults.fail_writes)
     try:
-        worker = StorageWorker(env, node)
+        worker = StorageWorker(env, node, write_faults(env))
         worker.crash_on_read = crash_on_read
         worker.serve(inbox)
     except Exception as err:  # report, then exit non-zero: the scheduler shuts the run down

@@ -70,7 +70,7 @@ class BackendStats:
     num_preempted: int = 0  # requeues
     num_aborted: int = 0  # requests freed before finishing (client gone, shutdown)
     num_persist_failed: int = 0  # KV block writes dropped (e.g. full disk): not cached
-    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)  # pe_read, de_read, …
+    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)  # by ``types.KVPath``
     utilisation: dict[str, float] = field(default_factory=dict)  # snic/cnic per node
     queue_lengths: dict[str, int] = field(default_factory=dict)  # read queues per node
 

@@ -5,9 +5,10 @@ every turn (append as a user message, the model's reply as an assistant message)
 with ``max_tokens`` = the turn's forced generation. Trace mode replays a Mooncake trace: each
 session's prompts extend one growing text, so repeated prefixes can hit. Appends are words
 from a seeded ``random.Random`` (≈ one token per word on BPE tokenizers; the server's
-``usage`` gives the exact counts, which are what we report). Measures TTFT, TTST (time to
-second token), TPOT, per-agent JCT and the job's makespan, and the hit ratio from
-``usage.prompt_tokens_details.cached_tokens``.
+``usage`` gives the exact counts, which are what we report). Measures TTFT, TTST (first to
+second token), TPOT and ITL (``metrics.latency``), per-agent JCT and the job's makespan, and the
+hit ratio from ``usage.prompt_tokens_details.cached_tokens``. The scripts come from
+``workload.scripts`` (``chat_scripts``, ``trace_scripts``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dualpath.metrics import latency
 from dualpath.metrics.percentiles import Percentiles
+from dualpath.workload.scripts import ChatScript
 
 _WORDS = [
     "the",
@@ -71,33 +74,19 @@ _WORDS = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """One request of a script: text appended to the conversation, tokens to generate."""
-
-    append_words: int
-    max_tokens: int
-    not_before_s: float = 0.0  # arrival time relative to the start (trace mode)
-
-
-@dataclass(frozen=True, slots=True)
-class Script:
-    """One agent / session: its turns run in order, each after the previous one finished."""
-
-    session_id: str
-    turns: tuple[Turn, ...]
-    seed: int
-
-
 @dataclass(slots=True)
 class RequestResult:
+    """One request as the client saw it; times in seconds from its start (its arrival). The
+    second token is the second streamed chunk with text (one token per chunk on our server;
+    another server may pack several). Latencies are ``metrics.latency``'s."""
+
     session_id: str
     turn: int
     ok: bool
     error: str = ""
     start_s: float = 0.0
-    ttft_s: float | None = None
-    ttst_s: float | None = None
+    ttft_s: float | None = None  # first chunk with text
+    second_token_s: float | None = None  # second chunk with text
     end_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -105,10 +94,23 @@ class RequestResult:
     num_chunks: int = 0
 
     @property
-    def tpot_s(self) -> float | None:
-        if self.ttft_s is None or self.completion_tokens < 2:
+    def ttst_s(self) -> float | None:
+        if self.ttft_s is None or self.second_token_s is None:
             return None
-        return (self.end_s - self.start_s - self.ttft_s) / (self.completion_tokens - 1)
+        return latency.ttst_s(self.ttft_s, self.second_token_s, self.completion_tokens)
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.second_token_s is None:
+            return None
+        finish = self.end_s - self.start_s
+        return latency.tpot_s(self.second_token_s, finish, self.completion_tokens)
+
+    @property
+    def itl_s(self) -> float | None:
+        if self.ttft_s is None:
+            return None
+        return latency.itl_s(self.ttft_s, self.end_s - self.start_s, self.completion_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,7 @@ class LoadgenResult:
             "ttft_s": pct([r.ttft_s for r in ok]),
             "ttst_s": pct([r.ttst_s for r in ok]),
             "tpot_s": pct([r.tpot_s for r in ok]),
+            "itl_s": pct([r.itl_s for r in ok]),
             "agent_jct_s": pct(self.agent_jct_s),
             "job_jct_s": max(self.agent_jct_s, default=0.0),
         }
@@ -170,67 +173,6 @@ class LoadgenResult:
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, n)))
-
-
-def agent_scripts(
-    num_agents: int,
-    num_turns: int,
-    token_scale: float,
-    max_gen_tokens: int,
-    block_tokens: int = 64,
-    seed: int = 0,
-) -> list[Script]:
-    """SPEC §9 trajectories (``synthesize`` at MAL 32K) cut to ``num_turns`` turns, appends
-    scaled by ``token_scale`` and generations capped at ``max_gen_tokens``."""
-    from dataclasses import replace
-
-    from dualpath.config import WorkloadConfig
-    from dualpath.workload import synthesize
-
-    if num_agents < 1 or num_turns < 1:
-        raise ValueError(f"--agents {num_agents} / --turns {num_turns}: both must be >= 1")
-    if not 0 < token_scale <= 1:
-        raise ValueError(f"--token-scale {token_scale} is invalid: must be in (0, 1]")
-    cfg = replace(
-        WorkloadConfig(),
-        num_agents=num_agents,
-        num_base_trajectories=min(num_agents, 500),
-        mal="32k",
-        seed=seed,
-    )
-    scripts = []
-    for traj in synthesize(cfg, block_tokens):
-        turns = tuple(
-            Turn(max(1, round(t.append_tokens * token_scale)), min(t.gen_tokens, max_gen_tokens))
-            for t in traj.turns[:num_turns]
-        )
-        scripts.append(Script(f"agent-{traj.agent_id}", turns, seed * 1_000_003 + traj.agent_id))
-    return scripts
-
-
-def trace_scripts(
-    path: str, token_scale: float, max_gen_tokens: int, speedup: float, limit: int | None
-) -> list[Script]:
-    """A Mooncake trace as one script per session; arrival times divided by ``speedup``
-    (0: closed loop, arrivals ignored)."""
-    from dualpath.workload import load_mooncake
-
-    if not 0 < token_scale <= 1:
-        raise ValueError(f"--token-scale {token_scale} is invalid: must be in (0, 1]")
-    requests = load_mooncake(path, block_tokens=1)
-    if limit is not None:
-        requests = requests[:limit]
-    by_session: dict[int, list[Turn]] = {}
-    sent: dict[int, int] = {}
-    for req in requests:
-        words = max(1, round(req.prompt_tokens * token_scale))
-        append = max(1, words - sent.get(req.session_id, 0))
-        sent[req.session_id] = sent.get(req.session_id, 0) + append
-        at = req.timestamp_s / speedup if speedup > 0 else 0.0
-        by_session.setdefault(req.session_id, []).append(
-            Turn(append, min(req.output_tokens, max_gen_tokens), at)
-        )
-    return [Script(f"session-{s}", tuple(t), s) for s, t in sorted(by_session.items())]
 
 
 class LoadGenerator:
@@ -253,7 +195,12 @@ class LoadGenerator:
         return str(r.json()["data"][0]["id"])
 
     async def _request(
-        self, client: Any, model: str, script: Script, turn_i: int, history: list[dict[str, str]]
+        self,
+        client: Any,
+        model: str,
+        script: ChatScript,
+        turn_i: int,
+        history: list[dict[str, str]],
     ) -> tuple[RequestResult, str]:
         opts = self.options
         turn = script.turns[turn_i]
@@ -311,14 +258,14 @@ class LoadGenerator:
             now = time.monotonic() - res.start_s
             if res.ttft_s is None:
                 res.ttft_s = now
-            elif res.ttst_s is None:
-                res.ttst_s = now
+            elif res.second_token_s is None:
+                res.second_token_s = now
 
     async def _run_script(
         self,
         client: Any,
         model: str,
-        script: Script,
+        script: ChatScript,
         t0: float,
         out: LoadgenResult,
         on_request: Callable[[], None] | None,
@@ -345,7 +292,7 @@ class LoadGenerator:
             out.agent_jct_s.append(time.monotonic() - started)
 
     async def run(
-        self, scripts: Sequence[Script], on_request: Callable[[], None] | None = None
+        self, scripts: Sequence[ChatScript], on_request: Callable[[], None] | None = None
     ) -> LoadgenResult:
         import httpx
 
@@ -362,7 +309,7 @@ class LoadGenerator:
             sem = asyncio.Semaphore(self.options.concurrency)
             t0 = time.monotonic()
 
-            async def one(script: Script) -> None:
+            async def one(script: ChatScript) -> None:
                 async with sem:
                     await self._run_script(client, model, script, t0, out, on_request)
 
@@ -382,6 +329,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"TTFT {ms(s['ttft_s'])}",
             f"TTST {ms(s['ttst_s'])}",
             f"TPOT {ms(s['tpot_s'])}",
+            f"ITL  {ms(s['itl_s'])}",
             f"agent JCT p50 {s['agent_jct_s']['p50']:.2f} s  p99 {s['agent_jct_s']['p99']:.2f} s"
             f"  job JCT {s['job_jct_s']:.2f} s",
             f"hit ratio {s['hit_ratio']:.3f} ({s['cached_tokens']} of {s['prompt_tokens']} "

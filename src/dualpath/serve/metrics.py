@@ -61,8 +61,8 @@ class _BackendCollector(Collector):
         kv = CounterMetricFamily(
             "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
         )
-        for path, value in sorted(s.kv_bytes_by_path.items()):
-            kv.add_metric([path], value)
+        for path, value in sorted(s.kv_bytes_by_path.items()):  # by ``types.KVPath``
+            kv.add_metric([str(path)], value)
         yield kv
         util = GaugeMetricFamily(
             "dualpath:nic_utilization", "Busy fraction of each NIC", labels=["nic"]
@@ -88,9 +88,9 @@ class ServeMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
-            "dualpath:time_per_output_token_seconds",
-            "Mean time per output token after the first, per request",
+        self.itl = Histogram(
+            "dualpath:inter_token_latency_seconds",
+            "Mean time between output tokens after the first, per request (metrics.latency)",
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )

@@ -22,6 +22,7 @@ from dualpath.config import Config
 from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
+from dualpath.runtime.result import kv_bytes_by_path
 from dualpath.runtime.sampling import SamplingParams
 
 STATS_PERIOD_S = 0.5
@@ -80,7 +81,7 @@ class StatsEvt:
     requeued: int
     cancelled: int
     persist_failed: int = 0  # block writes dropped (e.g. a full disk)
-    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)
+    kv_bytes_by_path: dict[str, int] = field(default_factory=dict)  # by ``types.KVPath``
     queue_lengths: dict[str, int] = field(default_factory=dict)
     nic_busy_s: dict[str, float] = field(default_factory=dict)  # Σ pacer busy time per NIC
     now_s: float = 0.0
@@ -179,12 +180,7 @@ class _Host:
     def snapshot(self, nic_busy: Any) -> StatsEvt:
         s = self.sched
         c = s.counters
-        full = s.env.layout.full_block_bytes
-        paths = {
-            "pe_read": c.pe_read_bytes, "de_read": c.de_read_bytes,
-            "pd_transfer": c.pd_bytes, "layer_blocks_to_pe": c.layer_in_bytes,
-            "de_buffer_to_hbm": c.h2d_bytes, "persist": c.persisted_blocks * full,
-        }  # fmt: skip
+        paths = kv_bytes_by_path(c, s.env.layout.full_block_bytes)
         queues = {f"read_node{n}_tokens": q for n, q in enumerate(list(s.read_q))}
         for e, q in sorted(s.pe_queue.items()):
             queues[f"prefill_pe{e}"] = len(q)

@@ -18,6 +18,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from dualpath.metrics import latency
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.body import BodyError, decode_object, read_limited
 from dualpath.serve.metrics import ServeMetrics
@@ -284,9 +285,10 @@ class Service:
         m = self.metrics
         m.e2e.observe(time.monotonic() - t.arrived)
         if t.first is not None:
-            m.ttft.observe(t.first - t.arrived)
-            if last.num_generated_tokens > 1 and t.last is not None:
-                m.tpot.observe((t.last - t.first) / (last.num_generated_tokens - 1))
+            m.ttft.observe(latency.ttft_s(t.arrived, t.first))
+            itl = latency.itl_s(t.first, t.last or t.first, last.num_generated_tokens)
+            if itl is not None:  # (events may carry several tokens: no second-token time)
+                m.itl.observe(itl)
         m.prompt_tokens.inc(last.num_prompt_tokens)
         m.generation_tokens.inc(last.num_generated_tokens)
         m.request_success.labels(finished_reason=last.finish_reason or "abort").inc()

@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from dualpath.config import Config
+from dualpath.config import Config, config_for
 from dualpath.config.sim import SimConfig
-from dualpath.config.systems import SystemSpec, config_for
+from dualpath.config.systems import SystemSpec
 from dualpath.ledger import (
     EventBus,
     Ledger,

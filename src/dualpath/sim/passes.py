@@ -16,10 +16,11 @@ from functools import partial
 from dualpath.sim.events import EventLoop, Priority
 from dualpath.sim.pipeline import layerwise_pass_s
 from dualpath.sim.transfers import Transfers
+from dualpath.types import KVPath
 
 Transfer = tuple[str, tuple[int, ...], float]  # (path kind, path, bytes over all layers)
-_LOADS = ("pe_buffer_to_pe_hbm", "de_buffer_to_pe_hbm")
-_SENDS = ("pe_hbm_to_de_buffer",)
+_LOADS = (KVPath.PE_BUFFER_TO_PE_HBM.value, KVPath.DE_BUFFER_TO_PE_HBM.value)
+_SENDS = (KVPath.PE_HBM_TO_DE_BUFFER.value,)
 
 
 @dataclass(slots=True)

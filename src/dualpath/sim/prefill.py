@@ -26,6 +26,7 @@ from dualpath.sim.node_io import NodeIO
 from dualpath.sim.passes import AggregatePass, PassPlan, PerLayerPass
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
+from dualpath.types import KVPath
 
 
 class PendingQueue(Sequence[PendingPrefill]):
@@ -192,14 +193,18 @@ class PrefillGroup:
                 from_de = c.cached - from_pe  # DE-side hits and earlier chunks (in the DE buffer)
                 if from_pe:
                     path = fabric.pe_load_path(pe)
-                    loads.setdefault(path, ["pe_buffer_to_pe_hbm", 0.0])[1] += from_pe * kvpt
+                    loads.setdefault(path, [KVPath.PE_BUFFER_TO_PE_HBM.value, 0.0])[1] += (
+                        from_pe * kvpt
+                    )
                 if from_de:
                     path = fabric.de_load_path(req.de, pe)
-                    loads.setdefault(path, ["de_buffer_to_pe_hbm", 0.0])[1] += from_de * kvpt
+                    loads.setdefault(path, [KVPath.DE_BUFFER_TO_PE_HBM.value, 0.0])[1] += (
+                        from_de * kvpt
+                    )
                 # Sent to the DE buffer: this chunk's new KV, plus the PE-side hits once.
                 send_bytes = (c.new + (from_pe if first else 0)) * kvpt
                 path = fabric.send_path(pe, req.de)
-                sends.setdefault(path, ["pe_hbm_to_de_buffer", 0.0])[1] += send_bytes
+                sends.setdefault(path, [KVPath.PE_HBM_TO_DE_BUFFER.value, 0.0])[1] += send_bytes
                 req.de_buffer_bytes += send_bytes
                 self.node_ios[fabric.topology.node_of(req.de)].hold(send_bytes)
         linear = cost.prefill_linear_time_s(model, hw, total_new / size, size)

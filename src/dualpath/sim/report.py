@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dualpath.sim.results import SimResult
+from dualpath.sim.transfers import PATH_KINDS
 
 CSV_COLUMNS = (
     "system",
@@ -33,14 +34,7 @@ CSV_COLUMNS = (
     "share_read_pe",
     "share_read_de",
     "share_read_none",
-    "bytes_storage_to_pe_buffer",
-    "bytes_storage_to_de_buffer",
-    "bytes_pe_buffer_to_pe_hbm",
-    "bytes_de_buffer_to_pe_hbm",
-    "bytes_pe_hbm_to_de_buffer",
-    "bytes_de_buffer_to_de_hbm",
-    "bytes_de_to_storage",
-    "bytes_collectives",
+    *(f"bytes_{kind}" for kind in PATH_KINDS),  # the KV paths (types.KVPath), collectives
 )
 
 

@@ -12,23 +12,18 @@ from collections.abc import Callable, Sequence
 from dualpath.ledger import EventBus, TransferDone
 from dualpath.sim.events import EventLoop, Priority
 from dualpath.sim.network import FluidNetwork
-from dualpath.types import TrafficClass
+from dualpath.types import KVPath, TrafficClass
 
-# Path kinds, in report order (bytes per path in the results).
-PATH_KINDS = (
-    "storage_to_pe_buffer",
-    "storage_to_de_buffer",
-    "pe_buffer_to_pe_hbm",
-    "de_buffer_to_pe_hbm",
-    "pe_hbm_to_de_buffer",
-    "de_buffer_to_de_hbm",
-    "de_to_storage",
+# Path kinds, in report order (bytes per path in the results): the KV paths by their one name
+# (``types.KVPath``; the simulator knows each layer load's source buffer), then collectives.
+PATH_KINDS: tuple[str, ...] = (
+    *(p.value for p in KVPath if p is not KVPath.BUFFER_TO_PE_HBM),
     "collectives",
 )
 _LABELS = {kind: f"done:{kind}" for kind in PATH_KINDS}
 # What the Oracle gets for free (SPEC §11): storage reads, H2D/D2H and PD transfers.
 # Persistence writes and collectives still take time (neither gates any request).
-ORACLE_FREE = frozenset(PATH_KINDS) - {"de_to_storage", "collectives"}
+ORACLE_FREE = frozenset(PATH_KINDS) - {KVPath.DE_TO_STORAGE.value, "collectives"}
 
 
 class Transfers:

@@ -3,13 +3,19 @@
 from dualpath.workload.mooncake import TraceRequest, load_mooncake
 from dualpath.workload.stats import WorkloadStats, trajectory_stats
 from dualpath.workload.synth import SPEC_TABLE, mal_tokens, synthesize
-from dualpath.workload.trajectory import Trajectory, Turn, TurnSpec, persisted_tokens, turn_requests
+from dualpath.workload.trajectory import (
+    Trajectory,
+    TrajectoryTurn,
+    TurnSpec,
+    persisted_tokens,
+    turn_requests,
+)
 
 __all__ = [
     "SPEC_TABLE",
     "TraceRequest",
     "Trajectory",
-    "Turn",
+    "TrajectoryTurn",
     "TurnSpec",
     "WorkloadStats",
     "load_mooncake",

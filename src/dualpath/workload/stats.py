@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dualpath.config.checks import require
 from dualpath.workload.synth import SPEC_TABLE, base_set, mal_tokens
-from dualpath.workload.trajectory import Trajectory, Turn, turn_requests
+from dualpath.workload.trajectory import Trajectory, TrajectoryTurn, turn_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,9 @@ class WorkloadStats:
     log_turns_sd: float  # population sd over trajectories of ln(turns)
 
 
-def turns_stats(all_turns: Sequence[Sequence[Turn]], block_tokens: int = 64) -> WorkloadStats:
+def turns_stats(
+    all_turns: Sequence[Sequence[TrajectoryTurn]], block_tokens: int = 64
+) -> WorkloadStats:
     """Statistics of trajectories given as their turn sequences."""
     require(len(all_turns) >= 1, "trajectories", len(all_turns), "at least one")
     num_turns = appends = later = gens = totals = prompts = hits = max_context = 0

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from dualpath.config.checks import one_of, require
 from dualpath.config.workload import SYNTH_FORMS, WorkloadConfig
 from dualpath.units import parse_tokens
-from dualpath.workload.trajectory import Trajectory, Turn
+from dualpath.workload.trajectory import Trajectory, TrajectoryTurn
 
 # Shape constants of the model (log-space standard deviations), chosen for plausibility,
 # not fitted: tool outputs are heavy-tailed, tool calls less so, tasks differ in verbosity.
@@ -108,7 +108,9 @@ def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return math.exp(rng.gauss(math.log(mean) - sigma * sigma / 2, sigma))
 
 
-def base_turns(rng: random.Random, params: SynthParams, cap_tokens: int) -> tuple[Turn, ...]:
+def base_turns(
+    rng: random.Random, params: SynthParams, cap_tokens: int
+) -> tuple[TrajectoryTurn, ...]:
     """One "per_turn" trajectory: verbosity and planned turns drawn freely, then the turns.
 
     The task plans a lognormal number of turns; the rollout stops earlier when the next turn
@@ -121,7 +123,7 @@ def base_turns(rng: random.Random, params: SynthParams, cap_tokens: int) -> tupl
 
 def draw_turns(
     rng: random.Random, params: SynthParams, cap_tokens: int, verbosity: float, planned: int
-) -> tuple[Turn, ...]:
+) -> tuple[TrajectoryTurn, ...]:
     """A large first append, then lognormal appends and generations scaled by ``verbosity``,
     for up to ``planned`` turns or until the next turn would pass ``cap_tokens``."""
     first = round(_lognormal(rng, params.first_append_mean_tokens, FIRST_APPEND_SIGMA))
@@ -130,14 +132,14 @@ def draw_turns(
     app_mu = math.log(params.append_mean_tokens * verbosity) - APPEND_SIGMA * APPEND_SIGMA / 2
     gauss, exp = rng.gauss, math.exp
     gen = min(max(1, round(exp(gauss(gen_mu, GEN_SIGMA)))), cap_tokens - first)
-    turns = [Turn(first, gen)]
+    turns = [TrajectoryTurn(first, gen)]
     context = first + gen
     while len(turns) < planned:
         append = max(1, round(exp(gauss(app_mu, APPEND_SIGMA))))
         gen = max(1, round(exp(gauss(gen_mu, GEN_SIGMA))))
         if context + append + gen > cap_tokens:
             break
-        turns.append(Turn(append, gen))
+        turns.append(TrajectoryTurn(append, gen))
         context += append + gen
     return tuple(turns)
 
@@ -160,7 +162,7 @@ def _stratified_lognormal(
 
 def synthesize_base_table2(
     rng: random.Random, params: SynthParams, cap_tokens: int, num_strata: int, count: int
-) -> list[tuple[Turn, ...]]:
+) -> list[tuple[TrajectoryTurn, ...]]:
     """The first ``count`` of ``num_strata`` "table2" trajectories, in draw order.
 
     Verbosity and planned turns are stratified over ``num_strata`` trajectories (a Latin
@@ -181,14 +183,14 @@ def synthesize_base_table2(
 
 def synthesize_base(
     rng: random.Random, params: SynthParams, cap_tokens: int, num_trajectories: int
-) -> list[tuple[Turn, ...]]:
+) -> list[tuple[TrajectoryTurn, ...]]:
     """``num_trajectories`` independent "per_turn" trajectories' turns, in draw order."""
     return [base_turns(rng, params, cap_tokens) for _ in range(num_trajectories)]
 
 
 def base_set(
     form: str, mal: str, rng: random.Random, num_base: int, count: int
-) -> list[tuple[Turn, ...]]:
+) -> list[tuple[TrajectoryTurn, ...]]:
     """The first ``count`` of ``num_base`` base trajectories of the ``form`` synthesiser."""
     one_of("workload.synth", form, SYNTH_FORMS)
     cap = mal_tokens(mal) - REPLICA_ROUND_MAX_TOKENS
@@ -197,9 +199,9 @@ def base_set(
     return synthesize_base(rng, CALIBRATED[mal], cap, count)
 
 
-def replica_round(rng: random.Random) -> Turn:
+def replica_round(rng: random.Random) -> TrajectoryTurn:
     """The random-token round prepended to a replicated agent (SPEC §9): gen = 1."""
-    return Turn(rng.randint(1, REPLICA_ROUND_MAX_TOKENS - 1), 1)
+    return TrajectoryTurn(rng.randint(1, REPLICA_ROUND_MAX_TOKENS - 1), 1)
 
 
 def synthesize(cfg: WorkloadConfig, block_tokens: int) -> list[Trajectory]:

@@ -11,7 +11,7 @@ from dualpath.config.checks import require
 
 
 @dataclass(frozen=True, slots=True)
-class Turn:
+class TrajectoryTurn:
     """One agent turn: ``append_tokens`` new prompt tokens (tool output, or system prompt + task
     on the first turn), then ``gen_tokens`` forced generated tokens (the next tool call)."""
 
@@ -19,8 +19,8 @@ class Turn:
     gen_tokens: int
 
     def __post_init__(self) -> None:
-        require(self.append_tokens >= 1, "Turn.append_tokens", self.append_tokens, ">= 1")
-        require(self.gen_tokens >= 1, "Turn.gen_tokens", self.gen_tokens, ">= 1")
+        require(self.append_tokens >= 1, "TrajectoryTurn.append_tokens", self.append_tokens, ">= 1")
+        require(self.gen_tokens >= 1, "TrajectoryTurn.gen_tokens", self.gen_tokens, ">= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class Trajectory:
     """One agent's whole trajectory. Tool latency and think time are zero (SPEC §9)."""
 
     agent_id: int
-    turns: tuple[Turn, ...]
+    turns: tuple[TrajectoryTurn, ...]
 
     def __post_init__(self) -> None:
         require(self.agent_id >= 0, "Trajectory.agent_id", self.agent_id, ">= 0")
