@@ -47,9 +47,12 @@ def _config() -> Config:
 def _trajectories(cfg: Config) -> list[Trajectory]:
     from dualpath.workload.scripts import small_trajectories
 
+    # outputs long enough that later pulls find DEs mid-decode (the runtime journals a
+    # "generated" op only at a pull after a DE stepped; with 6 tokens a loaded host could
+    # finish every decode between two pulls)
     wl = replace(cfg.workload, num_agents=4, seed=3)
     return small_trajectories(wl, cfg.scheduler.block_tokens, 3, token_scale=0.15,
-                              max_gen_tokens=6)  # fmt: skip
+                              max_gen_tokens=16)  # fmt: skip
 
 
 def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[list[Any], Config]:
