@@ -136,13 +136,18 @@ class RateSolver:
         """A flow started that needs a recomputation (``high``: a HIGH flow, under the traffic
         manager)."""
         self._new.append(slot)
-        if not high and self.t.f_cap[slot] < self._theta:
-            self._theta = self.t.f_cap[slot]
-        if self.t.f_cap[slot] == math.inf:  # it saturates a resource: walk through the likeliest
-            c, rate, forced = self.t.cap, self.t.rate, self._forced
-            tight = min(path, key=lambda r: (c[r] - rate[r]) / path.count(r))
+        t = self.t
+        fcap = t.f_cap[slot]
+        if not high and fcap < self._theta:
+            self._theta = fcap
+        if fcap == math.inf:  # it saturates a resource: walk through the likeliest
+            c, rate, forced, limit = t.cap, t.rate, self._forced, self._limit
+            tight, room = -1, 0.0
+            for r in path:  # the first of the least headroom per crossing
+                x = (c[r] - rate[r]) / path.count(r)
+                if tight < 0 or x < room:
+                    tight, room = r, x
             forced[tight] = None
-            room, limit = (c[tight] - rate[tight]) / path.count(tight), self._limit
             for r in path:  # and through those it takes past their limit at that rate
                 if rate[r] + room * path.count(r) > limit[r]:
                     forced[r] = None
@@ -181,22 +186,37 @@ class RateSolver:
             return False
         t0, t1 = self.t.tot
         if starting:  # the flow is counted already
-            return all(not t0[r] or t1[r] > path.count(r) for r in path)
-        return all(not t0[r] or t1[r] for r in path)
+            for r in path:
+                if t0[r] and t1[r] <= path.count(r):
+                    return False
+            return True
+        for r in path:
+            if t0[r] and not t1[r]:
+                return False
+        return True
 
     def shift_rates(self, path: tuple[int, ...], delta: float) -> None:
         """A flow at rate ``|delta|`` started (+) or ended (-) without a recomputation:
         account resources at their old rates, then adjust them."""
-        self.t.account(list(path), self._loop.now)
-        rate, t0, t1 = self.t.rate, *self.t.tot
+        t = self.t
+        now = self._loop.now
+        last, busy, rate, carried = t.last_s, t.busy_s, t.rate, t.carried
+        t0, t1 = t.tot
         q = self._q_slot
-        for r in path:  # a flow its kept subtractions do not hold
-            q[r] = None
         for r in path:
+            dt = now - last[r]  # t.account, inlined: bytes and busy time at the old rate
+            if dt > 0.0:
+                x = rate[r]
+                if x > 0.0:
+                    carried[r] += x * dt
+                    busy[r] += dt
+                last[r] = now
+            q[r] = None  # a flow its kept subtractions do not hold
             left = rate[r] + delta
             rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
         self._rearm = True
-        self._mark_dirty(())
+        if self._settle_ev is None:
+            self._mark_dirty(())
 
     def _mark_dirty(self, path: tuple[int, ...], high: bool = False) -> None:
         """Mark ``path`` for recomputation (``high``: a HIGH flow's, under the traffic
