@@ -21,6 +21,14 @@ from dualpath.types import TrafficClass
 HIGH, LOW = TrafficClass.HIGH, TrafficClass.LOW
 
 
+@pytest.fixture(autouse=True)
+def keep_every_filling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the subtractions of every filling, however small (the default keeps them from
+    ``rates.KEEP_MIN_FLOWS`` flows: exact either way, cheaper on small ones), so that the
+    rule runs as often as it can."""
+    monkeypatch.setattr(rates, "KEEP_MIN_FLOWS", 0)
+
+
 @pytest.fixture(scope="module")
 def window() -> dict:
     """3 s of a 4P8D cluster (2 EP groups of each kind, 512 agents, MAL 32K, DualPath)
@@ -51,6 +59,17 @@ def test_incremental_rates_on_a_recorded_window_equal_whole_components(window: d
     assert fast["digest"] == slow["digest"]
     assert fast["incremental"] > 0.8 * fast["settles"]
     assert fast["rerated"] < 0.1 * slow["rerated"]
+
+
+def test_incremental_rates_with_the_default_threshold_equal_whole_components(
+    window: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default ``KEEP_MIN_FLOWS`` (small fillings keep nothing) the same digest;
+    the rule still runs where fillings are large."""
+    monkeypatch.setattr(rates, "KEEP_MIN_FLOWS", 16)
+    fast = replay_window(window)
+    assert fast["digest"] == replay_window(window, local_rates=False)["digest"]
+    assert fast["incremental"] > 0.2 * fast["settles"]
 
 
 def test_incremental_rates_on_a_recorded_window_equal_the_local_solver(

@@ -20,6 +20,7 @@ SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearl
 MAX_RETRIES = 4  # local refills with more resources walked through before a whole-component one
 INCREMENTAL = True  # keep each resource's subtractions and refill only above the change's level
 LEVEL_MARGIN = 1e-6  # the prefix kept is strictly below (1 - LEVEL_MARGIN) of the lowest bound
+KEEP_MIN_FLOWS = 16  # a filling from the bottom keeps its subtractions from this many flows
 
 
 class RateSolver:
@@ -186,11 +187,11 @@ class RateSolver:
             return False
         t0, t1 = self.t.tot
         if starting:  # the flow is counted already
-            for r in path:
+            for r in path:  # noqa: SIM110  # a plain loop: no generator per start
                 if t0[r] and t1[r] <= path.count(r):
                     return False
             return True
-        for r in path:
+        for r in path:  # noqa: SIM110  # a plain loop: no generator per end
             if t0[r] and not t1[r]:
                 return False
         return True
@@ -258,7 +259,8 @@ class RateSolver:
             high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
         # resources to walk through (forced, and those of failed guesses below) pin no flow
         # either: their limit is -1 during this settle (any choice of them is exact)
-        limit, held = self._limit, dict[int, float]()
+        limit = self._limit
+        held: dict[int, float] = {}
         if self._local:
             for r in forced:
                 held[r] = limit[r]
@@ -348,7 +350,7 @@ class RateSolver:
         """``_walk``, above the level where this settle's changes start to matter when the
         subtractions kept allow (``_walk_above``); sets ``_level`` (0.0: from the bottom)."""
         self._level = 0.0
-        if local and INCREMENTAL and self._theta_now > 0.0:
+        if local and INCREMENTAL and self._theta_now > 0.0 and self._kept_at(dirty, forced):
             got = self._walk_above(dirty, forced)
             if got is not None:
                 self.num_incremental += 1
@@ -356,6 +358,15 @@ class RateSolver:
             self._level = 0.0
             self.num_whole += 1
         return self._walk(dirty, local, forced)
+
+    def _kept_at(self, dirty: list[int], forced: dict[int, None]) -> bool:
+        """Whether every dirty resource that will be walked through has kept subtractions
+        (a quick test before ``_walk_above``, which needs them)."""
+        q, rate, limit = self._q_slot, self.t.rate, self._limit
+        for r in dirty:  # noqa: SIM110  # a plain loop: no generator per settle
+            if q[r] is None and (r in forced or rate[r] > limit[r]):
+                return False
+        return True
 
     def _base(self, r: int) -> float:
         """What the filled class starts from on ``r`` (``_assign_rates``: LOW's share
@@ -678,7 +689,14 @@ class RateSolver:
         for r, x in edge_rate.items():
             rate[r] = x if x > 0.0 and (t0[r] or t1[r]) else 0.0
         if self._local:
-            self._keep_fill(res, edge, order)
+            if self._level > 0.0 or len(order) >= KEEP_MIN_FLOWS:
+                self._keep_fill(res, edge, order)
+            else:  # a small filling: keeping its subtractions costs more than it saves
+                q = self._q_slot
+                for r in res:
+                    q[r] = None
+                for r in edge:
+                    q[r] = None
         return True
 
     def _keep_fill(self, res: list[int], edge: list[int], order: list[int]) -> None:
