@@ -16,9 +16,10 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.cluster_utils")
 
+from tests.procs import two_raylets  # noqa: E402
+
 from dualpath.cli.main import main  # noqa: E402
 from dualpath.sim.fanout import check_ray_address, study_pool  # noqa: E402
-from tests.procs import two_raylets  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -51,9 +52,7 @@ def _sweep(out: Path, extra: list[str]) -> dict[str, Any]:
     return data
 
 
-def test_sweep_over_ray_writes_what_the_process_pool_writes(
-    address: str, tmp_path: Path
-) -> None:
+def test_sweep_over_ray_writes_what_the_process_pool_writes(address: str, tmp_path: Path) -> None:
     local = _sweep(tmp_path / "local", ["--workers", "2"])
     remote = _sweep(tmp_path / "ray", ["--ray-address", address])
     assert remote == local

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable
+from operator import truediv
 
 from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.flowtable import FlowTable
@@ -20,7 +21,7 @@ SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearl
 MAX_RETRIES = 4  # local refills with more resources walked through before a whole-component one
 INCREMENTAL = True  # keep each resource's subtractions and refill only above the change's level
 LEVEL_MARGIN = 1e-6  # the prefix kept is strictly below (1 - LEVEL_MARGIN) of the lowest bound
-KEEP_MIN_FLOWS = 16  # a filling from the bottom keeps its subtractions from this many flows
+KEEP_MIN_FLOWS = 64  # a filling from the bottom keeps its subtractions from this many flows
 
 
 class RateSolver:
@@ -471,11 +472,12 @@ class RateSolver:
                 left = q_left[r]
             if cut and r in changed:  # its level after every kept entry, old and new
                 n = max(len(q), tot[r]) - 1  # unfrozen after the first entry (the larger)
+                k = cut if cut < n else n
                 for col in (left, q_left[r]) if left is not q_left[r] else (left,):
-                    for j in range(cut if cut < n else n):
-                        a = col[j]
-                        if (a if a > 0.0 else 0.0) / (n - j) < theta:
-                            return None
+                    # left / unfrozen after each entry (a left <= 0 fails as its level 0
+                    # would: θ > 0)
+                    if k and min(map(truediv, col[:k], range(n, n - k, -1))) < theta:
+                        return None
             cut_of[r] = cut
             start[r] = left[cut - 1] if cut else base
             m = members[r]
