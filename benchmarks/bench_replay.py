@@ -12,7 +12,8 @@ not an observation hook of the simulator). Takes minutes (the cluster must reach
 nothing), runs to ``--from`` + ``--seconds`` (default: the whole window), and prints the CPU
 seconds of the run, settles, flows re-rated, fallbacks, completions and a digest of every
 completion (time, flow) and of the bytes left in every live flow at the end: two trees that
-rate flows bit-identically print the same digest. ``--before SRC`` replays on another tree too
+rate flows bit-identically print the same digest (and settles that kept a prefix, the exact
+incremental rule of ``sim/rates.py``; -1 on a tree without it). ``--before SRC`` replays on another tree too
 (``git archive`` under /tmp), alternating ``--repeat`` times, keeping each tree's fastest.
 
     nice -n 5 .venv/bin/python benchmarks/bench_replay.py --record /tmp/w48.json.gz \\
@@ -27,7 +28,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -41,50 +41,19 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def record(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_scale import build_units
+    from dualpath.sim.flowreplay import record_window
 
     cluster, _ = build_units(args.units, args.agents, args.mal, args.system)
     cpu0 = time.process_time()
-    cluster.loop.run(until_s=args.t_from)
-    net = cluster.net
-    net.rates.settle()
-    table = net._t  # the benchmark reads the network's table directly
-    initial = []
-    for fid in sorted(table.slot_of):
-        s = table.slot_of[fid]
-        left = net.remaining_bytes(fid)
-        if table.f_path[s] and left > 0.0:
-            initial.append([list(table.f_path[s]), left, table.f_cls[s], table.f_cap[s]])
-    starts: list[list[Any]] = []
-    loop, start_flow = cluster.loop, net.start_flow
-
-    def recording_start(
-        path: Any, size: float, klass: Any, on_done: Any, cap: float = math.inf
-    ) -> int:
-        starts.append([loop.now, list(path), float(size), int(klass), float(cap)])
-        return start_flow(path, size, klass, on_done, cap)
-
-    net.start_flow = recording_start
-    cpu1 = time.process_time()
-    loop.run(until_s=args.t_to)
-    cpu2 = time.process_time()
-    names = sorted(net._names, key=net._names.__getitem__)
-    data = {
-        "units": args.units,
-        "agents": args.agents,
-        "traffic_manager": net._tm,
-        "low_floor": net.rates._floor,
-        "resources": [[n, net.capacity(net.resource_id(n))] for n in names],
-        "from_s": args.t_from,
-        "to_s": args.t_to,
-        "initial": initial,
-        "starts": starts,
-    }
+    data = {"units": args.units, "agents": args.agents}
+    data.update(record_window(cluster, args.t_from, args.t_to))
+    cpu = time.process_time() - cpu0
     with gzip.open(args.record, "wt") as f:
         json.dump(data, f)
     print(
-        f"recorded {len(initial):,} live flows at {args.t_from} s and {len(starts):,} starts"
-        f" to {args.t_to} s into {args.record} (CPU {cpu1 - cpu0:.1f} s to reach the window,"
-        f" {cpu2 - cpu1:.1f} s in it)"
+        f"recorded {len(data['initial']):,} live flows at {args.t_from} s and"
+        f" {len(data['starts']):,} starts to {args.t_to} s into {args.record}"
+        f" (CPU {cpu:.1f} s)"
     )
 
 
@@ -147,6 +116,7 @@ def replay(path: Path, seconds: float | None) -> dict[str, Any]:
         "rerated": net.num_settled_flows,
         "fallbacks": getattr(net.rates, "num_fallbacks", -1),
         "retries": getattr(net.rates, "num_retries", -1),  # -1: a tree without them
+        "incremental": getattr(net.rates, "num_incremental", -1),
         "completions": len(done),
         "digest": h.hexdigest()[:16],
     }
@@ -196,7 +166,8 @@ def main() -> None:
                 best[name] = row
     print(
         f"{'tree':>6} {'window s':>15} {'flows':>8} {'CPU s':>7} {'settles':>8} "
-        f"{'re-rated':>10} {'µs/re-rated':>11} {'fallbacks':>9} {'retries':>7} {'done':>7}  digest"
+        f"{'re-rated':>10} {'µs/re-rated':>11} {'fallbacks':>9} {'retries':>7} {'incr.':>7}"
+        f" {'done':>7}  digest"
     )
     for name, _ in trees:
         r = best[name]
@@ -204,7 +175,7 @@ def main() -> None:
             f"{name:>6} {r['window_s'][0]:>7.1f}-{r['window_s'][1]:<7.1f} {r['flows']:>8,}"
             f" {r['cpu_s']:>7.2f} {r['settles']:>8,} {r['rerated']:>10,}"
             f" {1e6 * r['cpu_s'] / max(r['rerated'], 1):>11.2f} {r['fallbacks']:>9,}"
-            f" {r.get('retries', -1):>7,}"
+            f" {r.get('retries', -1):>7,} {r.get('incremental', -1):>7,}"
             f" {r['completions']:>7,}  {r['digest']}"
         )
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from dualpath.metrics import plots
 from dualpath.metrics.breakdown import series_stats
+from dualpath.sim.fanout import add_ray_arg
 
 SIM_PROVIDER_MODULE = "dualpath.cli.sim_figures"
 
@@ -267,6 +268,11 @@ def add_figures_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="re-plot saved JSON results (a previous OUT/data)",
     )
+    p.add_argument(
+        "--workers", type=int, default=1, help="parallel simulations (default 1: one by one)"
+    )
+    add_ray_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_figures)
 
 
@@ -282,7 +288,15 @@ def resolve_provider(args: argparse.Namespace) -> FigureData:
         raise ValueError(
             "no simulator-backed figure data yet: pass --from DIR with saved JSON results"
         ) from None
-    provider: FigureData = module.make_figure_data(quick=bool(getattr(args, "quick", False)))
+    workers, ray_address = int(getattr(args, "workers", 1)), getattr(args, "ray_address", None)
+    if workers < 1:
+        raise ValueError(f"--workers={workers} is invalid: must be >= 1")
+    provider: FigureData = module.make_figure_data(
+        quick=bool(getattr(args, "quick", False)),
+        workers=workers,
+        ray_address=ray_address,
+        progress=not getattr(args, "no_progress", True),
+    )
     return provider
 
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from dualpath.cli.common import add_config_args
 from dualpath.config import Config, apply_overrides, config_for, load_toml, preset, to_dict
 from dualpath.config.sim import SimConfig, parse_systems
 from dualpath.config.systems import system_spec
+from dualpath.sim.fanout import add_ray_arg, study_pool
 from dualpath.sim.plots import plot_results, plot_sweep
 from dualpath.sim.report import (
     CSV_COLUMNS,
@@ -218,7 +219,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers={args.workers} is invalid: must be >= 1")
     sim_fields = dataclasses.asdict(sim)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+    with study_pool(args.workers, args.ray_address) as pool:
         futures = {
             pool.submit(_job, (name, overrides, system, sim_fields)): (label, system)
             for label, (name, system, overrides) in jobs
@@ -284,6 +285,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--agents", default="512", help="comma-separated agent counts (default 512)")
     p.add_argument("--systems", default="basic,dualpath,oracle", help="comma-separated systems")
     p.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    add_ray_arg(p)
     p.add_argument("--out", help="output folder (default: runs/sweep-<hash of the grid>)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_sweep)

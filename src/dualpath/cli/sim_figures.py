@@ -9,15 +9,25 @@ Every number comes from a seeded simulation; nothing is tuned to the paper.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any
 
 from dualpath.config import Config, apply_overrides, preset
 from dualpath.metrics.breakdown import mean_breakdown
+from dualpath.metrics.capacity import CapacityResult
 from dualpath.metrics.slo import SLO
+from dualpath.sim.fanout import study_pool
 from dualpath.sim.online import OnlineResult, OnlineSettings, run_online
 from dualpath.sim.runner import simulate
-from dualpath.sim.studies import ablation, attention_series, capacity, snic_series
+from dualpath.sim.studies import (
+    ABLATION_STEPS,
+    ablation,
+    attention_series,
+    capacity,
+    snic_series,
+)
 from dualpath.workload import synthesize
 
 _LABEL = {"basic": "Basic", "dualpath": "DualPath", "oracle": "Oracle", "dpl": "DPL (RR)"}
@@ -86,20 +96,105 @@ def _config(name: str, mal: str, agents: int = 64) -> Config:
     return apply_overrides(preset(name), [f"workload.mal={mal}", f"workload.num_agents={agents}"])
 
 
+def _offline_jct(name: str, mal: str, agents: int, system: str) -> float:
+    return simulate(_config(name, mal, agents), system).jct_s
+
+
+def _online_run(s: FigureSettings, system: str, aps: float) -> OnlineResult:
+    config = _config(s.online_preset, s.mal)
+    return run_online(config, system, dataclasses.replace(s.online, aps=aps))
+
+
+def _balance_run(s: FigureSettings, system: str) -> OnlineResult:
+    config = _config(s.balance_preset, s.mal, s.balance_agents)
+    trajs = synthesize(config.workload, config.scheduler.block_tokens)
+    settings = dataclasses.replace(
+        s.online,
+        horizon_s=s.balance_horizon_s,
+        stop_on_steady=False,
+        slo=SLO(1e9, 1e9),  # observe only: no SLO stop
+    )
+    batch = (trajs, [0.0] * len(trajs))
+    return run_online(config, system, settings, workload=batch)
+
+
+def _online_task(s: FigureSettings, system: str, aps: float) -> OnlineResult:
+    """``_online_run`` as a task: without the live observer (the figures do not read it,
+    and it holds the run's cluster)."""
+    return dataclasses.replace(_online_run(s, system, aps), observer=None)
+
+
+def _balance_task(s: FigureSettings, system: str) -> OnlineResult:
+    return dataclasses.replace(_balance_run(s, system), observer=None)
+
+
+def _capacity(s: FigureSettings, system: str) -> CapacityResult:
+    config = _config(s.online_preset, s.mal)
+    return capacity(config, system, s.online, 1.0, 4.0, 0.1, 10)
+
+
 class SimFigureData:
-    """``FigureData`` from simulator runs (lazy, cached)."""
+    """``FigureData`` from simulator runs (lazy, cached). ``prefetch`` runs every
+    simulation the figures need at once on a study pool (``sim.fanout``: local processes or
+    Ray tasks) into the same caches; the figures then read them (the same results)."""
 
     def __init__(self, settings: FigureSettings) -> None:
         self.s = settings
         self._online: dict[tuple[str, float], OnlineResult] = {}
         self._balance: dict[str, OnlineResult] = {}
+        self._jct: dict[tuple[str, str, int, str], float] = {}
+        self._capacity: dict[str, CapacityResult] = {}
+
+    def jobs(self) -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+        """Every simulation of the figures: (cache, task, arguments); capacity bisection
+        is one task per system (its probes depend on each other)."""
+        s = self.s
+        out: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
+        offline = [(n, m, a, sy) for n, m, a in s.offline for sy in ("basic", "dualpath", "oracle")]
+        offline += [
+            (n, s.mal, s.pd_agents, sy) for n in s.pd_presets for sy in ("basic", "dualpath")
+        ]
+        name, mal, agents = s.ablation
+        offline += [(name, mal, agents, sy) for sy, _ in ABLATION_STEPS]
+        out += [("jct", _offline_jct, key) for key in dict.fromkeys(offline)]
+        out += [
+            ("online", _online_task, (s, sy, aps)) for sy in ("basic", "dualpath") for aps in s.aps
+        ]
+        out += [("balance", _balance_task, (s, sy)) for sy in ("dualpath", "dpl")]
+        if s.capacity_search:
+            out += [("capacity", _capacity, (s, sy)) for sy in ("basic", "dualpath")]
+        return out
+
+    def prefetch(self, workers: int, ray_address: str | None, progress: bool = True) -> None:
+        """Run ``jobs()`` on a study pool into the caches (a progress bar per simulation)."""
+        from tqdm import tqdm
+
+        with study_pool(workers, ray_address) as pool:
+            futures = {pool.submit(fn, *args): (kind, args) for kind, fn, args in self.jobs()}
+            for fut in tqdm(
+                as_completed(futures), total=len(futures), unit="sim", disable=not progress
+            ):
+                kind, args = futures[fut]
+                result = fut.result()
+                if kind == "jct":
+                    self._jct[args] = result
+                elif kind == "online":
+                    self._online[(args[1], args[2])] = result
+                elif kind == "balance":
+                    self._balance[args[1]] = result
+                else:
+                    self._capacity[args[1]] = result
+
+    def _offline(self, name: str, mal: str, agents: int, system: str) -> float:
+        key = (name, mal, agents, system)
+        if key not in self._jct:
+            self._jct[key] = _offline_jct(*key)
+        return self._jct[key]
 
     def _run(self, system: str, aps: float) -> OnlineResult:
         key = (system, aps)
         if key not in self._online:
-            config = _config(self.s.online_preset, self.s.mal)
-            settings = dataclasses.replace(self.s.online, aps=aps)
-            self._online[key] = run_online(config, system, settings)
+            self._online[key] = _online_run(self.s, system, aps)
         return self._online[key]
 
     def offline_jct(self) -> list[dict[str, Any]]:
@@ -107,7 +202,7 @@ class SimFigureData:
         for name, mal, agents in self.s.offline:
             config = _config(name, mal, agents)
             for system in ("basic", "dualpath", "oracle"):
-                jct = simulate(config, system).jct_s
+                jct = self._offline(name, mal, agents, system)
                 rows.append(
                     {
                         "model": config.model.name,
@@ -128,7 +223,7 @@ class SimFigureData:
                     {
                         "pd": config.cluster.label,
                         "system": _LABEL[system],
-                        "jct_s": simulate(config, system).jct_s,
+                        "jct_s": self._offline(name, self.s.mal, self.s.pd_agents, system),
                     }
                 )
         return rows
@@ -157,7 +252,9 @@ class SimFigureData:
         config = _config(self.s.online_preset, self.s.mal)
         for system in ("basic", "dualpath"):
             if self.s.capacity_search:
-                res = capacity(config, system, self.s.online, 1.0, 4.0, 0.1, 10)
+                if system not in self._capacity:
+                    self._capacity[system] = _capacity(self.s, system)
+                res = self._capacity[system]
                 row = {
                     "capacity_aps": res.capacity_aps,
                     "method": "bisection",
@@ -195,23 +292,16 @@ class SimFigureData:
 
     def ablation(self) -> list[dict[str, Any]]:
         name, mal, agents = self.s.ablation
-        rows = ablation(_config(name, mal, agents))
+        rows = ablation(
+            _config(name, mal, agents), jct_of=lambda sy: self._offline(name, mal, agents, sy)
+        )
         for row in rows:
             row["setting"] = f"{name} {mal} {agents} agents"
         return rows
 
     def _balance_run(self, system: str) -> OnlineResult:
         if system not in self._balance:
-            config = _config(self.s.balance_preset, self.s.mal, self.s.balance_agents)
-            trajs = synthesize(config.workload, config.scheduler.block_tokens)
-            settings = dataclasses.replace(
-                self.s.online,
-                horizon_s=self.s.balance_horizon_s,
-                stop_on_steady=False,
-                slo=SLO(1e9, 1e9),  # observe only: no SLO stop
-            )
-            batch = (trajs, [0.0] * len(trajs))
-            self._balance[system] = run_online(config, system, settings, workload=batch)
+            self._balance[system] = _balance_run(self.s, system)
         return self._balance[system]
 
     def snic_balance(self) -> dict[str, list[list[float]]]:
@@ -245,6 +335,12 @@ class SimFigureData:
         }
 
 
-def make_figure_data(quick: bool) -> SimFigureData:
-    """The provider `dualpath figures` uses without ``--from``."""
-    return SimFigureData(QUICK if quick else FULL)
+def make_figure_data(
+    quick: bool, workers: int = 1, ray_address: str | None = None, progress: bool = False
+) -> SimFigureData:
+    """The provider `dualpath figures` uses without ``--from``; with ``workers`` > 1 or a
+    ``ray_address``, its simulations run at once on that study pool (``prefetch``)."""
+    data = SimFigureData(QUICK if quick else FULL)
+    if workers > 1 or ray_address is not None:
+        data.prefetch(workers, ray_address, progress)
+    return data

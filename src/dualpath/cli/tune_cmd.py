@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from dualpath.config import Config, apply_overrides, to_dict
 from dualpath.config.sim import SimConfig
 from dualpath.metrics.slo import SLO
 from dualpath.models.planner import as_fraction, plan
+from dualpath.sim.fanout import add_ray_arg, study_pool
 from dualpath.sim.online import OnlineSettings, run_online
 from dualpath.sim.runner import simulate
 
@@ -138,6 +139,7 @@ def search(
     out: Path,
     workers: int,
     progress: bool,
+    ray_address: str | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Rows for every shape (cached or simulated) and how many were simulated now."""
     from tqdm import tqdm
@@ -165,7 +167,7 @@ def search(
             todo[key] = (config, row)
         rows.append(row)
     if todo:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with study_pool(workers, ray_address) as pool:
             futures = {
                 pool.submit(_run_point, (config, sim, system, mode)): key
                 for key, (config, _) in todo.items()
@@ -274,7 +276,15 @@ def run_tune(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/tune-{base.name}-{args.nodes}n-{mode['kind']}")
     t0 = time.perf_counter()
     rows, simulated = search(
-        base, sim, args.system, mode, shapes, out, args.workers, not args.no_progress
+        base,
+        sim,
+        args.system,
+        mode,
+        shapes,
+        out,
+        args.workers,
+        not args.no_progress,
+        args.ray_address,
     )
     wall = time.perf_counter() - t0
     ranked = sorted(rows, key=lambda r: (_score(r, mode), r["shape"]))
@@ -342,6 +352,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="skip shapes outside the planner's range (unless none is inside)",
     )
     p.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    add_ray_arg(p)
     p.add_argument("--out", help="output folder (default: runs/tune-<preset>-<N>n-<mode>)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_tune, systems=None, no_traffic_manager=False)

@@ -10,17 +10,20 @@ import math
 def fill_max_min(
     flows: list[int],
     capped: list[tuple[float, int, int]],
-    members: list[dict[int, int]],
+    members: list[dict[int, int]] | dict[int, dict[int, None]],
     res: list[int],
     paths: list[tuple[int, ...]],
     out: list[float],
     avail: list[float],
     cnt: list[int],
+    order: list[int] | None = None,
 ) -> None:
     """Max-min fair rates by progressive filling, written to ``out[slot]``.
 
     ``flows`` are slots of one class; ``capped`` lists ``(rate cap, flow id, slot)`` for
-    those of them with a finite cap, sorted; ``members[r]`` maps slot -> multiplicity for that class;
+    those of them with a finite cap, sorted; ``members[r]`` maps slot -> multiplicity for that class
+    (or holds, for each ``r`` in ``res``, at least the slots of ``flows`` that cross it: only
+    its keys are read, the unfrozen ones, and the order within one level changes no bit);
     ``res`` holds every resource those flows use; ``avail[r]`` is the capacity left for them
     and is decremented by what they take; ``cnt[r]`` holds, for each ``r`` in ``res``, the
     number of (flow, crossing) pairs of this class through ``r`` (the sum of ``members[r]``'s
@@ -28,10 +31,15 @@ def fill_max_min(
     resource saturates at level ``avail / unfrozen count`` (never decreasing as flows freeze
     below it), so a heap of those levels, refreshed lazily when an entry reaches the top,
     yields bottlenecks in order. Cost: O(I) for I (flow, resource) incidences plus the heap
-    refreshes. A rate cap freezes its flow at the cap (ties: by flow id).
+    refreshes. A rate cap freezes its flow at the cap (ties: by flow id). ``order``, when
+    given, receives the slots in the order they freeze (the order of the subtractions from
+    each resource's ``avail``; ``RateSolver`` keeps it per resource).
     """
     if not flows:
         return
+    if order is None:
+        order = []
+    freeze = order.append
     heap: list[tuple[float, int]] = []
     for r in res:
         n = cnt[r]
@@ -60,6 +68,7 @@ def fill_max_min(
                     break
                 ci += 1
                 out[s] = level
+                freeze(s)
                 for r2 in paths[s]:
                     avail[r2] -= level
                     cnt[r2] -= 1
@@ -93,6 +102,7 @@ def fill_max_min(
             break
         for s in batch:
             out[s] = level
+            freeze(s)
             for r2 in paths[s]:
                 avail[r2] -= level
                 cnt[r2] -= 1

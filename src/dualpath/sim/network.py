@@ -169,8 +169,12 @@ class FluidNetwork:
     ) -> int:
         """Start moving ``size_bytes`` across every resource of ``path``; ``on_done()`` runs
         (from the loop) when the last byte arrives. Returns the flow id."""
-        num_res, check = len(self._t.cap), self._check_rid
-        rids = tuple(r if type(r) is int and 0 <= r < num_res else check(r) for r in path)
+        num_res = len(self._t.cap)
+        rids = tuple(path)
+        for r in rids:  # plain loop: this runs at every flow start
+            if type(r) is not int or not 0 <= r < num_res:
+                rids = tuple(map(self._check_rid, rids))
+                break
         if not rids:
             raise ValueError("flow path is empty: it must name at least one resource")
         if not 0.0 <= size_bytes < math.inf:

@@ -9,7 +9,9 @@ it re-rated (new rates in ``new``) back to the network, which owns their timing.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable
+from operator import truediv
 
 from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.flowtable import FlowTable
@@ -17,6 +19,9 @@ from dualpath.sim.maxmin import fill_max_min
 
 SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
 MAX_RETRIES = 4  # local refills with more resources walked through before a whole-component one
+INCREMENTAL = True  # keep each resource's subtractions and refill only above the change's level
+LEVEL_MARGIN = 1e-6  # the prefix kept is strictly below (1 - LEVEL_MARGIN) of the lowest bound
+KEEP_MIN_FLOWS = 64  # a filling from the bottom keeps its subtractions from this many flows
 
 
 class RateSolver:
@@ -88,6 +93,28 @@ class RateSolver:
         self.num_fallbacks = 0  # local settles redone over the whole component
         self.num_retries = 0  # local refills redone with more resources walked through
         self._failed: list[int] = []  # resources whose guess failed in the last _assign_rates
+        # exact incremental filling (the filled class: LOW under the traffic manager, else
+        # the only one): per resource, the subtractions of the last filling that walked
+        # through it, in freezing order: slots, running maximum of their rates, what
+        # was left after each, and the capacity it started from (``_q_base``); a kept
+        # flow's rate is its current one. None: not
+        # kept (an edge of a filling that re-rated its flows, or a flow shifted rates there).
+        self._q_slot: list[list[int] | None] = []
+        self._q_cmax: list[list[float]] = []
+        self._q_left: list[list[float]] = []
+        self._q_base: list[float] = []
+        self._theta = math.inf  # this instant's lowest ended rate and started cap
+        self._theta_now = math.inf  # the same, for the settle running
+        self._level = 0.0  # the level the current settle keeps the prefix below (0: none)
+        self._cut: dict[int, int] = {}  # per resource walked through: prefix length
+        self._start: dict[int, float] = {}  # per resource walked through: left after it
+        self._keep: dict[int, list[float]] = {}  # recomputed prefix columns (base changed)
+        self._sub: dict[int, dict[int, None]] = {}  # per resource walked through: flows above
+        self._bases: dict[int, float] = {}  # per resource walked through: the filling's base
+        self._k_mark: list[int] = []  # per resource: walked through by the last kept filling
+        self._k_stamp = 0
+        self.num_incremental = 0  # settles that kept a prefix
+        self.num_whole = 0  # settles that could not (no kept subtractions, or float checks)
 
     def add_resource(self, capacity: float) -> None:
         self._limit.append(capacity * self._slack_limit)
@@ -96,6 +123,11 @@ class RateSolver:
         self._rmark.append(-1)
         self._high_left.append(capacity)
         self._shared.append(False)
+        self._q_slot.append(None)
+        self._q_cmax.append([])
+        self._q_left.append([])
+        self._q_base.append(0.0)
+        self._k_mark.append(0)
 
     def add_slot(self) -> None:
         self._f_mark.append(-1)
@@ -106,11 +138,18 @@ class RateSolver:
         """A flow started that needs a recomputation (``high``: a HIGH flow, under the traffic
         manager)."""
         self._new.append(slot)
-        if self.t.f_cap[slot] == math.inf:  # it saturates a resource: walk through the likeliest
-            c, rate, forced = self.t.cap, self.t.rate, self._forced
-            tight = min(path, key=lambda r: (c[r] - rate[r]) / path.count(r))
+        t = self.t
+        fcap = t.f_cap[slot]
+        if not high and fcap < self._theta:
+            self._theta = fcap
+        if fcap == math.inf:  # it saturates a resource: walk through the likeliest
+            c, rate, forced, limit = t.cap, t.rate, self._forced, self._limit
+            tight, room = -1, 0.0
+            for r in path:  # the first of the least headroom per crossing
+                x = (c[r] - rate[r]) / path.count(r)
+                if tight < 0 or x < room:
+                    tight, room = r, x
             forced[tight] = None
-            room, limit = (c[tight] - rate[tight]) / path.count(tight), self._limit
             for r in path:  # and through those it takes past their limit at that rate
                 if rate[r] + room * path.count(r) > limit[r]:
                     forced[r] = None
@@ -119,6 +158,8 @@ class RateSolver:
     def ended(self, path: tuple[int, ...], rate: float, klass: int) -> None:
         """A flow of class ``klass`` (0 for all without the traffic manager) running at
         ``rate`` left ``path`` and needs a recomputation."""
+        if 0.0 <= rate < self._theta and (klass or not self._tm):
+            self._theta = rate  # the levels below it are unchanged (_walk_above)
         if rate > 0.0 and (klass or not self._tm):  # HIGH changes reach LOW via _high_left
             gone = self._gone
             for r in path:
@@ -147,19 +188,37 @@ class RateSolver:
             return False
         t0, t1 = self.t.tot
         if starting:  # the flow is counted already
-            return all(not t0[r] or t1[r] > path.count(r) for r in path)
-        return all(not t0[r] or t1[r] for r in path)
+            for r in path:  # noqa: SIM110  # a plain loop: no generator per start
+                if t0[r] and t1[r] <= path.count(r):
+                    return False
+            return True
+        for r in path:  # noqa: SIM110  # a plain loop: no generator per end
+            if t0[r] and not t1[r]:
+                return False
+        return True
 
     def shift_rates(self, path: tuple[int, ...], delta: float) -> None:
         """A flow at rate ``|delta|`` started (+) or ended (-) without a recomputation:
         account resources at their old rates, then adjust them."""
-        self.t.account(list(path), self._loop.now)
-        rate, t0, t1 = self.t.rate, *self.t.tot
+        t = self.t
+        now = self._loop.now
+        last, busy, rate, carried = t.last_s, t.busy_s, t.rate, t.carried
+        t0, t1 = t.tot
+        q = self._q_slot
         for r in path:
+            dt = now - last[r]  # t.account, inlined: bytes and busy time at the old rate
+            if dt > 0.0:
+                x = rate[r]
+                if x > 0.0:
+                    carried[r] += x * dt
+                    busy[r] += dt
+                last[r] = now
+            q[r] = None  # a flow its kept subtractions do not hold
             left = rate[r] + delta
             rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
         self._rearm = True
-        self._mark_dirty(())
+        if self._settle_ev is None:
+            self._mark_dirty(())
 
     def _mark_dirty(self, path: tuple[int, ...], high: bool = False) -> None:
         """Mark ``path`` for recomputation (``high``: a HIGH flow's, under the traffic
@@ -183,6 +242,7 @@ class RateSolver:
         if event is not None:
             self._settle_ev = None
             self._loop.cancel(event)  # a no-op when it is the event running now
+        self._theta_now, self._theta = self._theta, math.inf
         if not self._dirty:
             if self._rearm:
                 self._rearm = False
@@ -200,7 +260,8 @@ class RateSolver:
             high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
         # resources to walk through (forced, and those of failed guesses below) pin no flow
         # either: their limit is -1 during this settle (any choice of them is exact)
-        limit, held = self._limit, dict[int, float]()
+        limit = self._limit
+        held: dict[int, float] = {}
         if self._local:
             for r in forced:
                 held[r] = limit[r]
@@ -285,6 +346,168 @@ class RateSolver:
         return flows
 
     def _component(
+        self, dirty: list[int], local: bool, forced: dict[int, None]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """``_walk``, above the level where this settle's changes start to matter when the
+        subtractions kept allow (``_walk_above``); sets ``_level`` (0.0: from the bottom)."""
+        self._level = 0.0
+        if local and INCREMENTAL and self._theta_now > 0.0 and self._kept_at(dirty, forced):
+            got = self._walk_above(dirty, forced)
+            if got is not None:
+                self.num_incremental += 1
+                return got
+            self._level = 0.0
+            self.num_whole += 1
+        return self._walk(dirty, local, forced)
+
+    def _kept_at(self, dirty: list[int], forced: dict[int, None]) -> bool:
+        """Whether every dirty resource that will be walked through has kept subtractions
+        (a quick test before ``_walk_above``, which needs them)."""
+        q, rate, limit = self._q_slot, self.t.rate, self._limit
+        for r in dirty:  # noqa: SIM110  # a plain loop: no generator per settle
+            if q[r] is None and (r in forced or rate[r] > limit[r]):
+                return False
+        return True
+
+    def _base(self, r: int) -> float:
+        """What the filled class starts from on ``r`` (``_assign_rates``: LOW's share
+        under the traffic manager, else the capacity)."""
+        if not self._tm:
+            return self.t.cap[r]
+        cap = self.t.cap[r]
+        left = self._high_left[r] + (cap - cap * (1.0 - self._floor) if self._shared[r] else 0.0)
+        return left if left > 0.0 else 0.0
+
+    def _walk_above(
+        self, dirty: list[int], forced: dict[int, None]
+    ) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """``_walk`` that leaves out the flows frozen below this settle's level ``θ`` in the
+        last filling (exact: ``docs/simulator.md``, "Exact incremental max-min"), or None
+        where it cannot (a resource walked through without kept subtractions, or a float
+        check fails).
+
+        ``θ`` is below every ended flow's old rate, every started flow's cap and, on each
+        resource where flows of the class started or ended or the base changed, below the
+        level it would saturate at with every flow unfrozen, old and new (progressive
+        filling never lowers a resource's level). Up to ``θ``, the old and the new filling
+        run the same steps, so the flows frozen there keep their rates, and each resource
+        walked through starts from what its kept subtractions left at its cut (the first
+        kept entry whose running maximum reaches ``θ``). Checked as floats: every changed
+        resource's level at every kept entry stays at or above ``θ`` (old and new counts),
+        and no flow above a cut has an old rate below ``θ`` (the cuts agree)."""
+        epoch = self._epoch = self._epoch + 1
+        rmark, fmark, paths = self._rmark, self._f_mark, self.t.f_path
+        fcap, frate = self.t.f_cap, self.t.f_rate
+        rate, limit = self.t.rate, self._limit
+        tm = self._tm
+        members = self.t.members[1 if tm else 0]
+        tot = self.t.tot[1 if tm else 0]
+        q_slot, q_cmax, q_left, q_base = self._q_slot, self._q_cmax, self._q_left, self._q_base
+        flows: list[int] = []
+        pinned: list[int] = []
+        edge: list[int] = []
+        res: list[int] = []
+        keep_margin = 1.0 - LEVEL_MARGIN
+        theta = self._theta_now * keep_margin
+        changed: dict[int, float] = {}
+        for r in dirty:
+            rmark[r] = epoch
+            if r in forced or rate[r] > limit[r]:
+                q = q_slot[r]
+                if q is None:
+                    return None
+                res.append(r)
+                base, old = self._base(r), q_base[r]
+                changed[r] = base
+                n = max(len(q), tot[r])  # q holds the old count
+                if n:
+                    low = (base if base < old else old) / n
+                    if low * keep_margin < theta:
+                        theta = low * keep_margin
+            else:
+                edge.append(r)  # a guess; _assign_rates checks after
+        if not theta > 0.0:
+            return None
+        cls = self.t.f_cls
+        for s in self._new:  # their resources are all dirty, so marked already
+            if fmark[s] != epoch and paths[s] and frate[s] == -1.0 and (cls[s] or not tm):
+                fmark[s] = epoch
+                flows.append(s)
+        new_at: dict[int, list[int]] = {}  # the new flows on each changed resource
+        for s in flows:
+            for r in paths[s]:
+                if r in changed:
+                    new_at.setdefault(r, []).append(s)
+        cut_of, start, keep, sub = self._cut, self._start, self._keep, self._sub
+        cut_of.clear()
+        start.clear()
+        keep.clear()
+        sub.clear()
+        pin = self.t.num_capped > 0
+        add_res, add_flow, add_pinned, add_edge = (
+            res.append,
+            flows.append,
+            pinned.append,
+            edge.append,
+        )
+        for r in res:  # grows while iterated: a breadth-first walk
+            q = q_slot[r]
+            if q is None:
+                return None
+            cut = bisect_left(q_cmax[r], theta)
+            base = changed.get(r, -1.0)
+            if base < 0.0:  # reached, not changed: its base is as kept, or give up
+                base = self._base(r)
+                if base != q_base[r]:
+                    return None
+                left = q_left[r]
+            elif base != q_base[r]:  # the prefix again, from the new base
+                left = []
+                a = base
+                for s in q[:cut]:
+                    a -= frate[s]
+                    left.append(a)
+                keep[r] = left
+            else:
+                left = q_left[r]
+            if cut and r in changed:  # its level after every kept entry, old and new
+                n = max(len(q), tot[r]) - 1  # unfrozen after the first entry (the larger)
+                k = cut if cut < n else n
+                for col in (left, q_left[r]) if left is not q_left[r] else (left,):
+                    # left / unfrozen after each entry (a left <= 0 fails as its level 0
+                    # would: θ > 0)
+                    if k and min(map(truediv, col[:k], range(n, n - k, -1))) < theta:
+                        return None
+            cut_of[r] = cut
+            start[r] = left[cut - 1] if cut else base
+            m = members[r]
+            live = sub[r] = dict.fromkeys([s for s in (q[cut:] if cut else q) if s in m])
+            for s in new_at.get(r, ()):
+                live[s] = None
+            for s in live:
+                if fmark[s] != epoch:
+                    if frate[s] < theta:  # frozen below θ after a cut: the cuts disagree
+                        return None
+                    fmark[s] = epoch
+                    if pin and frate[s] == fcap[s]:
+                        for r2 in paths[s]:  # a guess; _assign_rates checks after
+                            if rate[r2] > limit[r2]:
+                                break
+                        else:
+                            add_pinned(s)
+                            continue
+                    add_flow(s)
+                    for r2 in paths[s]:
+                        if rmark[r2] != epoch:
+                            rmark[r2] = epoch
+                            if rate[r2] <= limit[r2]:
+                                add_edge(r2)  # a guess; _assign_rates checks after
+                            else:
+                                add_res(r2)
+        self._level = theta
+        return res, edge, flows, pinned
+
+    def _walk(
         self, dirty: list[int], local: bool, forced: dict[int, None]
     ) -> tuple[list[int], list[int], list[int], list[int]]:
         """The flows whose rates a change on the dirty resources can move, and the resources
@@ -378,19 +601,40 @@ class RateSolver:
             avail[r] = inf
         high_share = 1.0 - self._floor
         high_left, shared = self._high_left, self._shared
-        if low:
+        order: list[int] = []  # the filled class's flows in freezing order (_keep_fill)
+        base = self._bases
+        base.clear()
+        if self._level > 0.0:  # above the level: from what each cut left (_walk_above)
+            start, cut_of = self._start, self._cut
+            tot = t1 if self._tm else t0
+            for r in res:
+                avail[r] = start[r]
+                cnt[r] = tot[r] - cut_of[r]
+            self._pin(pinned)
+            fill_max_min(
+                flows,
+                self._capped(flows),
+                self._sub,  # the flows above the cuts, per resource
+                res,
+                paths,
+                new,
+                avail,
+                cnt,
+                order,
+            )
+        elif low:
             for r in res:  # what HIGH left, plus the floor HIGH could not take
                 left = high_left[r] + (cap[r] - cap[r] * high_share if shared[r] else 0.0)
-                avail[r] = left if left > 0.0 else 0.0
+                avail[r] = base[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
             self._pin(pinned)
-            fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt)
+            fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt, order)
         elif not self._tm:  # one class
             for r in res:
-                avail[r] = cap[r]
+                avail[r] = base[r] = cap[r]
                 cnt[r] = t0[r]
             self._pin(pinned)
-            fill_max_min(flows, self._capped(flows), m0, res, paths, new, avail, cnt)
+            fill_max_min(flows, self._capped(flows), m0, res, paths, new, avail, cnt, order)
         else:
             high = [s for s in flows if not cls[s]]
             for r in res:
@@ -403,11 +647,11 @@ class RateSolver:
                 high_left[r] = avail[r]
                 shared[r] = both
                 left = avail[r] + (cap[r] - cap[r] * high_share if both else 0.0)
-                avail[r] = left if left > 0.0 else 0.0
+                avail[r] = base[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
             self._pin([s for s in pinned if cls[s]])
             low_flows = [s for s in flows if cls[s]]
-            fill_max_min(low_flows, self._capped(low_flows), m1, res, paths, new, avail, cnt)
+            fill_max_min(low_flows, self._capped(low_flows), m1, res, paths, new, avail, cnt, order)
         limit = self._limit
         edge_rate: dict[int, float] = {}
         if edge:
@@ -446,7 +690,55 @@ class RateSolver:
             rate[r] = used if used > 0.0 else 0.0
         for r, x in edge_rate.items():
             rate[r] = x if x > 0.0 and (t0[r] or t1[r]) else 0.0
+        if self._local:
+            if self._level > 0.0 or len(order) >= KEEP_MIN_FLOWS:
+                self._keep_fill(res, edge, order)
+            else:  # a small filling: keeping its subtractions costs more than it saves
+                q = self._q_slot
+                for r in res:
+                    q[r] = None
+                for r in edge:
+                    q[r] = None
         return True
+
+    def _keep_fill(self, res: list[int], edge: list[int], order: list[int]) -> None:
+        """Keep, per resource walked through, the subtractions of the filling that just
+        passed (``order``: its flows in freezing order) after the prefix kept below
+        ``_level`` (from the base when 0); drop what edges kept (their flows moved)."""
+        q_slot, q_cmax, q_left, q_base = self._q_slot, self._q_cmax, self._q_left, self._q_base
+        mark = self._k_mark
+        stamp = self._k_stamp = self._k_stamp + 1
+        if self._level > 0.0:
+            cut_of, keep = self._cut, self._keep
+            for r in res:
+                mark[r] = stamp
+                cut = cut_of[r]
+                q = q_slot[r]
+                if cut and q is not None:  # always, past _walk_above
+                    q_slot[r] = q[:cut]
+                    q_cmax[r] = q_cmax[r][:cut]
+                    kept = keep.get(r)
+                    q_left[r] = kept if kept is not None else q_left[r][:cut]
+                else:
+                    q_slot[r], q_cmax[r], q_left[r] = [], [], []
+                q_base[r] = self._base(r)
+        else:
+            base = self._bases
+            for r in res:
+                mark[r] = stamp
+                q_slot[r], q_cmax[r], q_left[r] = [], [], []
+                q_base[r] = base[r]
+        new, paths = self.new, self.t.f_path
+        for s in order:
+            x = new[s]
+            for r in paths[s]:
+                if mark[r] == stamp:  # walked through (edges hold no subtraction)
+                    left, cmax = q_left[r], q_cmax[r]
+                    left.append((left[-1] if left else q_base[r]) - x)
+                    cmax.append(cmax[-1] if cmax and cmax[-1] > x else x)
+                    q_slot[r].append(s)  # type: ignore[union-attr]  # set above
+        for r in edge:
+            q_slot[r] = None
 
     def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
         """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""

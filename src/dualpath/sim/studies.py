@@ -63,16 +63,20 @@ def capacity(
 
 
 def ablation(
-    config: Config, sim: SimConfig | None = None, progress: Callable[[str], None] | None = None
+    config: Config,
+    sim: SimConfig | None = None,
+    progress: Callable[[str], None] | None = None,
+    jct_of: Callable[[str], float] | None = None,
 ) -> list[dict[str, object]]:
     """Offline JCT of Basic, +Layer, +DPL, +Sched (= DualPath) on ``config`` and the speed-up
-    of each over Basic and over the previous step."""
+    of each over Basic and over the previous step (``jct_of(system)``: JCTs simulated
+    already, e.g. in parallel; else one simulation per step here)."""
     rows: list[dict[str, object]] = []
     base = prev = 0.0
     for system, label in ABLATION_STEPS:
         if progress is not None:
             progress(label)
-        jct = simulate(config, system, sim).jct_s
+        jct = jct_of(system) if jct_of is not None else simulate(config, system, sim).jct_s
         base = base or jct
         rows.append(
             {
