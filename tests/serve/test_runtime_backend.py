@@ -31,7 +31,8 @@ def _runtime_args(kv_root: Path, system: str = "dualpath") -> list[str]:
 
 @pytest.fixture(scope="module")
 def rt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    server = ServerProc(_runtime_args(tmp_path_factory.mktemp("kv")))
+    # emulated GPU time: every test of the module also checks that it serves correctly
+    server = ServerProc([*_runtime_args(tmp_path_factory.mktemp("kv")), "--gpu-time", "emulated"])
     try:
         yield server
     finally:
@@ -187,8 +188,12 @@ def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> Non
         'dualpath:queue_length{queue="policy_waiting"}',
         'dualpath:kv_bytes_total{path="pd_transfer"}',
         "dualpath:num_preemptions_total",
+        'dualpath:gpu_overrun_share{engine="pe',  # --gpu-time emulated: per engine
+        'dualpath:gpu_overrun_share{engine="de',
+        'dualpath:gpu_overrun_passes_total{engine="pe',
     ):
         assert name in text, name
+    assert rt_server.metric("dualpath:gpu_passes_total") >= 2  # passes and decode steps held
 
 
 def test_sigterm_stops_every_process_and_unlinks_shared_memory(rt_server: ServerProc) -> None:

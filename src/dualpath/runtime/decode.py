@@ -11,6 +11,7 @@ node's storage worker (SPEC §4: the DE persists the turn's new blocks).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.decoding import Chooser, choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.gputime import hold_until
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import (
@@ -127,11 +129,17 @@ class DecodeEngine(Engine):
         self._admit()
         active = [r for r in self.running if not r.done]
         if active:
+            start = self.clock.now()
             kv = PagedKV(self.pool, lambda layer: [r.tables[layer] for r in active],
                          [len(r.tokens) for r in active])  # fmt: skip
             logits = self.model.forward_batch([r.out[-1:] for r in active], kv)
             gens = [_generator(r) for r in active]  # token len(out) of each one's output
             picked = choose_batch([r.chooser for r in active], logits, gens)
+            host_s = self.clock.now() - start
+            emulated_s = 0.0
+            if self.gpu_time is not None:  # the step ends no earlier than its emulated time
+                emulated_s = self.gpu_time.decode_s(len(active), sum(kv.past_lens) + len(active))
+                hold_until(start + emulated_s, self.clock.now, time.sleep)
             now = self.clock.now()
             for r, (token, _) in zip(active, picked, strict=True):
                 r.tokens.append(r.out[-1])
@@ -145,7 +153,7 @@ class DecodeEngine(Engine):
             lps = tuple(
                 (r.msg.request_id, lp) for r, (_, lp) in zip(active, picked, strict=True) if lp
             )
-            self.env.results.put(TokensMsg(self.engine_id, step, lps))
+            self.env.results.put(TokensMsg(self.engine_id, step, lps, emulated_s, host_s))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
             self.pool.free([p for t in r.tables for p in t])

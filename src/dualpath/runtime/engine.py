@@ -20,6 +20,7 @@ from typing import Any
 
 from dualpath.runtime.decoding import Chooser, build_tokenizer
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.gputime import GpuTime
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.model import CacheBatch, KVCache, RuntimeModel
@@ -93,6 +94,12 @@ class Engine:
         warm = [KVCache(self.model, 2), KVCache(self.model, 2)]
         self.model.forward_batch([[0], [0, 1]], CacheBatch(warm))
         self._grammar_tokenizer: Any = None
+        # emulated GPU time: the cost model on the run's hardware (None: host time)
+        self.gpu_time: GpuTime | None = None
+        if env.options.gpu_time == "emulated":
+            self.gpu_time = GpuTime(env.config.model, env.config.hardware,
+                                    len(env.group_members(engine_id)),
+                                    env.topology.decode_ep_gpus)  # fmt: skip
 
     def chooser(self, sampling: SamplingParams | None, prefix: Sequence[int] = ()) -> Chooser:
         """A request's token chooser; the grammar library's tokenizer is built on the first

@@ -26,6 +26,7 @@ from dualpath.runtime.decoding import choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange
+from dualpath.runtime.gputime import LayerFloor
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
@@ -180,14 +181,20 @@ class PrefillEngine(Engine):
         if plan is not None and self.exchange is not None:
             step = self.exchange.run_pass(plan, self.model.hidden_size)
 
+        floor = LayerFloor(self._emulated_s(msg), layers, self.clock.now)
+
         def wait_loaded(layer: int) -> None:
+            t0 = self.clock.now()
             loaded[layer].wait()
+            floor.waited(self.clock.now() - t0)
             if errors:
                 raise errors[0]
 
         def on_hidden(layer: int, h: torch.Tensor) -> None:
+            floor.layer_done()  # the layer's compute ends no earlier than its emulated time
             if step is not None:  # the collective blocks compute, as on a GPU
                 step(layer, h.float().cpu())  # the exchange carries float32 rows
+                floor.restart()
 
         new_tokens = [c.tokens[c.cached : c.cached + c.new] for c in chunks]
         kv = PagedKV(pool, lambda layer: tables[layer], [c.cached for c in chunks],
@@ -223,8 +230,19 @@ class PrefillEngine(Engine):
                 moved["out"],
                 pool.num_free,
                 logprobs,
+                floor.emulated_s or 0.0,
+                floor.host_s,
             )
         )
+
+    def _emulated_s(self, msg: ForwardMsg) -> float | None:
+        """The pass's emulated GPU time (None: host time): this PE's chunks, its group's
+        new tokens (the exchange plan's, else its own)."""
+        if self.gpu_time is None:
+            return None
+        own = sum(c.new for c in msg.chunks)
+        group = sum(msg.exchange.new_tokens) if msg.exchange is not None else own
+        return self.gpu_time.prefill_s([(c.cached, c.new) for c in msg.chunks], group)
 
 
 def _generator(sampling: SamplingParams | None) -> torch.Generator | None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from dualpath.ledger import Turn
 from dualpath.metrics import TurnRecord
 from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.gputime import GpuUse
 from dualpath.runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -141,6 +142,8 @@ class RunResult:
     max_pass_tokens: int = 0  # most cached + new tokens one pass held
     pass_new_tokens: int = 0  # tokens computed by all PE passes
     pass_busy_s: float = 0.0  # Σ PE pass durations (engine-measured)
+    # per engine name, with ``gpu_time="emulated"``: passes / steps, overruns, Σ times
+    gpu_use: dict[str, GpuUse] = field(default_factory=dict)
 
     @property
     def mean_batch(self) -> float:
@@ -177,4 +180,5 @@ class RunResult:
             max_pass_tokens=c.max_pass_tokens,
             pass_new_tokens=c.pass_new_tokens,
             pass_busy_s=c.pass_busy_s,
+            gpu_use={sched.topo.engine_name(e): u for e, u in sorted(c.gpu.items())},
         )

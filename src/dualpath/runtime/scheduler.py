@@ -36,6 +36,7 @@ from dualpath.policy import ClusterView, PendingPrefill
 from dualpath.policy.base import Policy
 from dualpath.policy.commands import ForwardBatch
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.gputime import GpuUse
 from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
@@ -84,6 +85,7 @@ class _Counters:
     pass_new_tokens: int = 0  # tokens computed by all passes
     pass_busy_s: float = 0.0  # Σ pass durations as the PEs measured them
     read_windows: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    gpu: dict[int, GpuUse] = field(default_factory=dict)  # per engine, emulated GPU time only
 
 
 class Scheduler:
@@ -516,6 +518,7 @@ class Scheduler:
         self.counters.pd_bytes += msg.bytes_out
         self.counters.pass_new_tokens += sum(c.new for c in batch.chunks)
         self.counters.pass_busy_s += msg.done_s - msg.start_s
+        self._note_gpu(msg.engine_id, msg.emulated_s, msg.host_s)
         firsts = dict(msg.first_tokens)
         for rid, lp in msg.first_logprobs:
             if rid in self.reqs:
@@ -557,6 +560,7 @@ class Scheduler:
             self._forward_done(msg)
             return
         if isinstance(msg, TokensMsg):  # one decode step of a DE
+            self._note_gpu(msg.engine_id, msg.emulated_s, msg.host_s)
             for rid, lp in msg.logprobs:  # (before the tokens: a callback reads them)
                 req = self.reqs.get(rid)
                 if req is not None and req.phase is Phase.DECODING and rid in self.token_callbacks:
@@ -590,6 +594,11 @@ class Scheduler:
             self.generated[req.de] += 1
         elif isinstance(msg, DecodeDoneMsg):
             self._decode_done(req, msg)
+
+    def _note_gpu(self, engine: int, emulated_s: float, host_s: float) -> None:
+        """Count an engine's pass under emulated GPU time (and whether it overran)."""
+        if emulated_s > 0.0:
+            self.counters.gpu.setdefault(engine, GpuUse()).add(emulated_s, host_s)
 
     def _prefill_done(self, req: Req, first_token: int, done_s: float) -> None:
         self.ledger.first_token(req, done_s)  # it leaves its PE
