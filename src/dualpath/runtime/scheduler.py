@@ -61,6 +61,7 @@ from dualpath.runtime.sampling import SamplingParams
 from dualpath.types import EngineKind, ReadSide
 
 IDLE_WAIT_S = 0.005
+LIVENESS_CHECK_S = 0.05  # how often the run loop looks for dead children (not every round)
 
 # on_tokens(request_id, tokens so far, done): the first token when prefill ends, then each
 # decode step's with ``RuntimeOptions.stream_tokens``, then all (done)
@@ -138,6 +139,7 @@ class Scheduler:
         self._deferred_kicks: set[int] | None = None  # groups to kick after try_alloc's round
         # group → (start, batches) of its pass in flight, for ForwardStarted / ForwardDone
         self.group_pass: dict[int, tuple[float, Any]] = {}
+        self._liveness_checked_s = float("-inf")  # when ``recover`` last looked
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -678,6 +680,10 @@ class Scheduler:
         A dead PE matters until its prefill is done, a dead DE until decode is done. Slots
         that a live process may still write (an in-flight read or prefill) are freed when it
         reports back, never earlier."""
+        now = self.now()
+        if now - self._liveness_checked_s < LIVENESS_CHECK_S:
+            return  # ``liveness_timeout_s`` is seconds: a round every 5 ms need not look
+        self._liveness_checked_s = now
         for name in self.launcher.dead_workers():
             self._recover_storage(int(name.removeprefix("storage@node")))
         for e in self.launcher.dead_engines():
