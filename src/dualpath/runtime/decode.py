@@ -89,8 +89,11 @@ class DecodeEngine(Engine):
         key = block_keys(r.tokens[: (block + 1) * bt], bt, namespace)[block]
         slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
         window = TransferWindow(self.env.options.transfer_window)
-        for layer in range(self.model.num_layers):
-            window.add(self.push_nowait(self.node, slot, layer, 0, bt, r.tables[layer][block])[1])
+        layers = self.model.num_layers
+        self.charge(self.node, layers * bt * self.row_bytes, to_hbm=False)  # the Full Block
+        for layer in range(layers):
+            page = r.tables[layer][block]
+            window.add(self.push_nowait(self.node, slot, layer, 0, bt, page, paced=False)[1])
         window.drain()
         self.storage.put(PersistMsg(key, slot))
         r.persisted.append(key)
@@ -112,10 +115,13 @@ class DecodeEngine(Engine):
             r = _Running(msg, list(msg.tokens), tables, chooser, [msg.first_token])
             num_prompt = len(msg.tokens)
             window = TransferWindow(self.env.options.transfer_window)
+            # the prompt's KV is one H2D of the request: charged once on each link it crosses
+            self.charge(self.node, num_prompt * layers * self.row_bytes, to_hbm=True)
             for b, slot in enumerate(msg.de_slots):
                 n = min(self.block_tokens, num_prompt - b * self.block_tokens)
                 for layer in range(layers):
-                    nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, tables[layer][b])
+                    page = tables[layer][b]
+                    nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, page, False)
                     r.bytes_in += nbytes
                     window.add(done)
             window.drain()

@@ -147,19 +147,42 @@ class Engine:
         return route
 
     def pull_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
+        paced: bool = True,
     ) -> tuple[int, Transfer]:
         """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
-        buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``); the
-        caller waits on the transfer, so several can be outstanding (a window)."""
-        return self._move_nowait(node, slot, layer, first, num_tokens, page, to_hbm=True)
+        buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``, unless
+        the caller charged it already: ``paced=False``); the caller waits on the transfer,
+        so several can be outstanding (a window)."""
+        return self._move_nowait(node, slot, layer, first, num_tokens, page, True, paced)
 
     def push_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
+        paced: bool = True,
     ) -> tuple[int, Transfer]:
         """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
-        Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
-        return self._move_nowait(node, slot, layer, first, num_tokens, page, to_hbm=False)
+        Block ``layer`` (paced on every link of ``_route`` unless ``paced=False``); the caller
+        waits on the transfer."""
+        return self._move_nowait(node, slot, layer, first, num_tokens, page, False, paced)
+
+    def charge(self, node: int, nbytes: int, to_hbm: bool) -> None:
+        """Pace ``nbytes`` between this engine's HBM and node ``node``'s buffer as one
+        transfer on every link of ``_route`` (a batch of transfers posted together: one
+        reservation per link instead of one per Layer Block, the same link time)."""
+        if self.paced and nbytes > 0:
+            transfer_all(self._route(node, to_hbm), nbytes, TrafficClass.LOW)
 
     def _move_nowait(
         self,
@@ -170,9 +193,10 @@ class Engine:
         num_tokens: int,
         page: int,
         to_hbm: bool,
+        paced: bool = True,
     ) -> tuple[int, Transfer]:
         nbytes = num_tokens * self.row_bytes
-        if self.paced:
+        if self.paced and paced:
             transfer_all(self._route(node, to_hbm), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         offset = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes

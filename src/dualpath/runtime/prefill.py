@@ -78,15 +78,20 @@ class PrefillEngine(Engine):
     def _pull_cached(
         self, c: ChunkWork, layer: int, table: list[int]
     ) -> list[tuple[int, Transfer]]:
-        """Issue every Layer Block of chunk ``c``'s cached prefix for ``layer``."""
-        out = []
+        """Issue every Layer Block of chunk ``c``'s cached prefix for ``layer``: charged once
+        per source node (the layer's loads posted together), then copied block by block."""
+        moves = []
+        per_node: dict[int, int] = {}
         for b in range(self.pool.pages_for(c.cached)):
             rows = min(self.block_tokens, c.cached - b * self.block_tokens)
             hit = b * self.block_tokens < c.hit
             node = c.hit_node if hit else c.de_node
             slot = c.hit_slots[b] if hit else c.de_slots[b]
-            out.append(self.pull_nowait(node, slot, layer, 0, rows, table[b]))
-        return out
+            moves.append((node, slot, rows, table[b]))
+            per_node[node] = per_node.get(node, 0) + rows * self.row_bytes
+        for node, nbytes in sorted(per_node.items()):
+            self.charge(node, nbytes, to_hbm=True)
+        return [self.pull_nowait(n, s, layer, 0, rows, p, False) for n, s, rows, p in moves]
 
     def handle(self, msg: Any) -> None:
         assert isinstance(msg, ForwardMsg)
@@ -159,9 +164,12 @@ class PrefillEngine(Engine):
                 while (layer := sends.get()) is not None:
                     for i, c in enumerate(chunks):
                         table = tables[layer][i]
-                        for b, r, n in self._spans(c.send_from, c.cached + c.new):
+                        spans = self._spans(c.send_from, c.cached + c.new)
+                        sent = sum(n for _, _, n in spans) * self.row_bytes
+                        self.charge(c.de_node, sent, to_hbm=False)  # the layer's sends, together
+                        for b, r, n in spans:
                             nbytes, done = self.push_nowait(
-                                c.de_node, c.de_slots[b], layer, r, n, table[b]
+                                c.de_node, c.de_slots[b], layer, r, n, table[b], False
                             )
                             moved["out"] += nbytes
                             window.add(done)
