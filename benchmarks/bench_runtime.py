@@ -12,21 +12,28 @@ Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--age
   throughput.
 - ``window``: Oracle (unpaced), one request per pass, cached prefixes: prefill speed with
   ``--windows`` transfers outstanding per engine thread, per ``--transport``.
-- ``jct``: storage-bound 1P1D, the agentic workload (SPEC §9, scaled down), each system on a
-  fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2. The default SNIC rate, 15 MB/s
-  per node, is low enough that the SNICs bind, not the host's CPUs (at 30 MB/s the decode
-  node's CPU partly did, on 2 cores): the table prints each node's SNIC read busy time and its
-  processes' CPU use, both as a share of the JCT, so each run shows what bound it.
+- ``jct``: storage-bound 1P1D on preset ``tiny-testbed``, the agentic workload (SPEC §9,
+  scaled down), each system on a fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2.
+  The preset's SNIC (10 MB/s per node, ``--snic-mb-per-s``) is slow enough that the SNICs
+  bind, and its emulated GPU (``--gpu-time emulated``, the default) slower than the host, so
+  that what the host's other jobs take does not move the JCT: the table prints each node's
+  SNIC read busy time, its processes' CPU use (both as a share of the JCT) and each engine's
+  share of passes that overran their emulated time, so each run shows what bound it.
+  ``--gpu-time emulated,host`` and ``--background-load 0,2`` (busy-loop processes started
+  beside the run) give every combination in one invocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -214,6 +221,41 @@ def _jct_run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState]) -> dic
             "cpu_s": cpu}  # fmt: skip
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def background_load(n: int) -> Iterator[None]:
+    """``n`` busy-loop processes for the duration (another job's CPU use, on demand)."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_spin, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.join(5)
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min)"
+
+
+def _overruns(res: RunResult) -> str:
+    """Each engine's share of passes / decode steps that overran their emulated time."""
+    if not res.gpu_use:
+        return "n/a"
+    return ", ".join(
+        f"{name.split('@')[0]} {u.overrun_share:.0%}" for name, u in res.gpu_use.items()
+    )
+
+
 def part_jct(cfg: Config, args: argparse.Namespace) -> None:
     """Storage-bound 1P1D (SPEC §9's agentic workload, scaled down): every system on the same
     agents, each on a fresh KV store. The SNIC rate is low enough that every node's CPU is
@@ -223,7 +265,7 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
     from dualpath.metrics import summarize
     from dualpath.workload.scripts import agent_scripts, small_trajectories
 
-    rate = args.snic_mb_per_s * 1e6
+    rate = args.snic_mb_per_s * 1e6 if args.snic_mb_per_s else cfg.hardware.snic_bytes_per_s
     cfg = replace(
         cfg,
         hardware=replace(cfg.hardware, gpus_per_node=2, snic_bytes_per_s=rate),
@@ -232,23 +274,32 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
     block = cfg.scheduler.block_tokens
     trajs = small_trajectories(cfg.workload, block, args.turns, args.token_scale, args.max_gen)
     rate_total = cfg.hardware.snic_total_bytes_per_s
-    for transport in args.transport.split(","):
-        for window in (int(w) for w in args.windows.split(",")):
+    ratios = []
+    for load, gpu_time, transport, window in (
+        (int(n), g, t, int(w)) for n in args.background_load.split(",")
+        for g in args.gpu_time.split(",") for t in args.transport.split(",")
+        for w in args.windows.split(",")
+    ):  # fmt: skip
+        with background_load(load):
+            time.sleep(1.0 if load else 0.0)  # let the loops start
             print(
-                f"\n## storage-bound JCT: 1P1D, 2 engines/node, SNIC {rate_total / 1e6:g} MB/s "
-                f"per node, {args.agents} agents x {args.turns} turns (appends x "
-                f"{args.token_scale:g}, <= {args.max_gen} generated), transport {transport}, "
-                f"transfer window {window}; ideal DualPath/Basic speed-up (P+D)/P = 2"
+                f"\n## storage-bound JCT: {cfg.name}, 1P1D, 2 engines/node, SNIC "
+                f"{rate_total / 1e6:g} MB/s per node, {args.agents} agents x {args.turns} turns "
+                f"(appends x {args.token_scale:g}, <= {args.max_gen} generated), transport "
+                f"{transport}, transfer window {window}, GPU time {gpu_time}, background load "
+                f"{load} busy loop(s); ideal DualPath/Basic speed-up (P+D)/P = 2; at start: "
+                f"{_load()}"
             )
-            print("| system | JCT s | TTFT mean s | hit MB read (PE node / DE node) | SNIC read "
-                  "busy, % of JCT (PE node / DE node) | reads alone / JCT | CPU, cores "
-                  "busy over JCT (PE node / DE node) | requeued / alloc stalls |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|")
+            print("| system | JCT s | TTFT mean s | TPOT mean ms | hit MB read (PE node / DE "
+                  "node) | SNIC read busy, % of JCT (PE node / DE node) | reads alone / JCT | "
+                  "CPU, cores busy over JCT (PE node / DE node) | passes over emulated GPU "
+                  "time | requeued / alloc stalls |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|---|")
             jcts = {}
             for system in args.systems.split(","):
                 agents = agent_scripts(trajs, cfg.model.vocab_size, cfg.workload.seed)
                 opts = RuntimeOptions(system=system, kv_root=args.kv_root, transport=transport,
-                                      transfer_window=window)  # fmt: skip
+                                      transfer_window=window, gpu_time=gpu_time)  # fmt: skip
                 run = _jct_run(cfg, opts, agents)
                 res = run["result"]
                 summ = summarize(res.records, "offline")
@@ -260,13 +311,23 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
                 busy = [b / jct for b in run["read_busy_s"]]
                 cpu = [c / jct for c in run["cpu_s"]]
                 floor = max(pe_mb, de_mb) * 1e6 / rate_total  # the busier SNIC's read time
-                print(f"| {system} | {jct:.1f} | {summ.ttft.mean:.2f} | {pe_mb:,.0f} / "
-                      f"{de_mb:,.0f} | {busy[0]:.0%} / {busy[1]:.0%} | {floor / jct:.0%} | "
-                      f"{cpu[0]:.2f} / {cpu[1]:.2f} | {res.requeued} / {res.alloc_stalls} |")  # fmt: skip
+                print(f"| {system} | {jct:.1f} | {summ.ttft.mean:.2f} | "
+                      f"{summ.tpot.mean * 1e3:.1f} | {pe_mb:,.0f} / {de_mb:,.0f} | "
+                      f"{busy[0]:.0%} / {busy[1]:.0%} | {floor / jct:.0%} | "
+                      f"{cpu[0]:.2f} / {cpu[1]:.2f} | {_overruns(res)} | "
+                      f"{res.requeued} / {res.alloc_stalls} |")  # fmt: skip
+            print(f"\nat end: {_load()}")
             if "basic" in jcts:
                 for system, jct in jcts.items():
                     if system != "basic":
-                        print(f"\nJCT basic / {system} = **{jcts['basic'] / jct:.2f}x**")
+                        ratio = jcts["basic"] / jct
+                        ratios.append((load, gpu_time, transport, window, system, ratio))
+                        print(f"\nJCT basic / {system} = **{ratio:.2f}x**")
+    if len(ratios) > 1:
+        print("\n| background load | GPU time | transport | window | basic / system |")
+        print("|---|---|---|---|---|")
+        for load, gpu_time, transport, window, system, ratio in ratios:
+            print(f"| {load} | {gpu_time} | {transport} | {window} | {system} {ratio:.2f}x |")
 
 
 def main() -> None:
@@ -280,7 +341,11 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument(
-        "--snic-mb-per-s", type=float, default=15.0, help="emulated SNIC per node, MB/s (jct)"
+        "--snic-mb-per-s", type=float, help="emulated SNIC per node, MB/s (jct; default: preset's)"
+    )
+    ap.add_argument("--gpu-time", default="emulated", help="jct: emulated, host or both")
+    ap.add_argument(
+        "--background-load", default="0", help="jct: busy-loop processes beside it, e.g. 0,2"
     )
     ap.add_argument("--token-scale", type=float, default=0.25)
     ap.add_argument("--max-gen", type=int, default=4)
@@ -299,7 +364,7 @@ def main() -> None:
     if "window" in parts:
         part_window(one, args)
     if "jct" in parts:
-        part_jct(base, args)
+        part_jct(preset("tiny-testbed"), args)
 
 
 if __name__ == "__main__":

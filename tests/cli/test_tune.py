@@ -107,16 +107,16 @@ def test_validate_bad_input_is_one_line(
 @pytest.mark.slow
 @pytest.mark.runtime
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("gpu_time", ["emulated", "host"])
 def test_validate_runs_and_writes_a_preset_the_simulator_loads(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gpu_time: str
 ) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "out"
-    args = ["validate", "--out", str(out), "--kv-root", str(tmp_path / "kv"), "--no-progress"]
-    assert (
-        main([*args, "--agents", "2", "--turns", "2", "--max-gen", "3", "--systems", "dualpath"])
-        == 0
-    )
+    args = ["validate", "--out", str(out), "--kv-root", str(tmp_path / "kv"), "--no-progress",
+            "--gpu-time", gpu_time, "--agents", "2", "--turns", "2", "--max-gen", "3",
+            "--systems", "dualpath"]  # fmt: skip
+    assert main(args) == 0
     text = capsys.readouterr().out
     assert "JCT error: worst" in text and "prefill rt" in text
     payload = json.loads((out / "validate.json").read_text())
@@ -127,5 +127,12 @@ def test_validate_runs_and_writes_a_preset_the_simulator_loads(
         assert r["runtime_read_s"] >= 0 and r["sim_prefill_s"] > 0
     # the written preset is a valid config the simulator takes as it is
     hw = load_toml(out / "hardware.toml", base=preset("tiny-1p1d")).hardware
-    assert hw.name.endswith("-calibrated") and 0 < hw.kv_read_efficiency <= 1
     assert hw.hbm_bytes_per_s == payload["hardware"]["hbm_bytes_per_s"]
+    if gpu_time == "host":  # calibrated on this host
+        assert hw.name.endswith("-calibrated") and 0 < hw.kv_read_efficiency <= 1
+        return
+    # emulated: the simulator runs the runtime's own preset, and the overruns are reported
+    assert hw == preset("tiny-testbed").hardware
+    assert "emulated GPU time, passes overrun: pe" in text
+    engines = payload["gpu_overrun_share"]["dualpath"]
+    assert any(e.startswith("pe") for e in engines) and any(e.startswith("de") for e in engines)

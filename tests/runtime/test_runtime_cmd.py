@@ -69,7 +69,9 @@ def test_small_bench_run_reports_metrics(
     assert rc == 0
     text = capsys.readouterr().out
     assert "oracle" in text and "SNIC utilisation" in text and "JCT basic / oracle" in text
+    assert "emulated GPU time, passes overrun: pe0@node0" in text  # the default: emulated
     data = json.loads(out.read_text())
+    assert set(data["basic"]["gpu_overrun_share"]) == {"pe0@node0", "de1@node1"}
     assert data["basic"]["num_turns"] == data["oracle"]["num_turns"] == 4
     assert data["basic"]["bytes_by_path"]["de_to_storage"] > 0
     assert (

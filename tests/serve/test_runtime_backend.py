@@ -34,7 +34,12 @@ def _runtime_args(kv_root: Path, system: str = "dualpath") -> list[str]:
 
 @pytest.fixture(scope="module")
 def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool[ServerProc]]:
-    pool = ServerPool(lambda: ServerProc(_runtime_args(tmp_path_factory.mktemp("kv"))))
+    # emulated GPU time: every test of the module also checks that it serves correctly
+    pool = ServerPool(
+        lambda: ServerProc(
+            [*_runtime_args(tmp_path_factory.mktemp("kv")), "--gpu-time", "emulated"]
+        )
+    )
     try:
         yield pool
     finally:
@@ -196,6 +201,9 @@ def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> Non
         'dualpath:queue_length{queue="policy_waiting"}',
         f'dualpath:kv_bytes_total{{path="{KVPath.PE_HBM_TO_DE_BUFFER}"}}',
         "dualpath:num_preemptions_total",
+        'dualpath:gpu_overrun_share{engine="pe',  # --gpu-time emulated: per engine
+        'dualpath:gpu_overrun_share{engine="de',
+        'dualpath:gpu_overrun_passes_total{engine="pe',
     )
 
     def missing() -> list[str]:
@@ -204,6 +212,7 @@ def test_metrics_report_nic_utilisation_and_queues(rt_server: ServerProc) -> Non
 
     wait_until(lambda: not missing())  # (utilisation needs two stats snapshots)
     assert missing() == []
+    assert rt_server.metric("dualpath:gpu_passes_total") >= 2  # passes and decode steps held
 
 
 def test_sigterm_stops_every_process_and_unlinks_shared_memory(rt_server: ServerProc) -> None:

@@ -22,7 +22,9 @@ from dualpath.cli.common import add_config_args, build_config
 from dualpath.config import Config, config_for
 from dualpath.metrics import RunSummary, format_summary, summarize
 
-DEFAULT_PRESET = "tiny-1p1d"
+# the runtime as a testbed: the tiny model on an emulated GPU slower than a small host, its
+# SNICs slow enough that loading binds (docs/runtime.md "Emulated GPU time")
+DEFAULT_PRESET = "tiny-testbed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +47,18 @@ def run_runtime_systems(
     runtime: str = "local",
     ray_address: str = "",
     transfer_window: int = 16,
+    gpu_time: str = "emulated",
 ) -> list[BenchRun]:
     """Run every system on the same agents; each on a fresh store under ``kv_root``. With
     ``runtime="ray"`` one Ray session (``ray_address``, or a local instance) serves them all
-    (``transfer_window``: see ``RuntimeOptions``)."""
+    (``transfer_window``, ``gpu_time``: see ``RuntimeOptions``)."""
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.workload.scripts import small_trajectories
 
     def options(system: str, root: str) -> RuntimeOptions:
         return RuntimeOptions(system=system, kv_root=root, transport=transport,
                               runtime=runtime, ray_address=ray_address,
-                              transfer_window=transfer_window)  # fmt: skip
+                              transfer_window=transfer_window, gpu_time=gpu_time)  # fmt: skip
 
     for s in systems:
         config_for(config, options(s, kv_root).spec)  # ValueErrors before anything starts
@@ -116,11 +119,32 @@ def format_runs(runs: list[BenchRun]) -> str:
             f"{r.system:<9} MB per path {mb}  SNIC utilisation: aggregate {_pct(agg)}, "
             f"per busy SNIC {_pct(busy)}  requeued {r.result.requeued}"
         )
+    for r in runs:
+        if r.result.gpu_use:
+            lines.append(f"{r.system:<9} {format_gpu_use(r.result.gpu_use)}")
     base = next((r for r in runs if r.system == "basic"), None)
     for r in runs:
         if base is not None and r is not base:
             lines.append(f"JCT basic / {r.system} = {base.summary.jct_s / r.summary.jct_s:.2f}x")
     return "\n".join(lines)
+
+
+def format_gpu_use(gpu_use: dict[str, Any]) -> str:
+    """Per engine, the share of its passes (PE) or decode steps (DE) whose host compute took
+    longer than their emulated GPU time (then the host, not the emulated GPU, bound them)."""
+    cells = [f"{name} {u.overrun_share:.0%} of {u.passes}" for name, u in gpu_use.items()]
+    return "emulated GPU time, passes overrun: " + ", ".join(cells)
+
+
+def add_gpu_time_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--gpu-time",
+        default=default,
+        choices=("emulated", "host"),
+        help=f"emulated: every pass, computed for real, ends no earlier than the cost model's "
+        f"time on the preset's hardware (docs/runtime.md); host: the host's compute time "
+        f"(default {default})",
+    )
 
 
 def finite_float(text: str) -> float:
@@ -251,13 +275,15 @@ def run_bench(args: argparse.Namespace) -> int:
     runs = run_runtime_systems(
         config, systems, args.turns, args.token_scale, args.max_gen, args.kv_root,
         progress=not args.no_progress, transport=transport, runtime=args.runtime,
-        ray_address=args.ray_address or "",
+        ray_address=args.ray_address or "", gpu_time=args.gpu_time,
     )  # fmt: skip
     print(format_runs(runs))
     if args.json:
         out = {r.system: {**r.summary.to_dict(), "bytes_by_path": r.result.bytes_by_path,
                           "snic_aggregate_utilisation": _num(r.result.snic_aggregate_utilisation),
-                          "snic_busy_utilisation": _num(r.result.snic_busy_utilisation)}
+                          "snic_busy_utilisation": _num(r.result.snic_busy_utilisation),
+                          "gpu_overrun_share": {k: _num(u.overrun_share)
+                                                for k, u in r.result.gpu_use.items()}}
                for r in runs}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
@@ -287,8 +313,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument(
         "--snic-mb-per-s",
         type=finite_float,
-        default=30.0,
-        help="emulated SNIC bandwidth, MB/s (default 30: loading dominates on a small host)",
+        help="emulated SNIC bandwidth, MB/s (default: the preset's; tiny-testbed's 10 MB/s "
+        "makes loading dominate)",
     )
     p.add_argument(
         "--kv-root", default="./.dualpath/kv", help="KV store root (default ./.dualpath/kv)"
@@ -297,6 +323,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--transport",
         help="KV transport: shm, tcp or mooncake (default: shm locally, tcp with Ray)",
     )
+    add_gpu_time_arg(p, "emulated")
     p.add_argument("--json", help="also write the summaries to this JSON file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)

@@ -57,6 +57,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         help="torch CPU threads per engine (default: the host's cores shared by the engines)",
     )
     p.add_argument(
+        "--gpu-time",
+        default="host",
+        help="host (default: a pass takes the host's compute time; on CUDA the GPU's) or "
+        "emulated (no faster than the preset's GPU by the cost model, docs/runtime.md)",
+    )
+    p.add_argument(
         "--runtime", default="local", help="local (processes on this host) or ray (Ray actors)"
     )
     p.add_argument(
@@ -143,6 +149,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         transport=transport,
         threads=args.threads,
+        gpu_time=args.gpu_time,
         default_max_tokens=args.default_max_tokens,
         tool_parser=args.tool_parser,
         request_timeout_s=args.request_timeout_s,

@@ -1,12 +1,20 @@
 """`dualpath validate`: the same workload through the real runtime and the simulator.
 
+With ``--gpu-time emulated`` (the default) both run the same hardware preset: the runtime's
+engines hold every pass to the cost model's time on it (``runtime.gputime``) and pace every
+transfer at its NIC rates, so what is left of the error is the simulator's system model
+(queues, network sharing, policy interplay, message latency), not the host.
+With ``--gpu-time host``:
+
 1. Profile this host: the runtime model's prefill and decode step times
    (``dualpath.runtime.profile``), fitted into a hardware preset (``models.calibrate``):
    compute and memory constants measured here, NIC rates as the runtime paces them.
 2. Run the workload (the runtime bench's agents) through the runtime, every system on a
    fresh KV store.
 3. Simulate the same trajectories on the calibrated preset.
-4. Report per system JCT, TTFT and TPOT of both and the simulator's relative error.
+
+Either way it reports per system JCT, TTFT and TPOT of both and the simulator's relative
+error, and (emulated) each engine's share of passes that overran their emulated time.
 """
 
 from __future__ import annotations
@@ -20,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.cli.common import add_config_args, build_config
-from dualpath.cli.runtime_cmd import DEFAULT_PRESET, run_runtime_systems
+from dualpath.cli.runtime_cmd import (
+    DEFAULT_PRESET,
+    add_gpu_time_arg,
+    format_gpu_use,
+    run_runtime_systems,
+)
 from dualpath.config import Config
 from dualpath.metrics import RunSummary, summarize
 from dualpath.models.calibrate import Fit, calibrated_hardware, fit
@@ -96,12 +109,14 @@ def _toml(hw: Any) -> str:
 def bench_config(args: argparse.Namespace) -> Config:
     config = build_config(args)
     rate = args.snic_mb_per_s
-    if not (math.isfinite(rate) and rate > 0):
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--snic-mb-per-s {rate} is invalid: must be a finite number > 0")
     for name in ("agents", "turns"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} {getattr(args, name)} is invalid: must be >= 1")
-    hw = dataclasses.replace(config.hardware, snic_bytes_per_s=rate * 1e6)
+    hw = config.hardware
+    if rate is not None:
+        hw = dataclasses.replace(hw, snic_bytes_per_s=rate * 1e6)
     wl = dataclasses.replace(config.workload, num_agents=args.agents)
     return dataclasses.replace(config, hardware=hw, workload=wl)
 
@@ -117,19 +132,31 @@ def run_validate(args: argparse.Namespace) -> int:
         raise ValueError("--systems is empty: give e.g. basic,dualpath")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    prof = profile_host(config.model, config.scheduler.block_tokens)
-    f: Fit = fit(config.model, prof.prefill, prof.decode, prof.memory_bytes_per_s)
-    hw = calibrated_hardware(config.hardware, config.model, f)
+    payload: dict[str, Any] = {}
+    if args.gpu_time == "emulated":  # both run the preset's hardware
+        hw = config.hardware
+        print(f"emulated GPU time: runtime and simulator on hardware {hw.name!r}")
+    else:
+        t0 = time.perf_counter()
+        prof = profile_host(config.model, config.scheduler.block_tokens)
+        f: Fit = fit(config.model, prof.prefill, prof.decode, prof.memory_bytes_per_s)
+        hw = calibrated_hardware(config.hardware, config.model, f)
+        print(
+            f"profile ({time.perf_counter() - t0:.1f} s): prefill "
+            f"{f.prefill_overhead_s * 1e3:.2f} ms/pass + GEMM {f.linear_flops_per_s / 1e9:.2f} "
+            f"GFLOP/s + attention {f.attention_flops_per_s / 1e9:.2f} GFLOP/s (fit within "
+            f"{f.prefill_max_rel_err:.0%}); decode {f.decode_overhead_s * 1e3:.2f} ms/step + "
+            f"weights at {f.weight_bytes_per_s / 1e9:.2f} GB/s (copy) + KV at "
+            f"{f.kv_bytes_per_s / 1e9:.3f} GB/s (fit within {f.decode_max_rel_err:.0%})"
+        )
+        payload.update(
+            fit=dataclasses.asdict(f),
+            memory_bytes_per_s=prof.memory_bytes_per_s,
+            prefill_samples=[dataclasses.asdict(s) for s in prof.prefill],
+            decode_samples=[dataclasses.asdict(s) for s in prof.decode],
+        )
     (out / "hardware.toml").write_text(_toml(hw))
-    print(
-        f"profile ({time.perf_counter() - t0:.1f} s): prefill {f.prefill_overhead_s * 1e3:.2f} "
-        f"ms/pass + GEMM {f.linear_flops_per_s / 1e9:.2f} GFLOP/s + attention "
-        f"{f.attention_flops_per_s / 1e9:.2f} GFLOP/s (fit within {f.prefill_max_rel_err:.0%}); "
-        f"decode {f.decode_overhead_s * 1e3:.2f} ms/step + weights at "
-        f"{f.weight_bytes_per_s / 1e9:.2f} GB/s (copy) + KV at {f.kv_bytes_per_s / 1e9:.3f} GB/s "
-        f"(fit within {f.decode_max_rel_err:.0%}); wrote {out / 'hardware.toml'}"
-    )
+    print(f"wrote {out / 'hardware.toml'}")
     runs = run_runtime_systems(
         config,
         systems,
@@ -138,6 +165,7 @@ def run_validate(args: argparse.Namespace) -> int:
         args.max_gen,
         args.kv_root,
         progress=not args.no_progress,
+        gpu_time=args.gpu_time,
     )
     block = config.scheduler.block_tokens
     trajs = small_trajectories(config.workload, block, args.turns, args.token_scale, args.max_gen)
@@ -148,17 +176,20 @@ def run_validate(args: argparse.Namespace) -> int:
         rows.append(_row(run.system, run.summary, summarize(result.records, "offline")))
     print(format_rows(rows))
     print(format_breakdown(rows))
+    for run in runs:
+        if run.result.gpu_use:
+            print(f"{run.system:<9} {format_gpu_use(run.result.gpu_use)}")
     worst = max(abs(r["err_jct"]) for r in rows)
     verdict = "within" if worst <= args.target else "NOT within"
     print(f"JCT error: worst {worst:.1%}, {verdict} the {args.target:.0%} target")
-    payload = {
-        "fit": dataclasses.asdict(f),
-        "hardware": dataclasses.asdict(hw),
-        "rows": rows,
-        "memory_bytes_per_s": prof.memory_bytes_per_s,
-        "prefill_samples": [dataclasses.asdict(s) for s in prof.prefill],
-        "decode_samples": [dataclasses.asdict(s) for s in prof.decode],
-    }
+    payload.update(
+        gpu_time=args.gpu_time,
+        hardware=dataclasses.asdict(hw),
+        rows=rows,
+        gpu_overrun_share={
+            run.system: {k: u.overrun_share for k, u in run.result.gpu_use.items()} for run in runs
+        },
+    )
     (out / "validate.json").write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print(f"wrote {out / 'validate.json'}")
     return 0
@@ -174,7 +205,8 @@ def add_validate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--turns", type=int, default=6, help="turns per agent (default 6)")
     p.add_argument("--token-scale", type=float, default=0.25, help="scale of SPEC §9 appends")
     p.add_argument("--max-gen", type=int, default=4, help="cap on generated tokens per turn")
-    p.add_argument("--snic-mb-per-s", type=float, default=30.0, help="emulated SNIC MB/s (30)")
+    p.add_argument("--snic-mb-per-s", type=float, help="emulated SNIC MB/s (default: the preset's)")
+    add_gpu_time_arg(p, "emulated")
     p.add_argument("--kv-root", default="./.dualpath/kv", help="KV store root")
     p.add_argument("--target", type=float, default=0.10, help="JCT error target (0.10)")
     p.add_argument("--out", default="runs/validate", help="output folder (runs/validate)")

@@ -147,9 +147,27 @@ CPU_EMULATED = HardwareConfig(
     activation_reserve_bytes=0.1e9,
 )
 
+# The runtime as a testbed (``--gpu-time emulated``, docs/runtime.md "Emulated GPU time"): the
+# NICs of ``cpu-emulated`` with an emulated GPU slower than one core of the 2-core development
+# host, so that a pass, computed for real on a shared and busy host, still ends at the GPU's
+# time, not the host's. Measured on that host by ``runtime.profile`` (one thread, load ≈ 3):
+# a 512-token prefill 203 ms, 64 tokens after 2,048 cached 80 ms, a decode step of 8 × 2,048
+# tokens 97 ms, of 1 × 256 tokens 12 ms. This GPU takes 436 / 98 / 146 / 14 ms for them.
+CPU_TESTBED = replace(
+    CPU_EMULATED,
+    name="cpu-testbed",
+    snic_bytes_per_s=10e6,  # storage-bound at the tiny model's sizes (docs/runtime.md)
+    gpu_bf16_flops=20e9,  # × linear_mfu 0.45 = 9 GFLOP/s GEMMs; × attention_mfu 0.6 = 12
+    gpu_fp8_flops=20e9,
+    hbm_bytes_per_s=10e9,  # weights read per decode step at 8 GB/s (hbm_efficiency 0.8)
+    kv_read_efficiency=0.05,  # decode attention reads KV at 0.5 GB/s (the host gathers pages)
+    decode_step_overhead_s=0.010,  # per step: Python, sampling, the step's messages
+)
+
 HARDWARE_PRESETS: dict[str, HardwareConfig] = {
     "hopper": HOPPER,
     "cpu-emulated": CPU_EMULATED,
+    "cpu-testbed": CPU_TESTBED,
 }
 
 
@@ -180,6 +198,15 @@ CLUSTER_PRESETS: dict[str, Config] = {
     "tiny-1p1d": Config(
         name="tiny-1p1d",
         hardware=CPU_EMULATED,
+        model=TINY,
+        cluster=ClusterConfig(1, 1, prefill_ep=False, decode_ep=False),
+        scheduler=SchedulerConfig(),
+        workload=WorkloadConfig(num_agents=16, num_base_trajectories=16),
+    ),
+    # tiny-1p1d on the testbed hardware: the runtime's emulated GPU time, storage-bound
+    "tiny-testbed": Config(
+        name="tiny-testbed",
+        hardware=CPU_TESTBED,
         model=TINY,
         cluster=ClusterConfig(1, 1, prefill_ep=False, decode_ep=False),
         scheduler=SchedulerConfig(),

@@ -11,6 +11,7 @@ node's storage worker (SPEC §4: the DE persists the turn's new blocks).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.decoding import Chooser, choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.gputime import hold_until
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import (
@@ -87,8 +89,11 @@ class DecodeEngine(Engine):
         key = block_keys(r.tokens[: (block + 1) * bt], bt, namespace)[block]
         slot = self.buffer.alloc_wait(1, timeout_s=self.env.options.request_timeout_s)[0]
         window = TransferWindow(self.env.options.transfer_window)
-        for layer in range(self.model.num_layers):
-            window.add(self.push_nowait(self.node, slot, layer, 0, bt, r.tables[layer][block])[1])
+        layers = self.model.num_layers
+        self.charge(self.node, layers * bt * self.row_bytes, to_hbm=False)  # the Full Block
+        for layer in range(layers):
+            page = r.tables[layer][block]
+            window.add(self.push_nowait(self.node, slot, layer, 0, bt, page, paced=False)[1])
         window.drain()
         self.storage.put(PersistMsg(key, slot))
         r.persisted.append(key)
@@ -110,10 +115,13 @@ class DecodeEngine(Engine):
             r = _Running(msg, list(msg.tokens), tables, chooser, [msg.first_token])
             num_prompt = len(msg.tokens)
             window = TransferWindow(self.env.options.transfer_window)
+            # the prompt's KV is one H2D of the request: charged once on each link it crosses
+            self.charge(self.node, num_prompt * layers * self.row_bytes, to_hbm=True)
             for b, slot in enumerate(msg.de_slots):
                 n = min(self.block_tokens, num_prompt - b * self.block_tokens)
                 for layer in range(layers):
-                    nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, tables[layer][b])
+                    page = tables[layer][b]
+                    nbytes, done = self.pull_nowait(self.node, slot, layer, 0, n, page, False)
                     r.bytes_in += nbytes
                     window.add(done)
             window.drain()
@@ -127,11 +135,17 @@ class DecodeEngine(Engine):
         self._admit()
         active = [r for r in self.running if not r.done]
         if active:
+            start = self.clock.now()
             kv = PagedKV(self.pool, lambda layer: [r.tables[layer] for r in active],
                          [len(r.tokens) for r in active])  # fmt: skip
             logits = self.model.forward_batch([r.out[-1:] for r in active], kv)
             gens = [_generator(r) for r in active]  # token len(out) of each one's output
             picked = choose_batch([r.chooser for r in active], logits, gens)
+            host_s = self.clock.now() - start
+            emulated_s = 0.0
+            if self.gpu_time is not None:  # the step ends no earlier than its emulated time
+                emulated_s = self.gpu_time.decode_s(len(active), sum(kv.past_lens) + len(active))
+                hold_until(start + emulated_s, self.clock.now, time.sleep)
             now = self.clock.now()
             for r, (token, _) in zip(active, picked, strict=True):
                 r.tokens.append(r.out[-1])
@@ -145,7 +159,7 @@ class DecodeEngine(Engine):
             lps = tuple(
                 (r.msg.request_id, lp) for r, (_, lp) in zip(active, picked, strict=True) if lp
             )
-            self.env.results.put(TokensMsg(self.engine_id, step, lps))
+            self.env.results.put(TokensMsg(self.engine_id, step, lps, emulated_s, host_s))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
             self.pool.free([p for t in r.tables for p in t])

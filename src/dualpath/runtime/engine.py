@@ -20,6 +20,7 @@ from typing import Any
 
 from dualpath.runtime.decoding import Chooser, build_tokenizer
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.gputime import GpuTime
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.model import CacheBatch, KVCache, RuntimeModel
@@ -93,6 +94,12 @@ class Engine:
         warm = [KVCache(self.model, 2), KVCache(self.model, 2)]
         self.model.forward_batch([[0], [0, 1]], CacheBatch(warm))
         self._grammar_tokenizer: Any = None
+        # emulated GPU time: the cost model on the run's hardware (None: host time)
+        self.gpu_time: GpuTime | None = None
+        if env.options.gpu_time == "emulated":
+            self.gpu_time = GpuTime(env.config.model, env.config.hardware,
+                                    len(env.group_members(engine_id)),
+                                    env.topology.decode_ep_gpus)  # fmt: skip
 
     def chooser(self, sampling: SamplingParams | None, prefix: Sequence[int] = ()) -> Chooser:
         """A request's token chooser; the grammar library's tokenizer is built on the first
@@ -140,19 +147,42 @@ class Engine:
         return route
 
     def pull_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
+        paced: bool = True,
     ) -> tuple[int, Transfer]:
         """Issue Layer Block rows ``first..first+num_tokens`` of ``slot`` in node ``node``'s
-        buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``); the
-        caller waits on the transfer, so several can be outstanding (a window)."""
-        return self._move_nowait(node, slot, layer, first, num_tokens, page, to_hbm=True)
+        buffer → the same rows of HBM page ``page`` (paced on every link of ``_route``, unless
+        the caller charged it already: ``paced=False``); the caller waits on the transfer,
+        so several can be outstanding (a window)."""
+        return self._move_nowait(node, slot, layer, first, num_tokens, page, True, paced)
 
     def push_nowait(
-        self, node: int, slot: int, layer: int, first: int, num_tokens: int, page: int
+        self,
+        node: int,
+        slot: int,
+        layer: int,
+        first: int,
+        num_tokens: int,
+        page: int,
+        paced: bool = True,
     ) -> tuple[int, Transfer]:
         """Issue rows ``first..`` of HBM page ``page`` → the same rows of ``slot``'s Layer
-        Block ``layer`` (paced on every link of ``_route``); the caller waits on the transfer."""
-        return self._move_nowait(node, slot, layer, first, num_tokens, page, to_hbm=False)
+        Block ``layer`` (paced on every link of ``_route`` unless ``paced=False``); the caller
+        waits on the transfer."""
+        return self._move_nowait(node, slot, layer, first, num_tokens, page, False, paced)
+
+    def charge(self, node: int, nbytes: int, to_hbm: bool) -> None:
+        """Pace ``nbytes`` between this engine's HBM and node ``node``'s buffer as one
+        transfer on every link of ``_route`` (a batch of transfers posted together: one
+        reservation per link instead of one per Layer Block, the same link time)."""
+        if self.paced and nbytes > 0:
+            transfer_all(self._route(node, to_hbm), nbytes, TrafficClass.LOW)
 
     def _move_nowait(
         self,
@@ -163,9 +193,10 @@ class Engine:
         num_tokens: int,
         page: int,
         to_hbm: bool,
+        paced: bool = True,
     ) -> tuple[int, Transfer]:
         nbytes = num_tokens * self.row_bytes
-        if self.paced:
+        if self.paced and paced:
             transfer_all(self._route(node, to_hbm), nbytes, TrafficClass.LOW)
         spec = self.env.buffers[node]
         offset = slot * spec.stride_bytes + layer * self.layer_block_bytes + first * self.row_bytes

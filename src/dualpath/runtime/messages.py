@@ -147,6 +147,8 @@ class ForwardDoneMsg:
     bytes_out: int
     free_pages: int
     first_logprobs: tuple[tuple[int, TokenLogprob], ...] = ()  # requests that asked for them
+    emulated_s: float = 0.0  # the pass's emulated GPU time (0: ``gpu_time="host"``)
+    host_s: float = 0.0  # the host's compute time of the pass (waits for loads excluded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +196,8 @@ class TokensMsg:
     engine_id: int
     tokens: tuple[tuple[int, int], ...]
     logprobs: tuple[tuple[int, TokenLogprob], ...] = ()  # requests that asked for them
+    emulated_s: float = 0.0  # the step's emulated GPU time (0: ``gpu_time="host"``)
+    host_s: float = 0.0  # the host's compute time of the step
 
 
 @dataclass(frozen=True, slots=True)

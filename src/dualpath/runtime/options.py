@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from dualpath.config.systems import SystemSpec, system_spec
 from dualpath.runtime.decoding import VocabSpec
+from dualpath.runtime.gputime import GPU_TIMES
 
 TRANSPORTS = ("shm", "tcp", "mooncake")
 RUNTIMES = ("local", "ray")
@@ -53,7 +54,10 @@ class RuntimeOptions:
     to GPU N); ``dtype``: the engines' compute and KV dtype. ``threads``: torch CPU threads
     per engine process (0 = the host's cores shared evenly by the engines, at least 1: each
     emulated GPU gets its share of the host and no engine's spinning threads steal another's
-    core). ``vocab``: what the engines build the grammar library's tokenizer from (set by the
+    core). ``gpu_time``: ``host`` (a pass takes what the host's compute takes: today's
+    behaviour; on CUDA the real GPU) or ``emulated`` (each PE forward pass and DE decode
+    step, computed for real, completes no earlier than the cost model's time for it on
+    ``config.hardware``: ``runtime.gputime``, docs/runtime.md). ``vocab``: what the engines build the grammar library's tokenizer from (set by the
     server; without it a request with a grammar is refused)."""
 
     system: str = "dualpath"
@@ -77,6 +81,7 @@ class RuntimeOptions:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0
+    gpu_time: str = "host"
     vocab: VocabSpec | None = None  # the tokenizer's vocabulary: grammar-constrained requests
 
     def __post_init__(self) -> None:
@@ -104,6 +109,10 @@ class RuntimeOptions:
             raise ValueError(
                 f"device={self.device!r} / dtype={self.dtype!r}: the built-in tiny model runs on "
                 "cpu in float32 only (give model_dir for a checkpoint)"
+            )
+        if self.gpu_time not in GPU_TIMES:
+            raise ValueError(
+                f"gpu_time={self.gpu_time!r} is invalid: must be one of {', '.join(GPU_TIMES)}"
             )
         if self.threads < 0:
             raise ValueError(f"threads={self.threads} is invalid: must be >= 0 (0 = auto)")

@@ -26,6 +26,7 @@ from dualpath.runtime.decoding import choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange
+from dualpath.runtime.gputime import LayerFloor
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
@@ -77,15 +78,20 @@ class PrefillEngine(Engine):
     def _pull_cached(
         self, c: ChunkWork, layer: int, table: list[int]
     ) -> list[tuple[int, Transfer]]:
-        """Issue every Layer Block of chunk ``c``'s cached prefix for ``layer``."""
-        out = []
+        """Issue every Layer Block of chunk ``c``'s cached prefix for ``layer``: charged once
+        per source node (the layer's loads posted together), then copied block by block."""
+        moves = []
+        per_node: dict[int, int] = {}
         for b in range(self.pool.pages_for(c.cached)):
             rows = min(self.block_tokens, c.cached - b * self.block_tokens)
             hit = b * self.block_tokens < c.hit
             node = c.hit_node if hit else c.de_node
             slot = c.hit_slots[b] if hit else c.de_slots[b]
-            out.append(self.pull_nowait(node, slot, layer, 0, rows, table[b]))
-        return out
+            moves.append((node, slot, rows, table[b]))
+            per_node[node] = per_node.get(node, 0) + rows * self.row_bytes
+        for node, nbytes in sorted(per_node.items()):
+            self.charge(node, nbytes, to_hbm=True)
+        return [self.pull_nowait(n, s, layer, 0, rows, p, False) for n, s, rows, p in moves]
 
     def handle(self, msg: Any) -> None:
         assert isinstance(msg, ForwardMsg)
@@ -158,9 +164,12 @@ class PrefillEngine(Engine):
                 while (layer := sends.get()) is not None:
                     for i, c in enumerate(chunks):
                         table = tables[layer][i]
-                        for b, r, n in self._spans(c.send_from, c.cached + c.new):
+                        spans = self._spans(c.send_from, c.cached + c.new)
+                        sent = sum(n for _, _, n in spans) * self.row_bytes
+                        self.charge(c.de_node, sent, to_hbm=False)  # the layer's sends, together
+                        for b, r, n in spans:
                             nbytes, done = self.push_nowait(
-                                c.de_node, c.de_slots[b], layer, r, n, table[b]
+                                c.de_node, c.de_slots[b], layer, r, n, table[b], False
                             )
                             moved["out"] += nbytes
                             window.add(done)
@@ -180,14 +189,20 @@ class PrefillEngine(Engine):
         if plan is not None and self.exchange is not None:
             step = self.exchange.run_pass(plan, self.model.hidden_size)
 
+        floor = LayerFloor(self._emulated_s(msg), layers, self.clock.now)
+
         def wait_loaded(layer: int) -> None:
+            t0 = self.clock.now()
             loaded[layer].wait()
+            floor.waited(self.clock.now() - t0)
             if errors:
                 raise errors[0]
 
         def on_hidden(layer: int, h: torch.Tensor) -> None:
+            floor.layer_done()  # the layer's compute ends no earlier than its emulated time
             if step is not None:  # the collective blocks compute, as on a GPU
                 step(layer, h.float().cpu())  # the exchange carries float32 rows
+                floor.restart()
 
         new_tokens = [c.tokens[c.cached : c.cached + c.new] for c in chunks]
         kv = PagedKV(pool, lambda layer: tables[layer], [c.cached for c in chunks],
@@ -223,8 +238,19 @@ class PrefillEngine(Engine):
                 moved["out"],
                 pool.num_free,
                 logprobs,
+                floor.emulated_s or 0.0,
+                floor.host_s,
             )
         )
+
+    def _emulated_s(self, msg: ForwardMsg) -> float | None:
+        """The pass's emulated GPU time (None: host time): this PE's chunks, its group's
+        new tokens (the exchange plan's, else its own)."""
+        if self.gpu_time is None:
+            return None
+        own = sum(c.new for c in msg.chunks)
+        group = sum(msg.exchange.new_tokens) if msg.exchange is not None else own
+        return self.gpu_time.prefill_s([(c.cached, c.new) for c in msg.chunks], group)
 
 
 def _generator(sampling: SamplingParams | None) -> torch.Generator | None:

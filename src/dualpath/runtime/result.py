@@ -7,7 +7,7 @@ Reads the run through the ``RunSource`` protocol, never by importing the schedul
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from dualpath.types import KVPath
@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # types only: the result module stays importable without the 
     from dualpath.ledger import Topology
     from dualpath.metrics import TurnRecord
     from dualpath.runtime.env import ProcEnv
+    from dualpath.runtime.gputime import GpuUse
 
 
 class RunCounters(Protocol):
@@ -51,6 +52,8 @@ class RunCounters(Protocol):
     def pass_busy_s(self) -> float: ...
     @property
     def read_windows(self) -> dict[int, list[tuple[float, float]]]: ...
+    @property
+    def gpu(self) -> dict[int, GpuUse]: ...
 
 
 class AgentProgress(Protocol):
@@ -114,6 +117,8 @@ class RunResult:
     max_pass_tokens: int = 0  # most cached + new tokens one pass held
     pass_new_tokens: int = 0  # tokens computed by all PE passes
     pass_busy_s: float = 0.0  # Σ PE pass durations (engine-measured)
+    # per engine name, with ``gpu_time="emulated"``: passes / steps, overruns, Σ times
+    gpu_use: dict[str, GpuUse] = field(default_factory=dict)
 
     @property
     def mean_batch(self) -> float:
@@ -144,4 +149,5 @@ class RunResult:
             max_pass_tokens=c.max_pass_tokens,
             pass_new_tokens=c.pass_new_tokens,
             pass_busy_s=c.pass_busy_s,
+            gpu_use={sched.topo.engine_name(e): u for e, u in sorted(c.gpu.items())},
         )

@@ -36,6 +36,7 @@ from dualpath.policy import ClusterView, PendingPrefill
 from dualpath.policy.base import Policy
 from dualpath.policy.commands import ForwardBatch
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.gputime import GpuUse
 from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
@@ -61,6 +62,7 @@ from dualpath.runtime.sampling import SamplingParams
 from dualpath.types import EngineKind, ReadSide
 
 IDLE_WAIT_S = 0.005
+LIVENESS_CHECK_S = 0.05  # how often the run loop looks for dead children (not every round)
 
 # on_tokens(request_id, tokens so far, done): the first token when prefill ends, then each
 # decode step's with ``RuntimeOptions.stream_tokens``, then all (done)
@@ -85,6 +87,7 @@ class _Counters:
     pass_new_tokens: int = 0  # tokens computed by all passes
     pass_busy_s: float = 0.0  # Σ pass durations as the PEs measured them
     read_windows: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    gpu: dict[int, GpuUse] = field(default_factory=dict)  # per engine, emulated GPU time only
 
 
 class Scheduler:
@@ -137,6 +140,7 @@ class Scheduler:
         self._deferred_kicks: set[int] | None = None  # groups to kick after try_alloc's round
         # group → (start, batches) of its pass in flight, for ForwardStarted / ForwardDone
         self.group_pass: dict[int, tuple[float, Any]] = {}
+        self._liveness_checked_s = float("-inf")  # when ``recover`` last looked
 
     def now(self) -> float:
         return self.env.clock.now()
@@ -518,6 +522,7 @@ class Scheduler:
         self.counters.pd_bytes += msg.bytes_out
         self.counters.pass_new_tokens += sum(c.new for c in batch.chunks)
         self.counters.pass_busy_s += msg.done_s - msg.start_s
+        self._note_gpu(msg.engine_id, msg.emulated_s, msg.host_s)
         firsts = dict(msg.first_tokens)
         for rid, lp in msg.first_logprobs:
             if rid in self.reqs:
@@ -559,6 +564,7 @@ class Scheduler:
             self._forward_done(msg)
             return
         if isinstance(msg, TokensMsg):  # one decode step of a DE
+            self._note_gpu(msg.engine_id, msg.emulated_s, msg.host_s)
             for rid, lp in msg.logprobs:  # (before the tokens: a callback reads them)
                 req = self.reqs.get(rid)
                 if req is not None and req.phase is Phase.DECODING and rid in self.token_callbacks:
@@ -592,6 +598,11 @@ class Scheduler:
             self.generated[req.de] += 1
         elif isinstance(msg, DecodeDoneMsg):
             self._decode_done(req, msg)
+
+    def _note_gpu(self, engine: int, emulated_s: float, host_s: float) -> None:
+        """Count an engine's pass under emulated GPU time (and whether it overran)."""
+        if emulated_s > 0.0:
+            self.counters.gpu.setdefault(engine, GpuUse()).add(emulated_s, host_s)
 
     def _prefill_done(self, req: Req, first_token: int, done_s: float) -> None:
         self.ledger.first_token(req, done_s)  # it leaves its PE
@@ -671,6 +682,10 @@ class Scheduler:
         A dead PE matters until its prefill is done, a dead DE until decode is done. Slots
         that a live process may still write (an in-flight read or prefill) are freed when it
         reports back, never earlier."""
+        now = self.now()
+        if now - self._liveness_checked_s < LIVENESS_CHECK_S:
+            return  # ``liveness_timeout_s`` is seconds: a round every 5 ms need not look
+        self._liveness_checked_s = now
         for name in self.launcher.dead_workers():
             self._recover_storage(int(name.removeprefix("storage@node")))
         for e in self.launcher.dead_engines():

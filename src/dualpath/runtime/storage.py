@@ -35,6 +35,10 @@ from dualpath.runtime.transport import make_transport
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
+# SNIC pacer quantum: 10 ms, not the CNICs' 1 ms (there HIGH must not wait long behind a LOW
+# quantum; no HIGH crosses a SNIC): at 10 MB/s a Full Block's read wakes its thread 3 times,
+# not 26 (the runtime's CPU per turn, benchmarks/bench_cpu.py)
+SNIC_QUANTUM_S = 0.01
 PERSIST_ATTEMPTS = 3  # a failed block write (I/O error) is retried ...
 PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then it is dropped
 # a full disk (or quota) is not retried: waiting 0.25 s frees no space, and every block behind
@@ -104,8 +108,11 @@ class StorageWorker:
         self.store: KVStore = store if write_fn is None else store.with_write_fn(write_fn)
         rate = env.config.hardware.snic_total_bytes_per_s
         now = env.clock.now  # the process's one clock
-        self.snic_read = Pacer(rate, f"node{node}.snic.read", clock=now)
-        self.snic_write = Pacer(rate, f"node{node}.snic.write", clock=now)
+        # the SNIC carries LOW only (reads, persists): one FIFO, so the quantum changes no
+        # grant and no completion time, only how often a waiter wakes (``SNIC_QUANTUM_S``)
+        self.snic_read = Pacer(rate, f"node{node}.snic.read", quantum_s=SNIC_QUANTUM_S, clock=now)
+        self.snic_write = Pacer(rate, f"node{node}.snic.write", quantum_s=SNIC_QUANTUM_S,
+                                clock=now)  # fmt: skip
         # the node's DRAM (shared with its engines): a read lands in it, a persist leaves it
         link = env.dram_link(node)
         dram = [] if link is None else [

@@ -73,6 +73,8 @@ class BackendStats:
     kv_bytes_by_path: dict[str, int] = field(default_factory=dict)  # by ``types.KVPath``
     utilisation: dict[str, float] = field(default_factory=dict)  # snic/cnic per node
     queue_lengths: dict[str, int] = field(default_factory=dict)  # read queues per node
+    # per engine, under emulated GPU time: (passes or decode steps, those that overran it)
+    gpu_passes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class BackendFailure(RuntimeError):

@@ -70,6 +70,28 @@ class _BackendCollector(Collector):
         for nic, busy in sorted(s.utilisation.items()):
             util.add_metric([nic], busy)
         yield util
+        passes = CounterMetricFamily(
+            "dualpath:gpu_passes",
+            "Forward passes / decode steps held to emulated GPU time (--gpu-time emulated)",
+            labels=["engine"],
+        )
+        overran = CounterMetricFamily(
+            "dualpath:gpu_overrun_passes",
+            "Of those, passes whose host compute took longer than their emulated GPU time",
+            labels=["engine"],
+        )
+        share = GaugeMetricFamily(
+            "dualpath:gpu_overrun_share",
+            "Overran / held passes since start, per engine (the host, not the emulated GPU, bound)",
+            labels=["engine"],
+        )
+        for engine, (n, late) in sorted(s.gpu_passes.items()):
+            passes.add_metric([engine], n)
+            overran.add_metric([engine], late)
+            share.add_metric([engine], late / n if n else 0.0)
+        yield passes
+        yield overran
+        yield share
         queues = GaugeMetricFamily("dualpath:queue_length", "Queue lengths", labels=["queue"])
         for name, value in sorted(s.queue_lengths.items()):
             queues.add_metric([name], value)

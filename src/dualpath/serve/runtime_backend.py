@@ -320,6 +320,7 @@ class RuntimeBackend:
             kv_bytes_by_path=dict(s.kv_bytes_by_path),
             utilisation=self._utilisation(),
             queue_lengths=dict(s.queue_lengths),
+            gpu_passes=dict(s.gpu_passes),
         )
 
     def _utilisation(self) -> dict[str, float]:

@@ -84,6 +84,8 @@ class StatsEvt:
     kv_bytes_by_path: dict[str, int] = field(default_factory=dict)  # by ``types.KVPath``
     queue_lengths: dict[str, int] = field(default_factory=dict)
     nic_busy_s: dict[str, float] = field(default_factory=dict)  # Σ pacer busy time per NIC
+    # per engine, emulated GPU time only: (passes or decode steps, those that overran)
+    gpu_passes: dict[str, tuple[int, int]] = field(default_factory=dict)
     now_s: float = 0.0
 
 
@@ -186,6 +188,8 @@ class _Host:
             queues[f"prefill_pe{e}"] = len(q)
         queues["policy_waiting"] = s.policy.num_waiting
         queues["buffer_alloc_waiting"] = len(s.alloc_wait)
+        # (list(): one C call, atomic under the GIL against the scheduler thread adding one)
+        gpu = {s.topo.engine_name(e): (u.passes, u.overran) for e, u in sorted(list(c.gpu.items()))}
         with self.lock:
             return StatsEvt(
                 num_live=len(self.live),
@@ -196,6 +200,7 @@ class _Host:
                 kv_bytes_by_path=paths,
                 queue_lengths=queues,
                 nic_busy_s=nic_busy() if nic_busy is not None else {},
+                gpu_passes=gpu,
                 now_s=s.now(),
             )
 

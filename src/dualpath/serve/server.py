@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dualpath.config import Config
 from dualpath.config.systems import SYSTEMS
+from dualpath.runtime.gputime import GPU_TIMES
 from dualpath.runtime.options import DEVICES, DTYPES, RUNTIMES
 from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
@@ -46,6 +47,9 @@ class ServeOptions:
     ray_address: str = ""
     transport: str = "shm"
     threads: int = 0  # torch CPU threads per engine (0: the cores shared by the engines)
+    gpu_time: str = (
+        "host"  # or "emulated": passes no faster than the preset's GPU (docs/runtime.md)
+    )
     default_max_tokens: int = 256
     tool_parser: str = "auto"  # a tools.TOOL_FORMATS entry, or auto (template / model type)
     graceful_s: float = 5.0
@@ -83,6 +87,10 @@ class ServeOptions:
             )
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads} is invalid: must be >= 0 (0 = auto)")
+        if self.gpu_time not in GPU_TIMES:
+            raise ValueError(
+                f"--gpu-time {self.gpu_time!r} is invalid: must be one of {', '.join(GPU_TIMES)}"
+            )
         if not self.request_timeout_s > 0:
             raise ValueError(
                 f"--request-timeout-s {self.request_timeout_s} is invalid: must be > 0"
@@ -136,6 +144,7 @@ def build_backend(config: Config, opts: ServeOptions) -> Backend:
         device=opts.device,
         dtype=opts.dtype,
         threads=opts.threads,
+        gpu_time=opts.gpu_time,
         runtime=opts.runtime,
         ray_address=opts.ray_address,
         transport=opts.transport,
