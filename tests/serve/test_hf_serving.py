@@ -50,8 +50,9 @@ def _generate(ckpt: Path, prompt: list[int], n: int) -> list[int]:
 
 
 def _text(tok: HFTokenizer, ids: list[int]) -> str:
-    """What the stream sends for ``ids``: an incomplete UTF-8 tail is held back, not sent."""
-    return tok.decode(ids).rstrip("\ufffd")
+    """What the server answers for ``ids``: their decode (an incomplete UTF-8 tail too, as
+    U+FFFD: ``TextStream.finish``)."""
+    return tok.decode(ids)
 
 
 def _completion(server: ServerProc, ckpt: Path, prompt: list[int]) -> tuple[str, int]:
