@@ -176,7 +176,8 @@ def _free_port() -> int:
 
 
 def _visible(text: str) -> str:
-    """What a client sees of ``text``: an incomplete UTF-8 tail is held back."""
+    """``text`` without a trailing incomplete UTF-8 tail (U+FFFD): served replies and the
+    reference's decode are compared on what both show for sure."""
     return text.rstrip("\ufffd")
 
 
