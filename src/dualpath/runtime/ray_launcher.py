@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from dualpath.config import Config
+from dualpath.deploy.ray_address import check_gcs_address
 from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec
 from dualpath.runtime.env import ProcEnv, weights_digest
@@ -45,7 +45,6 @@ RESOURCE_SHARE = 0.001  # of a node's marker resource per actor: any number fit 
 MAILBOX_THREADS = 2
 ACTOR_THREADS = 8  # concurrent calls into an engine / storage actor (its loop is one of them)
 LOCAL_OBJECT_STORE_BYTES = 80 * 1024 * 1024  # a local instance: control messages only
-CONNECT_TIMEOUT_S = 5.0
 LOCAL_TEMP_PARENT = "/tmp"  # short: Ray's Unix socket paths live under its temp dir
 LOCAL_TEMP_PREFIX = "dpray-"
 
@@ -67,22 +66,7 @@ def require_ray() -> Any:
 
 def check_address(address: str) -> None:
     """ValueError (one line) unless ``host:port`` accepts a TCP connection (Ray's GCS)."""
-    if "://" in address:
-        raise ValueError(
-            f"--ray-address {address!r} is invalid: give the head's GCS address HOST:PORT "
-            "(Ray Client ray:// addresses are not supported)"
-        )
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"--ray-address {address!r} is invalid: expected HOST:PORT")
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as err:
-        raise ValueError(
-            f"--ray-address {address!r} is unreachable: {err.strerror or err} "
-            "(is `ray start --head` running there?)"
-        ) from None
+    check_gcs_address(address)
 
 
 @contextlib.contextmanager

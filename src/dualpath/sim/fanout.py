@@ -18,13 +18,13 @@ import contextlib
 import importlib
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Protocol
 
-CONNECT_TIMEOUT_S = 5.0
+from dualpath.deploy.ray_address import check_gcs_address
+
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # results only: a few MB per simulation
 LOCAL_TEMP_PREFIX = "dpstudy-"  # short, under /tmp: Ray's Unix socket paths live in it
 
@@ -46,22 +46,7 @@ class StudyPool(Protocol):
 def check_ray_address(address: str) -> None:
     """ValueError (one line) unless ``address`` is ``local`` or a ``HOST:PORT`` that accepts
     a TCP connection (a Ray GCS)."""
-    if address == "local":
-        return
-    host, sep, port = address.rpartition(":")
-    if "://" in address or not sep or not host or not port.isdigit():
-        raise ValueError(
-            f"--ray-address {address!r} is invalid: give 'local' or the head's GCS address"
-            " HOST:PORT"
-        )
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as err:
-        raise ValueError(
-            f"--ray-address {address!r} is unreachable: {err.strerror or err} "
-            "(is `ray start --head` running there?)"
-        ) from None
+    check_gcs_address(address, local_ok=True)
 
 
 class RayPool:
