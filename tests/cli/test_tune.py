@@ -94,6 +94,7 @@ def test_bad_input_is_one_line(
         (["--snic-mb-per-s", "inf"], "--snic-mb-per-s inf"),
         (["--agents", "0"], "--agents 0"),
         (["--systems", " "], "--systems is empty"),
+        (["--background-load", "-1"], "--background-load -1"),
     ],
 )
 def test_validate_bad_input_is_one_line(
