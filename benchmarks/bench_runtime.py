@@ -26,18 +26,16 @@ Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--age
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dualpath.cli.background import background_load, load_average
 from dualpath.config import Config, preset
 from dualpath.runtime.env import HEARTBEAT_S
 from dualpath.runtime.options import RuntimeOptions
@@ -221,32 +219,6 @@ def _jct_run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState]) -> dic
             "cpu_s": cpu}  # fmt: skip
 
 
-def _spin() -> None:
-    while True:
-        pass
-
-
-@contextmanager
-def background_load(n: int) -> Iterator[None]:
-    """``n`` busy-loop processes for the duration (another job's CPU use, on demand)."""
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_spin, daemon=True) for _ in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.join(5)
-
-
-def _load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min)"
-
-
 def _overruns(res: RunResult) -> str:
     """Each engine's share of passes / decode steps that overran their emulated time."""
     if not res.gpu_use:
@@ -281,14 +253,13 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
         for w in args.windows.split(",")
     ):  # fmt: skip
         with background_load(load):
-            time.sleep(1.0 if load else 0.0)  # let the loops start
             print(
                 f"\n## storage-bound JCT: {cfg.name}, 1P1D, 2 engines/node, SNIC "
                 f"{rate_total / 1e6:g} MB/s per node, {args.agents} agents x {args.turns} turns "
                 f"(appends x {args.token_scale:g}, <= {args.max_gen} generated), transport "
                 f"{transport}, transfer window {window}, GPU time {gpu_time}, background load "
                 f"{load} busy loop(s); ideal DualPath/Basic speed-up (P+D)/P = 2; at start: "
-                f"{_load()}"
+                f"{load_average()}"
             )
             print("| system | JCT s | TTFT mean s | TPOT mean ms | hit MB read (PE node / DE "
                   "node) | SNIC read busy, % of JCT (PE node / DE node) | reads alone / JCT | "
@@ -316,7 +287,7 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
                       f"{busy[0]:.0%} / {busy[1]:.0%} | {floor / jct:.0%} | "
                       f"{cpu[0]:.2f} / {cpu[1]:.2f} | {_overruns(res)} | "
                       f"{res.requeued} / {res.alloc_stalls} |")  # fmt: skip
-            print(f"\nat end: {_load()}")
+            print(f"\nat end: {load_average()}")
             if "basic" in jcts:
                 for system, jct in jcts.items():
                     if system != "basic":

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dualpath.cli.background import background_load, load_average
 from dualpath.cli.common import add_config_args, build_config
 from dualpath.cli.runtime_cmd import (
     DEFAULT_PRESET,
@@ -111,6 +112,8 @@ def bench_config(args: argparse.Namespace) -> Config:
     rate = args.snic_mb_per_s
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--snic-mb-per-s {rate} is invalid: must be a finite number > 0")
+    if getattr(args, "background_load", 0) < 0:
+        raise ValueError(f"--background-load {args.background_load} is invalid: must be >= 0")
     for name in ("agents", "turns"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} {getattr(args, name)} is invalid: must be >= 1")
@@ -157,16 +160,19 @@ def run_validate(args: argparse.Namespace) -> int:
         )
     (out / "hardware.toml").write_text(_toml(hw))
     print(f"wrote {out / 'hardware.toml'}")
-    runs = run_runtime_systems(
-        config,
-        systems,
-        args.turns,
-        args.token_scale,
-        args.max_gen,
-        args.kv_root,
-        progress=not args.no_progress,
-        gpu_time=args.gpu_time,
-    )
+    with background_load(args.background_load):
+        print(f"runtime: {args.background_load} busy loop(s) beside it; at start: {load_average()}")
+        runs = run_runtime_systems(
+            config,
+            systems,
+            args.turns,
+            args.token_scale,
+            args.max_gen,
+            args.kv_root,
+            progress=not args.no_progress,
+            gpu_time=args.gpu_time,
+        )
+        print(f"runtime: at end: {load_average()}")
     block = config.scheduler.block_tokens
     trajs = small_trajectories(config.workload, block, args.turns, args.token_scale, args.max_gen)
     sim_config = dataclasses.replace(config, hardware=hw)
@@ -184,6 +190,7 @@ def run_validate(args: argparse.Namespace) -> int:
     print(f"JCT error: worst {worst:.1%}, {verdict} the {args.target:.0%} target")
     payload.update(
         gpu_time=args.gpu_time,
+        background_load=args.background_load,
         hardware=dataclasses.asdict(hw),
         rows=rows,
         gpu_overrun_share={
@@ -209,6 +216,13 @@ def add_validate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     add_gpu_time_arg(p, "emulated")
     p.add_argument("--kv-root", default="./.dualpath/kv", help="KV store root")
     p.add_argument("--target", type=float, default=0.10, help="JCT error target (0.10)")
+    p.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy-loop processes beside the runtime runs (a busy host, on demand; default 0)",
+    )
     p.add_argument("--out", default="runs/validate", help="output folder (runs/validate)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_validate)

@@ -14,6 +14,7 @@ from dualpath.config.hardware import HardwareConfig
 from dualpath.config.model import ModelConfig
 from dualpath.config.root import Config
 from dualpath.config.scheduler import SchedulerConfig
+from dualpath.config.sim import SimConfig
 from dualpath.config.workload import WorkloadConfig
 
 DS660B = ModelConfig(  # DeepSeek-V3.2 (671B total / 37B active), MLA + DSA sparse attention
@@ -203,7 +204,9 @@ CLUSTER_PRESETS: dict[str, Config] = {
         scheduler=SchedulerConfig(),
         workload=WorkloadConfig(num_agents=16, num_base_trajectories=16),
     ),
-    # tiny-1p1d on the testbed hardware: the runtime's emulated GPU time, storage-bound
+    # tiny-1p1d on the testbed hardware: the runtime's emulated GPU time, storage-bound. Its
+    # simulator follows the runtime's persistence: a DE writes each block as it fills (no
+    # batching interval) and an agent's next turn waits until its blocks are durable.
     "tiny-testbed": Config(
         name="tiny-testbed",
         hardware=CPU_TESTBED,
@@ -211,6 +214,7 @@ CLUSTER_PRESETS: dict[str, Config] = {
         cluster=ClusterConfig(1, 1, prefill_ep=False, decode_ep=False),
         scheduler=SchedulerConfig(),
         workload=WorkloadConfig(num_agents=16, num_base_trajectories=16),
+        sim=SimConfig(persist_interval_s=0.0, next_turn_after_persist=True),
     ),
 }
 

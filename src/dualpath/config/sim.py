@@ -34,6 +34,12 @@ class SimConfig:
     pipeline aggregation (slow; for checks). ``decode_macro_steps``: decode steps computed per
     event at most (1 = one event per step). ``persist_interval_s``: a decode node starts a
     persistence write at most this often (writes gate nothing; batching saves flows).
+    ``next_turn_after_persist``: an agent's next turn is submitted only once the previous
+    turn's new blocks (prompt and decode) have been written to storage, as the runtime does
+    (its next turn's hits are then what SPEC §9 says the previous turn persisted); its arrival
+    stays the previous turn's finish, so the wait counts as queueing. Default off: the paper
+    submits the next turn at the previous one's finish (its blocks are still in the DE
+    buffer while they are written).
     ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
     ``classic_read_ahead_requests`` / ``classic_read_ahead_bytes``: how far a non-layerwise
     (classic, Basic) PE's storage reads may run ahead of its HBM admission, in requests or in
@@ -55,6 +61,7 @@ class SimConfig:
     collectives: bool = True
     persistence: bool = True
     persist_interval_s: float = 1.0  # a decode node starts a persistence write at most this often
+    next_turn_after_persist: bool = False  # the runtime's rule: the next turn waits for durability
     max_sim_s: float = 0.0
     classic_read_ahead_requests: int = 0  # per classic PE, beyond the HBM-admitted requests
     classic_read_ahead_bytes: float = 0.0  # per classic PE, beyond the HBM-admitted requests

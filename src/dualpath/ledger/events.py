@@ -67,11 +67,13 @@ class Aborted:
 
 @dataclass(frozen=True, slots=True)
 class Persisted:
-    """``num_bytes`` of a node's KV blocks were handed to storage."""
+    """``num_bytes`` of a node's KV blocks (``turn``'s, where the shell knows it) were
+    handed to storage."""
 
     now: float
     node: int
     num_bytes: float
+    turn: Turn | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,10 @@
 """A node's storage reader/writer process: KV store ↔ this node's buffer, through its SNIC.
 
-Reads (``ReadMsg``) run FIFO, two blocks in flight to keep the SNIC's read direction busy;
-writes (``PersistMsg``) run on their own thread over the SNIC's write direction (SPEC §13.5).
+Reads (``ReadMsg``) run FIFO on their own thread, two blocks in flight to keep the SNIC's
+read direction busy; writes (``PersistMsg``) run on theirs over the SNIC's write direction
+(SPEC §13.5): the NIC is full duplex, so a block write never waits behind a read (the inbox
+loop only dispatches; it used to run each read itself, and a DualPath decode node's writes,
+which the agent's next turn waits for, queued behind its reads).
 A missing or corrupt block ends the readable prefix; a corrupt file is removed so that the
 recomputed block gets persisted again.
 """
@@ -124,6 +127,7 @@ class StorageWorker:
         self.paced = env.options.paced_kv
         self.crash_on_read = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
+        self.reads: queue.Queue[ReadMsg | None] = queue.Queue()
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
         self.num_failed = 0  # block writes dropped
         self.failed_reported_s = 0.0
@@ -150,6 +154,14 @@ class StorageWorker:
         oks = list(self.readers.map(self._read_one, msg.keys, msg.slots))
         num_ok = oks.index(False) if False in oks else len(oks)
         self.env.results.put(ReadDoneMsg(msg.request_id, self.node, num_ok, start, clock.now()))
+
+    def _read_loop(self) -> None:
+        while (msg := self.reads.get()) is not None:
+            try:
+                self.handle_read(msg)
+            except Exception as bug:  # not an I/O error: fail the run, loudly
+                self.env.results.put(ErrorMsg(self.name, f"read failed: {bug!r}"))
+                return
 
     def _write_loop(self) -> None:
         while (msg := self.writes.get()) is not None:
@@ -178,7 +190,9 @@ class StorageWorker:
                   f"({self.num_failed} dropped so far)", file=sys.stderr)  # fmt: skip
 
     def serve(self, inbox: Any) -> None:
+        reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
         writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
+        reader.start()
         writer.start()
         self.env.results.put(ReadyMsg(self.name, os.getpid(), self.region))
         try:
@@ -192,11 +206,18 @@ class StorageWorker:
                 if isinstance(msg, ReadMsg):
                     if self.crash_on_read:
                         os._exit(19)  # fault injection: a storage worker dies mid-run
-                    self.handle_read(msg)
+                    self.reads.put(msg)
                 elif isinstance(msg, PersistMsg):
                     self.writes.put(msg)
         finally:
+            while True:  # stopping: reads not started are dropped (nobody waits for them)
+                try:
+                    self.reads.get_nowait()
+                except queue.Empty:
+                    break
+            self.reads.put(None)
             self.writes.put(None)
+            reader.join()
             writer.join()
             self.readers.shutdown()
             self.transport.close()

@@ -73,15 +73,21 @@ class Cluster:
                     self._on_read_start,
                 )
             )
+        on_persisted = self._on_persisted if sim.next_turn_after_persist else None
         self.writers: dict[int, Channel[Req]] = {
             n: Channel(
                 "de_to_storage",
                 fabric.persist_path(n),
                 self.transfers,
+                on_persisted,
                 min_gap_s=sim.persist_interval_s,
             )
             for n in range(topo.num_prefill_nodes, topo.num_nodes)
         }
+        # sim.next_turn_after_persist: a turn's block writes in flight, and the finished turns
+        # whose agent's next turn waits for them
+        self._unpersisted: dict[int, int] = {}
+        self._held: set[int] = set()
         self.h2d: dict[int, Channel[Req]] = {
             de: Channel("de_buffer_to_de_hbm", fabric.h2d_path(de), self.transfers, self._on_h2d)
             for de in topo.de_ids
@@ -181,7 +187,8 @@ class Cluster:
             start_s, lambda: self._submit_next(agent_id), Priority.COMPLETION, "agent_start"
         )
 
-    def _submit_next(self, agent_id: int) -> None:
+    def _submit_next(self, agent_id: int, arrival_s: float | None = None) -> None:
+        """Submit the agent's next turn now; it arrived at ``arrival_s`` (default now)."""
         turns, cursor = self._agents[agent_id]
         if cursor[0] >= len(turns):
             return
@@ -197,7 +204,7 @@ class Cluster:
             spec.prompt_tokens,
             spec.hit_tokens,
             spec.output_tokens,
-            now,
+            now if arrival_s is None else arrival_s,
         )
         self.reqs[rid] = req
         self.policy.submit(self.ledger.submit(req, now), now)
@@ -268,7 +275,7 @@ class Cluster:
             self.node_ios[self.topo.node_of(pe)].release(req.pe_buffer_bytes)
         new_blocks = prompt_block_tokens(req, self.block_tokens)
         if new_blocks > 0:  # the turn's new prompt blocks
-            self._persist(de, new_blocks)
+            self._persist(req, new_blocks)
         self.request_pull()
         if req.output_tokens == 1:
             req.second_token_s = req.finish_s = now
@@ -277,14 +284,18 @@ class Cluster:
             return
         self.h2d[de].send(req.prompt_tokens * self.kv_per_token, req)
 
-    def _persist(self, de: int, tokens: int) -> None:
-        """Hand ``tokens`` of whole KV blocks in ``de``'s node buffer to storage."""
+    def _persist(self, req: Req, tokens: int) -> None:
+        """Hand ``tokens`` of ``req``'s whole KV blocks in its DE's node buffer to storage."""
         if not self.sim.persistence:
             return
-        node, num_bytes = self.topo.node_of(de), tokens * self.kv_per_token
-        self.writers[node].send(num_bytes)
+        node, num_bytes = self.topo.node_of(req.de), tokens * self.kv_per_token
+        if self.sim.next_turn_after_persist:  # the agent's next turn waits for this write
+            self._unpersisted[req.request_id] = self._unpersisted.get(req.request_id, 0) + 1
+            self.writers[node].send(num_bytes, req)
+        else:
+            self.writers[node].send(num_bytes)
         if self.events.wants(Persisted):
-            self.events.emit(Persisted(self.loop.now, node, num_bytes))
+            self.events.emit(Persisted(self.loop.now, node, num_bytes, req))
 
     def _release_de_buffer(self, req: Req) -> None:
         if req.de_buffer_bytes:
@@ -298,13 +309,30 @@ class Cluster:
             self.decode_group_of[req.de].join(req)
 
     def _finish(self, req: Req) -> None:
-        """The last token is out (``req.finish_s`` set): free the DE, record, next turn."""
-        de = req.de
+        """The last token is out (``req.finish_s`` set): free the DE, record, next turn
+        (``sim.next_turn_after_persist``: once the turn's block writes have landed)."""
         self.ledger.finish(req, self.loop.now)  # records it (TurnDone)
         filled = decode_block_tokens(req, self.block_tokens)
         if filled > 0:  # blocks filled during decode
-            self._persist(de, filled)
+            self._persist(req, filled)
         del self.reqs[req.request_id]
         self.num_turns_done += 1
         self.request_pull()
-        self._submit_next(req.agent_id)
+        if self._unpersisted.get(req.request_id):
+            self._held.add(req.request_id)
+        else:
+            self._submit_next(req.agent_id)
+
+    def _on_persisted(self, reqs: list[Req]) -> None:
+        """A persistence write landed: the turns it carried whose writes are all done
+        release their agent's next turn (it arrived at the turn's finish)."""
+        for req in reqs:
+            rid = req.request_id
+            left = self._unpersisted[rid] - 1
+            if left:
+                self._unpersisted[rid] = left
+                continue
+            del self._unpersisted[rid]
+            if rid in self._held:
+                self._held.discard(rid)
+                self._submit_next(req.agent_id, arrival_s=req.finish_s)
