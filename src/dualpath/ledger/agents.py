@@ -13,6 +13,8 @@ from typing import Generic, Protocol, TypeVar
 
 
 class Agent(Protocol):
+    """``finished``: no turn is left to submit."""
+
     @property
     def agent_id(self) -> int: ...
     @property
@@ -30,6 +32,7 @@ class AgentDriver(Generic[A]):
         self._submit = submit
         self.agents: dict[int, A] = {}
         self._held: dict[int, tuple[set[Hashable], float]] = {}  # agent → (keys, arrival_s)
+        self._waiting: dict[Hashable, list[int]] = {}  # key → agents whose turn waits on it
 
     def add(self, agent: A) -> None:
         """Track ``agent`` (replacing one of the same id)."""
@@ -62,21 +65,24 @@ class AgentDriver(Generic[A]):
         return agent_id in self._held
 
     def next_turn(self, agent_id: int, now: float, pending: Iterable[Hashable] = ()) -> None:
-        """``agent_id``'s previous turn is finished at ``now`` (or it starts): submit its next
-        turn, or hold it until every key of ``pending`` is ``durable`` (the next turn then
-        arrives at ``now`` all the same: the hold delays its submission, not its arrival)."""
+        """``agent_id``'s previous turn is finished (or it starts): submit its next turn,
+        arrived at ``now``, or hold it until every key of ``pending`` is ``durable`` (the hold
+        delays its submission, not its arrival: the wait counts as queueing)."""
         agent = self.agents[agent_id]
         if agent.finished:
             return
         keys = set(pending)
-        if keys:
-            self._held[agent_id] = (keys, now)
-        else:
+        if not keys:
             self._submit(agent, now)
+            return
+        self._held[agent_id] = (keys, now)
+        for key in keys:
+            self._waiting.setdefault(key, []).append(agent_id)
 
     def durable(self, key: Hashable) -> None:
-        """``key``'s write was acknowledged: submit the turns that waited only on it."""
-        for agent_id in sorted(self._held):
+        """``key``'s write was acknowledged (written, or dropped and so never cached): submit
+        the turns that waited only on it, in agent id order."""
+        for agent_id in sorted(self._waiting.pop(key, ())):
             keys, arrival_s = self._held[agent_id]
             keys.discard(key)
             if not keys:
@@ -85,6 +91,7 @@ class AgentDriver(Generic[A]):
 
     def release_all(self) -> None:
         """Writes were lost and will never be acknowledged: submit every held turn now."""
+        self._waiting.clear()
         for agent_id in sorted(self._held):
             _, arrival_s = self._held.pop(agent_id)
             agent = self.agents[agent_id]

@@ -31,10 +31,12 @@ class Core(Generic[A]):
         hbm_capacity_tokens: int,
         block_tokens: int,
         submit: Callable[[A, float], object],
+        events: EventBus | None = None,
     ) -> None:
         self.topology = topology
         self.policy = policy
-        self.events = EventBus()  # what happened, for observers (records, traces, metrics)
+        # what happened, for observers (records, traces, metrics)
+        self.events = events if events is not None else EventBus()
         self.ledger = Ledger(topology, hbm_capacity_tokens, block_tokens, self.events)
         self.counters = RunCounters()
         self.agents: AgentDriver[A] = AgentDriver(submit)
