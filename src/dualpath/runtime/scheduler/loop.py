@@ -41,6 +41,17 @@ from dualpath.runtime.scheduler.stats import SchedulerStats
 from dualpath.runtime.scheduler.streams import Streams
 
 IDLE_WAIT_S = 0.005
+# message type → the ``Scheduler`` method that handles it (what the processes send back)
+HANDLERS: dict[type, str] = {
+    ErrorMsg: "_on_error",
+    ReadyMsg: "_on_ready",
+    PersistedMsg: "_on_persisted",
+    ForwardDoneMsg: "_on_forward_done",
+    TokensMsg: "_on_tokens",
+    ReadDoneMsg: "_on_read_done",
+    LoadedMsg: "_on_loaded",
+    DecodeDoneMsg: "_on_decode_done",
+}
 
 
 class Scheduler(SchedulerApi):
@@ -85,16 +96,12 @@ class Scheduler(SchedulerApi):
         self.stats = SchedulerStats()  # the last published snapshot (``publish_stats``)
         self._stats_every_s: float | None = None
         self._stats_at_s = float("-inf")
-        self._handlers: dict[type, Any] = {
-            ErrorMsg: self._on_error,
-            ReadyMsg: self._on_ready,
-            PersistedMsg: self._on_persisted,
-            ForwardDoneMsg: self._on_forward_done,
-            TokensMsg: self._on_tokens,
-            ReadDoneMsg: self._on_read_done,
-            LoadedMsg: self._on_loaded,
-            DecodeDoneMsg: self._on_decode_done,
-        }
+        self._handlers = {kind: getattr(self, name) for kind, name in HANDLERS.items()}
+
+    @staticmethod
+    def handled_messages() -> tuple[type, ...]:
+        """The message types the run loop handles (one handler each)."""
+        return tuple(HANDLERS)
 
     def now(self) -> float:
         return self.env.clock.now()
