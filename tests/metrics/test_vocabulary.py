@@ -94,15 +94,16 @@ def test_short_outputs_leave_metrics_undefined(
 
 
 def test_run_result_and_server_stats_share_the_path_names() -> None:
+    from dualpath.ledger.counters import RunCounters
     from dualpath.runtime.result import kv_bytes_by_path
 
-    class Counters:
-        pe_read_bytes, de_read_bytes, layer_in_bytes, pd_bytes, h2d_bytes = 1, 2, 3, 4, 5
-        persisted_blocks = 6
-
-    paths = kv_bytes_by_path(Counters(), full_block_bytes=10)  # type: ignore[arg-type]
+    counters = RunCounters()
+    counters.moved(KVPath.STORAGE_TO_PE_BUFFER, 1)
+    counters.moved(KVPath.DE_TO_STORAGE, 60)
+    paths = kv_bytes_by_path(counters)
     assert set(paths) <= set(KVPath) and len(paths) == 6
     assert paths[KVPath.DE_TO_STORAGE] == 60 and paths["storage_to_pe_buffer"] == 1
+    assert counters.read_bytes() == 1
 
 
 def test_summaries_name_latencies_as_the_definitions_do() -> None:

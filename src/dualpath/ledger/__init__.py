@@ -3,10 +3,14 @@
 Pure and I/O-free, between ``policy`` and the two shells: topology ids, each turn's typed
 phase, the load counters and the ``ClusterView`` the policy reads, ``TurnRecord``s, and typed
 past-tense events that observers subscribe to; a journal of its inputs and a replay that
-checks a fresh ledger and policy decide the same. The shells carry out commands and report
-what happened; they keep no counter or view of their own.
+checks a fresh ledger and policy decide the same; the ``Core`` that a shell reports through
+(policy, ledger, event bus, the run's counters, the agent driver). The shells carry out
+commands and report what happened; they keep no counter or view of their own.
 """
 
+from dualpath.ledger.agents import AgentDriver
+from dualpath.ledger.core import Core
+from dualpath.ledger.counters import RunCounters
 from dualpath.ledger.events import (
     Aborted,
     Assigned,
@@ -35,7 +39,9 @@ from dualpath.ledger.turn import NO_TIME, Phase, Turn
 __all__ = [
     "NO_TIME",
     "Aborted",
+    "AgentDriver",
     "Assigned",
+    "Core",
     "DecodeStepsDone",
     "EventBus",
     "FirstToken",
@@ -48,6 +54,7 @@ __all__ = [
     "ReadDone",
     "ReplayMismatch",
     "ReplayStats",
+    "RunCounters",
     "Submitted",
     "Topology",
     "TransferDone",

@@ -271,6 +271,25 @@ class Launcher:
         self._spawn(name, storage_main, (self.env, node, inbox, False))
         return pending
 
+    def send(self, engine: int, msg: Any) -> None:
+        """Put ``msg`` in engine ``engine``'s inbox (its current incarnation's)."""
+        self.engine_inbox[engine].put(msg)
+
+    def buffer(self, node: int) -> SlotBuffer:
+        """Node ``node``'s buffer (its slots are allocated and freed by the scheduler)."""
+        return self.buffers[node]
+
+    def announce_region(self, name: str, region: RegionHandle | None) -> None:
+        """A respawned engine's readiness ack named its new exchange region."""
+        if region is not None and name in self.procs:
+            self.engine_regions[name] = region
+
+    def exchange_peer(self, name: str) -> tuple[RegionHandle, int] | None:
+        """Engine ``name``'s exchange region and pid, once it announced one (None: not yet,
+        or a launcher without exchanges)."""
+        region = self.engine_regions.get(name)
+        return None if region is None else (region, self.procs[name].pid)
+
     def stalled(self, name: str) -> bool:
         """``name`` beat before but not within ``liveness_timeout_s`` (e.g. SIGSTOPped)."""
         if self.env is None:

@@ -1,5 +1,5 @@
-"""One runtime run's result, and the KV bytes per load path (``types.KVPath``), built from the
-scheduler's counters: the one place both ``RunResult`` and the server's stats name them.
+"""One runtime run's result, built from the core's counters (``ledger.counters.RunCounters``:
+KV bytes per load path, keyed by ``types.KVPath``, as the server's stats report them too).
 
 Reads the run through the ``RunSource`` protocol, never by importing the scheduler.
 """
@@ -10,50 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from dualpath.types import KVPath
-
 if TYPE_CHECKING:  # types only: the result module stays importable without the runtime extra
     from dualpath.ledger import Topology
+    from dualpath.ledger.counters import RunCounters
     from dualpath.metrics import TurnRecord
     from dualpath.runtime.env import ProcEnv
     from dualpath.runtime.gputime import GpuUse
-
-
-class RunCounters(Protocol):
-    """What the scheduler counts as it carries out a run (its ``counters``)."""
-
-    @property
-    def pe_read_bytes(self) -> int: ...
-    @property
-    def de_read_bytes(self) -> int: ...
-    @property
-    def layer_in_bytes(self) -> int: ...
-    @property
-    def pd_bytes(self) -> int: ...
-    @property
-    def h2d_bytes(self) -> int: ...
-    @property
-    def persisted_blocks(self) -> int: ...
-    @property
-    def requeued(self) -> int: ...
-    @property
-    def alloc_stalls(self) -> int: ...
-    @property
-    def passes(self) -> int: ...
-    @property
-    def pass_chunks(self) -> int: ...
-    @property
-    def chunked(self) -> int: ...
-    @property
-    def max_pass_tokens(self) -> int: ...
-    @property
-    def pass_new_tokens(self) -> int: ...
-    @property
-    def pass_busy_s(self) -> float: ...
-    @property
-    def read_windows(self) -> dict[int, list[tuple[float, float]]]: ...
-    @property
-    def gpu(self) -> dict[int, GpuUse]: ...
 
 
 class AgentProgress(Protocol):
@@ -74,19 +36,14 @@ class RunSource(Protocol):
     def records(self) -> Sequence[TurnRecord]: ...
     @property
     def agents(self) -> Mapping[int, AgentProgress]: ...
+    @property
+    def gpu(self) -> Mapping[int, GpuUse]: ...  # per engine, emulated GPU time only
 
 
-def kv_bytes_by_path(c: RunCounters, full_block_bytes: int) -> dict[str, int]:
+def kv_bytes_by_path(c: RunCounters) -> dict[str, int]:
     """Bytes moved per KV path so far (the runtime counts layer loads from either buffer as
     one: ``BUFFER_TO_PE_HBM``)."""
-    return {
-        KVPath.STORAGE_TO_PE_BUFFER: c.pe_read_bytes,
-        KVPath.STORAGE_TO_DE_BUFFER: c.de_read_bytes,
-        KVPath.BUFFER_TO_PE_HBM: c.layer_in_bytes,
-        KVPath.PE_HBM_TO_DE_BUFFER: c.pd_bytes,
-        KVPath.DE_BUFFER_TO_DE_HBM: c.h2d_bytes,
-        KVPath.DE_TO_STORAGE: c.persisted_blocks * full_block_bytes,
-    }
+    return dict(c.bytes_by_path)
 
 
 def union_s(windows: list[tuple[float, float]]) -> float:
@@ -128,7 +85,7 @@ class RunResult:
     def build(cls, sched: RunSource, start_s: float, end_s: float) -> RunResult:
         c = sched.counters
         rate = sched.env.config.hardware.snic_total_bytes_per_s
-        read = c.pe_read_bytes + c.de_read_bytes
+        read = c.read_bytes()
         busy = sum(union_s(w) for w in c.read_windows.values())
         span = union_s([x for w in c.read_windows.values() for x in w])
         nodes = sched.topo.num_nodes
@@ -137,7 +94,7 @@ class RunResult:
         return cls(
             records=tuple(sorted(sched.records, key=lambda r: r.request_id)),
             outputs={a: tuple(s.generated) for a, s in sorted(sched.agents.items())},
-            bytes_by_path=kv_bytes_by_path(c, sched.env.layout.full_block_bytes),
+            bytes_by_path=kv_bytes_by_path(c),
             snic_busy_utilisation=read / (rate * busy) if busy > 0 and paced else nan,
             snic_aggregate_utilisation=read / (rate * nodes * span) if span > 0 and paced else nan,
             requeued=c.requeued,
@@ -149,5 +106,5 @@ class RunResult:
             max_pass_tokens=c.max_pass_tokens,
             pass_new_tokens=c.pass_new_tokens,
             pass_busy_s=c.pass_busy_s,
-            gpu_use={sched.topo.engine_name(e): u for e, u in sorted(c.gpu.items())},
+            gpu_use={sched.topo.engine_name(e): u for e, u in sorted(sched.gpu.items())},
         )

@@ -88,9 +88,7 @@ class LocalRuntime:
         for agent in states:
             sched.add_agent(agent)
         for agent in states:
-            first = agent.next_turn()
-            if first is not None:
-                sched.submit_or_reject(agent.agent_id, *first)
+            sched.start_agent(agent)
         return sched.run()
 
     def pids(self) -> list[int]:

@@ -5,7 +5,8 @@ The HTTP process sends ``SubmitCmd`` / ``CancelCmd`` / ``StopCmd`` on one queue;
 answers on another: ``ReadyEvt`` once every runtime process acked, ``TokensEvt`` as the engines
 generate (new tokens only), ``RejectedEvt`` for a request the runtime refuses, ``StatsEvt``
 twice a second, ``ClosedEvt`` after the runtime has shut down (shared memory unlinked).
-Nothing here decides anything: the scheduler (``runtime/scheduler.py``) does.
+Nothing here decides anything: the scheduler (``runtime/scheduler/``) does; the stats are the
+snapshot it publishes (``Scheduler.publish_stats``), never its state read from this thread.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dualpath.config import Config
 from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
-from dualpath.runtime.result import kv_bytes_by_path
 from dualpath.runtime.sampling import SamplingParams
 
 STATS_PERIOD_S = 0.5
@@ -180,29 +180,21 @@ class _Host:
             self.outbox.put(self.snapshot(nic_busy))
 
     def snapshot(self, nic_busy: Any) -> StatsEvt:
-        s = self.sched
-        c = s.counters
-        paths = kv_bytes_by_path(c, s.env.layout.full_block_bytes)
-        queues = {f"read_node{n}_tokens": q for n, q in enumerate(list(s.read_q))}
-        for e, q in sorted(s.pe_queue.items()):
-            queues[f"prefill_pe{e}"] = len(q)
-        queues["policy_waiting"] = s.policy.num_waiting
-        queues["buffer_alloc_waiting"] = len(s.alloc_wait)
-        # (list(): one C call, atomic under the GIL against the scheduler thread adding one)
-        gpu = {s.topo.engine_name(e): (u.passes, u.overran) for e, u in sorted(list(c.gpu.items()))}
+        s = self.sched.stats  # the scheduler's last published snapshot: never its live state
         with self.lock:
-            return StatsEvt(
-                num_live=len(self.live),
-                num_waiting=s.policy.num_waiting + len(s.alloc_wait),
-                requeued=c.requeued,
-                cancelled=s.num_cancelled,
-                persist_failed=c.persist_failed,
-                kv_bytes_by_path=paths,
-                queue_lengths=queues,
-                nic_busy_s=nic_busy() if nic_busy is not None else {},
-                gpu_passes=gpu,
-                now_s=s.now(),
-            )
+            num_live = len(self.live)
+        return StatsEvt(
+            num_live=num_live,
+            num_waiting=s.num_waiting,
+            requeued=s.requeued,
+            cancelled=s.cancelled,
+            persist_failed=s.persist_failed,
+            kv_bytes_by_path=dict(s.kv_bytes_by_path),
+            queue_lengths=dict(s.queue_lengths),
+            nic_busy_s=nic_busy() if nic_busy is not None else {},
+            gpu_passes=dict(s.gpu_passes),
+            now_s=s.now_s,
+        )
 
 
 def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
@@ -229,6 +221,7 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
             link_dir = getattr(launcher, "link_dir", None) or ""
             outbox.put(ReadyEvt((os.getpid(), *rt.pids()), shm, link_dir))
             nic_busy = rt.launcher.nic_busy_s
+            rt.scheduler.publish_stats()  # before the stats thread reads its first snapshot
             threads = [
                 threading.Thread(target=host.commands, args=(inbox, parent_pid), daemon=True),
                 # (the scheduler itself runs on this, the main, thread)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from dualpath.config import Config, config_for
@@ -17,13 +18,12 @@ from dualpath.config.sim import SimConfig
 from dualpath.config.systems import SystemSpec
 from dualpath.ledger import (
     EventBus,
-    Ledger,
     Persisted,
     Topology,
-    TurnDone,
     decode_block_tokens,
     prompt_block_tokens,
 )
+from dualpath.ledger.core import Core
 from dualpath.metrics import TurnRecord
 from dualpath.models import cost
 from dualpath.policy import Assign, ClusterView, make_policy
@@ -84,26 +84,29 @@ class Cluster:
             )
             for n in range(topo.num_prefill_nodes, topo.num_nodes)
         }
-        # sim.next_turn_after_persist: a turn's block writes in flight, and the finished turns
-        # whose agent's next turn waits for them
-        self._unpersisted: dict[int, int] = {}
-        self._held: set[int] = set()
+        # sim.next_turn_after_persist: each turn's block writes in flight, in the order sent
+        # (a node's writes land in that order); the agent driver holds the next turns
+        self._unpersisted: dict[int, list[int]] = {}
+        self._num_writes = 0
         self.h2d: dict[int, Channel[Req]] = {
             de: Channel("de_buffer_to_de_hbm", fabric.h2d_path(de), self.transfers, self._on_h2d)
             for de in topo.de_ids
         }
         self.reqs: dict[int, Req] = {}
-        self.records: list[TurnRecord] = []
         de_gpus = topo.decode_ep_gpus  # a DE's weights are sharded over its EP group
         self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
-        self.ledger = Ledger(topo, self.hbm_capacity_tokens, self.block_tokens, self.events)
+        # the one door to the policy, the ledger (and its records) and the agent driver
+        self.core: Core[_Agent] = Core(
+            topo, self.policy, self.hbm_capacity_tokens, self.block_tokens, self._submit,
+            self.events,
+        )  # fmt: skip
+        self.ledger = self.core.ledger
+        self.records: list[TurnRecord] = self.core.records
         self._build_groups()
-        self.events.subscribe(TurnDone, lambda ev: self.records.append(ev.record))
         for group in self.decode_groups:
             self.ledger.track_decode(
                 group.members, group.generated_by_member, group.generated_stamp
             )
-        self._agents: dict[int, tuple[Sequence[TurnSpec], list[int]]] = {}
         self._next_request_id = 0
         self.num_turns_total = 0
         self.num_turns_done = 0
@@ -165,7 +168,7 @@ class Cluster:
     def add_agent(self, agent_id: int, turns: Sequence[TurnSpec], start_s: float) -> None:
         """Agent ``agent_id`` submits its first turn at ``start_s`` (offline: 0; online: its
         arrival), each later turn when the previous one finished."""
-        if agent_id in self._agents:
+        if agent_id in self.core.agents:
             raise ValueError(f"agent_id={agent_id} is invalid: added twice")
         if not turns:
             raise ValueError(f"agent {agent_id}: no turns")
@@ -181,30 +184,31 @@ class Cluster:
                     "prompt's KV in HBM during its pass and cannot prefill this turn "
                     "(chunking does not shrink it; use a layerwise system or more HBM)"
                 )
-        self._agents[agent_id] = (turns, [0])
+        self.core.agents.add(_Agent(agent_id, turns))
         self.num_turns_total += len(turns)
+        agents = self.core.agents
         self.loop.at(
-            start_s, lambda: self._submit_next(agent_id), Priority.COMPLETION, "agent_start"
+            start_s,
+            lambda: agents.next_turn(agent_id, self.loop.now),
+            Priority.COMPLETION,
+            "agent_start",
         )
 
-    def _submit_next(self, agent_id: int, arrival_s: float | None = None) -> None:
-        """Submit the agent's next turn now; it arrived at ``arrival_s`` (default now)."""
-        turns, cursor = self._agents[agent_id]
-        if cursor[0] >= len(turns):
-            return
-        spec = turns[cursor[0]]
-        cursor[0] += 1
+    def _submit(self, agent: _Agent, arrival_s: float) -> None:
+        """The agent driver's: submit ``agent``'s next turn now; it arrived at ``arrival_s``."""
+        spec = agent.turns[agent.submitted]
+        agent.submitted += 1
         now = self.loop.now
         rid = self._next_request_id
         self._next_request_id += 1
         req = Req(
             rid,
-            agent_id,
+            agent.agent_id,
             spec.turn_index,
             spec.prompt_tokens,
             spec.hit_tokens,
             spec.output_tokens,
-            now if arrival_s is None else arrival_s,
+            arrival_s,
         )
         self.reqs[rid] = req
         self.policy.submit(self.ledger.submit(req, now), now)
@@ -290,7 +294,8 @@ class Cluster:
             return
         node, num_bytes = self.topo.node_of(req.de), tokens * self.kv_per_token
         if self.sim.next_turn_after_persist:  # the agent's next turn waits for this write
-            self._unpersisted[req.request_id] = self._unpersisted.get(req.request_id, 0) + 1
+            self._num_writes += 1
+            self._unpersisted.setdefault(req.request_id, []).append(self._num_writes)
             self.writers[node].send(num_bytes, req)
         else:
             self.writers[node].send(num_bytes)
@@ -318,21 +323,30 @@ class Cluster:
         del self.reqs[req.request_id]
         self.num_turns_done += 1
         self.request_pull()
-        if self._unpersisted.get(req.request_id):
-            self._held.add(req.request_id)
-        else:
-            self._submit_next(req.agent_id)
+        # the next turn arrives now (zero think time); held: at this turn's finish
+        pending = self._unpersisted.get(req.request_id, ())
+        arrival_s = req.finish_s if pending else self.loop.now
+        self.core.agents.next_turn(req.agent_id, arrival_s, pending)
 
     def _on_persisted(self, reqs: list[Req]) -> None:
-        """A persistence write landed: the turns it carried whose writes are all done
-        release their agent's next turn (it arrived at the turn's finish)."""
+        """A persistence write landed (one entry per write it carried): the agent driver
+        submits the next turns that waited only on it."""
         for req in reqs:
-            rid = req.request_id
-            left = self._unpersisted[rid] - 1
-            if left:
-                self._unpersisted[rid] = left
-                continue
-            del self._unpersisted[rid]
-            if rid in self._held:
-                self._held.discard(rid)
-                self._submit_next(req.agent_id, arrival_s=req.finish_s)
+            writes = self._unpersisted[req.request_id]
+            write = writes.pop(0)
+            if not writes:
+                del self._unpersisted[req.request_id]
+            self.core.agents.durable(write)
+
+
+@dataclass(slots=True)
+class _Agent:
+    """An agent's turns and how many of them were submitted (for the agent driver)."""
+
+    agent_id: int
+    turns: Sequence[TurnSpec]
+    submitted: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.submitted >= len(self.turns)

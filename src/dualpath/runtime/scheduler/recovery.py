@@ -1,0 +1,76 @@
+"""Recovery from dead processes: when to look (not every round), which turns a dead engine
+takes down with it, and how a lost turn goes on (``resume``). Pure decisions over the
+turns; the caller aborts, resubmits and re-issues reads (it owns those components)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from dualpath.ledger import Phase
+from dualpath.runtime.requests import Req
+from dualpath.runtime.sampling import SamplingParams
+
+LIVENESS_CHECK_S = 0.05  # how often the run loop looks for dead children (not every round)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """How an aborted turn goes on. ``finished``: the tokens already delivered end it (no
+    new request); else a new request appends ``append`` and generates ``output_tokens``."""
+
+    resumed: tuple[int, ...]  # the turn's output its client already has
+    finished: bool
+    append: tuple[int, ...] = ()
+    output_tokens: int = 0
+    sampling: SamplingParams | None = None
+
+
+def resume(req: Req, context: tuple[int, ...], streaming: bool) -> Resume:
+    """Submit an aborted request again, exactly once from its client's view: a streaming
+    (server's) turn continues after the tokens already delivered (they end the new prompt;
+    the counter-based sampler draws the next ones as the lost engine would have), never
+    sending one twice; a turn whose delivered tokens already end it is finished.
+    ``context``: its agent's context before the turn."""
+    delivered = (req.first_token, *req.streamed) if streaming and req.first_token >= 0 else ()
+    resumed = (*req.resumed, *delivered)
+    total = len(req.resumed) + req.output_tokens  # the turn's output budget
+    stops = req.sampling.stop_token_ids if req.sampling else ()
+    if resumed and (len(resumed) >= total or resumed[-1] in stops):
+        return Resume(resumed, finished=True)
+    append = (*req.tokens[len(context) :], *delivered)
+    sampling = req.sampling
+    if sampling is not None and resumed:
+        sampling = replace(sampling, first_index=len(resumed), history=resumed)
+    return Resume(resumed, False, append, total - len(resumed), sampling)
+
+
+class Recovery:
+    """Decides which turns a dead process costs; owns only when it last looked."""
+
+    def __init__(self) -> None:
+        self._checked_s = float("-inf")  # when the run loop last looked
+
+    def due(self, now: float) -> bool:
+        """``liveness_timeout_s`` is seconds: a round every 5 ms need not look each time."""
+        if now - self._checked_s < LIVENESS_CHECK_S:
+            return False
+        self._checked_s = now
+        return True
+
+    @staticmethod
+    def orphans(engine: int, reqs: Iterable[Req]) -> list[tuple[Req, bool]]:
+        """The unfinished turns that depended on dead ``engine``, by id, each with whether its
+        slots may be freed now. A dead PE matters until its prefill is done, a dead DE until
+        decode is done; slots that a live process may still write (an in-flight read, or a
+        pass of another PE) are freed when it reports back, never earlier."""
+        out = []
+        for req in sorted(reqs, key=lambda r: r.request_id):
+            if req.phase in (Phase.DONE, Phase.ABORTED, Phase.QUEUED):
+                continue
+            pe_lost = req.pe == engine and req.phase in (Phase.READING, Phase.PREFILLING)
+            if not (pe_lost or req.de == engine):
+                continue
+            in_flight = req.reading or (req.in_pass and req.pe != engine)
+            out.append((req, not in_flight))
+        return out
