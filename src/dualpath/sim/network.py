@@ -332,23 +332,28 @@ class FluidNetwork:
         now = self._loop.now
         fin, ver, size = self._finish, self._t.f_ver, self._t.f_size
         done: list[Callable[[], object]] = []
-        while fin:
-            t, _, s, v = fin[0]
-            if ver[s] != v:
+        rates = self.rates
+        rates.deferred = True  # settled below, after the callbacks: no settle event
+        try:
+            while fin:
+                t, _, s, v = fin[0]
+                if ver[s] != v:
+                    heapq.heappop(fin)
+                    continue
+                if t > now and self._remaining(s, now) > DONE_REL * size[s]:
+                    break
                 heapq.heappop(fin)
-                continue
-            if t > now and self._remaining(s, now) > DONE_REL * size[s]:
-                break
-            heapq.heappop(fin)
-            callback = self._t.f_done[s]
-            if callback is not None:  # always, for a live entry
-                done.append(callback)
-            self._count_moved(s, size[s])
-            self._detach(s)
-            self._release(s)
-        for callback in done:
-            callback()
-        self.rates.settle()
+                callback = self._t.f_done[s]
+                if callback is not None:  # always, for a live entry
+                    done.append(callback)
+                self._count_moved(s, size[s])
+                self._detach(s)
+                self._release(s)
+            for callback in done:
+                callback()
+        finally:
+            rates.deferred = False
+        rates.settle()
         self._arm()
 
     def _reschedule(self, flows: list[int], now: float) -> None:

@@ -85,6 +85,9 @@ class RateSolver:
         self._gone: dict[int, float] = {}
         self._forced: dict[int, None] = {}
         self._settle_ev: Event | None = None
+        # True while the network fires completions: it settles right after them itself, so
+        # changes schedule no settle event (one that would only be cancelled unprocessed)
+        self.deferred = False
         self._epoch = 0
         self._slack_limit = (1.0 - (low_floor if traffic_manager else 0.0)) * (1.0 - SLACK_REL)
         self._rearm = False  # a flow changed without a recomputation: re-arm at settle
@@ -217,7 +220,7 @@ class RateSolver:
             left = rate[r] + delta
             rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
         self._rearm = True
-        if self._settle_ev is None:
+        if self._settle_ev is None and not self.deferred:
             self._mark_dirty(())
 
     def _mark_dirty(self, path: tuple[int, ...], high: bool = False) -> None:
@@ -231,7 +234,7 @@ class RateSolver:
             dirty_high = self._dirty_high
             for r in path:
                 dirty_high[r] = None
-        if self._settle_ev is None:
+        if self._settle_ev is None and not self.deferred:
             self._settle_ev = self._loop.at(
                 self._loop.now, self.settle, Priority.SETTLE, "net.settle"
             )
