@@ -353,8 +353,8 @@ class FluidNetwork:
                 callback()
         finally:
             rates.deferred = False
-        rates.settle()
-        self._arm()
+        if not rates.settle():  # it arms the timer when a flow changed
+            self._arm()
 
     def _reschedule(self, flows: list[int], now: float) -> None:
         """The rate solver re-rated ``flows`` (new rates in ``rates.new``). Those whose rate

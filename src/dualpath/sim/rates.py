@@ -239,8 +239,9 @@ class RateSolver:
                 self._loop.now, self.settle, Priority.SETTLE, "net.settle"
             )
 
-    def settle(self) -> None:
-        """Recompute rates of every flow in the components of the dirty resources."""
+    def settle(self) -> bool:
+        """Recompute rates of every flow in the components of the dirty resources. True when
+        it re-armed the completion timer (``arm``), which it does whenever a flow changed."""
         event = self._settle_ev
         if event is not None:
             self._settle_ev = None
@@ -250,7 +251,8 @@ class RateSolver:
             if self._rearm:
                 self._rearm = False
                 self._arm()
-            return
+                return True
+            return False
         self._rearm = False
         self.num_settles += 1
         now = self._loop.now
@@ -301,6 +303,7 @@ class RateSolver:
         self.num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
+        return True
 
     def _settle_high(self, dirty: list[int], forced: dict[int, None]) -> list[int]:
         """Traffic manager: refill HIGH over the HIGH flows connected to resources where a
@@ -745,7 +748,7 @@ class RateSolver:
 
     def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
         """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
-        if not self.t.num_capped:
+        if not (flows and self.t.num_capped):
             return []
         every = self.t.capped
         if 4 * len(flows) < len(every):  # a few flows: sort their keys
