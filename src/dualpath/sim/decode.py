@@ -208,31 +208,25 @@ class DecodeGroup:
                 times.append(t)
 
     def _plan_short(self, num: int) -> None:
-        """``_plan_interval`` for a few steps: a fresh column per member (``_step_column``:
-        ``step_time_s(b, c + b·j) + b · d2h``, bit for bit), none kept."""
-        column = self._step_column
+        """``_plan_interval`` for a few steps, step by step (the same values a column has)."""
+        step_time = self.step_time_s
         d2h, debt, dma = self.d2h_delay_per_token_s, self.h2d_debt_s, self.dma_delay_s
-        cols = []
-        first = 0.0
-        for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True)):
-            if not b:
-                continue
-            col = column(b, c, 0, num, b * d2h)
-            cols.append(col)
-            d = col[0] + debt[i]  # the H2D delay is charged to this first step only
-            if d > first:
-                first = d
-            dma[i] += debt[i]
-            debt[i] = 0.0
+        active = [
+            (b, c, i, b * d2h)
+            for i, (b, c) in enumerate(zip(self.batch, self.context, strict=True))
+            if b
+        ]
         t = self.interval_start_s = self.loop.now
         times = self.times
+        first = max([step_time(b, c) + extra + debt[i] for b, c, i, extra in active])
+        for _, _, i, _ in active:  # the H2D delay is charged to this first step only
+            dma[i] += debt[i]
+            debt[i] = 0.0
         t += first
         times.append(t)
-        if num > 1:
-            durs = list(map(max, *cols)) if len(cols) > 1 else cols[0]
-            for j in range(1, num):
-                t += durs[j]
-                times.append(t)
+        for j in range(1, num):
+            t += max([step_time(b, c + b * j) + extra for b, c, _, extra in active])
+            times.append(t)
 
     def _column(self, i: int, b: int, num: int) -> list[float]:
         """Member ``i``'s step time plus D2H delay for each of the next ``num`` steps at
