@@ -182,9 +182,14 @@ class RateSolver:
         if not self._local:
             return False
         rate, limit = self.t.rate, self._limit
-        for r in path:  # plain loops: this runs at every start and end of a flow
-            if rate[r] + add_rate * path.count(r) > limit[r]:
-                return False
+        if add_rate:
+            for r in path:  # plain loops: this runs at every start and end of a flow
+                if rate[r] + add_rate * path.count(r) > limit[r]:
+                    return False
+        else:  # the same test: rate + 0.0 is rate
+            for r in path:  # noqa: SIM110  # a plain loop: no generator per end
+                if rate[r] > limit[r]:
+                    return False
         if not self._tm:
             return True
         if not self.t.f_cls[slot]:
@@ -272,8 +277,7 @@ class RateSolver:
                 held[r] = limit[r]
                 limit[r] = -1.0
             res, edge, flows, pinned = self._component(dirty, True, forced)
-            self.t.account(res, now)
-            self.t.account(edge, now)
+            self.t.account2(res, edge, now)
         ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
         if not ok and self._local:
             # a resource guessed unsaturated saturates: fill again, walking through it,
@@ -284,8 +288,7 @@ class RateSolver:
                     held.setdefault(r, limit[r])
                     limit[r] = -1.0
                 res, edge, flows, pinned = self._component(dirty, True, forced)
-                self.t.account(res, now)
-                self.t.account(edge, now)
+                self.t.account2(res, edge, now)
                 ok = self._assign_rates(res, edge, flows, pinned, self._tm)
                 if ok:
                     break
@@ -314,7 +317,8 @@ class RateSolver:
         t0, t1 = self.t.tot
         shared, dirty_high = self._shared, self._dirty_high
         start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
-        self._dirty_high = {}
+        if dirty_high:
+            self._dirty_high = {}
         if not start:
             return []
         self._epoch += 1
@@ -633,8 +637,10 @@ class RateSolver:
                 left = high_left[r] + (cap[r] - cap[r] * high_share if shared[r] else 0.0)
                 avail[r] = base[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
-            self._pin(pinned)
-            fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt, order)
+            if pinned:
+                self._pin(pinned)
+            if flows:
+                fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt, order)
         elif not self._tm:  # one class
             for r in res:
                 avail[r] = base[r] = cap[r]
