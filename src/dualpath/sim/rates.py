@@ -187,7 +187,7 @@ class RateSolver:
                 if rate[r] + add_rate * path.count(r) > limit[r]:
                     return False
         else:  # the same test: rate + 0.0 is rate
-            for r in path:  # noqa: SIM110  # a plain loop: no generator per end
+            for r in path:  # a plain loop: no generator per end
                 if rate[r] > limit[r]:
                     return False
         if not self._tm:
