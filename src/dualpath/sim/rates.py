@@ -41,7 +41,9 @@ class RateSolver:
     Its own state: the dirty sets of this instant, the HIGH shares (``_high_left``,
     ``_shared``), scratch lists for filling and walking, and counters. ``reschedule(flows,
     now)`` and ``arm()`` are the network's: apply the rates in ``new`` to ``flows``, and keep
-    the completion timer at the next finish.
+    the completion timer at the next finish. ``deferred`` is the network's too: True while
+    it fires completions and will call ``settle`` after them, so changes schedule no settle
+    event (the same rates and the same processed events: such an event was always cancelled).
     """
 
     def __init__(
