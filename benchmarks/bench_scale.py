@@ -10,7 +10,9 @@ per simulated second (CPU cores it would need to keep up in real time), wall tim
 events/s, the process's CPU time with events and turns per CPU second (steadier than wall
 time on a shared machine; larger clusters coalesce more work into one event, so turns per
 CPU second compares sizes more fairly than events) and the peak RSS of the process that
-ran it (each run is its own process).
+ran it (each run is its own process), CPU µs per event beside a bare ``heapq`` loop of as
+many events timed in the same process (the machine's load reference), and with ``--before``
+the ratio of CPU seconds per turn for each size.
 
 ``--before SRC`` also runs every size on another source tree (e.g. ``git archive main`` under
 /tmp) in the same invocation, for a before/after comparison on the same machine and load;
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import heapq
 import json
 import os
 import resource
@@ -121,7 +124,20 @@ def run_units(
         "flows_per_settle": cluster.net.num_settled_flows / max(cluster.net.num_settles, 1),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
         "digest": cluster.loop.log_digest(),
+        "heapq_cpu_s": bare_heapq_s(cluster.loop.num_processed),
     }
+
+
+def bare_heapq_s(events: int) -> float:
+    """CPU seconds of a bare heapq event loop of ``events`` events (push one, pop one): the
+    machine's reference, timed in the same process as the run."""
+    heap: list[tuple[float, int, Any]] = [(0.0, 0, None)]
+    cpu0 = time.process_time()
+    push, pop = heapq.heappush, heapq.heappop
+    for i in range(events):
+        t, _, _ = pop(heap)
+        push(heap, (t + 1.0, i, None))
+    return time.process_time() - cpu0
 
 
 def run_child(src: Path, k: int, args: argparse.Namespace) -> dict[str, float] | None:
@@ -177,7 +193,7 @@ def main() -> None:
     print(
         f"{'tree':>6} {'units':>5} {'GPUs':>5} {'agents':>7} {'JCT s':>8} {'JCT/JCT1':>9} "
         f"{'sched cores':>12} {'wall s':>8} {'events/s':>9} {'CPU s':>8} {'ev/CPU s':>9} "
-        f"{'turns/CPU s':>11} {'RSS GiB':>8}  digest"
+        f"{'turns/CPU s':>11} {'RSS GiB':>8} {'µs/ev':>6} {'heapq':>6}  digest"
     )
     rows = []
     for k in (int(u) for u in args.units.split(",")):
@@ -202,11 +218,23 @@ def main() -> None:
                 f"{row['jct_s'] / base['jct_s']:>9.3f} {row['scheduler_cores']:>12.4f} "
                 f"{row['wall_s']:>8.1f} {row['events_per_s']:>9,.0f} {row['cpu_s']:>8.1f} "
                 f"{row['events_per_cpu_s']:>9,.0f} {row['turns_per_cpu_s']:>11,.0f} "
-                f"{row['peak_rss_gib']:>8.2f}  {str(row['digest'])[:12]}",
+                f"{row['peak_rss_gib']:>8.2f} {1e6 * row['cpu_s'] / row['events']:>6.1f} "
+                f"{_heapq_us(row):>6}  {str(row['digest'])[:12]}",
                 flush=True,
             )
+        this, before = best.get("this"), best.get("before")
+        if this is not None and before is not None:
+            ratio = (before["cpu_s"] / before["turns"]) / (this["cpu_s"] / this["turns"])
+            same = "same" if this["digest"] == before["digest"] else "DIFFERENT"
+            print(f"{'':>6} {k:>5}  CPU per turn: before / this = {ratio:.2f}x; {same} digest")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def _heapq_us(row: dict[str, float]) -> str:
+    """The bare heapq loop's µs per event ('-' for a tree whose benchmark lacks it)."""
+    ref = row.get("heapq_cpu_s")
+    return "-" if ref is None else f"{1e6 * ref / row['events']:.2f}"
 
 
 if __name__ == "__main__":

@@ -245,6 +245,44 @@ def test_on_done_may_start_flows() -> None:
     assert h.done == pytest.approx({"first": 1.0, "second": 3.0})
 
 
+@pytest.mark.parametrize("local", [True, False])
+def test_on_done_may_query_then_start_more_flows(local: bool) -> None:
+    """Completions settle once after their callbacks (no settle event of their own): a flow
+    started in a callback after a query (which settles mid-callback) is still rated."""
+    h = Harness(local=local)
+    link = h.link("L", 10.0)
+    queried: list[float] = []
+
+    def first_done() -> None:
+        h.done["a"] = h.loop.now
+        c = h.flow("c", [link], 10.0)
+        queried.append(h.net.rate_bytes_per_s(c))  # b and c share L
+        h.flow("d", [link], 10.0)  # started after that settle, in the same callback
+
+    h.net.start_flow([link], 10.0, LOW, first_done)
+    h.flow("b", [link], 30.0)
+    h.loop.run()
+    assert queried == [5.0]
+    # a ends at 2 s (b has 20 left); b, c, d at 10/3 until c and d end at 5 s; b alone to 6 s
+    assert h.done == pytest.approx({"a": 2.0, "c": 5.0, "d": 5.0, "b": 6.0})
+    assert h.loop.num_pending == 0
+
+
+def test_network_works_on_after_a_completion_callback_raises() -> None:
+    h = Harness()
+    link = h.link("L", 10.0)
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    h.net.start_flow([link], 10.0, LOW, boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        h.loop.run()
+    h.flow("later", [link], 20.0)  # schedules its settle: completions are over
+    h.loop.run()
+    assert h.done == pytest.approx({"later": 3.0})
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [

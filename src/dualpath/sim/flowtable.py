@@ -109,3 +109,16 @@ class FlowTable:
                     carried[r] += x * dt
                     busy[r] += dt
                 last[r] = now
+
+    def account2(self, res: list[int], edge: list[int], now: float) -> None:
+        """``account`` of ``res`` then of ``edge`` (one call per settle)."""
+        last, busy, rate, carried = self.last_s, self.busy_s, self.rate, self.carried
+        for group in (res, edge):
+            for r in group:
+                dt = now - last[r]
+                if dt > 0.0:
+                    x = rate[r]
+                    if x > 0.0:
+                        carried[r] += x * dt
+                        busy[r] += dt
+                    last[r] = now

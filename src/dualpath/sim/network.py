@@ -190,10 +190,12 @@ class FluidNetwork:
         slot = self._alloc()
         now = self._loop.now
         t = self._t
+        kc = int(klass)
+        size = float(size_bytes)
         t.f_id[slot] = fid
-        t.f_cls[slot] = int(klass)
-        t.f_size[slot] = float(size_bytes)
-        t.f_rem[slot] = float(size_bytes)
+        t.f_cls[slot] = kc
+        t.f_size[slot] = size
+        t.f_rem[slot] = size
         t.f_t[slot] = now
         t.f_rate[slot] = -1.0  # not yet rated: forces a finish-heap entry at settle
         cap = t.f_cap[slot] = float(max_rate_bytes_per_s)
@@ -203,26 +205,27 @@ class FluidNetwork:
             bisect.insort(t.capped, key)
         t.f_done[slot] = on_done
         t.slot_of[fid] = slot
-        if size_bytes == 0.0:
+        if size == 0.0:
             t.f_path[slot] = ()
-            t.f_ver[slot] += 1
-            heapq.heappush(self._finish, (now, fid, slot, t.f_ver[slot]))
+            ver = t.f_ver[slot] = t.f_ver[slot] + 1
+            heapq.heappush(self._finish, (now, fid, slot, ver))
             self._arm()
             return fid
         t.f_path[slot] = rids
-        k = int(klass) if self._tm else 0
+        k = kc if self._tm else 0
         members, tot = t.members[k], t.tot[k]
         for r in rids:
             m = members[r]
             m[slot] = m.get(slot, 0) + 1
             tot[r] += 1
-        if cap < math.inf and self.rates.unsaturated(slot, rids, cap, True):
+        rates = self.rates
+        if cap < math.inf and rates.unsaturated(slot, rids, cap, True):
             t.f_rate[slot] = cap
-            t.f_ver[slot] += 1
-            heapq.heappush(self._finish, (now + t.f_size[slot] / cap, fid, slot, t.f_ver[slot]))
-            self.rates.shift_rates(rids, cap)
+            ver = t.f_ver[slot] = t.f_ver[slot] + 1
+            heapq.heappush(self._finish, (now + size / cap, fid, slot, ver))
+            rates.shift_rates(rids, cap)
         else:
-            self.rates.started(slot, rids, k == 0 and self._tm)
+            rates.started(slot, rids, k == 0 and self._tm)
         return fid
 
     def cancel_flow(self, flow_id: int) -> float:
@@ -331,25 +334,33 @@ class FluidNetwork:
         self._timer = None
         now = self._loop.now
         fin, ver, size = self._finish, self._t.f_ver, self._t.f_size
+        cls, paths = self._t.f_cls, self._t.f_path
         done: list[Callable[[], object]] = []
-        while fin:
-            t, _, s, v = fin[0]
-            if ver[s] != v:
+        rates = self.rates
+        rates.deferred = True  # settled below, after the callbacks: no settle event
+        try:
+            while fin:
+                t, _, s, v = fin[0]
+                if ver[s] != v:
+                    heapq.heappop(fin)
+                    continue
+                if t > now and self._remaining(s, now) > DONE_REL * size[s]:
+                    break
                 heapq.heappop(fin)
-                continue
-            if t > now and self._remaining(s, now) > DONE_REL * size[s]:
-                break
-            heapq.heappop(fin)
-            callback = self._t.f_done[s]
-            if callback is not None:  # always, for a live entry
-                done.append(callback)
-            self._count_moved(s, size[s])
-            self._detach(s)
-            self._release(s)
-        for callback in done:
-            callback()
-        self.rates.settle()
-        self._arm()
+                callback = self._t.f_done[s]
+                if callback is not None:  # always, for a live entry
+                    done.append(callback)
+                moved, per_class = size[s], self._class_bytes[cls[s]]  # _count_moved, inlined
+                for r in paths[s]:
+                    per_class[r] += moved
+                self._detach(s)
+                self._release(s)
+            for callback in done:
+                callback()
+        finally:
+            rates.deferred = False
+        if not rates.settle():  # it arms the timer when a flow changed
+            self._arm()
 
     def _reschedule(self, flows: list[int], now: float) -> None:
         """The rate solver re-rated ``flows`` (new rates in ``rates.new``). Those whose rate

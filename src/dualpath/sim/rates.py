@@ -41,7 +41,9 @@ class RateSolver:
     Its own state: the dirty sets of this instant, the HIGH shares (``_high_left``,
     ``_shared``), scratch lists for filling and walking, and counters. ``reschedule(flows,
     now)`` and ``arm()`` are the network's: apply the rates in ``new`` to ``flows``, and keep
-    the completion timer at the next finish.
+    the completion timer at the next finish. ``deferred`` is the network's too: True while
+    it fires completions and will call ``settle`` after them, so changes schedule no settle
+    event (the same rates and the same processed events: such an event was always cancelled).
     """
 
     def __init__(
@@ -85,6 +87,9 @@ class RateSolver:
         self._gone: dict[int, float] = {}
         self._forced: dict[int, None] = {}
         self._settle_ev: Event | None = None
+        # True while the network fires completions: it settles right after them itself, so
+        # changes schedule no settle event (one that would only be cancelled unprocessed)
+        self.deferred = False
         self._epoch = 0
         self._slack_limit = (1.0 - (low_floor if traffic_manager else 0.0)) * (1.0 - SLACK_REL)
         self._rearm = False  # a flow changed without a recomputation: re-arm at settle
@@ -179,9 +184,14 @@ class RateSolver:
         if not self._local:
             return False
         rate, limit = self.t.rate, self._limit
-        for r in path:  # plain loops: this runs at every start and end of a flow
-            if rate[r] + add_rate * path.count(r) > limit[r]:
-                return False
+        if add_rate:
+            for r in path:  # plain loops: this runs at every start and end of a flow
+                if rate[r] + add_rate * path.count(r) > limit[r]:
+                    return False
+        else:  # the same test: rate + 0.0 is rate
+            for r in path:  # a plain loop: no generator per end
+                if rate[r] > limit[r]:
+                    return False
         if not self._tm:
             return True
         if not self.t.f_cls[slot]:
@@ -217,7 +227,7 @@ class RateSolver:
             left = rate[r] + delta
             rate[r] = left if left > 0.0 and (t0[r] or t1[r]) else 0.0
         self._rearm = True
-        if self._settle_ev is None:
+        if self._settle_ev is None and not self.deferred:
             self._mark_dirty(())
 
     def _mark_dirty(self, path: tuple[int, ...], high: bool = False) -> None:
@@ -231,13 +241,14 @@ class RateSolver:
             dirty_high = self._dirty_high
             for r in path:
                 dirty_high[r] = None
-        if self._settle_ev is None:
+        if self._settle_ev is None and not self.deferred:
             self._settle_ev = self._loop.at(
                 self._loop.now, self.settle, Priority.SETTLE, "net.settle"
             )
 
-    def settle(self) -> None:
-        """Recompute rates of every flow in the components of the dirty resources."""
+    def settle(self) -> bool:
+        """Recompute rates of every flow in the components of the dirty resources. True when
+        it re-armed the completion timer (``arm``), which it does whenever a flow changed."""
         event = self._settle_ev
         if event is not None:
             self._settle_ev = None
@@ -247,7 +258,8 @@ class RateSolver:
             if self._rearm:
                 self._rearm = False
                 self._arm()
-            return
+                return True
+            return False
         self._rearm = False
         self.num_settles += 1
         now = self._loop.now
@@ -267,8 +279,7 @@ class RateSolver:
                 held[r] = limit[r]
                 limit[r] = -1.0
             res, edge, flows, pinned = self._component(dirty, True, forced)
-            self.t.account(res, now)
-            self.t.account(edge, now)
+            self.t.account2(res, edge, now)
         ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
         if not ok and self._local:
             # a resource guessed unsaturated saturates: fill again, walking through it,
@@ -279,8 +290,7 @@ class RateSolver:
                     held.setdefault(r, limit[r])
                     limit[r] = -1.0
                 res, edge, flows, pinned = self._component(dirty, True, forced)
-                self.t.account(res, now)
-                self.t.account(edge, now)
+                self.t.account2(res, edge, now)
                 ok = self._assign_rates(res, edge, flows, pinned, self._tm)
                 if ok:
                     break
@@ -298,6 +308,7 @@ class RateSolver:
         self.num_settled_flows += len(flows)
         self._reschedule(flows, now)
         self._arm()
+        return True
 
     def _settle_high(self, dirty: list[int], forced: dict[int, None]) -> list[int]:
         """Traffic manager: refill HIGH over the HIGH flows connected to resources where a
@@ -308,7 +319,8 @@ class RateSolver:
         t0, t1 = self.t.tot
         shared, dirty_high = self._shared, self._dirty_high
         start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
-        self._dirty_high = {}
+        if dirty_high:
+            self._dirty_high = {}
         if not start:
             return []
         self._epoch += 1
@@ -627,8 +639,10 @@ class RateSolver:
                 left = high_left[r] + (cap[r] - cap[r] * high_share if shared[r] else 0.0)
                 avail[r] = base[r] = left if left > 0.0 else 0.0
                 cnt[r] = t1[r]
-            self._pin(pinned)
-            fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt, order)
+            if pinned:
+                self._pin(pinned)
+            if flows:
+                fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt, order)
         elif not self._tm:  # one class
             for r in res:
                 avail[r] = base[r] = cap[r]
@@ -742,7 +756,7 @@ class RateSolver:
 
     def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
         """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
-        if not self.t.num_capped:
+        if not (flows and self.t.num_capped):
             return []
         every = self.t.capped
         if 4 * len(flows) < len(every):  # a few flows: sort their keys
