@@ -66,3 +66,25 @@ def test_min_gap_batches_writes() -> None:
     assert ch.num_flows == 3
     assert loop.now == 20.5
     assert net.bytes_carried(link) == 2.5 * GB
+
+
+def test_without_coalescing_each_send_lands_in_order_with_its_own_bytes() -> None:
+    loop = EventLoop()
+    net = FluidNetwork(loop)
+    link = net.add_resource("snic_write", 1 * GB)
+    landed: list[tuple[float, list[str]]] = []
+    ch: Channel[str] = Channel(
+        "de_to_storage",
+        (link,),
+        Transfers(loop, net, oracle=False),
+        lambda items: landed.append((loop.now, items)),
+        coalesce=False,
+    )
+    loop.at(0.0, lambda: ch.send(2 * GB, "a"))
+    loop.at(0.5, lambda: ch.send(1 * GB, "b"))
+    loop.at(1.0, lambda: ch.send(1 * GB, "c"))
+    loop.run()
+    # one flow at a time, FIFO: "b" lands after its own gigabyte (3 s), not with "c" (4 s)
+    assert landed == [(2.0, ["a"]), (3.0, ["b"]), (4.0, ["c"])]
+    assert ch.num_flows == 3 and not ch.busy and not ch.backlog
+    assert net.bytes_carried(link) == 4 * GB

@@ -10,6 +10,7 @@ when the flow that carried them lands (FIFO batches). ``min_gap_s`` spaces flow 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -27,8 +28,13 @@ class Channel(Generic[T]):
         transfers: Transfers,
         on_done: Callable[[list[T]], None] | None = None,
         min_gap_s: float = 0.0,
+        coalesce: bool = True,
     ) -> None:
         self.kind = kind
+        # False: each send is its own flow, in order (an item lands when its own bytes and
+        # those sent before it have, as in a per-block write queue), not batched with later ones
+        self.coalesce = coalesce
+        self.backlog: deque[tuple[float, T | None]] = deque()
         self.min_gap_s = min_gap_s  # flows start at least this far apart (batches more)
         self.last_start_s = -float("inf")
         self.waiting = False  # a delayed flush is scheduled
@@ -43,6 +49,11 @@ class Channel(Generic[T]):
 
     def send(self, size_bytes: float, item: T | None = None) -> None:
         """Queue ``size_bytes`` (and ``item``, reported back when its bytes have landed)."""
+        if not self.coalesce:
+            self.backlog.append((size_bytes, item))
+            if not self.busy and not self.waiting:
+                self._flush()
+            return
         self.queued_bytes += size_bytes
         if item is not None:
             self.queued.append(item)
@@ -51,6 +62,11 @@ class Channel(Generic[T]):
 
     def _flush(self) -> None:
         self.waiting = False
+        if self.backlog and not self.queued and self.queued_bytes <= 0:
+            size_bytes, item = self.backlog.popleft()
+            self.queued_bytes = size_bytes
+            if item is not None:
+                self.queued.append(item)
         if self.queued_bytes <= 0 and not self.queued:
             self.busy = False
             return

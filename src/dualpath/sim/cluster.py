@@ -81,6 +81,9 @@ class Cluster:
                 self.transfers,
                 on_persisted,
                 min_gap_s=sim.persist_interval_s,
+                # writes that gate turns land in order, each with its own bytes (batched
+                # with later ones, a turn would wait for bytes sent after its own)
+                coalesce=not sim.next_turn_after_persist,
             )
             for n in range(topo.num_prefill_nodes, topo.num_nodes)
         }
