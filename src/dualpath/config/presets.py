@@ -205,8 +205,8 @@ CLUSTER_PRESETS: dict[str, Config] = {
         workload=WorkloadConfig(num_agents=16, num_base_trajectories=16),
     ),
     # tiny-1p1d on the testbed hardware: the runtime's emulated GPU time, storage-bound. Its
-    # simulator follows the runtime's persistence: a DE writes each block as it fills (no
-    # batching interval) and an agent's next turn waits until its blocks are durable.
+    # simulator follows the runtime's persistence: an agent's next turn waits until its
+    # blocks are durable, and a node writes them in order as they come (no batching).
     "tiny-testbed": Config(
         name="tiny-testbed",
         hardware=CPU_TESTBED,
@@ -214,7 +214,7 @@ CLUSTER_PRESETS: dict[str, Config] = {
         cluster=ClusterConfig(1, 1, prefill_ep=False, decode_ep=False),
         scheduler=SchedulerConfig(),
         workload=WorkloadConfig(num_agents=16, num_base_trajectories=16),
-        sim=SimConfig(persist_interval_s=0.0, next_turn_after_persist=True),
+        sim=SimConfig(next_turn_after_persist=True),
     ),
 }
 

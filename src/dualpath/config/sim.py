@@ -39,7 +39,8 @@ class SimConfig:
     (its next turn's hits are then what SPEC §9 says the previous turn persisted); its arrival
     stays the previous turn's finish, so the wait counts as queueing. Default off: the paper
     submits the next turn at the previous one's finish (its blocks are still in the DE
-    buffer while they are written).
+    buffer while they are written). With it on, block writes are not batched: each turn's
+    go as their own flow, in order, at once (``persist_interval_s`` does not apply).
     ``max_sim_s``: stop at this simulated time (0 = run until every turn is done).
     ``classic_read_ahead_requests`` / ``classic_read_ahead_bytes``: how far a non-layerwise
     (classic, Basic) PE's storage reads may run ahead of its HBM admission, in requests or in

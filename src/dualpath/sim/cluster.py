@@ -80,9 +80,10 @@ class Cluster:
                 fabric.persist_path(n),
                 self.transfers,
                 on_persisted,
-                min_gap_s=sim.persist_interval_s,
-                # writes that gate turns land in order, each with its own bytes (batched
-                # with later ones, a turn would wait for bytes sent after its own)
+                # writes that gate turns start at once and land in order, each with its own
+                # bytes (batched with later ones, a turn would wait for bytes sent after its
+                # own); only writes that gate nothing are spaced to be batched
+                min_gap_s=0.0 if sim.next_turn_after_persist else sim.persist_interval_s,
                 coalesce=not sim.next_turn_after_persist,
             )
             for n in range(topo.num_prefill_nodes, topo.num_nodes)
