@@ -90,3 +90,14 @@ def test_without_the_gate_the_next_turn_is_submitted_at_the_finish() -> None:
         if (agent, turn - 1) in finishes
     ]
     assert pairs and all(s == a == f for s, a, f in pairs)
+
+
+def test_with_the_gate_writes_are_not_spaced_for_batching() -> None:
+    config = small_config("ds27b-1p1d", 8, "32k")
+    digests = []
+    for interval_s in (0.0, 1.0):
+        sim = SimConfig(next_turn_after_persist=True, persist_interval_s=interval_s)
+        cluster = build_cluster(config, "dualpath", sim)
+        run_cluster(cluster)
+        digests.append(cluster.loop.log_digest())
+    assert digests[0] == digests[1]
