@@ -40,9 +40,9 @@ HEARTBEAT_S = 0.2  # children's heartbeat period (liveness_timeout_s is many of 
 def weights_digest(config: Config, weight_seed: int, model_dir: str = "") -> str:
     """Fingerprint of the weights the engines run: blake2b of every weight tensor of the tiny
     model (built from its seed, so a change of generator, init or shapes changes it too), or of
-    a checkpoint's files (``hf_model.checkpoint_digest``)."""
+    a checkpoint's files (``weights.checkpoint_digest``)."""
     if model_dir:
-        from dualpath.runtime.hf_model import checkpoint_digest
+        from dualpath.runtime.weights import checkpoint_digest
 
         return checkpoint_digest(model_dir)
     from dualpath.runtime.model import TinyTransformer

@@ -5,15 +5,14 @@ memory-mapped (``load_safetensors``: the file's pages are shared by every engine
 maps it, copy-on-write), so N engines on one host hold one copy in the page cache, not N
 private ones, as long as the checkpoint's dtype is the compute dtype (else each converts its own
 copy). ``HFTransformer`` implements ``model.RuntimeModel``: batched layerwise forward over a
-``BatchKV``; Qwen3's per-head q/k RMSNorm included. No clock; the only I/O is loading.
+``BatchKV``; Qwen3's per-head q/k RMSNorm included. No clock; the only I/O is loading
+(``runtime/weights.py`` reads the files).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,15 +23,10 @@ from torch import Tensor
 
 from dualpath.config import Config, ModelConfig
 from dualpath.runtime.model import BatchKV, HiddenHook, attend, kv_row_bytes, last_rows, positions
+from dualpath.runtime.weights import load_safetensors
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# safetensors dtype names → torch dtypes (the ones a Llama / Qwen checkpoint can hold)
-_ST_DTYPES = {
-    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
 SUPPORTED_ROPE = ("default", "llama3")
 
 
@@ -148,56 +142,6 @@ def rope_inv_freq(spec: HFSpec) -> Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
-
-
-def load_safetensors(path: str | Path) -> dict[str, Tensor]:
-    """Every tensor of one ``.safetensors`` file as a zero-copy view of a private (copy-on-
-    write) memory map of it: pages are read from the page cache on first touch and shared by
-    every process that maps the same file. ValueError (one line) for a malformed file."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        size = path.stat().st_size
-        if size < 8:
-            raise ValueError(f"{path}: not a safetensors file ({size} bytes)")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    header_len = int.from_bytes(mm[:8], "little")
-    if header_len > size - 8:
-        raise ValueError(f"{path}: not a safetensors file (header of {header_len} bytes)")
-    try:
-        header = json.loads(bytes(mm[8 : 8 + header_len]))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"{path}: not a safetensors file (header is not JSON)") from None
-    base = 8 + header_len
-    out: dict[str, Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _ST_DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-        begin, end = (int(x) for x in info["data_offsets"])
-        shape = [int(d) for d in info["shape"]]
-        count = math.prod(shape)
-        if end - begin != count * dtype.itemsize or base + end > size:
-            raise ValueError(f"{path}: tensor {name!r} has inconsistent offsets")
-        if count == 0:
-            out[name] = torch.empty(shape, dtype=dtype)
-            continue
-        out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=base + begin).view(shape)
-    return out
-
-
-def checkpoint_digest(model_dir: str | Path) -> str:
-    """blake2b over ``config.json`` and every ``*.safetensors`` shard's bytes (the KV
-    namespace's fingerprint of the weights; ≈ 1 GB/s, once per run in the launcher)."""
-    root = Path(model_dir)
-    h = hashlib.blake2b(digest_size=16)
-    for path in [root / "config.json", *sorted(root.glob("*.safetensors"))]:
-        h.update(path.name.encode())
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
