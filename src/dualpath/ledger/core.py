@@ -12,7 +12,8 @@ from typing import Generic
 from dualpath.ledger.agents import A, AgentDriver
 from dualpath.ledger.counters import RUNTIME_PATHS, RunCounters
 from dualpath.ledger.events import EventBus, TurnDone
-from dualpath.ledger.ledger import JournalSink, Ledger
+from dualpath.ledger.journal import JournalSink
+from dualpath.ledger.ledger import Ledger
 from dualpath.ledger.topology import Topology
 from dualpath.metrics import TurnRecord
 from dualpath.policy.base import Policy
