@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from dualpath.ledger import AgentDriver, Core, RunCounters, Topology, Turn
-from dualpath.ledger.counters import RUNTIME_PATHS
+from dualpath.ledger.counters import RUNTIME_PATHS, SIM_PATHS
 from dualpath.policy import Assign
 from dualpath.types import KVPath, ReadSide
 
@@ -98,6 +98,18 @@ def test_counters_count_bytes_per_path_and_passes() -> None:
     assert c.read_bytes() == 140 and c.bytes_by_path[KVPath.DE_TO_STORAGE] == 7
     assert (c.passes, c.pass_chunks, c.max_pass_tokens) == (2, 3, 104)
     assert (c.pass_new_tokens, c.pass_busy_s, c.read_windows) == (40, 0.5, {1: [(0.0, 2.0)]})
+
+
+def test_counters_over_the_simulators_paths_and_whole_bytes() -> None:
+    sim = RunCounters.over(SIM_PATHS)
+    assert tuple(sim.bytes_by_path) == SIM_PATHS and KVPath.BUFFER_TO_PE_HBM not in SIM_PATHS
+    assert KVPath.PE_BUFFER_TO_PE_HBM in SIM_PATHS and KVPath.DE_BUFFER_TO_PE_HBM in SIM_PATHS
+    sim.moved(KVPath.PE_BUFFER_TO_PE_HBM, 2.5)
+    assert sim.bytes_by_path[KVPath.PE_BUFFER_TO_PE_HBM] == 2.5
+    rt = RunCounters()
+    rt.moved(KVPath.BUFFER_TO_PE_HBM, 3)
+    whole = rt.whole_bytes()
+    assert whole[KVPath.BUFFER_TO_PE_HBM] == 3 and all(type(n) is int for n in whole.values())
 
 
 def test_core_counts_generated_tokens_into_the_view_and_keeps_records() -> None:

@@ -112,10 +112,7 @@ def test_read_side_tie_break(
 
 
 def test_bad_tie_break_and_bytes_read_are_clear_errors() -> None:
-    from dualpath.policy import NodeState
-    from dualpath.types import EngineKind
-
     with pytest.raises(ValueError, match="read_tie_break='dice' is invalid"):
         policy("dualpath", read_tie_break="dice")
-    with pytest.raises(ValueError, match=r"bytes_read=-1\.0 is invalid"):
-        NodeState(0, EngineKind.PE, 0, -1.0)
+    with pytest.raises(ValueError, match=r"node 0: bytes_read=-1\.0 is invalid"):
+        policy("dualpath").schedule(_with_read_bytes({0: 0, 1: 0}, {0: -1.0, 1: 0.0}), 0.0)

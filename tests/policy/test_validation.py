@@ -48,6 +48,24 @@ def bad_views() -> list[tuple[ClusterView, str]]:
         (ClusterView((GOOD[0], de(5, 0, 10)), (n0, n1)), "kinds must match"),
         (ClusterView((EngineState(0, 0, -1, EngineKind.PE),), (n0,)), "group_id=-1"),
         (ClusterView((EngineState(0, 0, 0, EngineKind.PE, 1, True),), (n0,)), "tokens=True"),  # type: ignore[arg-type]
+        # the rules an EngineState / NodeState once checked when built: now the policy's
+        (ClusterView((pe(0, 0, seq=-1), *GOOD[1:]), (n0, n1)), "engine 0: seq=-1 is invalid"),
+        (
+            ClusterView((*GOOD[:2], de(10, 1, 10**6, tok=5, seq=0)), (n0, n1)),
+            "engine 10: impossible state tokens=5 with seq=0",
+        ),
+        (
+            ClusterView((*GOOD[:2], de(10, 1, -1)), (n0, n1)),
+            "engine 10: free_hbm_tokens=-1 is invalid",
+        ),
+        (
+            ClusterView(tuple(GOOD), (NodeState(0, EngineKind.PE, -1), n1)),
+            "node 0: read_queue_tokens=-1 is invalid",
+        ),
+        (
+            ClusterView(tuple(GOOD), (n0, NodeState(1, EngineKind.DE, 0, float("nan")))),
+            "node 1: bytes_read=nan is invalid",
+        ),
     ]
 
 
@@ -65,13 +83,15 @@ def test_bad_view_rejected_before_any_change(bad: ClusterView, match: str) -> No
     assert p.schedule(view(GOOD), 1.0) == fresh.schedule(view(GOOD), 1.0)
 
 
-def test_impossible_engine_state() -> None:
-    with pytest.raises(ValueError, match="impossible state"):
-        EngineState(0, 0, 0, EngineKind.DE, seq=-1)
-    with pytest.raises(ValueError, match="tokens=5 with seq=0"):
-        EngineState(0, 0, 0, EngineKind.DE, seq=0, tokens=5)
-    with pytest.raises(ValueError, match="read_queue_tokens=-1"):
-        NodeState(0, EngineKind.PE, -1)
+def test_states_are_plain_data_checked_where_the_view_enters_the_policy() -> None:
+    """An impossible state is built without complaint (a shell's ledger builds states at
+    every pull) and refused, named, by the policy it is given to."""
+    bad = EngineState(0, 0, 0, EngineKind.PE, seq=0, tokens=5)
+    p = policy()
+    p.submit(req(0), 0.0)
+    with pytest.raises(ValueError, match="engine 0: impossible state tokens=5 with seq=0"):
+        p.schedule(view([bad, GOOD[1], GOOD[2]]), 0.0)
+    assert p.num_waiting == 1
 
 
 def test_held_pe_missing_from_later_view() -> None:

@@ -6,6 +6,7 @@ from dualpath.sim.channel import Channel
 from dualpath.sim.events import EventLoop
 from dualpath.sim.network import FluidNetwork
 from dualpath.sim.transfers import Transfers
+from dualpath.types import KVPath
 
 GB = 1e9
 
@@ -16,7 +17,7 @@ def test_batches_what_queues_behind_the_flow_in_flight() -> None:
     link = net.add_resource("cnic", 1 * GB)
     landed: list[tuple[float, list[str]]] = []
     ch: Channel[str] = Channel(
-        "de_buffer_to_de_hbm",
+        KVPath.DE_BUFFER_TO_DE_HBM,
         (link,),
         Transfers(loop, net, oracle=False),
         lambda items: landed.append((loop.now, items)),
@@ -35,14 +36,16 @@ def test_bytes_without_items_and_the_oracle() -> None:
     loop = EventLoop()
     net = FluidNetwork(loop)
     link = net.add_resource("snic_write", 1 * GB)
-    writes: Channel[None] = Channel("de_to_storage", (link,), Transfers(loop, net, oracle=False))
+    writes: Channel[None] = Channel(
+        KVPath.DE_TO_STORAGE, (link,), Transfers(loop, net, oracle=False)
+    )
     writes.send(3 * GB)
     writes.send(1 * GB)
     loop.run()
     assert loop.now == 4.0 and writes.num_flows == 2
     free: list[float] = []
     oracle: Channel[int] = Channel(
-        "de_buffer_to_de_hbm",
+        KVPath.DE_BUFFER_TO_DE_HBM,
         (link,),
         Transfers(loop, net, oracle=True),
         lambda items: free.append(loop.now),
@@ -57,7 +60,7 @@ def test_min_gap_batches_writes() -> None:
     net = FluidNetwork(loop)
     link = net.add_resource("snic_write", 1 * GB)
     ch: Channel[None] = Channel(
-        "de_to_storage", (link,), Transfers(loop, net, oracle=False), min_gap_s=10.0
+        KVPath.DE_TO_STORAGE, (link,), Transfers(loop, net, oracle=False), min_gap_s=10.0
     )
     for t in (0.0, 1.0, 2.0, 3.0, 12.0):
         loop.at(t, lambda: ch.send(0.5 * GB))

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from dualpath.config.sim import SYSTEM_NAMES, SimConfig
+from dualpath.ledger.counters import SIM_PATHS
 from dualpath.models import cost
 from dualpath.sim.results import collect
 from dualpath.sim.runner import build_cluster, run_cluster
@@ -63,6 +64,13 @@ def test_every_turn_once_and_bytes_conserved(system: str) -> None:
         for s in ss
     )
     assert result.path_bytes["de_to_storage"] == pytest.approx(written * kvpt, rel=1e-12)
+
+    # the KV bytes per path are the core's RunCounters (the runtime's result reads the same
+    # class), keyed by KVPath; the reads they counted match the ledger's own count
+    counters = cluster.core.counters
+    assert list(result.path_bytes) == [*(p.value for p in SIM_PATHS), "collectives"]
+    assert all(result.path_bytes[p] == counters.bytes_by_path[p] for p in SIM_PATHS)
+    assert counters.read_bytes() == pytest.approx(result.counters["bytes_read"], rel=1e-12)
 
     # nothing left behind
     ledger = cluster.ledger

@@ -7,6 +7,7 @@ from dualpath.sim.network import FluidNetwork
 from dualpath.sim.node_io import NodeIO
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
+from dualpath.types import KVPath
 
 GB = 1e9
 
@@ -20,7 +21,7 @@ def _node(
     done: list[tuple[int, float]] = []
     node = NodeIO(
         0,
-        "storage_to_pe_buffer",
+        KVPath.STORAGE_TO_PE_BUFFER,
         (snic,),
         capacity_bytes,
         at_once,

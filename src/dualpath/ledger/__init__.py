@@ -2,8 +2,8 @@
 
 Pure and I/O-free, between ``policy`` and the two shells: topology ids, each turn's typed
 phase, the load counters and the ``ClusterView`` the policy reads, ``TurnRecord``s, and typed
-past-tense events that observers subscribe to; a journal of its inputs and a replay that
-checks a fresh ledger and policy decide the same; the ``Core`` that a shell reports through
+past-tense events that observers subscribe to; a journal of its inputs (a subscriber to those
+events) and a replay that checks a fresh ledger and policy decide the same; the ``Core`` that a shell reports through
 (policy, ledger, event bus, the run's counters, the agent driver). The shells carry out
 commands and report what happened; they keep no counter or view of their own.
 """
@@ -19,19 +19,21 @@ from dualpath.ledger.events import (
     FirstToken,
     ForwardDone,
     ForwardStarted,
+    FreeHbmReported,
+    GeneratedCounted,
+    Loaded,
+    NodeReadDone,
     Persisted,
+    Planned,
+    Pulled,
     ReadDone,
+    ReadStarted,
     Submitted,
     TransferDone,
     TurnDone,
 )
-from dualpath.ledger.ledger import (
-    JournalSink,
-    Ledger,
-    decode_block_tokens,
-    encode_view,
-    prompt_block_tokens,
-)
+from dualpath.ledger.journal import Journal, JournalSink, encode_view
+from dualpath.ledger.ledger import Ledger, decode_block_tokens, prompt_block_tokens
 from dualpath.ledger.replay import ReplayMismatch, ReplayStats, replay
 from dualpath.ledger.topology import Topology
 from dualpath.ledger.turn import NO_TIME, Phase, Turn
@@ -47,11 +49,19 @@ __all__ = [
     "FirstToken",
     "ForwardDone",
     "ForwardStarted",
+    "FreeHbmReported",
+    "GeneratedCounted",
+    "Journal",
     "JournalSink",
     "Ledger",
+    "Loaded",
+    "NodeReadDone",
     "Persisted",
     "Phase",
+    "Planned",
+    "Pulled",
     "ReadDone",
+    "ReadStarted",
     "ReplayMismatch",
     "ReplayStats",
     "RunCounters",

@@ -10,19 +10,21 @@ from collections.abc import Callable, Sequence
 from typing import Generic
 
 from dualpath.ledger.agents import A, AgentDriver
-from dualpath.ledger.counters import RunCounters
+from dualpath.ledger.counters import RUNTIME_PATHS, RunCounters
 from dualpath.ledger.events import EventBus, TurnDone
-from dualpath.ledger.ledger import JournalSink, Ledger
+from dualpath.ledger.journal import JournalSink
+from dualpath.ledger.ledger import Ledger
 from dualpath.ledger.topology import Topology
 from dualpath.metrics import TurnRecord
 from dualpath.policy.base import Policy
-from dualpath.types import EngineKind
+from dualpath.types import EngineKind, KVPath
 
 
 class Core(Generic[A]):
     """``submit(agent, arrival_s)``: the shell builds and submits ``agent``'s next turn when
     the driver says so (``agents.next_turn``). ``records`` holds every finished turn's
-    record, in finishing order."""
+    record, in finishing order. ``paths``: the load paths the shell tells apart (the
+    runtime's, or ``counters.SIM_PATHS``), counted in ``counters.bytes_by_path``."""
 
     def __init__(
         self,
@@ -32,13 +34,14 @@ class Core(Generic[A]):
         block_tokens: int,
         submit: Callable[[A, float], object],
         events: EventBus | None = None,
+        paths: Sequence[KVPath] = RUNTIME_PATHS,
     ) -> None:
         self.topology = topology
         self.policy = policy
         # what happened, for observers (records, traces, metrics)
         self.events = events if events is not None else EventBus()
         self.ledger = Ledger(topology, hbm_capacity_tokens, block_tokens, self.events)
-        self.counters = RunCounters()
+        self.counters = RunCounters.over(paths)
         self.agents: AgentDriver[A] = AgentDriver(submit)
         self.records: list[TurnRecord] = []
         self.events.subscribe(TurnDone, lambda ev: self.records.append(ev.record))

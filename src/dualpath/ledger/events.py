@@ -2,8 +2,11 @@
 
 Turn events (``Submitted`` … ``TurnDone``, ``Aborted``) are the same in both shells; both
 report a PE group's passes (``ForwardStarted``, ``ForwardDone``) and the simulator also its
-other physical work (``TransferDone``, ``DecodeStepsDone``) for traces and balance metrics. An observer must not change what
-happens: handlers run synchronously, in subscription order, and may only record.
+other physical work (``TransferDone``, ``DecodeStepsDone``) for traces and balance metrics.
+The ledger's other inputs and decisions (``ReadStarted``, ``NodeReadDone``, ``Loaded``,
+``FreeHbmReported``, ``GeneratedCounted``, ``Pulled``, ``Planned``) are what its journal
+(``ledger.journal``) records. An observer must not change what happens: handlers run
+synchronously, in subscription order, and may only record.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dualpath.ledger.turn import Turn
+from dualpath.policy import Assign, ClusterView
+from dualpath.policy.base import PendingPrefill
+from dualpath.policy.commands import ForwardBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +31,32 @@ class Submitted:
 
 @dataclass(frozen=True, slots=True)
 class Assigned:
-    """The policy gave the turn its PE, DE and read side (``turn.pe`` / ``de`` / ``read_side``)."""
+    """The policy gave the turn its PE, DE and read side (``turn.pe`` / ``de`` / ``read_side``)
+    with ``assign``; ``read``: False when its reads are skipped (the Oracle)."""
 
     now: float
     turn: Turn
+    assign: Assign
+    read: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStarted:
+    """A storage read of ``num_bytes`` for the turn started on ``node``."""
+
+    now: float
+    turn: Turn
+    node: int
+    num_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReadDone:
+    """The turn's storage read on ``node`` finished (``ReadDone`` follows after its last)."""
+
+    now: float
+    turn: Turn
+    node: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +70,14 @@ class ReadDone:
 @dataclass(frozen=True, slots=True)
 class FirstToken:
     """The turn's prefill is done: the PE produced token 1 (SPEC §9's TTFT ends here)."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The turn's DE admitted it into HBM (the runtime): its reservation ended."""
 
     now: float
     turn: Turn
@@ -63,6 +99,44 @@ class Aborted:
 
     now: float
     turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class FreeHbmReported:
+    """Engine ``engine`` reported ``tokens`` of KV that fit in its free HBM (the runtime)."""
+
+    engine: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedCounted:
+    """A view found DE group ``members``' generated tokens moved to ``values`` (per member)."""
+
+    members: tuple[int, ...]
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """A pull: the policy saw ``view`` and decided ``assigns`` (each then ``Assigned``)."""
+
+    now: float
+    view: ClusterView
+    assigns: tuple[Assign, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """PE ``pe``'s next pass over its ``pending`` queue, with HBM ``budget`` (None: none) and
+    ``cap_s`` (a group's balance cap, None: none), is ``batch``."""
+
+    now: float
+    pe: int
+    pending: tuple[PendingPrefill, ...]
+    budget: int | None
+    cap_s: float | None
+    batch: ForwardBatch
 
 
 @dataclass(frozen=True, slots=True)

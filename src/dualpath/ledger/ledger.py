@@ -11,25 +11,33 @@ the tokens reserved by the turns assigned to it, until they finish. The runtime'
 report their real free pool (``report_free_hbm``); a turn's reservation then ends when its DE
 admitted it (``loaded``), after which the engine's report counts it.
 
-With a journal (``start_journal``), every input (and each pull's view and decisions, each
-forward plan) is written as a JSON-able record, so that ``dualpath.ledger.replay`` can feed
-the same inputs to a fresh ledger and policy and check that they decide the same.
+Each input (and each pull's view and decisions, each forward plan) is also emitted as an
+event, when someone subscribed: with a journal (``start_journal``: a ``ledger.journal``
+subscriber) every one is written as a JSON-able record, so that ``dualpath.ledger.replay``
+can feed the same inputs to a fresh ledger and policy and check that they decide the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from dualpath.ledger.events import (
     Aborted,
     Assigned,
     EventBus,
     FirstToken,
+    FreeHbmReported,
+    GeneratedCounted,
+    Loaded,
+    NodeReadDone,
+    Planned,
+    Pulled,
     ReadDone,
+    ReadStarted,
     Submitted,
     TurnDone,
 )
+from dualpath.ledger.journal import Journal, JournalSink
 from dualpath.ledger.topology import Topology
 from dualpath.ledger.turn import Phase, Turn
 from dualpath.metrics import TurnRecord
@@ -43,25 +51,6 @@ from dualpath.workload import persisted_tokens
 GeneratedFn = Callable[[], Sequence[int]]
 # a value that changes whenever a DE group's ``GeneratedFn`` may report something new
 StampFn = Callable[[], object]
-# takes one journal record (a dict of JSON types)
-JournalSink = Callable[[dict[str, Any]], None]
-
-
-def encode_view(view: ClusterView) -> dict[str, list[list[float]]]:
-    """A view as journal data: ``[seq, tok_e, free HBM]`` per engine (tok_e whole: generated
-    tokens included), ``[read_q, bytes read]`` per node (ids, kinds and groups are the
-    topology's)."""
-    tokens = view.engine_tokens()
-    return {
-        "engines": [
-            [e.seq, t, e.free_hbm_tokens] for e, t in zip(view.engines, tokens, strict=True)
-        ],
-        "nodes": [[n.read_queue_tokens, n.bytes_read] for n in view.nodes],
-    }
-
-
-def encode_assign(a: Assign) -> list[Any]:
-    return [a.request_id, a.pe, a.de, a.read_side.value, a.pe_read_tokens, a.de_read_tokens]
 
 
 def prompt_block_tokens(turn: Turn, block_tokens: int) -> int:
@@ -125,7 +114,7 @@ class Ledger:
         self._generated: list[tuple[int, ...]] = []
         self._reported: list[int] | None = None  # free HBM tokens the engines reported; -1: none
         self._view: ClusterView | None = None
-        self.journal: JournalSink | None = None
+        self.journal: Journal | None = None  # with ``start_journal``
 
     def track_decode(
         self, members: tuple[int, ...], generated: GeneratedFn, stamp: StampFn | None = None
@@ -159,12 +148,13 @@ class Ledger:
         if reported[engine] != tokens:
             reported[engine] = tokens
             self._dirty_engines.add(engine)
-        if self.journal is not None:
-            self.journal({"op": "free_hbm", "engine": engine, "tokens": tokens})
+        if self.events.wants(FreeHbmReported):
+            self.events.emit(FreeHbmReported(engine, tokens))
 
     def start_journal(self, sink: JournalSink) -> None:
         """Write every input from now on to ``sink`` (before the first turn is submitted): an
-        ``init`` record first, with the sizes, the DE groups tracked and the reports so far."""
+        ``init`` record first, with the sizes, the DE groups tracked and the reports so far;
+        then a ``Journal`` on the event bus writes one record per input."""
         if self.journal is not None:
             raise ValueError("the ledger already writes a journal")
         if any(self.seq) or any(self.read_q) or self.num_done:
@@ -178,16 +168,12 @@ class Ledger:
                 "free_hbm": list(self._reported) if self._reported is not None else None,
             }
         )
-        self.journal = sink
+        self.journal = Journal(sink)
+        self.journal.subscribe(self.events)
 
     # ------------------------------------------------------------------ a turn's life
     def submit(self, turn: Turn, now: float) -> RequestInfo:
         """The turn arrived; returns what the policy is to be given."""
-        if self.journal is not None:
-            self.journal({"op": "submit", "t": now, "id": turn.request_id,
-                          "agent": turn.agent_id, "turn": turn.turn_index,
-                          "prompt": turn.prompt_tokens, "hit": turn.hit_tokens,
-                          "output": turn.output_tokens, "arrival": turn.arrival_s})  # fmt: skip
         if self.events.wants(Submitted):
             self.events.emit(Submitted(now, turn))
         return turn.info()
@@ -197,9 +183,8 @@ class Ledger:
         decisions for the shell to carry out (each then reported with ``assign``)."""
         view = self.view()
         assigns = policy.schedule(view, now)
-        if self.journal is not None:
-            self.journal({"op": "pull", "t": now, "view": encode_view(view),
-                          "assigns": [encode_assign(a) for a in assigns]})  # fmt: skip
+        if self.events.wants(Pulled):
+            self.events.emit(Pulled(now, view, tuple(assigns)))
         return assigns
 
     def plan(
@@ -213,14 +198,8 @@ class Ledger:
     ) -> ForwardBatch:
         """PE ``pe``'s next forward pass over its ``pending`` queue (``policy.plan_forward``)."""
         batch = policy.plan_forward(pe, pending, now, budget, cap_s)
-        if self.journal is not None:
-            rec: dict[str, Any] = {"op": "plan", "t": now, "pe": pe, "budget": budget,
-                                   "pending": [[p.request_id, p.cached, p.new] for p in pending],
-                                   "chunks": [[c.request_id, c.cached, c.new, c.is_last]
-                                              for c in batch.chunks]}  # fmt: skip
-            if cap_s is not None:
-                rec["cap"] = cap_s
-            self.journal(rec)
+        if self.events.wants(Planned):
+            self.events.emit(Planned(now, pe, tuple(pending), budget, cap_s, batch))
         return batch
 
     def plan_group(
@@ -248,8 +227,6 @@ class Ledger:
         """The policy's ``Assign`` for ``turn``: counts it on its PE and DE and returns the
         storage reads to start, ``(node, hit tokens)`` each (counted in that node's read_q).
         With ``read=False`` (the Oracle) or nothing to read, the turn's reads are done now."""
-        if self.journal is not None:
-            self.journal({"op": "assign", "t": now, "a": encode_assign(a), "read": read})
         turn.scheduled_s = now
         turn.pe, turn.de, turn.read_side = a.pe, a.de, a.read_side
         turn.pe_read_tokens, turn.de_read_tokens = a.pe_read_tokens, a.de_read_tokens
@@ -266,7 +243,7 @@ class Ledger:
         reads = [(node_of[a.pe], a.pe_read_tokens), (node_of[a.de], a.de_read_tokens)]
         reads = [(n, t) for n, t in reads if t > 0] if read else []
         if self.events.wants(Assigned):
-            self.events.emit(Assigned(now, turn))
+            self.events.emit(Assigned(now, turn, a, read))
         if not reads:
             turn.read_start_s = now
             self._reads_done(turn, now)
@@ -280,9 +257,8 @@ class Ledger:
 
     def read_started(self, turn: Turn, node: int, num_bytes: float, now: float) -> None:
         """A storage read of ``num_bytes`` for ``turn`` started on ``node``."""
-        if self.journal is not None:
-            self.journal({"op": "read_started", "t": now, "id": turn.request_id,
-                          "node": node, "bytes": num_bytes})  # fmt: skip
+        if self.events.wants(ReadStarted):
+            self.events.emit(ReadStarted(now, turn, node, num_bytes))
         if turn.read_start_s < 0:
             turn.read_start_s = now
         self.bytes_read[node] += num_bytes
@@ -290,8 +266,8 @@ class Ledger:
 
     def read_done(self, turn: Turn, node: int, now: float) -> bool:
         """The turn's read on ``node`` finished; True when it was its last."""
-        if self.journal is not None:
-            self.journal({"op": "read_done", "t": now, "id": turn.request_id, "node": node})
+        if self.events.wants(NodeReadDone):
+            self.events.emit(NodeReadDone(now, turn, node))
         tokens = turn.pe_read_tokens if node == self._node_of[turn.pe] else turn.de_read_tokens
         self.read_q[node] -= tokens
         self._dirty_nodes.add(node)
@@ -309,8 +285,6 @@ class Ledger:
 
     def first_token(self, turn: Turn, now: float) -> None:
         """Prefill is done: the turn leaves its PE (token 1 is out) and decodes on its DE."""
-        if self.journal is not None:
-            self.journal({"op": "first_token", "t": now, "id": turn.request_id})
         turn.first_token_s = now
         turn.phase = Phase.DECODING
         pe = turn.pe
@@ -323,10 +297,6 @@ class Ledger:
     def finish(self, turn: Turn, now: float) -> TurnRecord:
         """The last token is out (``turn.finish_s`` and ``second_token_s`` stamped): the turn
         leaves its DE; returns its record."""
-        if self.journal is not None:
-            self.journal({"op": "finish", "t": now, "id": turn.request_id,
-                          "times": [turn.prefill_start_s, turn.second_token_s, turn.finish_s],
-                          "hit": turn.hit_tokens})  # fmt: skip
         self._leave_de(turn)
         turn.phase = Phase.DONE
         self.num_done += 1
@@ -338,19 +308,17 @@ class Ledger:
     def loaded(self, turn: Turn, now: float) -> None:
         """The turn's DE admitted it: from now on the DE's reported free HBM counts it, so its
         reservation ends (only for engines that report free HBM)."""
-        if self.journal is not None:
-            self.journal({"op": "loaded", "t": now, "id": turn.request_id})
         if turn.loaded or turn.phase is not Phase.DECODING:
             raise ValueError(f"request {turn.request_id}: loaded twice or while {turn.phase.value}")
         turn.loaded = True
         self.reserved[turn.de] -= turn.hbm_tokens
         self._dirty_engines.add(turn.de)
+        if self.events.wants(Loaded):
+            self.events.emit(Loaded(now, turn))
 
     def abort(self, turn: Turn, now: float) -> None:
         """The turn is dropped before it finished: it leaves every counter it was in (its
         storage read if one is still queued, its PE until token 1, its DE)."""
-        if self.journal is not None:
-            self.journal({"op": "abort", "t": now, "id": turn.request_id})
         phase = turn.phase
         if phase in (Phase.QUEUED, Phase.DONE, Phase.ABORTED):
             raise ValueError(f"request {turn.request_id}: cannot abort a turn {phase.value}")
@@ -406,8 +374,8 @@ class Ledger:
             last[:] = now_gen
             generated[pos] = tuple(now_gen)
             stepped = True
-            if self.journal is not None:
-                self.journal({"op": "generated", "members": list(members), "values": list(last)})
+            if self.events.wants(GeneratedCounted):
+                self.events.emit(GeneratedCounted(members, generated[pos]))
         if dirty:
             capacity, reserved, reported = self.hbm_capacity_tokens, self.reserved, self._reported
             pe = EngineKind.PE

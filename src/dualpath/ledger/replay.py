@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dualpath.ledger.ledger import Ledger, encode_assign, encode_view
+from dualpath.ledger.journal import encode_assign, encode_view
+from dualpath.ledger.ledger import Ledger
 from dualpath.ledger.topology import Topology
 from dualpath.ledger.turn import Turn
 from dualpath.policy import Assign

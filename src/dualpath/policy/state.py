@@ -1,6 +1,8 @@
 """One round's working copies of the engines' counters (SPEC §7.1), built from a checked view.
 
-The view is validated whole before anything is mutated; across rounds the shell's view is
+``ViewIndex.refresh`` is the one place a view is checked (its ``EngineState`` /
+``NodeState`` objects check nothing when built): whole before anything is mutated, or only
+where it changed since the last view that passed. Across rounds the shell's view is
 authoritative and these copies are rebuilt.
 """
 
@@ -151,7 +153,8 @@ class ViewIndex:
         int_, new_engines = int, view.engines
         for i in _changed(new_engines, old_engines):
             e, o = new_engines[i], old_engines[i]
-            if not (  # _counts_ok inlined: this runs for every changed engine of every pull
+            if not (  # _check_engine's rules inlined: this runs for every changed engine of every
+                # pull; a state that breaks one goes to the full check, which names it
                 type(e) is EngineState
                 and e.engine_id == o.engine_id
                 and e.node_id == o.node_id
@@ -161,6 +164,7 @@ class ViewIndex:
                 and e.seq >= 0
                 and type(e.tokens) is int_
                 and e.tokens >= 0
+                and (e.seq or not e.tokens)
                 and type(e.free_hbm_tokens) is int_
                 and e.free_hbm_tokens >= 0
             ):
@@ -350,6 +354,7 @@ def validate_view(
             raise ValueError(f"view.nodes: {n!r} is not a NodeState with an integer id >= 0")
         if n.node_id <= last:
             raise ValueError(f"view.nodes: node ids must be unique and sorted, got {n.node_id}")
+        _check_node_counts(n)
         last = n.node_id
         nodes[n.node_id] = n
     de_group_ids: set[int] = set()
@@ -435,6 +440,8 @@ def _check_engine(e: EngineState, last: int, nodes: Mapping[int, NodeState]) -> 
         and free >= 0
     ):
         _check_counts(e)
+    if tokens and not seq:
+        raise ValueError(f"engine {eid}: impossible state tokens={tokens} with seq=0")
     if eid <= last:
         raise ValueError(f"view.engines: engine ids must be unique and sorted, got {eid}")
     node = nodes.get(nid)
@@ -453,8 +460,19 @@ def _changed(new: Sequence[object], old: Sequence[object]) -> list[int]:
 
 
 def _node_counts_ok(n: NodeState) -> bool:
-    q = n.read_queue_tokens
-    return type(q) is int and q >= 0 and 0.0 <= n.bytes_read < float("inf")
+    q, b = n.read_queue_tokens, n.bytes_read
+    return type(q) is int and q >= 0 and type(b) in (int, float) and 0.0 <= b < float("inf")
+
+
+def _check_node_counts(n: NodeState) -> None:
+    if not _is_count(n.read_queue_tokens):
+        raise ValueError(
+            f"node {n.node_id}: read_queue_tokens={n.read_queue_tokens!r} is invalid: must be "
+            "an integer >= 0"
+        )
+    b = n.bytes_read
+    if isinstance(b, bool) or not isinstance(b, int | float) or not 0.0 <= b < float("inf"):
+        raise ValueError(f"node {n.node_id}: bytes_read={b!r} is invalid: must be finite and >= 0")
 
 
 def _check_counts(e: EngineState) -> None:

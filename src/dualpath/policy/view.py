@@ -1,4 +1,8 @@
-"""What the scheduler sees: requests, engine and node states reported at a pull."""
+"""What the scheduler sees: requests, engine and node states reported at a pull.
+
+A view's states are plain data: they are checked once, where the view enters the policy
+(``policy.state.ViewIndex.refresh``), not when a shell builds them.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +51,9 @@ class RequestInfo:
 class EngineState:
     """An engine's report at a pull (SPEC §7.1): ``seq`` = seq_e, ``tokens`` = tok_e.
 
-    ``free_hbm_tokens`` (DEs): KV tokens that still fit in the engine's free HBM.
+    ``free_hbm_tokens`` (DEs): KV tokens that still fit in the engine's free HBM. Every
+    count is an integer >= 0, and an engine with ``seq == 0`` has ``tokens == 0`` (checked
+    by the policy when a view holding the state is scheduled).
     """
 
     engine_id: int
@@ -58,38 +64,18 @@ class EngineState:
     tokens: int = 0
     free_hbm_tokens: int = 0
 
-    def __post_init__(self) -> None:
-        if self.seq < 0 or self.tokens < 0 or self.free_hbm_tokens < 0:
-            raise ValueError(
-                f"engine {self.engine_id}: impossible state seq={self.seq}, tokens={self.tokens}, "
-                f"free_hbm_tokens={self.free_hbm_tokens}: all must be >= 0"
-            )
-        if self.seq == 0 and self.tokens > 0:
-            raise ValueError(
-                f"engine {self.engine_id}: impossible state tokens={self.tokens} with seq=0"
-            )
-
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
     """A node's storage read queue, in hit tokens waiting to be read (``read_q``), and the
     bytes its storage NICs have read so far (``bytes_read``; only the optional
-    ``least_read`` read-side tie-break looks at it, a shell may leave it 0)."""
+    ``least_read`` read-side tie-break looks at it, a shell may leave it 0): an integer >= 0
+    and a finite float >= 0 (checked by the policy, as ``EngineState``'s)."""
 
     node_id: int
     kind: EngineKind
     read_queue_tokens: int = 0
     bytes_read: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.read_queue_tokens < 0:
-            raise ValueError(
-                f"node {self.node_id}: read_queue_tokens={self.read_queue_tokens} is invalid: must be >= 0"
-            )
-        if not 0.0 <= self.bytes_read < float("inf"):
-            raise ValueError(
-                f"node {self.node_id}: bytes_read={self.bytes_read!r} is invalid: must be finite and >= 0"
-            )
 
 
 @dataclass(frozen=True, slots=True)

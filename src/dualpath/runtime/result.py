@@ -43,7 +43,7 @@ class RunSource(Protocol):
 def kv_bytes_by_path(c: RunCounters) -> dict[str, int]:
     """Bytes moved per KV path so far (the runtime counts layer loads from either buffer as
     one: ``BUFFER_TO_PE_HBM``)."""
-    return dict(c.bytes_by_path)
+    return c.whole_bytes()
 
 
 def union_s(windows: list[tuple[float, float]]) -> float:

@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 
 from dualpath.sim.events import Priority
 from dualpath.sim.transfers import Transfers
+from dualpath.types import KVPath
 
 T = TypeVar("T")
 
@@ -23,7 +24,7 @@ T = TypeVar("T")
 class Channel(Generic[T]):
     def __init__(
         self,
-        kind: str,
+        kind: KVPath,
         path: tuple[int, ...],
         transfers: Transfers,
         on_done: Callable[[list[T]], None] | None = None,

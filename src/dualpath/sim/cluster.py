@@ -24,6 +24,7 @@ from dualpath.ledger import (
     prompt_block_tokens,
 )
 from dualpath.ledger.core import Core
+from dualpath.ledger.counters import SIM_PATHS
 from dualpath.metrics import TurnRecord
 from dualpath.models import cost
 from dualpath.policy import Assign, ClusterView, make_policy
@@ -36,7 +37,7 @@ from dualpath.sim.node_io import NodeIO
 from dualpath.sim.prefill import PrefillGroup
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
-from dualpath.types import EngineKind
+from dualpath.types import EngineKind, KVPath
 from dualpath.workload import TurnSpec
 
 
@@ -54,17 +55,30 @@ class Cluster:
         self.topo = topo = Topology.from_config(config)
         self.fabric = fabric = Fabric(topo, hw, self.net.add_resource, sim.rail_matched)
         self.events = EventBus()  # what happened, for observers (traces, metrics)
-        self.transfers = Transfers(loop, self.net, oracle=system.oracle, events=self.events)
         self.policy = make_policy(config)
         self.kv_per_token = cost.kv_bytes_per_token(model)
         self.block_tokens = config.scheduler.block_tokens
+        self.reqs: dict[int, Req] = {}
+        de_gpus = topo.decode_ep_gpus  # a DE's weights are sharded over its EP group
+        self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
+        # the one door to the policy, the ledger (and its records), the run's counters (bytes
+        # per load path, counted by the transfers) and the agent driver
+        self.core: Core[_Agent] = Core(
+            topo, self.policy, self.hbm_capacity_tokens, self.block_tokens, self._submit,
+            self.events, SIM_PATHS,
+        )  # fmt: skip
+        self.ledger = self.core.ledger
+        self.records: list[TurnRecord] = self.core.records
+        self.transfers = Transfers(
+            loop, self.net, oracle=system.oracle, events=self.events, counters=self.core.counters
+        )
         self.node_ios: list[NodeIO] = []
         for n in range(topo.num_nodes):
             pe_node = topo.kind_of_node(n) is EngineKind.PE
             self.node_ios.append(
                 NodeIO(
                     n,
-                    "storage_to_pe_buffer" if pe_node else "storage_to_de_buffer",
+                    KVPath.STORAGE_TO_PE_BUFFER if pe_node else KVPath.STORAGE_TO_DE_BUFFER,
                     fabric.read_path(n),
                     hw.pe_buffer_bytes if pe_node else hw.de_buffer_bytes,
                     sim.reads_per_node,
@@ -76,7 +90,7 @@ class Cluster:
         on_persisted = self._on_persisted if sim.next_turn_after_persist else None
         self.writers: dict[int, Channel[Req]] = {
             n: Channel(
-                "de_to_storage",
+                KVPath.DE_TO_STORAGE,
                 fabric.persist_path(n),
                 self.transfers,
                 on_persisted,
@@ -93,19 +107,11 @@ class Cluster:
         self._unpersisted: dict[int, list[int]] = {}
         self._num_writes = 0
         self.h2d: dict[int, Channel[Req]] = {
-            de: Channel("de_buffer_to_de_hbm", fabric.h2d_path(de), self.transfers, self._on_h2d)
+            de: Channel(
+                KVPath.DE_BUFFER_TO_DE_HBM, fabric.h2d_path(de), self.transfers, self._on_h2d
+            )
             for de in topo.de_ids
         }
-        self.reqs: dict[int, Req] = {}
-        de_gpus = topo.decode_ep_gpus  # a DE's weights are sharded over its EP group
-        self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
-        # the one door to the policy, the ledger (and its records) and the agent driver
-        self.core: Core[_Agent] = Core(
-            topo, self.policy, self.hbm_capacity_tokens, self.block_tokens, self._submit,
-            self.events,
-        )  # fmt: skip
-        self.ledger = self.core.ledger
-        self.records: list[TurnRecord] = self.core.records
         self._build_groups()
         for group in self.decode_groups:
             self.ledger.track_decode(

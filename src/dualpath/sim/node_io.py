@@ -14,6 +14,7 @@ from functools import partial
 
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
+from dualpath.types import KVPath
 
 
 class NodeIO:
@@ -23,7 +24,7 @@ class NodeIO:
     def __init__(
         self,
         node_id: int,
-        path_kind: str,
+        path_kind: KVPath,  # the node's read path: STORAGE_TO_PE_BUFFER or _DE_BUFFER
         read_path: tuple[int, ...],
         buffer_capacity_bytes: float,
         reads_at_once: int,

@@ -10,7 +10,7 @@ from typing import Any
 
 from dualpath.metrics import TurnRecord, summarize
 from dualpath.sim.cluster import Cluster
-from dualpath.types import EngineKind, TrafficClass
+from dualpath.types import EngineKind, KVPath, TrafficClass
 
 RESOURCE_CLASSES = (
     "pe_snic_read",
@@ -130,11 +130,19 @@ def collect(cluster: Cluster) -> SimResult:
         ),
         "bytes_read": sum(cluster.ledger.bytes_read),
         "pe_buffer_peak_bytes": max(
-            (n.buffer_peak_bytes for n in cluster.node_ios if n.path_kind.endswith("pe_buffer")),
+            (
+                n.buffer_peak_bytes
+                for n in cluster.node_ios
+                if n.path_kind is KVPath.STORAGE_TO_PE_BUFFER
+            ),
             default=0.0,
         ),
         "de_buffer_peak_bytes": max(
-            (n.buffer_peak_bytes for n in cluster.node_ios if n.path_kind.endswith("de_buffer")),
+            (
+                n.buffer_peak_bytes
+                for n in cluster.node_ios
+                if n.path_kind is KVPath.STORAGE_TO_DE_BUFFER
+            ),
             default=0.0,
         ),
     }
@@ -144,7 +152,7 @@ def collect(cluster: Cluster) -> SimResult:
         num_turns=len(records),
         summary=summary.to_dict(),
         utilisation=utilisation(cluster, jct),
-        path_bytes=dict(cluster.transfers.bytes_by_kind),
+        path_bytes=cluster.transfers.path_bytes(),  # the core's RunCounters, + collectives
         read_side_shares=shares,
         counters=counters,
         records=records,

@@ -1,4 +1,5 @@
-"""Starts data transfers on the fluid network and counts bytes per path (SPEC §4–§6).
+"""Starts data transfers on the fluid network and reports the KV bytes of each load path to
+the core's ``RunCounters`` (SPEC §4–§6).
 
 In the Oracle system reads, H2D/D2H and PD transfers take zero time: they complete at once
 and move no bytes. Collectives (model execution) and persistence writes always take time.
@@ -9,28 +10,31 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from dualpath.ledger import EventBus, TransferDone
+from dualpath.ledger import EventBus, RunCounters, TransferDone
+from dualpath.ledger.counters import SIM_PATHS
 from dualpath.sim.events import EventLoop, Priority
 from dualpath.sim.network import FluidNetwork
 from dualpath.types import KVPath, TrafficClass
 
+# the one kind of flow that is no KV load path: a PE group's MoE collectives
+COLLECTIVES = "collectives"
 # Path kinds, in report order (bytes per path in the results): the KV paths by their one name
 # (``types.KVPath``; the simulator knows each layer load's source buffer), then collectives.
-PATH_KINDS: tuple[str, ...] = (
-    *(p.value for p in KVPath if p is not KVPath.BUFFER_TO_PE_HBM),
-    "collectives",
-)
+PATH_KINDS: tuple[str, ...] = (*(p.value for p in SIM_PATHS), COLLECTIVES)
 _LABELS = {kind: f"done:{kind}" for kind in PATH_KINDS}
 # What the Oracle gets for free (SPEC §11): storage reads, H2D/D2H and PD transfers.
 # Persistence writes and collectives still take time (neither gates any request).
-ORACLE_FREE = frozenset(PATH_KINDS) - {KVPath.DE_TO_STORAGE.value, "collectives"}
+ORACLE_FREE = frozenset(PATH_KINDS) - {KVPath.DE_TO_STORAGE, COLLECTIVES}
 
 
 class Transfers:
-    """``start(kind, path, bytes, on_done)``: one flow; ``on_done`` runs when its last byte
-    lands. Zero-byte transfers (and every KV transfer in the Oracle) finish at once, through
-    the event loop so that callers never re-enter themselves. A flow that takes time is
-    reported to ``events`` as a ``TransferDone`` when it lands (if anyone subscribed)."""
+    """``start(kind, path, bytes, on_done)``: one flow of ``kind`` (a ``KVPath`` of
+    ``SIM_PATHS``, or ``COLLECTIVES``); ``on_done`` runs when its last byte lands. Zero-byte
+    transfers (and every KV transfer in the Oracle) finish at once, through the event loop so
+    that callers never re-enter themselves. A KV flow's bytes are counted in ``counters``
+    (the core's) when it starts, a collective's in ``collective_bytes``. A flow that takes
+    time is reported to ``events`` as a ``TransferDone`` when it lands (if anyone
+    subscribed)."""
 
     def __init__(
         self,
@@ -39,12 +43,21 @@ class Transfers:
         *,
         oracle: bool,
         events: EventBus | None = None,
+        counters: RunCounters | None = None,
     ) -> None:
         self.loop = loop
         self.net = net
         self.oracle = oracle
         self.events = events if events is not None else EventBus()
-        self.bytes_by_kind: dict[str, float] = dict.fromkeys(PATH_KINDS, 0.0)
+        self.counters = counters if counters is not None else RunCounters.over(SIM_PATHS)
+        missing = [str(p) for p in SIM_PATHS if p not in self.counters.bytes_by_path]
+        if missing:
+            raise ValueError(
+                f"counters is invalid: its bytes_by_path has no {missing} "
+                "(the simulator counts ledger.counters.SIM_PATHS)"
+            )
+        self._kv_bytes = self.counters.bytes_by_path  # by KVPath: a kind's str value is its key
+        self.collective_bytes = 0.0
         self.flows_by_kind: dict[str, int] = dict.fromkeys(PATH_KINDS, 0)
         self.num_flows = 0
 
@@ -59,10 +72,14 @@ class Transfers:
         if size_bytes <= 0 or (self.oracle and kind in ORACLE_FREE):
             self.loop.at(self.loop.now, on_done, Priority.COMPLETION, _LABELS[kind])
             return
-        self.bytes_by_kind[kind] += size_bytes
         self.flows_by_kind[kind] += 1
         self.num_flows += 1
-        klass = TrafficClass.HIGH if kind == "collectives" else TrafficClass.LOW
+        if kind == COLLECTIVES:
+            self.collective_bytes += size_bytes
+            klass = TrafficClass.HIGH
+        else:
+            self._kv_bytes[kind] += size_bytes  # ``counters.moved``, without a KVPath(kind)
+            klass = TrafficClass.LOW
         if self.events.wants(TransferDone):
             on_done = self._reported(kind, tuple(path), size_bytes, on_done)
         self.net.start_flow(path, size_bytes, klass, on_done, max_rate_bytes_per_s)
@@ -77,6 +94,11 @@ class Transfers:
             on_done()
 
         return done
+
+    def path_bytes(self) -> dict[str, float]:
+        """Bytes per path kind, in ``PATH_KINDS`` order: the KV paths' from ``counters``."""
+        kv = self.counters.bytes_by_path
+        return {**{str(p): kv[p] for p in SIM_PATHS}, COLLECTIVES: self.collective_bytes}
 
     def nominal_s(self, path: Sequence[int], size_bytes: float) -> float:
         """Uncontended duration: ``size_bytes`` over the slowest resource of ``path`` (0 for

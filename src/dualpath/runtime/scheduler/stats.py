@@ -49,7 +49,7 @@ def snapshot(
         requeued=counters.requeued,
         cancelled=cancelled,
         persist_failed=counters.persist_failed,
-        kv_bytes_by_path=dict(counters.bytes_by_path),
+        kv_bytes_by_path=counters.whole_bytes(),
         queue_lengths=queues,
         gpu_passes={topo.engine_name(e): (u.passes, u.overran) for e, u in sorted(gpu.items())},
     )
