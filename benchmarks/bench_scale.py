@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import heapq
 import json
 import os
 import resource
@@ -42,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from reference import bare_heapq_s  # benchmarks/reference.py (the script's folder)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -126,18 +127,6 @@ def run_units(
         "digest": cluster.loop.log_digest(),
         "heapq_cpu_s": bare_heapq_s(cluster.loop.num_processed),
     }
-
-
-def bare_heapq_s(events: int) -> float:
-    """CPU seconds of a bare heapq event loop of ``events`` events (push one, pop one): the
-    machine's reference, timed in the same process as the run."""
-    heap: list[tuple[float, int, Any]] = [(0.0, 0, None)]
-    cpu0 = time.process_time()
-    push, pop = heapq.heappush, heapq.heappop
-    for i in range(events):
-        t, _, _ = pop(heap)
-        push(heap, (t + 1.0, i, None))
-    return time.process_time() - cpu0
 
 
 def run_child(src: Path, k: int, args: argparse.Namespace) -> dict[str, float] | None:

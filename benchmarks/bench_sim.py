@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import heapq
 import json
 import os
 import pstats
@@ -27,18 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reference import bare_heapq_s  # benchmarks/reference.py (the script's folder)
+
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def bare_heapq_s(events: int) -> float:
-    """CPU seconds of a bare heapq event loop of ``events`` events (push one, pop one)."""
-    heap: list[tuple[float, int, Any]] = [(0.0, 0, None)]
-    cpu0 = time.process_time()
-    push, pop = heapq.heappush, heapq.heappop
-    for i in range(events):
-        t, _, _ = pop(heap)
-        push(heap, (t + 1.0, i, None))
-    return time.process_time() - cpu0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
