@@ -97,21 +97,9 @@ class FlowTable:
         self.f_key.append(None)
         return len(self.f_id) - 1
 
-    def account(self, res: list[int], now: float) -> None:
-        """Bring the bytes carried and busy time of ``res`` up to ``now`` at their current
-        rates (call before changing a rate)."""
-        last, busy, rate, carried = self.last_s, self.busy_s, self.rate, self.carried
-        for r in res:
-            dt = now - last[r]
-            if dt > 0.0:
-                x = rate[r]
-                if x > 0.0:
-                    carried[r] += x * dt
-                    busy[r] += dt
-                last[r] = now
-
-    def account2(self, res: list[int], edge: list[int], now: float) -> None:
-        """``account`` of ``res`` then of ``edge`` (one call per settle)."""
+    def account(self, res: list[int], edge: list[int], now: float) -> None:
+        """Bring the bytes carried and busy time of ``res``, then of ``edge``, up to ``now`` at
+        their current rates (call before changing a rate; one call per settle)."""
         last, busy, rate, carried = self.last_s, self.busy_s, self.rate, self.carried
         for group in (res, edge):
             for r in group:

@@ -279,7 +279,7 @@ class RateSolver:
                 held[r] = limit[r]
                 limit[r] = -1.0
             res, edge, flows, pinned = self._component(dirty, True, forced)
-            self.t.account2(res, edge, now)
+            self.t.account(res, edge, now)
         ok = self._local and self._assign_rates(res, edge, flows, pinned, self._tm)
         if not ok and self._local:
             # a resource guessed unsaturated saturates: fill again, walking through it,
@@ -290,7 +290,7 @@ class RateSolver:
                     held.setdefault(r, limit[r])
                     limit[r] = -1.0
                 res, edge, flows, pinned = self._component(dirty, True, forced)
-                self.t.account2(res, edge, now)
+                self.t.account(res, edge, now)
                 ok = self._assign_rates(res, edge, flows, pinned, self._tm)
                 if ok:
                     break
@@ -303,7 +303,7 @@ class RateSolver:
         else:
             self.num_fallbacks += self._local
             res, edge, flows, pinned = self._component(dirty, False, forced)
-            self.t.account(res, now)
+            self.t.account(res, [], now)
             self._assign_rates(res, edge, flows, pinned, False)
         self.num_settled_flows += len(flows)
         self._reschedule(flows, now)
