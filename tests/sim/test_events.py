@@ -196,3 +196,41 @@ def test_processed_order_matches_sorted_keys(specs: list[tuple[int, int, bool]])
     )
     assert seen == expected
     assert loop.num_processed == len(expected)
+
+
+def test_run_quiets_the_cyclic_collector_and_restores_it() -> None:
+    """While events run, what existed before is frozen out of the collector and young
+    collections are rarer (``GC_YOUNG``); afterwards both are as they were, also when a
+    callback raises, and a caller's own freeze is left alone."""
+    import gc
+
+    from dualpath.sim import events
+
+    seen: list[tuple[int, int]] = []
+
+    def probe() -> None:
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+
+    before, base = gc.get_threshold(), gc.get_freeze_count()
+    loop = EventLoop()
+    loop.at(1.0, probe)
+    loop.run()
+    assert seen[0][0] > 0 and seen[0][1] == max(events.GC_YOUNG, before[0])
+    assert gc.get_freeze_count() == base and gc.get_threshold() == before
+
+    def boom() -> None:
+        raise KeyError("boom")
+
+    loop.at(2.0, boom)
+    with pytest.raises(KeyError):
+        loop.run()
+    assert gc.get_freeze_count() == base and gc.get_threshold() == before
+
+    gc.freeze()  # the caller's (e.g. a server before it forks): kept through the run
+    try:
+        mine = gc.get_freeze_count()
+        loop.at(3.0, probe)
+        loop.run()
+        assert seen[-1][0] == mine and gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()

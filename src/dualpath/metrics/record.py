@@ -54,7 +54,33 @@ class TurnRecord:
     read_side: str
 
     def __post_init__(self) -> None:
-        # fast path first: shells create one record per turn (hundreds of thousands per run)
+        # fast path: one expression over every rule below (shells create one record per
+        # turn, hundreds of thousands per run); anything off takes the checks that name it
+        if not (
+            0
+            <= self.arrival_s
+            <= self.scheduled_s
+            <= self.read_start_s
+            <= self.read_done_s
+            <= self.prefill_start_s
+            <= self.first_token_s
+            <= self.second_token_s
+            <= self.finish_s
+            and self.agent_id >= 0
+            and self.turn_index >= 0
+            and self.request_id >= 0
+            and self.output_tokens >= 1
+            and 0 <= self.hit_tokens <= self.prompt_tokens
+            and self.prompt_tokens >= 1
+            and type(self.read_side) is str
+            and self.read_side
+            and (self.output_tokens != 1 or self.second_token_s == self.first_token_s)
+        ):
+            self._check()
+
+    def _check(self) -> None:
+        """Every rule of the record, in order: ValueError naming the first one broken; an
+        ``Enum`` read side becomes its plain value."""
         if not (
             0
             <= self.arrival_s

@@ -6,6 +6,7 @@ about networks, engines or policies; callbacks carry all meaning.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import heapq
 import math
@@ -28,6 +29,14 @@ class Priority(IntEnum):
 _LOG_CHUNK = 512  # processed events held before folding into the hash (small: cache-friendly)
 _COMPACT_MIN = 4_096  # rebuild the heap when at least this many cancelled entries...
 _COMPACT_FRACTION = 0.5  # ...make up more than this fraction of it
+# While events run, Python's cyclic collector runs a young collection every GC_YOUNG net
+# container allocations (CPython's default is 700) and skips everything that existed when
+# the run started (``gc.freeze``: the workload, the cluster, the caller's objects; unfrozen
+# at the end; a caller's own freeze is kept). Measured on the 48P96D paper-scale window
+# (49,152 agents, to simulated 20 s; docs/simulator.md): 414 collections took 1.12 s of a
+# 15.3 CPU s run, 9 took 0.28 s with these settings. Results cannot change: nothing in the
+# simulator has a finalizer or depends on when memory is freed (the digests say so).
+GC_YOUNG = 20_000
 
 
 class Event(list[Any]):
@@ -149,10 +158,18 @@ class EventLoop:
         if self._running:
             raise RuntimeError("EventLoop.run called from inside a callback")
         self._running = True
+        threshold = gc.get_threshold()
+        freeze = not gc.get_freeze_count()  # a caller's own freeze is left as it is
+        if freeze:
+            gc.freeze()
+        gc.set_threshold(max(GC_YOUNG, threshold[0]), *threshold[1:])
         try:
             stopped = self._drain(math.inf if until_s is None else until_s, stop)
         finally:
             self._running = False
+            gc.set_threshold(*threshold)
+            if freeze:
+                gc.unfreeze()
         if until_s is not None and not stopped:
             self.now = until_s
 
