@@ -34,7 +34,7 @@ _COMPACT_FRACTION = 0.5  # ...make up more than this fraction of it
 # the run started (``gc.freeze``: the workload, the cluster, the caller's objects; unfrozen
 # at the end; a caller's own freeze is kept). Measured on the 48P96D paper-scale window
 # (49,152 agents, to simulated 20 s; docs/simulator.md): 414 collections took 1.12 s of a
-# 15.3 CPU s run, 9 took 0.28 s with these settings. Results cannot change: nothing in the
+# 15.3 CPU s run; with these settings 12 took 0.25 s (run 12.4 -> 10.0 CPU s). Results cannot change: nothing in the
 # simulator has a finalizer or depends on when memory is freed (the digests say so).
 GC_YOUNG = 20_000
 
