@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_CORE := $(VENV)/.core
 STAMP_DEV := $(VENV)/.dev
+STAMP_NATIVE := $(VENV)/.native
 
-.PHONY: run test lint plan bench clean
+.PHONY: run test lint plan bench clean native
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3)"; exit 2; }
@@ -24,10 +25,20 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	-@bash scripts/install_mooncake.sh $(BIN)/pip
 	@touch $@ $(STAMP_CORE)
 
-run: $(STAMP_CORE)
+# the compiled simulator core (docs/simulator.md "Speed"): rebuilt when a simulator source
+# changes; where it cannot be built (no C compiler) everything runs in pure Python
+$(STAMP_NATIVE): $(wildcard src/dualpath/sim/*.py) | $(STAMP_CORE)
+	-$(BIN)/dualpath native build
+	@touch $@
+
+native: $(STAMP_CORE)
+	$(BIN)/dualpath native build
+	@touch $(STAMP_NATIVE)
+
+run: $(STAMP_CORE) $(STAMP_NATIVE)
 	$(BIN)/dualpath run
 
-test: $(STAMP_DEV)
+test: $(STAMP_DEV) $(STAMP_NATIVE)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP_DEV)
@@ -39,4 +50,4 @@ plan: $(STAMP_CORE)
 	$(BIN)/dualpath plan
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache src/dualpath/sim/_native

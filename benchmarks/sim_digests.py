@@ -3,6 +3,10 @@ simulator's behaviour leaves every line of this output unchanged.
 
     .venv/bin/python benchmarks/sim_digests.py [--agents 64] [--set section.key=value]
     PYTHONPATH=/tmp/before/src python benchmarks/sim_digests.py   # the same on another tree
+    DUALPATH_SIM_CORE=python .venv/bin/python benchmarks/sim_digests.py  # the pure core
+
+The first line names the simulator core that ran (``dualpath.sim.native``); the compiled and
+the pure core must print the same digests.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ def main() -> None:
     ap.add_argument("--mal", default="32k")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
+    try:
+        from dualpath.sim.native import core
+    except ImportError:  # a tree from before the compiled core
+        print("core: python")
+    else:
+        print(f"core: {core()}")
     for name, system in RUNS:
         config = apply_overrides(
             preset(name),

@@ -265,8 +265,8 @@ class Cluster:
             group.offer(req, 0.0, None)
             return
         kvpt = self.kv_per_token
-        req.pe_buffer_bytes = a.pe_read_tokens * kvpt
-        req.de_buffer_bytes += a.de_read_tokens * kvpt
+        req.pe_buffer_bytes = float(a.pe_read_tokens * kvpt)
+        req.de_buffer_bytes += float(a.de_read_tokens * kvpt)
         group.offer(req, sum(t for _, t in reads) * kvpt, partial(self._start_reads, req, reads))
 
     def _start_reads(self, req: Req, reads: list[tuple[int, int]]) -> None:

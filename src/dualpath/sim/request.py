@@ -3,9 +3,11 @@ simulator needs to carry out the policy's decisions (mutable, private to the she
 
 from __future__ import annotations
 
-from dualpath.ledger import Turn
+from dualpath.ledger.turn import Turn
+from dualpath.sim.native import mypyc_attr
 
 
+@mypyc_attr(native_class=False)  # compiled, it stays a Python class: ``Turn`` is one
 class Req(Turn):
     """``cached_tokens``: KV that exists (hits, then computed chunks);
     ``remaining_new_tokens``: prompt tokens still to compute; ``pe_buffer_bytes`` /
