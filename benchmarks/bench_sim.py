@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reference import bare_heapq_s  # benchmarks/reference.py (the script's folder)
+from reference import bare_heapq_s, sim_core  # benchmarks/reference.py (the script's folder)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -78,15 +78,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if profiler:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     return row
-
-
-def sim_core() -> str:
-    """Which simulator core ran: "native" (compiled, dualpath.sim.native) or "python"."""
-    try:
-        from dualpath.sim.native import core
-    except ImportError:  # a tree from before the compiled core
-        return "python"
-    return core()
 
 
 def show(name: str, r: dict[str, Any], args: argparse.Namespace) -> None:

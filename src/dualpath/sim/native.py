@@ -13,10 +13,11 @@ double operation in the same order as in the interpreter.
 Which core runs is decided once per process, when ``dualpath.sim`` is first imported, by
 ``DUALPATH_SIM_CORE`` (``dualpath native status`` says which):
 
-- ``auto`` (default): compiled when it is built for this interpreter and every one of its
+- ``python`` (default): pure Python (at paper scale the compiled core is no faster and
+  needs 1.7× the memory; docs/simulator.md "Speed");
+- ``auto``: compiled when it is built for this interpreter and every one of its
   sources is unchanged since the build (a SHA-256 per file in the manifest); else pure Python
   (with one line on stderr when a build exists but is stale);
-- ``python``: pure Python;
 - ``native``: compiled, or ``CoreChoiceError`` (an ImportError) saying why not.
 
 The compiled modules live in ``_native/`` beside this file (ignored by git) and are served by
@@ -144,7 +145,7 @@ def install() -> str:
     """Choose the core for this process (once) and return it: "native" or "python"."""
     if "core" in _state:
         return _state["core"]
-    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    choice = os.environ.get(ENV, "python").strip().lower() or "python"
     if choice not in CHOICES:
         raise CoreChoiceError(f"{ENV}={choice!r}: must be one of {', '.join(CHOICES)}")
     why = "" if choice == "python" else check()
