@@ -24,6 +24,7 @@ RANK = {
     "sim": 5,
     "runtime": 5,
     "serve": 6,
+    "integrations": 6,
     "cli": 7,
 }
 POLICY_FORBIDDEN = {"time", "datetime", "socket", "torch", "multiprocessing", "threading", "zmq"}

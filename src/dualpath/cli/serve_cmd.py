@@ -49,7 +49,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument(
         "--device", default="cpu", help="cpu, or cuda (engine i on GPU i %% count), or cuda:N"
     )
-    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument(
+        "--dtype", help="float32 (default) or bfloat16; --engine vllm: bfloat16 (default), float16"
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -99,7 +101,59 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "error event in a stream); default 300",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    v = p.add_argument_group("--engine vllm (docs/vllm.md)")
+    v.add_argument(
+        "--engine",
+        default="runtime",
+        choices=("runtime", "vllm"),
+        help="runtime (default): our own engine; vllm: vLLM prefill and decode instances with "
+        "the DualPath connector, behind the DualPath router",
+    )
+    v.add_argument("--vllm-python", help="the Python that runs vLLM (default: .venv-vllm)")
+    v.add_argument("--vllm-block-tokens", type=int, default=32, help="vLLM block size (default 32)")
+    v.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="KV cache GiB per instance")
+    v.add_argument("--vllm-max-model-len", type=int, default=4096)
+    v.add_argument("--vllm-buffer-mib", type=int, default=64, help="each node buffer, MiB")
+    v.add_argument("--vllm-log-dir", help="keep each process's log here")
+    v.add_argument(
+        "--read-side",
+        default="policy",
+        choices=("policy", "pe", "de"),
+        help="policy (default): the scheduler's read side; pe / de: force every read there",
+    )
+    v.add_argument(
+        "--vllm-arg", action="append", default=[], help="one more argument for every instance"
+    )
     p.set_defaults(func=run_serve)
+
+
+def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
+    """``serve --engine vllm``: the preset's P and D as vLLM instances behind the router."""
+    from dualpath.integrations.vllm.launch import VllmOptions, serve_vllm
+
+    if not args.model_dir:
+        raise ValueError("--engine vllm needs --model-dir DIR (an HF checkpoint vLLM can load)")
+    cluster = config.cluster  # type: ignore[attr-defined]
+    opts = VllmOptions(
+        model_dir=args.model_dir,
+        num_prefill=cluster.num_prefill_nodes,
+        num_decode=cluster.num_decode_nodes,
+        host=args.host,
+        port=args.port,
+        kv_root=args.kv_root,
+        dtype=args.dtype or "bfloat16",
+        block_tokens=args.vllm_block_tokens,
+        max_model_len=args.vllm_max_model_len,
+        kv_cache_gib=args.vllm_kv_cache_gib,
+        buffer_mib=args.vllm_buffer_mib,
+        snic_bytes_per_s=args.snic_mb_per_s * 1e6 if args.snic_mb_per_s else 0.0,
+        vllm_python=args.vllm_python,
+        device="cuda" if args.device.startswith("cuda") else "cpu",
+        log_dir=args.vllm_log_dir,
+        extra_vllm_args=tuple(args.vllm_arg),
+        read_side=args.read_side,
+    )
+    return serve_vllm(opts, config, args.system, args.log_level)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -114,6 +168,8 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--snic-mb-per-s {args.snic_mb_per_s} is invalid: must be > 0")
         hw = replace(config.hardware, snic_bytes_per_s=args.snic_mb_per_s * 1e6)
         config = replace(config, hardware=hw)
+    if args.engine == "vllm":
+        return run_serve_vllm(args, config)
     if args.block_tokens is not None:
         if args.block_tokens < 1:
             raise ValueError(f"--block-tokens {args.block_tokens} is invalid: must be >= 1")
@@ -138,7 +194,7 @@ def run_serve(args: argparse.Namespace) -> int:
         port=args.port,
         model_dir=args.model_dir,
         device=args.device,
-        dtype=args.dtype,
+        dtype=args.dtype or "float32",
         seed=args.seed,
         api_keys=_api_keys(args.api_key),
         metrics_open=args.metrics_open,

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dualpath.config import Config
 from dualpath.config.systems import SYSTEMS
@@ -169,8 +170,13 @@ def tool_format(backend: Backend, opts: ServeOptions) -> str:
     return tool_format_for(backend.tokenizer.chat_template, model_type)
 
 
-def run_server(backend: Backend, opts: ServeOptions) -> int:
+def graceful_server(config: Any) -> tuple[Any, list[int]]:
+    """A ``uvicorn.Server`` for ``config`` that, stopped by SIGINT / SIGTERM, returns from
+    ``run()`` (its lifespan's shutdown done) instead of re-raising the signal, and the list
+    where the signals that stopped it are put."""
     import uvicorn
+
+    stopped_by: list[int] = []
 
     class _Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -181,7 +187,11 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
                 stopped_by.extend(self._captured_signals)
                 self._captured_signals.clear()
 
-    stopped_by: list[int] = []
+    return _Server(config), stopped_by
+
+
+def run_server(backend: Backend, opts: ServeOptions) -> int:
+    import uvicorn
 
     api = ApiOptions(
         api_keys=opts.api_keys,
@@ -199,7 +209,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         timeout_graceful_shutdown=int(max(1, opts.graceful_s)),
         access_log=False,
     )
-    server = _Server(config)
+    server, stopped_by = graceful_server(config)
     failed: list[str] = []
 
     def on_failure(reason: str) -> None:

@@ -1,0 +1,125 @@
+"""Layer Blocks between vLLM's paged KV and a node buffer's Full-Block slots (SPEC §3).
+
+vLLM hands a connector each attention layer's paged KV as a tensor whose dim 0 is the block
+(its standardized ``[B, H, N, C]`` view, strides as the attention backend laid it out). One
+vLLM block of one layer, ``kv_layer[b]``, is one Layer Block here, copied as it is: a Full Block
+in a slot is ``num_layers`` such Layer Blocks back to back, layer-major, so a Layer Block is a
+contiguous slice of a Full Block and no layout is converted anywhere. Both ends of a transfer
+are instances of one model under one vLLM build and config, so they agree on that layout; the
+store's namespace names it (``layout_name``), so blocks written under another never hit.
+
+No vLLM import: plain torch over memoryviews; the tests drive it with tensors of vLLM's shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dualpath.runtime.kvstore import BlockLayout
+
+
+@dataclass(frozen=True, slots=True)
+class PagedLayout:
+    """The paged KV of one vLLM instance as this module sees it: the layers in model order,
+    each ``kv_layer[b]`` of ``block_shape`` and ``dtype``, ``block_tokens`` tokens a block."""
+
+    layer_names: tuple[str, ...]
+    block_shape: tuple[int, ...]
+    dtype: torch.dtype
+    block_tokens: int
+
+    @classmethod
+    def of(cls, kv_caches: dict[str, Any], block_tokens: int) -> PagedLayout:
+        """From the ``{layer name: paged KV tensor}`` vLLM registers (layers sorted by the
+        index in their name, ``model.layers.<i>.…``, so every instance orders them alike)."""
+        if not kv_caches:
+            raise ValueError("no KV cache layers registered")
+        names = tuple(sorted(kv_caches, key=layer_index))
+        first = kv_caches[names[0]]
+        shape, dtype = tuple(first.shape[1:]), first.dtype
+        for name in names:
+            t = kv_caches[name]
+            if tuple(t.shape[1:]) != shape or t.dtype != dtype:
+                raise ValueError(f"layer {name}: KV {tuple(t.shape)} {t.dtype} differs from "
+                                 f"{names[0]}'s {tuple(first.shape)} {dtype}")  # fmt: skip
+        return cls(names, shape, dtype, block_tokens)
+
+    @property
+    def layer_block_bytes(self) -> int:
+        n = 1
+        for d in self.block_shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+    def store_layout(self) -> BlockLayout:
+        """The store's Full Block for this layout (``row_bytes``: one token of one layer)."""
+        if self.layer_block_bytes % self.block_tokens:
+            raise ValueError(f"a Layer Block of {self.layer_block_bytes} bytes does not split "
+                             f"into {self.block_tokens} tokens")  # fmt: skip
+        return BlockLayout(self.num_layers, self.block_tokens,
+                           self.layer_block_bytes // self.block_tokens)  # fmt: skip
+
+    def layout_name(self) -> str:
+        """Names the byte layout for the store's namespace (vLLM's block shape and dtype)."""
+        shape = "x".join(str(d) for d in self.block_shape)
+        return f"vllm-paged/{shape}/{str(self.dtype).removeprefix('torch.')}"
+
+
+def layer_index(name: str) -> tuple[int, str]:
+    """Sort key of a layer name: the first integer among its dotted parts, then the name."""
+    for part in name.split("."):
+        if part.isdigit():
+            return int(part), name
+    return -1, name
+
+
+class SlotView:
+    """Layer Blocks of one buffer as tensors: slot ``s``, layer ``l`` is a ``block_shape``
+    tensor over the buffer's memory (no copy)."""
+
+    def __init__(self, memory: memoryview, slot_offset: Any, layout: PagedLayout) -> None:
+        self._bytes = torch.frombuffer(memory, dtype=torch.uint8) if len(memory) else None
+        self._offset = slot_offset  # slot index → byte offset in ``memory``
+        self.layout = layout
+
+    def layer_block(self, slot: int, layer: int) -> torch.Tensor:
+        lay = self.layout
+        nbytes = lay.layer_block_bytes
+        start = self._offset(slot) + layer * nbytes
+        assert self._bytes is not None
+        raw = self._bytes[start : start + nbytes]
+        return raw.view(lay.dtype).view(lay.block_shape)
+
+
+def load_layer(
+    kv_layer: torch.Tensor, block_ids: Sequence[int], src: SlotView, slots: Sequence[int],
+    layer: int,
+) -> int:  # fmt: skip
+    """Copy layer ``layer`` of slots ``slots`` into paged blocks ``block_ids`` (pairwise);
+    returns the bytes copied."""
+    if len(block_ids) != len(slots):
+        raise ValueError(f"{len(block_ids)} blocks for {len(slots)} slots")
+    for b, s in zip(block_ids, slots, strict=True):
+        kv_layer[b].copy_(src.layer_block(s, layer))
+    return len(slots) * src.layout.layer_block_bytes
+
+
+def save_layer(
+    kv_layer: torch.Tensor, block_ids: Sequence[int], dst: SlotView, slots: Sequence[int],
+    layer: int,
+) -> int:  # fmt: skip
+    """Copy paged blocks ``block_ids`` of layer ``layer`` into slots ``slots`` (pairwise);
+    returns the bytes copied."""
+    if len(block_ids) != len(slots):
+        raise ValueError(f"{len(block_ids)} blocks for {len(slots)} slots")
+    for b, s in zip(block_ids, slots, strict=True):
+        dst.layer_block(s, layer).copy_(kv_layer[b])
+    return len(slots) * dst.layout.layer_block_bytes

@@ -1,0 +1,164 @@
+"""DualPath as a vLLM KV connector (``KVConnectorBase_V1``), loaded by module path.
+
+    --kv-transfer-config '{"kv_connector": "DualPathConnector",
+        "kv_connector_module_path": "dualpath.integrations.vllm.connector",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"node": 0, "nodes": [NodeSpec, ...]}}'
+
+A thin adapter: the scheduler half is ``plan.StepPlanner`` and the worker half
+``worker.WorkerSide``; this module only translates vLLM's request and scheduler-output objects
+into theirs. What a request does (load, save, persist) comes from the router in the request's
+``kv_transfer_params["dualpath"]`` (``params.TransferParams``); a request without it runs as in
+plain vLLM. Needs vLLM (imported here only; nothing else of ``dualpath`` imports this module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from dualpath.integrations.vllm.node import NodeSpec
+from dualpath.integrations.vllm.params import KEY, TransferParams
+from dualpath.integrations.vllm.plan import StepMeta, StepPlanner
+from dualpath.integrations.vllm.worker import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class DualPathConnectorMetadata(KVConnectorMetadata):
+    step: StepMeta
+
+
+def _node_specs(extra: dict[str, Any]) -> tuple[int, dict[int, NodeSpec]]:
+    try:
+        nodes = {int(d["node"]): NodeSpec(**d) for d in extra["nodes"]}
+        node = int(extra["node"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"kv_connector_extra_config is invalid for DualPathConnector: {err} (needs 'node' "
+            "and 'nodes', as `dualpath serve --engine vllm` writes them)"
+        ) from None
+    return node, nodes
+
+
+class DualPathConnector(KVConnectorBase_V1):
+    """Loads hit KV layer by layer from a node buffer (PE or DE read path), saves a prefill's
+    KV per layer toward the decode node's buffer, persists a decode's blocks to the store."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self._node, self._nodes = _node_specs(extra)
+        self._block_tokens = vllm_config.cache_config.block_size
+        self._planner = StepPlanner(self._block_tokens)
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.WORKER:
+            self._worker = WorkerSide(self._nodes, self._node, self._block_tokens)
+
+    # ------------------------------------------------------------ scheduler side
+    def _params(self, request: Request) -> TransferParams | None:
+        try:
+            return TransferParams.from_request(request.kv_transfer_params)
+        except ValueError as err:  # the router's bug or a hand-made request: run it plainly
+            logger.warning("request %s: %s; served without DualPath", request.request_id, err)
+            return None
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if not request.kv_transfer_params or KEY not in request.kv_transfer_params:
+            return 0, False
+        prompt = request.prompt_token_ids or []
+        count = self._planner.matched_tokens(
+            request.request_id, self._params(request), request.all_token_ids, len(prompt),
+            num_computed_tokens,
+        )  # fmt: skip
+        return count, False  # the router read the blocks into a buffer before sending it
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._planner.allocated(request.request_id, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        counts = scheduler_output.num_scheduled_tokens
+        new = [
+            (r.req_id, r.block_ids[0], r.num_computed_tokens, counts.get(r.req_id, 0))
+            for r in scheduler_output.scheduled_new_reqs
+            if self._planner.knows(r.req_id)
+        ]
+        c = scheduler_output.scheduled_cached_reqs
+        cached = [
+            (rid, c.new_block_ids[i][0] if c.new_block_ids[i] is not None else None,
+             rid in c.resumed_req_ids, c.num_computed_tokens[i], counts.get(rid, 0))
+            for i, rid in enumerate(c.req_ids)
+            if self._planner.knows(rid)
+        ]  # fmt: skip
+        return DualPathConnectorMetadata(self._planner.step(new, cached))
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._planner.finished(request.request_id)
+        return False, None  # saves and persists finish inside their step: free at once
+
+    # ------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register(kv_caches)
+        lay = self._worker.layout
+        assert lay is not None
+        logger.info("DualPath connector: node %d, %d layers, Layer Block %s %s (%d bytes)",
+                    self._node, lay.num_layers, lay.block_shape, lay.dtype,
+                    lay.layer_block_bytes)  # fmt: skip
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, DualPathConnectorMetadata)
+        self._worker.start_step(meta.step)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        assert self._worker is not None
+        self._worker.wait_for_layer(layer_name)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        assert self._worker is not None
+        self._worker.save_layer(layer_name, kv_layer)
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        self._worker.end_step()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()

@@ -1,0 +1,290 @@
+"""The DualPath shell over vLLM instances: one request's way from the router to its answer.
+
+The third shell around the policy core (after the simulator and our runtime): it reports to the
+shared ``ledger.Ledger`` what happened and carries out what ``PolicyCore`` decided, nothing
+more. Per request (SPEC §4):
+
+1. tokens (the prefill instance's ``/tokenize``, so they are exactly vLLM's) → the store's hit
+   prefix (Full Blocks, per-tenant namespace) → a turn submitted; the policy picks PE, DE and
+   the read side from the same view as in the runtime (seq_e, tok_e, free HBM, read_q per SNIC);
+2. slots in the DE buffer for the whole prompt; the hit blocks read from storage into the PE
+   buffer (PE read path) or straight into the first of those DE slots (DE read path), by that
+   node's side-car, through its SNIC;
+3. the prefill instance runs with ``max_tokens`` 1: it loads the hits layer by layer (from its
+   own node's buffer, or from the DE node's over the compute network), and saves each layer's
+   KV into the DE slots (all blocks on the PE path, only the new ones on the DE path);
+4. the decode instance loads the whole prompt from its buffer, persists the blocks the store
+   lacks, and streams the answer (vLLM recomputes the last prompt token and samples from it,
+   as in vLLM's own disaggregated flow), persisting each block its generation fills.
+
+A failed step ends the request with a clean error (nothing half-written is ever a hit: blocks
+become hits only once durable); the turn leaves every counter it was in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dualpath.integrations.vllm.node import attach_buffer, call
+from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
+from dualpath.integrations.vllm.setup import Deployment
+from dualpath.ledger import Topology
+from dualpath.ledger.ledger import Ledger
+from dualpath.ledger.turn import Phase, Turn
+from dualpath.policy import Assign
+from dualpath.policy.core import PolicyCore
+from dualpath.runtime.buffer import SlotBuffer
+from dualpath.runtime.kvstore import KVStore, block_keys
+from dualpath.types import KVPath, ReadSide
+
+SLOT_WAIT_S = 0.005  # a full buffer is retried this often (backpressure, nothing dropped)
+
+
+class FlowError(Exception):
+    """A request cannot be served: ``status`` and a one-line message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A turn placed by the policy, its hit KV in a buffer, ready for its prefill."""
+
+    turn: Turn
+    tokens: list[int]
+    assign: Assign
+    hit_blocks: int  # leading blocks loaded from a buffer (read from storage)
+    stored_blocks: int  # leading blocks the store holds (the decode persists the rest)
+    de_slots: list[int]
+    pe_slots: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FlowStats:
+    bytes_by_path: dict[str, float] = field(default_factory=dict)
+    reads_by_side: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    num_done: int = 0
+    num_failed: int = 0
+
+    def add(self, path: KVPath, nbytes: float) -> None:
+        self.bytes_by_path[path.value] = self.bytes_by_path.get(path.value, 0.0) + nbytes
+
+
+class TurnFlow:
+    """The ledger, the policy, the node buffers and side-cars of one deployment."""
+
+    def __init__(self, dep: Deployment, policy: PolicyCore, kv_root: str,
+                 sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] = call,
+                 force_side: ReadSide | None = None) -> None:  # fmt: skip
+        """``force_side``: every read from that side, whatever the policy chose (a test and
+        diagnosis knob, ``--read-side``; the policy still picks PE and DE)."""
+        self.dep = dep
+        self.force_side = force_side
+        self.policy = policy
+        self.topology = Topology(1, dep.num_prefill, dep.num_decode)
+        self.ledger = Ledger(self.topology, dep.hbm_tokens, dep.block_tokens)
+        spec0 = dep.nodes[0]
+        self.store = KVStore(kv_root, spec0.layout, namespace=dep.namespace(""))
+        self.buffers: dict[int, SlotBuffer] = {n.node: attach_buffer(n) for n in dep.nodes}
+        self.full_block_bytes = spec0.layout.full_block_bytes
+        self._sidecar = sidecar
+        self._ids = itertools.count()
+        self._turns: dict[int, Turn] = {}
+        self._placed: dict[int, asyncio.Future[Assign]] = {}
+        self._epoch = time.monotonic()
+        self.stats = FlowStats()
+
+    def now(self) -> float:
+        return time.monotonic() - self._epoch
+
+    # ------------------------------------------------------------ 1. place
+    async def place(self, tokens: list[int], max_tokens: int, tenant: str) -> Prepared:
+        bs = self.dep.block_tokens
+        keys = block_keys(tokens, bs, self.dep.namespace(tenant))
+        stored = self.store.lookup(keys) // bs
+        hit_tokens = min(stored * bs, (len(tokens) - 1) // bs * bs)  # one token is computed
+        rid = next(self._ids)
+        turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
+        self._turns[rid] = turn
+        placed: asyncio.Future[Assign] = asyncio.get_running_loop().create_future()
+        self._placed[rid] = placed
+        self.policy.submit(self.ledger.submit(turn, self.now()), self.now())
+        self._pull()
+        assign = await placed  # a client that leaves cancels it: ``_pull`` then drops the turn
+        hit_blocks = hit_tokens // bs
+        try:
+            de_slots = await self._alloc(self.topology.node_of(assign.de), -(-len(tokens) // bs))
+        except BaseException:
+            self.abort(turn)
+            raise
+        prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots)
+        try:
+            await self._read(prep, keys[:hit_blocks])
+        except BaseException:
+            self.release(prep)
+            raise
+        return prep
+
+    def _pull(self) -> None:
+        """A pull (SPEC §7.1): the policy places what it can; each waiter learns its place."""
+        now = self.now()
+        for a in self.ledger.pull(self.policy, now):
+            a = self._forced(a)
+            turn = self._turns[a.request_id]
+            self.ledger.assign(turn, a, now)
+            waiter = self._placed.pop(a.request_id)
+            if waiter.done():  # its client left while it waited: out of every count again
+                self.abort(turn, pull=False)
+            else:
+                waiter.set_result(a)
+
+    def _forced(self, a: Assign) -> Assign:
+        hit = a.pe_read_tokens + a.de_read_tokens
+        if self.force_side is None or not hit or a.read_side is self.force_side:
+            return a
+        pe = hit if self.force_side is ReadSide.PE else 0
+        return replace(a, read_side=self.force_side, pe_read_tokens=pe, de_read_tokens=hit - pe)
+
+    async def _alloc(self, node: int, num_slots: int) -> list[int]:
+        buf = self.buffers[node]
+        while (slots := buf.alloc(num_slots)) is None:
+            await asyncio.sleep(SLOT_WAIT_S)
+        return slots
+
+    # ------------------------------------------------------------ 2. read
+    async def _read(self, prep: Prepared, keys: list[str]) -> None:
+        turn, a = prep.turn, prep.assign
+        if a.pe_read_tokens and a.de_read_tokens:
+            raise FlowError(500, "split reads are not supported by the vLLM engine")
+        if not keys:
+            return
+        side = a.read_side
+        node = self.topology.node_of(a.pe if side is ReadSide.PE else a.de)
+        if side is ReadSide.PE:
+            prep.pe_slots = await self._alloc(node, len(keys))
+            slots = prep.pe_slots
+        else:
+            slots = prep.de_slots[: len(keys)]
+        nbytes = len(keys) * self.full_block_bytes
+        self.ledger.read_started(turn, node, nbytes, self.now())
+        spec = self.dep.nodes[node]
+        try:
+            answer = await asyncio.to_thread(
+                self._sidecar, spec.socket_path, {"op": "read", "keys": keys, "slots": slots}
+            )
+        except (OSError, ValueError) as err:
+            raise FlowError(503, f"storage read on node {node} failed: {err}") from None
+        finally:
+            if turn.phase is Phase.READING:
+                self.ledger.read_done(turn, node, self.now())
+        got = int(answer["num_ok"])
+        path = KVPath.STORAGE_TO_PE_BUFFER if side is ReadSide.PE else KVPath.STORAGE_TO_DE_BUFFER
+        self.stats.add(path, got * self.full_block_bytes)
+        self.stats.reads_by_side[side.value] = self.stats.reads_by_side.get(side.value, 0) + 1
+        if got < prep.hit_blocks:  # a block went missing or was corrupt: recompute from there
+            prep.hit_blocks = got
+            prep.stored_blocks = min(prep.stored_blocks, got)
+
+    # ------------------------------------------------------------ 3. prefill, 4. decode
+    def prefill_params(self, prep: Prepared) -> dict[str, Any]:
+        a, hit = prep.assign, prep.hit_blocks
+        de_node = self.topology.node_of(a.de)
+        load = None
+        if hit:
+            if prep.pe_slots:  # PE read path: from the PE's own buffer
+                load = BlockLoad(self.topology.node_of(a.pe), tuple(prep.pe_slots[:hit]),
+                                 hit * self.dep.block_tokens)  # fmt: skip
+            else:  # DE read path: from the DE buffer, over the compute network
+                load = BlockLoad(de_node, tuple(prep.de_slots[:hit]), hit * self.dep.block_tokens)
+        first = 0 if prep.pe_slots or not hit else hit  # DE path: the DE already has the hits
+        save = BlockSave(de_node, tuple(prep.de_slots[first:]), first)
+        return {"dualpath": TransferParams(load=load, save=save).to_dict()}
+
+    def prefilling(self, prep: Prepared) -> None:
+        """The request is on its way to the prefill instance."""
+        prep.turn.prefill_start_s = self.now()
+
+    def prefilled(self, prep: Prepared) -> None:
+        """The prefill answered: its KV is in the DE buffer; the PE buffer's slots are free."""
+        bs_bytes = self.full_block_bytes
+        if prep.pe_slots:
+            self.buffers[self.topology.node_of(prep.assign.pe)].free(prep.pe_slots)
+            prep.pe_slots = []
+            self.stats.add(KVPath.PE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
+            saved = len(prep.de_slots)
+        else:
+            self.stats.add(KVPath.DE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
+            saved = len(prep.de_slots) - prep.hit_blocks
+        self.stats.add(KVPath.PE_HBM_TO_DE_BUFFER, saved * bs_bytes)
+        self.ledger.first_token(prep.turn, self.now())
+        self._pull()
+
+    def decode_params(self, prep: Prepared, tenant: str) -> dict[str, Any]:
+        de_node = self.topology.node_of(prep.assign.de)
+        load = BlockLoad(de_node, tuple(prep.de_slots), len(prep.tokens))
+        persist = BlockPersist(de_node, prep.stored_blocks, self.dep.namespace(tenant))
+        return {"dualpath": TransferParams(load=load, persist=persist).to_dict()}
+
+    def decoding(self, prep: Prepared) -> None:
+        """The decode's first bytes arrived: it loaded its slots (they are its now)."""
+        if prep.de_slots:
+            self.stats.add(KVPath.DE_BUFFER_TO_DE_HBM, len(prep.de_slots) * self.full_block_bytes)
+        prep.de_slots = []
+        turn = prep.turn
+        turn.second_token_s = turn.first_token_s if turn.output_tokens == 1 else self.now()
+        self.stats.prompt_tokens += prep.turn.prompt_tokens
+        self.stats.hit_tokens += prep.hit_blocks * self.dep.block_tokens
+
+    def finish(self, prep: Prepared) -> None:
+        turn = prep.turn
+        now = turn.finish_s = self.now()
+        self.ledger.finish(turn, now)
+        self._turns.pop(turn.request_id, None)
+        self.stats.num_done += 1
+        self._pull()
+
+    def release(self, prep: Prepared) -> None:
+        """The request failed or its client left: its slots back, the turn out of every count."""
+        if prep.pe_slots:
+            self.buffers[self.topology.node_of(prep.assign.pe)].free(prep.pe_slots)
+            prep.pe_slots = []
+        if prep.de_slots:
+            self.buffers[self.topology.node_of(prep.assign.de)].free(prep.de_slots)
+            prep.de_slots = []
+        self.abort(prep.turn)
+
+    def abort(self, turn: Turn, pull: bool = True) -> None:
+        if turn.phase not in (Phase.QUEUED, Phase.DONE, Phase.ABORTED):
+            self.ledger.abort(turn, self.now())
+        self._turns.pop(turn.request_id, None)
+        self.stats.num_failed += 1
+        if pull:
+            self._pull()
+
+    def node_stats(self) -> list[dict[str, Any]]:
+        out = []
+        for spec in self.dep.nodes:
+            try:
+                out.append(self._sidecar(spec.socket_path, {"op": "stats"}))
+            except (OSError, ValueError):
+                out.append({"node": spec.node, "kind": spec.kind, "down": True})
+        return out
+
+    def close(self) -> None:
+        for buf in self.buffers.values():
+            buf.close()
+
+
+async def aiter_close(it: AsyncIterator[bytes]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        await close()

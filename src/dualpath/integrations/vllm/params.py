@@ -1,0 +1,130 @@
+"""What the DualPath router tells a vLLM instance's connector about one request.
+
+The router sends it inside vLLM's own per-request ``kv_transfer_params`` (the field vLLM's
+disaggregated flow uses), under the key ``"dualpath"``; the connector's scheduler half reads it
+from ``request.kv_transfer_params``. Plain data, no vLLM, no torch: the router builds it, the
+connector parses it, tests check both sides.
+
+- ``load``: blocks whose KV already sits in a node buffer (storage read done by the router's
+  side-car, or the prefill's KV for a decode) to copy into the instance's paged KV before the
+  tokens after them are computed. A prefill loads the hit tokens (from the PE buffer: PE read
+  path; from the DE buffer over the compute network: DE read path); a decode loads the whole
+  prompt from its DE buffer.
+- ``save``: a prefill writes the KV of prompt blocks ``first_block`` on, layer by layer, into
+  the DE buffer's slots ``slots`` (one slot per block; PE read path: every block, DE read path:
+  only the blocks after the hits, which the DE buffer already holds).
+- ``persist``: a decode persists the Full Blocks its generation fills (blocks ``first_block`` on)
+  to the store, through its node's side-car, under the hash-chain namespace ``namespace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KEY = "dualpath"
+
+
+def _ints(name: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise ValueError(f"dualpath.{name}={value!r} is invalid: must be a list of integers >= 0")
+    return tuple(value)
+
+
+def _int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"dualpath.{name}={value!r} is invalid: must be an integer >= 0")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLoad:
+    """Copy ``num_tokens`` tokens of KV (``ceil(num_tokens / block)`` blocks) from node
+    ``node``'s buffer slots ``slots`` into the request's first paged blocks."""
+
+    node: int
+    slots: tuple[int, ...]
+    num_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "slots": list(self.slots), "num_tokens": self.num_tokens}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BlockLoad:
+        return cls(_int("load.node", d.get("node")), _ints("load.slots", d.get("slots")),
+                   _int("load.num_tokens", d.get("num_tokens")))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSave:
+    """Write prompt blocks ``first_block``, ``first_block + 1``, … into node ``node``'s buffer
+    slots ``slots`` (``slots[i]`` holds block ``first_block + i``), each layer as it is computed."""
+
+    node: int
+    slots: tuple[int, ...]
+    first_block: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "slots": list(self.slots), "first_block": self.first_block}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BlockSave:
+        return cls(_int("save.node", d.get("node")), _ints("save.slots", d.get("slots")),
+                   _int("save.first_block", d.get("first_block")))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPersist:
+    """Persist the Full Blocks from ``first_block`` on that the request's tokens fill, through
+    node ``node``'s side-car, keyed by the hash chain of ``namespace``."""
+
+    node: int
+    first_block: int
+    namespace: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "first_block": self.first_block, "namespace": self.namespace}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BlockPersist:
+        ns = d.get("namespace")
+        if not isinstance(ns, str):
+            raise ValueError(f"dualpath.persist.namespace={ns!r} is invalid: must be a string")
+        return cls(_int("persist.node", d.get("node")),
+                   _int("persist.first_block", d.get("first_block")), ns)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TransferParams:
+    """The ``"dualpath"`` entry of one request's ``kv_transfer_params``."""
+
+    load: BlockLoad | None = None
+    save: BlockSave | None = None
+    persist: BlockPersist | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("load", "save", "persist"):
+            part = getattr(self, name)
+            if part is not None:
+                out[name] = part.to_dict()
+        return out
+
+    @classmethod
+    def from_request(cls, kv_transfer_params: dict[str, Any] | None) -> TransferParams | None:
+        """The request's DualPath params, or None when it carries none (a plain request)."""
+        if not kv_transfer_params or KEY not in kv_transfer_params:
+            return None
+        d = kv_transfer_params[KEY]
+        if not isinstance(d, dict):
+            raise ValueError(f"kv_transfer_params.dualpath={d!r} is invalid: must be an object")
+        unknown = sorted(set(d) - {"load", "save", "persist"})
+        if unknown:
+            raise ValueError(f"kv_transfer_params.dualpath: unknown field {unknown[0]!r}")
+        return cls(
+            BlockLoad.from_dict(d["load"]) if d.get("load") else None,
+            BlockSave.from_dict(d["save"]) if d.get("save") else None,
+            BlockPersist.from_dict(d["persist"]) if d.get("persist") else None,
+        )

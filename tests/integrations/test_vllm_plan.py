@@ -1,0 +1,105 @@
+"""The connector's scheduler half (``StepPlanner``) and its params, without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualpath.integrations.vllm.params import (
+    BlockLoad,
+    BlockPersist,
+    BlockSave,
+    TransferParams,
+)
+from dualpath.integrations.vllm.plan import StepPlanner
+from dualpath.runtime.kvstore import block_keys
+
+BS = 4
+
+
+def test_params_round_trip_and_bad_fields() -> None:
+    p = TransferParams(
+        BlockLoad(0, (3, 4), 8), BlockSave(1, (5, 6, 7), 2), BlockPersist(1, 2, "ns")
+    )
+    assert TransferParams.from_request({"dualpath": p.to_dict()}) == p
+    assert TransferParams.from_request(None) is None
+    assert TransferParams.from_request({"do_remote_decode": True}) is None
+    with pytest.raises(ValueError, match=r"load\.slots"):
+        TransferParams.from_request(
+            {"dualpath": {"load": {"node": 0, "slots": [-1], "num_tokens": 4}}}
+        )
+    with pytest.raises(ValueError, match="unknown field 'loads'"):
+        TransferParams.from_request({"dualpath": {"loads": {}}})
+
+
+def test_prefill_pe_path_loads_hits_and_saves_every_block() -> None:
+    """10-token prompt, 8 hit tokens (2 blocks) in PE slots 7, 8; all 3 blocks saved to DE."""
+    plan = StepPlanner(BS)
+    params = TransferParams(BlockLoad(0, (7, 8), 8), BlockSave(1, (20, 21, 22), 0))
+    tokens = list(range(10))
+    assert plan.matched_tokens("r", params, tokens, 10, 0) == 8
+    plan.allocated("r", 8)
+    meta = plan.step([("r", [100, 101, 102], 8, 2)], [])
+    assert [(j.node, j.block_ids, j.slots) for j in meta.loads] == [(0, (100, 101), (7, 8))]
+    assert [(j.node, j.block_ids, j.slots) for j in meta.saves] == [
+        (1, (100, 101, 102), (20, 21, 22))
+    ]
+    # the prompt is done: the next (decode) step saves nothing more
+    later = plan.step([], [("r", None, False, 10, 1)])
+    assert later.is_empty()
+
+
+def test_prefill_de_path_saves_only_the_new_blocks() -> None:
+    plan = StepPlanner(BS)
+    params = TransferParams(BlockLoad(1, (20, 21), 8), BlockSave(1, (22,), 2))
+    assert plan.matched_tokens("r", params, list(range(10)), 10, 0) == 8
+    plan.allocated("r", 8)
+    meta = plan.step([("r", [100, 101, 102], 8, 2)], [])
+    assert [(j.block_ids, j.slots) for j in meta.loads] == [((100, 101), (20, 21))]
+    assert [(j.block_ids, j.slots) for j in meta.saves] == [((102,), (22,))]
+
+
+def test_a_full_prompt_hit_leaves_one_token_to_compute() -> None:
+    plan = StepPlanner(BS)
+    params = TransferParams(BlockLoad(0, (1, 2), 8), None)
+    assert plan.matched_tokens("r", params, list(range(8)), 8, 0) == 7
+
+
+def test_chunked_prefill_saves_a_partial_block_again_as_it_fills() -> None:
+    plan = StepPlanner(BS)
+    params = TransferParams(None, BlockSave(1, (30, 31, 32), 0))
+    assert plan.matched_tokens("r", params, list(range(10)), 10, 0) == 0
+    plan.allocated("r", 0)
+    first = plan.step([("r", [5, 6], 0, 6)], [])  # tokens 0..5: block 0 full, block 1 half
+    assert [(j.block_ids, j.slots) for j in first.saves] == [((5, 6), (30, 31))]
+    second = plan.step([], [("r", [7], False, 6, 4)])  # tokens 6..9: the rest of the prompt
+    assert [(j.block_ids, j.slots) for j in second.saves] == [((6, 7), (31, 32))]
+
+
+def test_decode_loads_everything_persists_new_prompt_blocks_then_generated_ones() -> None:
+    """Prompt of 10 tokens, 1 block in the store: the decode persists block 1 from its slot,
+    frees the slots of block 0 (stored) and block 2 (partial), then each filled block."""
+    plan = StepPlanner(BS)
+    tokens = list(range(10))
+    params = TransferParams(BlockLoad(1, (40, 41, 42), 10), None, BlockPersist(1, 1, "ns"))
+    assert plan.matched_tokens("r", params, tokens, 10, 0) == 9
+    plan.allocated("r", 9)
+    meta = plan.step([("r", [200, 201, 202], 9, 1)], [])
+    assert [(j.block_ids, j.slots) for j in meta.loads] == [((200, 201, 202), (40, 41, 42))]
+    (sp,) = meta.slot_persists
+    keys = block_keys(tokens, BS, "ns")
+    assert (sp.keys, sp.slots, sp.free) == ((keys[1],), (41,), (40, 42))
+    assert not meta.block_persists
+    tokens += [10, 11]  # two tokens generated: the step computing token 11 fills block 2
+    assert plan.step([], [("r", None, False, 10, 1)]).is_empty()
+    meta = plan.step([], [("r", None, False, 11, 1)])
+    (bp,) = meta.block_persists
+    assert (bp.block_ids, bp.keys) == ((202,), (block_keys(tokens, BS, "ns")[2],))
+    plan.finished("r")
+    assert not plan.knows("r")
+
+
+def test_plain_requests_are_not_tracked() -> None:
+    plan = StepPlanner(BS)
+    assert plan.matched_tokens("r", None, [1, 2, 3], 3, 0) == 0
+    assert not plan.knows("r")
+    assert plan.step([("r", [1], 0, 3)], []).is_empty()

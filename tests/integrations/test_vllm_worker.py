@@ -1,0 +1,170 @@
+"""The connector's worker half and the node side-car, without vLLM: real side-car processes,
+real shared-memory buffers, a real file-backed store, paged KV tensors of vLLM's CPU shape."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dualpath.integrations.vllm.blocks import PagedLayout  # noqa: E402
+from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, wait_ready  # noqa: E402
+from dualpath.integrations.vllm.params import (  # noqa: E402
+    BlockLoad,
+    BlockPersist,
+    BlockSave,
+    TransferParams,
+)
+from dualpath.integrations.vllm.plan import StepPlanner  # noqa: E402
+from dualpath.integrations.vllm.worker import WorkerSide  # noqa: E402
+from dualpath.runtime.kvstore import block_keys  # noqa: E402
+
+BS, LAYERS, HEADS, C = 32, 3, 2, 16  # vLLM CPU: kv_layer is [blocks, kv heads, block, 2·head_dim]
+ROW = 2 * HEADS * (C // 2) * 2  # K and V of every head, bfloat16
+
+
+def _caches(num_blocks: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{i}.self_attn.attn": torch.randn(num_blocks, HEADS, BS, C, generator=g)
+            .to(torch.bfloat16) for i in range(LAYERS)}  # fmt: skip
+
+
+@pytest.fixture()
+def nodes(tmp_path: Path) -> Iterator[dict[int, NodeSpec]]:
+    specs = {
+        n: NodeSpec(n, kind, f"dpt{tmp_path.name[-12:]}{n}", 16, str(tmp_path / f"{n}.lock"),
+                    str(tmp_path / f"{n}.sock"), str(tmp_path / "kv"), LAYERS, BS, ROW, "ns0")
+        for n, kind in ((0, "pe"), (1, "de"))
+    }  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar",
+                               s.to_json()]) for s in specs.values()]  # fmt: skip
+    try:
+        for s in specs.values():
+            wait_ready(s.socket_path, timeout_s=30)
+        yield specs
+    finally:
+        for p in procs:
+            p.terminate()
+            assert p.wait(timeout=30) == 0
+    assert not any(Path(s.socket_path).exists() for s in specs.values())
+
+
+def _run_layers(worker: WorkerSide, caches: dict[str, torch.Tensor]) -> None:
+    for name, kv in caches.items():  # as vLLM's attention layers do, in order
+        worker.wait_for_layer(name)
+        worker.save_layer(name, kv)
+    worker.end_step()
+
+
+def test_layout_of_vllm_caches_matches_the_slot() -> None:
+    lay = PagedLayout.of(_caches(2, 0), BS)
+    assert lay.layer_names[0].startswith("model.layers.0.")
+    assert lay.store_layout().full_block_bytes == LAYERS * BS * ROW
+    with pytest.raises(ValueError, match="differs"):
+        PagedLayout.of({"model.layers.0.a": torch.zeros(2, 2, BS, C),
+                        "model.layers.1.a": torch.zeros(2, 2, BS, C + 2)}, BS)  # fmt: skip
+
+
+def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, NodeSpec]) -> None:
+    """A prefill saves 3 blocks per layer into the DE buffer; a decode loads them into other
+    paged blocks and persists the 2 full ones; the store then serves them to a new prefill
+    through the PE side-car, byte for byte."""
+    tokens = list(range(3 * BS - 5))  # 2 full blocks and a partial one
+    pe, de = attach_buffer(nodes[0]), attach_buffer(nodes[1])
+    try:
+        de_slots = de.alloc(3)
+        assert de_slots is not None
+        src = _caches(8, seed=1)
+        prefill = WorkerSide(nodes, 0, BS)
+        prefill.register(src)
+        plan_p = StepPlanner(BS)
+        params = TransferParams(save=BlockSave(1, tuple(de_slots), 0))
+        plan_p.matched_tokens("a", params, tokens, len(tokens), 0)
+        prefill.start_step(plan_p.step([("a", [5, 2, 7], 0, len(tokens))], []))
+        _run_layers(prefill, src)
+        assert prefill.bytes_by_path["pe_hbm_to_de_buffer"] == 3 * LAYERS * BS * ROW
+
+        dst = {k: torch.zeros_like(v) for k, v in _caches(8, seed=2).items()}
+        decode = WorkerSide(nodes, 1, BS)
+        decode.register(dst)
+        plan_d = StepPlanner(BS)
+        dparams = TransferParams(load=BlockLoad(1, tuple(de_slots), len(tokens)),
+                                 persist=BlockPersist(1, 0, "tenant-ns"))  # fmt: skip
+        assert plan_d.matched_tokens("a", dparams, tokens, len(tokens), 0) == len(tokens) - 1
+        plan_d.allocated("a", len(tokens) - 1)
+        decode.start_step(plan_d.step([("a", [1, 3, 4], len(tokens) - 1, 1)], []))
+        _run_layers(decode, dst)
+        for name in src:
+            for s, d in ((5, 1), (2, 3), (7, 4)):
+                assert torch.equal(src[name][s], dst[name][d])
+        keys = block_keys(tokens, BS, "tenant-ns")
+        assert len(keys) == 2
+
+        def stored() -> int:
+            return int(call(nodes[1].socket_path, {"op": "stats"})["bytes_written"])
+
+        for _ in range(200):  # the side-car writes in the background
+            if stored() == 2 * LAYERS * BS * ROW:
+                break
+            import time
+
+            time.sleep(0.05)
+        assert stored() == 2 * LAYERS * BS * ROW
+        assert de.num_free == 16  # the persisted slots were freed by the side-car, the rest by us
+
+        pe_slots = pe.alloc(2)
+        assert pe_slots is not None
+        got = call(nodes[0].socket_path, {"op": "read", "keys": keys, "slots": pe_slots})
+        assert got["num_ok"] == 2
+        again = {k: torch.zeros_like(v) for k, v in dst.items()}
+        prefill2 = WorkerSide(nodes, 0, BS)
+        prefill2.register(again)
+        plan2 = StepPlanner(BS)
+        p2 = TransferParams(load=BlockLoad(0, tuple(pe_slots), 2 * BS))
+        assert plan2.matched_tokens("b", p2, tokens, len(tokens), 0) == 2 * BS
+        plan2.allocated("b", 2 * BS)
+        prefill2.start_step(plan2.step([("b", [6, 0, 2], 2 * BS, len(tokens) - 2 * BS)], []))
+        _run_layers(prefill2, again)
+        for name in src:
+            assert torch.equal(again[name][6], src[name][5])
+            assert torch.equal(again[name][0], src[name][2])
+        assert prefill2.bytes_by_path["pe_buffer_to_pe_hbm"] == 2 * LAYERS * BS * ROW
+        # a missing block ends the readable prefix
+        miss = call(nodes[0].socket_path, {"op": "read", "keys": ["00" * 16, keys[1]],
+                                           "slots": pe_slots})  # fmt: skip
+        assert miss["num_ok"] == 0
+        pe.free(pe_slots)
+        for w in (prefill, decode, prefill2):
+            w.close()
+    finally:
+        pe.close()
+        de.close()
+
+
+def test_a_load_from_an_unknown_slot_is_reported_for_recompute(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    caches = _caches(4, seed=3)
+    worker = WorkerSide(nodes, 0, BS)
+    worker.register(caches)
+    plan = StepPlanner(BS)
+    p = TransferParams(load=BlockLoad(0, (999,), BS))  # no such slot
+    plan.matched_tokens("c", p, list(range(2 * BS)), 2 * BS, 0)
+    plan.allocated("c", BS)
+    worker.start_step(plan.step([("c", [3, 1], BS, BS)], []))
+    _run_layers(worker, caches)
+    assert worker.take_load_errors() == {3}
+    assert worker.take_load_errors() == set()
+    worker.close()
+
+
+def test_sidecar_answers_a_bad_op_with_an_error(nodes: dict[int, NodeSpec]) -> None:
+    with pytest.raises(ValueError, match="op='nope' is invalid"):
+        call(nodes[0].socket_path, {"op": "nope"})
+    with pytest.raises(ValueError, match="2 keys for 1 slots"):
+        call(nodes[0].socket_path, {"op": "read", "keys": ["a", "b"], "slots": [0]})
