@@ -6,6 +6,7 @@ start times to ``Cluster.add_agent`` and changes nothing else.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 
 from dualpath.config import Config
@@ -40,8 +41,14 @@ def build_cluster(
     starts = offline_arrivals(len(trajs)) if arrivals_s is None else arrivals_s
     if len(starts) != len(trajs):
         raise ValueError(f"arrivals_s has {len(starts)} entries for {len(trajs)} agents")
-    for traj, start in zip(trajs, starts, strict=True):
-        cluster.add_agent(traj.agent_id, turn_requests(traj, block), start)
+    collecting = gc.isenabled()
+    gc.disable()  # every object built here lives on: the cyclic collector would find nothing
+    try:
+        for traj, start in zip(trajs, starts, strict=True):
+            cluster.add_agent(traj.agent_id, turn_requests(traj, block), start)
+    finally:
+        if collecting:
+            gc.enable()
     return cluster
 
 

@@ -75,6 +75,7 @@ class DualPathConnector(KVConnectorBase_V1):
         self._block_tokens = vllm_config.cache_config.block_size
         self._planner = StepPlanner(self._block_tokens)
         self._worker: WorkerSide | None = None
+        self._bound: KVConnectorMetadata | None = None  # the step metadata the worker has
         if role == KVConnectorRole.WORKER:
             self._worker = WorkerSide(self._nodes, self._node, self._block_tokens)
 
@@ -135,26 +136,31 @@ class DualPathConnector(KVConnectorBase_V1):
                     self._node, lay.num_layers, lay.block_shape, lay.dtype,
                     lay.layer_block_bytes)  # fmt: skip
 
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+    def _sync_step(self) -> WorkerSide:
+        """Hand the step's metadata to the worker half once, at the first call of the step
+        that needs it: vLLM binds it before the forward pass but calls ``start_load_kv``
+        after the forward when the step has no synchronous loads (its saves run before)."""
         assert self._worker is not None
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, DualPathConnectorMetadata)
-        self._worker.start_step(meta.step)
+        meta = self._connector_metadata
+        if meta is not self._bound and isinstance(meta, DualPathConnectorMetadata):
+            self._bound = meta
+            self._worker.start_step(meta.step)
+        return self._worker
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._sync_step()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        assert self._worker is not None
-        self._worker.wait_for_layer(layer_name)
+        self._sync_step().wait_for_layer(layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
         **kwargs: Any,
     ) -> None:  # fmt: skip
-        assert self._worker is not None
-        self._worker.save_layer(layer_name, kv_layer)
+        self._sync_step().save_layer(layer_name, kv_layer)
 
     def wait_for_save(self) -> None:
-        assert self._worker is not None
-        self._worker.end_step()
+        self._sync_step().end_step()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors() if self._worker is not None else set()

@@ -229,6 +229,10 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
             out.instances.append(subprocess.Popen(
                 instance_command(opts, dep, inst, python), env=vllm_env(opts, mask),
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+        pids = {"sidecars": {s.node: p.pid for s, p in zip(dep.nodes, out.sidecars, strict=True)},
+                "instances": {i.node: p.pid for i, p in zip(dep.instances, out.instances,
+                                                             strict=True)}}  # fmt: skip
+        (log_dir / "processes.json").write_text(json.dumps(pids))  # for operators and tests
         _wait_healthy(out, opts.startup_timeout_s)
     except BaseException:
         out.stop(grace_s=2.0)

@@ -106,17 +106,23 @@ class Router:
                 req["add_special_tokens"] = body["add_special_tokens"]
         else:
             req = {"model": self.dep.model, **{k: body[k] for k in _TOKENIZE_CHAT if k in body}}
-        url = self._url(self.flow.topology.pe_ids[0], "/tokenize")
-        try:
-            r = await self.client.post(url, json=req)
-        except httpx.HTTPError as err:
-            raise FlowError(503, f"prefill instance unreachable: {err}") from None
+        r = await self._tokenize(req)
         if r.status_code != 200:
             raise FlowError(r.status_code, _message(r))
         tokens = r.json().get("tokens")
         if not isinstance(tokens, list) or not tokens:
             raise FlowError(400, "the prompt is empty")
         return tokens
+
+    async def _tokenize(self, req: dict[str, Any]) -> httpx.Response:
+        """``/tokenize`` on the first instance that answers (prefill instances first)."""
+        last: Exception | None = None
+        for inst in sorted(self.dep.instances, key=lambda i: (i.kind != "pe", i.node)):
+            try:
+                return await self.client.post(inst.url + "/tokenize", json=req)
+            except httpx.HTTPError as err:
+                last = err
+        raise FlowError(503, f"no vLLM instance answers /tokenize: {last}")
 
     async def serve(self, kind: str, path: str, body: Any, tenant: str = "") -> Response:
         if not isinstance(body, dict):
@@ -260,6 +266,9 @@ def create_app(router: Router) -> FastAPI:
 
     @app.get("/v1/dualpath/decisions")
     async def decisions() -> Response:
-        return JSONResponse({"decisions": router.flow.policy.decisions()})
+        records = router.flow.policy.decisions()
+        note = "" if router.flow.policy.params.record_decisions else (
+            "off: start with --set scheduler.record_decisions=true")  # fmt: skip
+        return JSONResponse({"decisions": records, "note": note})
 
     return app

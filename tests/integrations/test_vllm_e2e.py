@@ -1,0 +1,217 @@
+"""DualPath inside vLLM, end to end on CPU: real vLLM instances (``.venv-vllm``, which
+``make test`` installs), a tiny random HF Llama (head_dim 64), real HTTP on 127.0.0.1 through
+the official ``openai`` client.
+
+Greedy answers through ``dualpath serve --engine vllm`` equal those of one plain vLLM
+instance on the same checkpoint, for a first turn and a second turn whose hit blocks come
+from the store: once with every read forced to the PE side, once to the DE side (then
+``/metrics`` counts bytes on ``storage_to_de_buffer``). A killed side-car (the node's storage
+worker) and a killed prefill instance give clean errors, never a wrong answer, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from dualpath.integrations.vllm.launch import find_vllm_python  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+MODEL = "tiny"
+FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-model-len", "2048"]
+SYSTEM = "You are a helpful coding agent. Read the file, run the tests, fix the bug. " * 3
+PROMPT = ("The user asked for a summary of the repository layout and the failing test. "
+          "def main(): print('hello world') return 0. Tool call: ls -la src/ && cat "
+          "README.md | head -40. Observation: 3 passed, 1 failed in 0.52s. ") * 2  # fmt: skip
+
+
+def _vllm_python() -> str:
+    try:
+        return find_vllm_python()
+    except ValueError as err:
+        if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
+            pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
+        raise
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"not ready after {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return int(proc.returncode)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dualpath.serve.checkpoint import write_tiny_checkpoint
+
+    out = tmp_path_factory.mktemp("ckpt") / MODEL
+    write_tiny_checkpoint(out, num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2,
+                          intermediate_size=512)  # fmt: skip
+    return out
+
+
+def _turns(client: Any, model: str) -> dict[str, Any]:
+    """Two turns of one agent, as chat (whole and streamed) and as completions."""
+    out: dict[str, Any] = {}
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
+    kw: dict[str, Any] = {"model": model, "temperature": 0, "max_tokens": 12,
+                          "extra_body": {"ignore_eos": True}}  # fmt: skip
+    first = client.chat.completions.create(messages=msgs, **kw)
+    out["chat1"] = first.choices[0].message.content
+    msgs += [{"role": "assistant", "content": out["chat1"]},
+             {"role": "user", "content": "Observation: the test passes now. Next?"}]  # fmt: skip
+    stream = client.chat.completions.create(messages=msgs, stream=True, **kw)
+    out["chat2"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    text = client.completions.create(prompt=SYSTEM + PROMPT, **kw)
+    out["text1"] = text.choices[0].text
+    again = client.completions.create(prompt=SYSTEM + PROMPT + out["text1"] + " Next.", **kw)
+    out["text2"] = again.choices[0].text
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same turns through one plain vLLM instance (no connector, vLLM's defaults)."""
+    python = _vllm_python()
+    port = _free_port()
+    log = tmp_path_factory.mktemp("ref") / "vllm.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
+             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *FLAGS],
+            stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+    try:
+        _wait_health(f"http://127.0.0.1:{port}", proc, log, 300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=120)
+        return _turns(client, MODEL)
+    finally:
+        _stop(proc)
+
+
+class Served:
+    def __init__(self, checkpoint: Path, kv_root: Path, logs: Path, read_side: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logs = logs
+        out = logs / "serve.log"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
+               "--model-dir", str(checkpoint), "--port", str(self.port), "--kv-root",
+               str(kv_root), "--dtype", "float32", "--vllm-max-model-len", "2048",
+               "--read-side", read_side, "--vllm-log-dir", str(logs),
+               "--set", "scheduler.record_decisions=true"]  # fmt: skip
+        with out.open("wb") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                         start_new_session=True)  # fmt: skip
+        _wait_health(self.url, self.proc, out, 300)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="x", timeout=120,
+                                    max_retries=0)  # fmt: skip
+
+    def metric(self, name: str, label: str = "") -> float:
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith(name) and label in line and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def pids(self) -> dict[str, dict[str, int]]:
+        data: dict[str, dict[str, int]] = json.loads((self.logs / "processes.json").read_text())
+        return data
+
+    def stop(self) -> int:
+        return _stop(self.proc)
+
+
+@pytest.fixture()
+def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    started: list[Served] = []
+    kv_root = tmp_path_factory.mktemp("kv")  # one store for every server of the test
+
+    def start(read_side: str) -> Served:
+        s = Served(checkpoint, kv_root, tmp_path_factory.mktemp(f"serve-{read_side}"), read_side)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+        assert not [p for p in Path("/dev/shm").glob("dpv*") if str(s.proc.pid) in p.name]
+
+
+def test_answers_equal_plain_vllm_on_both_read_paths(
+    reference: dict[str, Any], served: Any
+) -> None:
+    pe = served("pe")
+    got = _turns(pe.client, MODEL)
+    assert got == reference
+    assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') > 0
+    assert pe.metric("dualpath:kv_bytes_total", 'path="pe_buffer_to_pe_hbm"') > 0
+    assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"') == 0
+    assert pe.metric("dualpath:prefix_cache_hits_total") > 0
+    assert pe.metric("dualpath:requests_done_total") == 4
+    assert pe.stop() == 0
+
+    de = served("de")  # the same store: now even the first turns hit, read on the DE side
+    assert _turns(de.client, MODEL) == reference
+    assert de.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"') > 0
+    assert de.metric("dualpath:kv_bytes_total", 'path="de_buffer_to_pe_hbm"') > 0
+    assert de.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') == 0
+    decisions = httpx.get(de.url + "/v1/dualpath/decisions").json()["decisions"]
+    sides = [d for d in decisions if d["kind"] == "side"]
+    assert len(sides) == 4 and all(d["hit_tokens"] > 0 for d in sides)
+
+    # a killed storage worker (the DE node's side-car): a clean error, never a wrong answer
+    os.kill(de.pids()["sidecars"]["1"], signal.SIGKILL)
+    with pytest.raises(openai.APIStatusError) as err:
+        de.client.completions.create(model=MODEL, prompt=SYSTEM + PROMPT, max_tokens=4,
+                                     temperature=0)  # fmt: skip
+    assert err.value.status_code == 503
+    # a killed prefill instance: the same
+    os.killpg(de.pids()["instances"]["0"], signal.SIGKILL)
+    with pytest.raises(openai.APIStatusError) as err:
+        de.client.completions.create(model=MODEL, prompt="a new prompt, no hits", max_tokens=4)
+    assert err.value.status_code == 503
+    assert de.stop() == 0
