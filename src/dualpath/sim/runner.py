@@ -6,7 +6,6 @@ start times to ``Cluster.add_agent`` and changes nothing else.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 
 from dualpath.config import Config
@@ -41,14 +40,8 @@ def build_cluster(
     starts = offline_arrivals(len(trajs)) if arrivals_s is None else arrivals_s
     if len(starts) != len(trajs):
         raise ValueError(f"arrivals_s has {len(starts)} entries for {len(trajs)} agents")
-    collecting = gc.isenabled()
-    gc.disable()  # every object built here lives on: the cyclic collector would find nothing
-    try:
-        for traj, start in zip(trajs, starts, strict=True):
-            cluster.add_agent(traj.agent_id, turn_requests(traj, block), start)
-    finally:
-        if collecting:
-            gc.enable()
+    for traj, start in zip(trajs, starts, strict=True):
+        cluster.add_agent(traj.agent_id, turn_requests(traj, block), start)
     return cluster
 
 
