@@ -4,7 +4,8 @@ For tiny random Llama / Qwen2 / Qwen3 checkpoints: `dualpath serve --device cuda
 same greedy tokens, on a first turn and on a second turn read back from the KV store, as the same
 server on `--device cpu` and as transformers' `generate` on CUDA (float32). Then the agent API
 on CUDA (a forced tool call and a json_schema reply valid under the engines' grammar masks,
-logprobs), and the suite's CUDA tests. Prints one PASS/FAIL line per check and a summary; exit 0 all passed, 1 a check failed,
+logprobs), the suite's CUDA tests, and DualPath inside vLLM (`serve --engine vllm` against a
+plain vLLM instance, where vLLM is installed). Prints one PASS/FAIL line per check and a summary; exit 0 all passed, 1 a check failed,
 2 no CUDA device (without --dry-run). --dry-run runs every "cuda" step on cpu.
 """
 
@@ -388,11 +389,44 @@ def check_cuda_tests(dry_run: bool, report: Report) -> None:
     report.check(ok, name, detail)
 
 
+VLLM_TEST = "tests/integrations/test_vllm_e2e.py"  # DualPath inside vLLM, end to end
+VLLM_TIMEOUT_S = 900.0
+
+
+def check_vllm(device: str, report: Report) -> None:
+    """``serve --engine vllm`` (the DualPath connector in vLLM prefill and decode instances,
+    behind the router) against one plain vLLM instance, on ``device``: the end-to-end test
+    with ``DUALPATH_VLLM_TEST_DEVICE``. Where no vLLM is installed (its CUDA build on a GPU
+    machine, ``.venv-vllm`` on CPU) one SKIP line, not a failure."""
+    from dualpath.integrations.vllm.launch import find_vllm_python
+
+    name = f"vLLM + DualPath connector on {device} ({VLLM_TEST})"
+    try:
+        python = find_vllm_python()
+    except ValueError as err:
+        print(f"SKIP {name}: {err}", flush=True)
+        return
+    env = {**os.environ, "DUALPATH_VLLM_TEST_DEVICE": device, "DUALPATH_VLLM_PYTHON": python}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", VLLM_TEST]
+    try:
+        run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env,
+                             timeout=VLLM_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        report.check(False, name, f"ran past {VLLM_TIMEOUT_S:.0f} s")
+        return
+    summary = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
+    detail = summary
+    if run.returncode:
+        detail += "\n" + "\n".join("    | " + line for line in run.stdout.splitlines()[-25:])
+    report.check(run.returncode == 0 and "passed" in summary, name, detail)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tmp", type=Path, required=True, help="scratch dir (the caller removes it)")
     p.add_argument("--dry-run", action="store_true", help="run every cuda step on cpu")
     p.add_argument("--archs", default=",".join(ARCHS), help="comma-separated subset of ARCHS")
+    p.add_argument("--skip-vllm", action="store_true", help="leave out the vLLM section")
     opts = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: run the finally blocks
 
@@ -417,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             report.check(False, f"{arch} check", traceback.format_exc(limit=-4))
     check_agent_api(opts.tmp, device, report)
     check_cuda_tests(opts.dry_run, report)
+    if not opts.skip_vllm:
+        check_vllm(device, report)
     failed = ", ".join(report.failed)
     print(
         f"== checks: {report.num_passed} passed, {len(report.failed)} failed"

@@ -4,7 +4,9 @@
 # PE and DE processes) must give the same greedy tokens, on a first turn and on a second turn
 # that re-sends prompt + output (cached_tokens > 0), as the same server on --device cpu and as
 # transformers' `generate` on CUDA (float32); a mismatch is a FAIL naming the first differing
-# token and the reference's logit gap there. Then `pytest tests/runtime/test_hf_model.py -k cuda`.
+# token and the reference's logit gap there. Then `pytest tests/runtime/test_hf_model.py -k cuda`,
+# and DualPath inside vLLM (tests/integrations/test_vllm_e2e.py on the device; a SKIP line where
+# no vLLM is installed: its CUDA build on a GPU machine, .venv-vllm here).
 # The steps live in scripts/gpu_check.py; this script owns the venv check, the temp dir, the
 # time limit and the cleanup (every server process group, the temp dir), on exit or signal.
 #
@@ -15,7 +17,8 @@
 # Prints one PASS/FAIL line per check and a summary. Exit: 0 every check passed; 1 a check
 # failed or ran past its limit; 2 no CUDA device available (and no dry run); 3 no .venv; 64 bad
 # usage. Limits: each server start 180 s, each request 120 s, pytest 300 s, and all the steps
-# together GPU_CHECK_TIMEOUT_S (default 900 s; a dry run takes 1-1.5 minutes on 2 cores).
+# together GPU_CHECK_TIMEOUT_S (default 900 s; a dry run takes about 5 minutes on 2 cores, 3.5
+# of them the vLLM section).
 set -u
 cd "$(dirname "$0")/.."
 

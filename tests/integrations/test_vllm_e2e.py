@@ -31,6 +31,8 @@ httpx = pytest.importorskip("httpx")
 from dualpath.integrations.vllm.launch import find_vllm_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+# scripts/gpu_check.py runs this file with "cuda" where a GPU (and vLLM's CUDA build) is there
+DEVICE = os.environ.get("DUALPATH_VLLM_TEST_DEVICE", "cpu")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MODEL = "tiny"
 FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-model-len", "2048"]
@@ -121,7 +123,8 @@ def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     with log.open("wb") as f:
         proc = subprocess.Popen(
             [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
-             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *FLAGS],
+             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *FLAGS,
+             *(["--gpu-memory-utilization", "0.3"] if DEVICE == "cuda" else [])],
             stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
     try:
         _wait_health(f"http://127.0.0.1:{port}", proc, log, 300)
@@ -141,7 +144,7 @@ class Served:
         cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
                "--model-dir", str(checkpoint), "--port", str(self.port), "--kv-root",
                str(kv_root), "--dtype", "float32", "--vllm-max-model-len", "2048",
-               "--read-side", read_side, "--vllm-log-dir", str(logs),
+               "--read-side", read_side, "--vllm-log-dir", str(logs), "--device", DEVICE,
                "--set", "scheduler.record_decisions=true"]  # fmt: skip
         with out.open("wb") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,

@@ -79,6 +79,12 @@ class DualPathConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.WORKER:
             self._worker = WorkerSide(self._nodes, self._node, self._block_tokens)
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-by-layer loads and saves run Python between the layers: never inside a
+        captured CUDA graph."""
+        return True
+
     # ------------------------------------------------------------ scheduler side
     def _params(self, request: Request) -> TransferParams | None:
         try:

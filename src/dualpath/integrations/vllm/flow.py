@@ -24,9 +24,10 @@ become hits only once durable); the turn leaves every counter it was in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,6 +75,15 @@ class FlowStats:
     hit_tokens: int = 0
     num_done: int = 0
     num_failed: int = 0
+    stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per router stage
+
+    @contextlib.contextmanager
+    def time_stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - start
 
     def add(self, path: KVPath, nbytes: float) -> None:
         self.bytes_by_path[path.value] = self.bytes_by_path.get(path.value, 0.0) + nbytes
@@ -282,9 +292,3 @@ class TurnFlow:
     def close(self) -> None:
         for buf in self.buffers.values():
             buf.close()
-
-
-async def aiter_close(it: AsyncIterator[bytes]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        await close()

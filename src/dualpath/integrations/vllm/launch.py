@@ -38,13 +38,14 @@ def find_vllm_python(explicit: str | None = None) -> str:
     """The Python that runs vLLM: ``explicit``, ``$DUALPATH_VLLM_PYTHON``, ``.venv-vllm`` of
     this checkout or of the working directory, or this Python if it imports vLLM."""
     roots = [Path.cwd(), Path(__file__).resolve().parents[4]]
-    candidates = [explicit, os.environ.get(VLLM_PYTHON_ENV)]
-    candidates += [str(r / DEFAULT_VLLM_VENV / "bin" / "python") for r in roots]
-    for c in candidates:
-        if c and Path(c).is_file():
+    given = explicit or os.environ.get(VLLM_PYTHON_ENV)
+    if given:  # asked for: that one or an error, never a silent substitute
+        if not Path(given).is_file():
+            raise ValueError(f"--vllm-python {given}: no such file")
+        return given
+    for c in (str(r / DEFAULT_VLLM_VENV / "bin" / "python") for r in roots):
+        if Path(c).is_file():
             return c
-    if explicit or os.environ.get(VLLM_PYTHON_ENV):
-        raise ValueError(f"--vllm-python {explicit or os.environ[VLLM_PYTHON_ENV]}: no such file")
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:
@@ -188,7 +189,11 @@ def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance,
         "--served-model-name", dep.model, "--host", "127.0.0.1", "--port", port,
         "--dtype", opts.dtype, "--block-size", str(opts.block_tokens),
         "--max-model-len", str(opts.max_model_len), "--no-enable-prefix-caching",
-        "--kv-transfer-config", json.dumps(kv_config), *opts.extra_vllm_args,
+        "--kv-transfer-config", json.dumps(kv_config),
+        # the instances share the GPU(s): each takes its part of the memory
+        *(["--gpu-memory-utilization", f"{0.8 / len(dep.instances):.2f}"]
+          if opts.device == "cuda" else []),
+        *opts.extra_vllm_args,
     ]  # fmt: skip
 
 

@@ -13,7 +13,7 @@ connector parses it, tests check both sides.
 - ``save``: a prefill writes the KV of prompt blocks ``first_block`` on, layer by layer, into
   the DE buffer's slots ``slots`` (one slot per block; PE read path: every block, DE read path:
   only the blocks after the hits, which the DE buffer already holds).
-- ``persist``: a decode persists the Full Blocks its generation fills (blocks ``first_block`` on)
+- ``store`` (``persist`` here): a decode persists the Full Blocks its generation fills (blocks ``first_block`` on)
   to the store, through its node's side-car, under the hash-chain namespace ``namespace``.
 """
 
@@ -91,9 +91,9 @@ class BlockPersist:
     def from_dict(cls, d: dict[str, Any]) -> BlockPersist:
         ns = d.get("namespace")
         if not isinstance(ns, str):
-            raise ValueError(f"dualpath.persist.namespace={ns!r} is invalid: must be a string")
-        return cls(_int("persist.node", d.get("node")),
-                   _int("persist.first_block", d.get("first_block")), ns)  # fmt: skip
+            raise ValueError(f"dualpath.store.namespace={ns!r} is invalid: must be a string")
+        return cls(_int("store.node", d.get("node")),
+                   _int("store.first_block", d.get("first_block")), ns)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +106,9 @@ class TransferParams:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for name in ("load", "save", "persist"):
-            part = getattr(self, name)
+        for key, part in (("load", self.load), ("save", self.save), ("store", self.persist)):
             if part is not None:
-                out[name] = part.to_dict()
+                out[key] = part.to_dict()
         return out
 
     @classmethod
@@ -120,11 +119,11 @@ class TransferParams:
         d = kv_transfer_params[KEY]
         if not isinstance(d, dict):
             raise ValueError(f"kv_transfer_params.dualpath={d!r} is invalid: must be an object")
-        unknown = sorted(set(d) - {"load", "save", "persist"})
+        unknown = sorted(set(d) - {"load", "save", "store"})
         if unknown:
             raise ValueError(f"kv_transfer_params.dualpath: unknown field {unknown[0]!r}")
         return cls(
             BlockLoad.from_dict(d["load"]) if d.get("load") else None,
             BlockSave.from_dict(d["save"]) if d.get("save") else None,
-            BlockPersist.from_dict(d["persist"]) if d.get("persist") else None,
+            BlockPersist.from_dict(d["store"]) if d.get("store") else None,
         )

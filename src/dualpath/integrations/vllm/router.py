@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from dualpath.integrations.vllm.flow import FlowError, Prepared, TurnFlow
 from dualpath.serve.schema import error_body
+from dualpath.types import KVPath
 
 # sampling-length and streaming fields the prefill does not take from the client
 _PREFILL_DROP = ("stream", "stream_options", "min_tokens", "max_completion_tokens", "logprobs",
@@ -50,7 +51,8 @@ class _FlowCollector(Collector):
         nodes = self._flow.node_stats()
         by_path = dict(st.bytes_by_path)
         de_written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == "de")
-        by_path["de_to_storage"] = by_path.get("de_to_storage", 0.0) + de_written
+        stored = KVPath.DE_TO_STORAGE.value
+        by_path[stored] = by_path.get(stored, 0.0) + de_written
         for path, nbytes in sorted(by_path.items()):
             kv.add_metric([path], nbytes)
         yield kv
@@ -77,6 +79,12 @@ class _FlowCollector(Collector):
             busy.add_metric([str(n["node"]), "read"], n["read_busy_s"])
             busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
         yield busy
+        stage = CounterMetricFamily("dualpath:router_stage_seconds",
+                                    "Seconds requests spent in each stage of the router",
+                                    labels=["stage"])  # fmt: skip
+        for name, seconds in sorted(st.stage_s.items()):
+            stage.add_metric([name], seconds)
+        yield stage
 
 
 class Router:
@@ -134,13 +142,17 @@ class Router:
                                    f"(got {body.get(field)!r})", field)  # fmt: skip
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = limit if isinstance(limit, int) and limit > 0 else self.default_max_tokens
+        stage = self.flow.stats.time_stage
         try:
-            tokens = await self.tokens(kind, body)
-            prep = await self.flow.place(tokens, max_tokens, tenant)
+            with stage("tokenize"):
+                tokens = await self.tokens(kind, body)
+            with stage("place_and_read"):
+                prep = await self.flow.place(tokens, max_tokens, tenant)
         except FlowError as err:
             return _error(err.status, err.message)
         try:
-            failed = await self._prefill(kind, path, body, prep)
+            with stage("prefill"):
+                failed = await self._prefill(kind, path, body, prep)
         except BaseException:
             self.flow.release(prep)
             raise
@@ -169,7 +181,8 @@ class Router:
 
     async def _whole(self, path: str, dbody: dict[str, Any], prep: Prepared) -> Response:
         try:
-            r = await self.client.post(self._url(prep.assign.de, path), json=dbody)
+            with self.flow.stats.time_stage("decode"):
+                r = await self.client.post(self._url(prep.assign.de, path), json=dbody)
         except httpx.HTTPError as err:
             self.flow.release(prep)
             return _error(503, f"decode instance failed: {type(err).__name__}: {err}")
@@ -183,7 +196,8 @@ class Router:
     async def _stream(self, path: str, dbody: dict[str, Any], prep: Prepared) -> Response:
         req = self.client.build_request("POST", self._url(prep.assign.de, path), json=dbody)
         try:
-            r = await self.client.send(req, stream=True)
+            with self.flow.stats.time_stage("decode_first_byte"):
+                r = await self.client.send(req, stream=True)
         except httpx.HTTPError as err:
             self.flow.release(prep)
             return _error(503, f"decode instance failed: {type(err).__name__}: {err}")

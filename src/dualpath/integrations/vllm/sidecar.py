@@ -9,7 +9,7 @@ by name and allocates), and serves a few operations as JSON lines on a Unix sock
   (FIFO, two blocks in flight, as the runtime's storage worker); the answer says how many
   leading blocks arrived (a missing or corrupt block ends the readable prefix; a corrupt file is
   removed so that the recomputed block gets persisted again);
-- ``persist``: slots written to the store through the SNIC's write direction, in order, each
+- ``write``: slots written to the store through the SNIC's write direction, in order, each
   slot freed once its block is durable (``KVStore.write_block``: temp file, fsync, rename);
 - ``stats``: bytes read and written, SNIC busy seconds.
 
@@ -137,13 +137,13 @@ class NodeSidecar:
         kind = op.get("op")
         if kind == "read":
             return {"num_ok": self.read(list(op["keys"]), list(op["slots"]))}
-        if kind == "persist":
+        if kind == "write":
             return {"queued": self.persist(list(op["keys"]), list(op["slots"]))}
         if kind == "stats":
             return self.stats()
         if kind == "ping":
             return {"pid": os.getpid()}
-        return {"error": f"op={kind!r} is invalid: must be read, persist, stats or ping"}
+        return {"error": f"op={kind!r} is invalid: must be read, write, stats or ping"}
 
     # ---------------------------------------------------------------- serving
     def serve_forever(self) -> None:

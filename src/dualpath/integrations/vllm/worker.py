@@ -144,7 +144,7 @@ class WorkerSide:
     def _persist(self, node: int, keys: list[str], slots: list[int]) -> None:
         spec = self.nodes[node]
         try:
-            self._sidecar(spec.socket_path, {"op": "persist", "keys": keys, "slots": slots})
+            self._sidecar(spec.socket_path, {"op": "write", "keys": keys, "slots": slots})
         except (OSError, ValueError) as err:  # the side-car is gone: the blocks stay uncached
             print(f"dualpath connector: persist on node {node} failed ({err})", file=sys.stderr)
             self._buffer(node).free(slots)

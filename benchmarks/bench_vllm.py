@@ -1,0 +1,198 @@
+"""DualPath inside vLLM: DualPath vs Basic through `dualpath serve --engine vllm`, storage-bound,
+and the router's cost against talking to one vLLM instance directly.
+
+Run: .venv/bin/python benchmarks/bench_vllm.py [--agents 16 --turns 6 --snic-mb-per-s 2 ...]
+
+Writes a tiny random Llama (4 layers, hidden 256, head_dim 64) to a temporary folder, then
+starts, one after the other, on 127.0.0.1:
+
+  basic      serve --engine vllm --system basic: 1 prefill + 1 decode vLLM instance, every hit
+             read through the prefill node's emulated SNIC
+  dualpath   serve --engine vllm --system dualpath: the policy reads each request's hits
+             through the prefill or the decode node's SNIC (the second path)
+  vllm       one plain vLLM instance (its own prefix cache, no connector): the peer
+  router     serve --engine vllm --system dualpath with the SNICs unpaced: against `vllm` at
+             concurrency 1, what the P/D split and the router add per request
+
+Each of basic / dualpath gets a fresh KV store and replays the same SPEC §9 agents (scaled)
+through `dualpath loadgen` at --agents concurrent sessions (every turn of every agent: the
+job JCT compares them); vllm / router replay --overhead-agents agents at concurrency 1. Prints
+job JCT, TTFT / TPOT p50 and p99, errors, hit ratio, KV MB per load path and the router's
+seconds per request by stage (from /metrics), the host's load before each run, and the
+DualPath/Basic JCT ratio. The figures mean something only on a quiet host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dualpath.integrations.vllm.launch import find_vllm_python
+from dualpath.serve.checkpoint import write_tiny_checkpoint
+from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
+from dualpath.workload.scripts import chat_scripts
+
+FLAGS = ["--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "4096"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}: not ready after {timeout_s} s")
+
+
+def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path) -> tuple[Any, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
+           "--model-dir", str(ckpt), "--port", str(port), "--kv-root", str(kv_root),
+           "--system", system, "--dtype", "bfloat16", "--vllm-max-model-len", "4096"]  # fmt: skip
+    if snic:
+        cmd += ["--snic-mb-per-s", str(snic)]
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    _wait(url, proc)
+    return proc, url
+
+
+def _plain(ckpt: Path, log: Path) -> tuple[Any, str]:
+    port = _free_port()
+    cmd = [find_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
+           "--served-model-name", ckpt.name, "--host", "127.0.0.1", "--port", str(port),
+           *FLAGS]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    _wait(url, proc)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _metrics(url: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {"kv_mb": {}, "stage_s": {}}
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith('dualpath:kv_bytes_total{path="'):
+            out["kv_mb"][line.split('"')[1]] = float(line.rsplit(" ", 1)[1]) / 1e6
+        elif line.startswith('dualpath:router_stage_seconds_total{stage="'):
+            out["stage_s"][line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _run(url: str, scripts: Any, concurrency: int, model: str) -> dict[str, Any]:
+    warm = chat_scripts(2, 2, 0.05, 8, seed=99)
+    asyncio.run(LoadGenerator(LoadgenOptions(url, model=model, concurrency=2)).run(warm))
+    load = os.getloadavg()[0]
+    res = asyncio.run(LoadGenerator(LoadgenOptions(url, model=model,
+                                                   concurrency=concurrency)).run(scripts))  # fmt: skip
+    return {**res.summary(), "host_load": load}
+
+
+def _line(name: str, s: dict[str, Any]) -> str:
+    ms = 1e3
+    return (f"{name:<9} job JCT {s['job_jct_s']:6.1f} s  TTFT p50/p99 "
+            f"{s['ttft_s']['p50'] * ms:7.1f}/{s['ttft_s']['p99'] * ms:7.1f} ms  TPOT p50/p99 "
+            f"{s['tpot_s']['p50'] * ms:5.1f}/{s['tpot_s']['p99'] * ms:5.1f} ms  req/s "
+            f"{s['requests_per_s']:5.2f}  requests {s['requests']}  errors {s['errors']}  hit "
+            f"{s['hit_ratio']:.3f}  host load {s['host_load']:.1f}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=16, help="concurrent agent sessions")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--token-scale", type=float, default=0.1)
+    ap.add_argument("--max-gen", type=int, default=16)
+    ap.add_argument("--snic-mb-per-s", type=float, default=2.0, help="emulated SNIC per node")
+    ap.add_argument("--overhead-agents", type=int, default=4)
+    ap.add_argument("--variants", default="basic,dualpath,vllm,router")
+    ap.add_argument("--json", help="write every summary here")
+    args = ap.parse_args()
+    scripts = chat_scripts(args.agents, args.turns, args.token_scale, args.max_gen, 32, seed=0)
+    solo = chat_scripts(args.overhead_agents, 3, args.token_scale, args.max_gen, 32, seed=1)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_tiny_checkpoint(Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256,
+                                     num_heads=4, num_kv_heads=2, intermediate_size=688)  # fmt: skip
+        for name in [v for v in args.variants.split(",") if v]:
+            log = Path(tmp) / f"{name}.log"
+            if name in ("basic", "dualpath"):
+                proc, url = _serve(ckpt, Path(tmp) / f"kv-{name}", name, args.snic_mb_per_s, log)
+                work, conc = scripts, args.agents
+            elif name == "router":
+                proc, url = _serve(ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log)
+                work, conc = solo, 1
+            elif name == "vllm":
+                proc, url = _plain(ckpt, log)
+                work, conc = solo, 1
+            else:
+                raise SystemExit(f"--variants: {name!r} is not basic, dualpath, vllm or router")
+            try:
+                s = _run(url, work, conc, ckpt.name)
+                if name != "vllm":
+                    s["metrics"] = _metrics(url)
+            finally:
+                _stop(proc)
+            results[name] = s
+            print(_line(name, s), flush=True)
+            if "metrics" in s:
+                m = s["metrics"]
+                print(" " * 10 + "KV MB by path: " + "  ".join(
+                    f"{k} {v:.1f}" for k, v in sorted(m["kv_mb"].items())), flush=True)  # fmt: skip
+                n = max(1, s["requests"] + 2 * 2)  # + the warm-up's requests
+                print(" " * 10 + "router s/request by stage: " + "  ".join(
+                    f"{k} {v / n * 1e3:.1f} ms" for k, v in sorted(m["stage_s"].items())))  # fmt: skip
+    if "basic" in results and "dualpath" in results:
+        ratio = results["basic"]["job_jct_s"] / results["dualpath"]["job_jct_s"]
+        print(f"DualPath / Basic job JCT speed-up: {ratio:.2f}x "
+              f"(SNIC {args.snic_mb_per_s} MB/s per node, {args.agents} agents × {args.turns} turns)")  # fmt: skip
+    if "vllm" in results and "router" in results:
+        v, r = results["vllm"], results["router"]
+        print(f"concurrency 1: TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms through DualPath "
+              f"(router, prefill, KV hand-off, decode) vs {v['ttft_s']['p50'] * 1e3:.1f} ms "
+              f"vLLM direct; TPOT p50 {r['tpot_s']['p50'] * 1e3:.1f} vs "
+              f"{v['tpot_s']['p50'] * 1e3:.1f} ms")  # fmt: skip
+    print(f"host: {os.cpu_count()} CPUs")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
