@@ -56,6 +56,7 @@ class NodeSidecar:
         self.bytes_read = 0
         self.bytes_written = 0
         self.num_failed_writes = 0
+        self.num_skipped_writes = 0  # blocks another turn had persisted already
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- reads
@@ -97,6 +98,11 @@ class NodeSidecar:
         nbytes = self.spec.layout.full_block_bytes
         while (job := self.writes.get()) is not None:
             key, slot = job
+            if self.store.has(key):  # content-addressed: a block already stored is not resent
+                self.buffer.free([slot])
+                with self._lock:
+                    self.num_skipped_writes += 1
+                continue
             if self.snic_write is not None:
                 self.snic_write.transfer(nbytes, TrafficClass.LOW)
             try:
@@ -126,6 +132,7 @@ class NodeSidecar:
                 "bytes_read": self.bytes_read,
                 "bytes_written": self.bytes_written,
                 "failed_writes": self.num_failed_writes,
+                "skipped_writes": self.num_skipped_writes,
             }
         out["free_slots"] = self.buffer.num_free
         out["read_busy_s"] = self.snic_read.stats.busy_s if self.snic_read else 0.0
