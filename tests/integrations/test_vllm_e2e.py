@@ -218,3 +218,6 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
         de.client.completions.create(model=MODEL, prompt="a new prompt, no hits", max_tokens=4)
     assert err.value.status_code == 503
     assert de.stop() == 0
+    assert not [p for p in Path("/dev/shm").glob(f"dpv{de.proc.pid}x*")], (
+        "a buffer outlived its run"
+    )

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import IO, Any
 
@@ -137,6 +138,11 @@ class Launched:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+        for spec in self.deployment.nodes:  # a side-car killed hard left its buffer behind
+            with contextlib.suppress(FileNotFoundError):
+                shm = SharedMemory(spec.buffer_name)
+                shm.close()
+                shm.unlink()
         for f in self.logs:
             f.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
