@@ -50,6 +50,19 @@ NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
+def read_or_miss(store: KVStore, key: str, out: memoryview) -> bool:
+    """Read block ``key`` into ``out``; False if it cannot be used (missing, foreign, corrupt:
+    a corrupt file is removed, so that the recomputed block gets persisted again)."""
+    try:
+        store.read_block(key, out)
+    except BlockCorrupt:
+        store.path(key).unlink(missing_ok=True)
+        return False
+    except KVStoreError:
+        return False
+    return True
+
+
 def persist_with_retry(
     store: KVStore,
     key: str,
@@ -139,14 +152,7 @@ class StorageWorker:
         if self.paced:
             nbytes = self.store.layout.full_block_bytes
             transfer_all(self.read_route, nbytes, TrafficClass.LOW)
-        try:
-            self.store.read_block(key, self.buffer.slot(slot))
-        except BlockCorrupt:
-            self.store.path(key).unlink(missing_ok=True)
-            return False
-        except KVStoreError:
-            return False
-        return True
+        return read_or_miss(self.store, key, self.buffer.slot(slot))
 
     def handle_read(self, msg: ReadMsg) -> None:
         clock = self.env.clock

@@ -99,27 +99,33 @@ class SlotView:
         return raw.view(lay.dtype).view(lay.block_shape)
 
 
+def copy_layer(
+    kv_layer: torch.Tensor, block_ids: Sequence[int], buffer: SlotView, slots: Sequence[int],
+    layer: int, to_buffer: bool,
+) -> int:  # fmt: skip
+    """Layer ``layer`` between paged blocks ``block_ids`` and slots ``slots`` (pairwise): into
+    the slots (``to_buffer``) or out of them; returns the bytes copied."""
+    if len(block_ids) != len(slots):
+        raise ValueError(f"{len(block_ids)} blocks for {len(slots)} slots")
+    for b, s in zip(block_ids, slots, strict=True):
+        if to_buffer:
+            buffer.layer_block(s, layer).copy_(kv_layer[b])
+        else:
+            kv_layer[b].copy_(buffer.layer_block(s, layer))
+    return len(slots) * buffer.layout.layer_block_bytes
+
+
 def load_layer(
     kv_layer: torch.Tensor, block_ids: Sequence[int], src: SlotView, slots: Sequence[int],
     layer: int,
 ) -> int:  # fmt: skip
-    """Copy layer ``layer`` of slots ``slots`` into paged blocks ``block_ids`` (pairwise);
-    returns the bytes copied."""
-    if len(block_ids) != len(slots):
-        raise ValueError(f"{len(block_ids)} blocks for {len(slots)} slots")
-    for b, s in zip(block_ids, slots, strict=True):
-        kv_layer[b].copy_(src.layer_block(s, layer))
-    return len(slots) * src.layout.layer_block_bytes
+    """Slots ``slots`` → paged blocks ``block_ids``, layer ``layer``; the bytes copied."""
+    return copy_layer(kv_layer, block_ids, src, slots, layer, to_buffer=False)
 
 
 def save_layer(
     kv_layer: torch.Tensor, block_ids: Sequence[int], dst: SlotView, slots: Sequence[int],
     layer: int,
 ) -> int:  # fmt: skip
-    """Copy paged blocks ``block_ids`` of layer ``layer`` into slots ``slots`` (pairwise);
-    returns the bytes copied."""
-    if len(block_ids) != len(slots):
-        raise ValueError(f"{len(block_ids)} blocks for {len(slots)} slots")
-    for b, s in zip(block_ids, slots, strict=True):
-        dst.layer_block(s, layer).copy_(kv_layer[b])
-    return len(slots) * dst.layout.layer_block_bytes
+    """Paged blocks ``block_ids`` → slots ``slots``, layer ``layer``; the bytes copied."""
+    return copy_layer(kv_layer, block_ids, dst, slots, layer, to_buffer=True)

@@ -32,9 +32,9 @@ from typing import Any
 
 from dualpath.integrations.vllm.node import NodeSpec
 from dualpath.runtime.buffer import SlotBuffer
-from dualpath.runtime.kvstore import BlockCorrupt, KVStore, KVStoreError
+from dualpath.runtime.kvstore import KVStore
 from dualpath.runtime.pacer import LinkLock, Pacer
-from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry
+from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry, read_or_miss
 from dualpath.types import TrafficClass
 
 
@@ -63,14 +63,7 @@ class NodeSidecar:
     def _read_one(self, key: str, slot: int) -> bool:
         if self.snic_read is not None:
             self.snic_read.transfer(self.spec.layout.full_block_bytes, TrafficClass.LOW)
-        try:
-            self.store.read_block(key, self.buffer.slot(slot))
-        except BlockCorrupt:
-            self.store.path(key).unlink(missing_ok=True)
-            return False
-        except KVStoreError:
-            return False
-        return True
+        return read_or_miss(self.store, key, self.buffer.slot(slot))
 
     def _read_loop(self) -> None:
         while (job := self.reads.get()) is not None:
