@@ -209,19 +209,22 @@ class Router:
         self.flow.decoding(prep)
 
         async def relay() -> AsyncIterator[bytes]:
-            ok = False
+            done = False  # the turn is counted finished before the client sees its end
             try:
                 async for chunk in r.aiter_raw():
+                    if not done and b"data: [DONE]" in chunk:
+                        done = True
+                        self.flow.finish(prep)
                     yield chunk
-                ok = True
+                if not done:
+                    done = True
+                    self.flow.finish(prep)
             except httpx.HTTPError as err:  # the decode died mid-answer: a clean error event
                 event = error_body(503, f"decode instance failed: {type(err).__name__}")
                 yield f"data: {json.dumps(event)}\n\n".encode()
             finally:
                 await r.aclose()
-                if ok:
-                    self.flow.finish(prep)
-                else:
+                if not done:
                     self.flow.abort(prep.turn)
 
         return StreamingResponse(relay(), media_type="text/event-stream")
