@@ -30,24 +30,25 @@ def _req(rid: int, *, output: int = 4, phase: Phase = Phase.DECODING, pe: int = 
     return req
 
 
-def test_durability_releases_a_report_once_all_its_keys_are_acked() -> None:
+def test_a_resend_waits_only_for_the_blocks_in_flight_that_it_would_hit() -> None:
     d = Durability()
     d.acked_key("early")  # an ack may come before the DE's DecodeDoneMsg
     assert d.pending(["early", "a", "b"]) == {"a", "b"}
-    r1, r2 = _req(1), _req(2)
-    d.hold_done(r2, {"a"}, (9,))
-    d.hold_done(r1, {"a", "b"}, (8,))
+    d.handed(["early", "a", "b"])  # a finished turn's blocks: "early" is durable already
+    assert d.in_flight == {"a", "b"}
+    assert not d.hold(["early", "c"], "other conversation")  # nothing of it in flight: goes now
+    assert d.hold(["early", "a"], "resend 1") and d.hold(["early", "a", "b"], "resend 2")
     assert d.busy
-    assert d.acked_key("a") == [(r2, (9,))]
-    assert d.acked_key("b") == [(r1, (8,))] and not d.busy
+    assert d.acked_key("a") == ["resend 1"]  # resend 2 still needs "b"
+    assert d.acked_key("b") == ["resend 2"] and not d.busy
+    assert not d.hold(["a", "b"], "late")  # durable now: never held
 
 
-def test_lost_writes_release_every_held_report_in_request_order() -> None:
+def test_lost_writes_release_every_held_submission_in_order() -> None:
     d = Durability()
-    r1, r2 = _req(1), _req(2)
-    d.hold_done(r2, {"x"}, ())
-    d.hold_done(r1, {"y"}, ())
-    assert [r.request_id for r, _ in d.lost()] == [1, 2] and not d.busy
+    d.handed(["x", "y"])
+    assert d.hold(["y"], 2) and d.hold(["x"], 1)
+    assert d.lost() == [2, 1] and not d.busy and not d.in_flight
 
 
 def test_a_dead_engine_costs_the_turns_that_still_need_it() -> None:
@@ -114,9 +115,10 @@ def test_a_stream_ends_with_its_done_report() -> None:
 
 
 def _sent_to_scheduler() -> set[str]:
-    """Message classes a runtime process puts on the results queue (``results.put(X(...))``)."""
+    """Message classes a runtime process (or the scheduler's own threads: ``WakeMsg``) puts on
+    the results queue (``results.put(X(...))``)."""
     names: set[str] = set()
-    for path in RUNTIME.glob("*.py"):
+    for path in [*RUNTIME.glob("*.py"), *RUNTIME.glob("scheduler/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "put" and isinstance(node.func.value, ast.Attribute)

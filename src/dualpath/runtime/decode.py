@@ -22,6 +22,7 @@ from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import hold_until
 from dualpath.runtime.hbm import PagedKV
+from dualpath.runtime.hops import hop
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import (
     CancelMsg,
@@ -68,6 +69,7 @@ class DecodeEngine(Engine):
             self._cancel(msg.request_id)
             return
         assert isinstance(msg, DecodeMsg)
+        hop("de.received", msg.request_id)
         self.waiting.append(msg)
 
     def _cancel(self, request_id: int) -> None:
@@ -125,10 +127,12 @@ class DecodeEngine(Engine):
                     r.bytes_in += nbytes
                     window.add(done)
             window.drain()
+            hop("de.loaded", msg.request_id)
             self.env.results.put(LoadedMsg(msg.request_id, self.engine_id, self.pool.num_free))
             for b in range(msg.stored_blocks, num_prompt // self.block_tokens):
                 self._persist(r, b)
             r.second_s = self.clock.now()
+            hop("de.admitted", msg.request_id)
             self.running.append(r)
 
     def step(self) -> None:
@@ -159,6 +163,8 @@ class DecodeEngine(Engine):
             lps = tuple(
                 (r.msg.request_id, lp) for r, (_, lp) in zip(active, picked, strict=True) if lp
             )
+            for r in active:
+                hop("de.step", r.msg.request_id)
             self.env.results.put(TokensMsg(self.engine_id, step, lps, emulated_s, host_s))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)

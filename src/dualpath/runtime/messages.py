@@ -201,6 +201,12 @@ class TokensMsg:
 
 
 @dataclass(frozen=True, slots=True)
+class WakeMsg:
+    """Scheduler, from its own process: a thread handed it work (a submission, a cancel), so
+    its loop stops waiting for the processes' messages and takes it now."""
+
+
+@dataclass(frozen=True, slots=True)
 class CancelMsg:
     """DE: drop the request (its client is gone). A waiting one answers ``LoadedMsg`` (its DE
     buffer slots are free to reuse); a running one ends at the next step (``DecodeDoneMsg``)."""

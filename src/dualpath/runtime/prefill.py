@@ -28,6 +28,7 @@ from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange
 from dualpath.runtime.gputime import LayerFloor
 from dualpath.runtime.hbm import PagedKV
+from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
 from dualpath.runtime.sampling import SamplingParams
@@ -96,6 +97,7 @@ class PrefillEngine(Engine):
     def handle(self, msg: Any) -> None:
         assert isinstance(msg, ForwardMsg)
         start = self.clock.now()
+        hop("pe.pass", msg.chunks[0].request_id)
         layers, chunks, pool = self.model.num_layers, msg.chunks, self.pool
         timeout_s = self.env.options.request_timeout_s
         window_size = self.env.options.transfer_window
@@ -215,6 +217,7 @@ class PrefillEngine(Engine):
             sender.join()
         if errors:
             raise errors[0]
+        hop("pe.layers_done", msg.chunks[0].request_id)
         last = [i for i, c in enumerate(chunks) if c.is_last]
         picked = choose_batch(
             [self.chooser(chunks[i].sampling) for i in last],
@@ -227,6 +230,7 @@ class PrefillEngine(Engine):
             for i, (_, lp) in zip(last, picked, strict=True)
             if lp is not None
         )
+        hop("pe.done", msg.chunks[0].request_id)
         self.env.results.put(
             ForwardDoneMsg(
                 self.engine_id,

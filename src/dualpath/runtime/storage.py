@@ -23,6 +23,7 @@ from typing import Any
 import dualpath.runtime.kvstore as kvs
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.env import ProcEnv, child_setup
+from dualpath.runtime.hops import hop
 from dualpath.runtime.kvstore import HEADER_BYTES, BlockCorrupt, KVStore, KVStoreError
 from dualpath.runtime.messages import (
     ErrorMsg,
@@ -157,8 +158,10 @@ class StorageWorker:
     def handle_read(self, msg: ReadMsg) -> None:
         clock = self.env.clock
         start = clock.now()
+        hop("storage.read", msg.request_id)
         oks = list(self.readers.map(self._read_one, msg.keys, msg.slots))
         num_ok = oks.index(False) if False in oks else len(oks)
+        hop("storage.read_done", msg.request_id)
         self.env.results.put(ReadDoneMsg(msg.request_id, self.node, num_ok, start, clock.now()))
 
     def _read_loop(self) -> None:

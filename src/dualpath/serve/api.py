@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.hops import hop
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.chat import (
     ChatPlan,
@@ -134,6 +135,7 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                     finish = reader.finish_reason(item.finish_reason)
                     news = (want_lp and item.logprobs) or (body.return_token_ids and item.token_ids)
                     if text or calls or finish or news:
+                        hop("http.sse")
                         yield sse([chunk(i, text, calls, before, item, finish)])
             except BackendFailure as exc:  # an OpenAI error event, then the end
                 err = error_body(503, f"the runtime failed: {exc}", None)
@@ -186,6 +188,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         arrived = time.monotonic()
+        hop("http.request")
         svc.authorise(request)
         body: ChatRequest = await svc.parse(request, ChatRequest)
         plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar)

@@ -92,6 +92,14 @@ class RequestResult:
     cached_tokens: int = 0
     completion_tokens: int = 0
     num_chunks: int = 0
+    chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk with text
+
+    @property
+    def chunk_gaps_s(self) -> list[float]:
+        """Gaps between consecutive chunks with text: ITL as vLLM's ``benchmark_serving``
+        measures it (a server that streams in bursts has gaps near 0 between tokens that
+        arrive together; the mean ``itl_s`` cannot show that)."""
+        return [b - a for a, b in zip(self.chunk_s, self.chunk_s[1:], strict=False)]
 
     @property
     def ttst_s(self) -> float | None:
@@ -166,6 +174,7 @@ class LoadgenResult:
             "ttst_s": pct([r.ttst_s for r in ok]),
             "tpot_s": pct([r.tpot_s for r in ok]),
             "itl_s": pct([r.itl_s for r in ok]),
+            "chunk_gap_s": pct([g for r in ok for g in r.chunk_gaps_s]),
             "agent_jct_s": pct(self.agent_jct_s),
             "job_jct_s": max(self.agent_jct_s, default=0.0),
         }
@@ -256,6 +265,7 @@ class LoadGenerator:
             parts.append(text)
             res.num_chunks += 1
             now = time.monotonic() - res.start_s
+            res.chunk_s.append(now)
             if res.ttft_s is None:
                 res.ttft_s = now
             elif res.second_token_s is None:
@@ -330,6 +340,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"TTST {ms(s['ttst_s'])}",
             f"TPOT {ms(s['tpot_s'])}",
             f"ITL  {ms(s['itl_s'])}",
+            f"gap  {ms(s['chunk_gap_s'])}   (between streamed chunks: near 0 = bursts)",
             f"agent JCT p50 {s['agent_jct_s']['p50']:.2f} s  p99 {s['agent_jct_s']['p99']:.2f} s"
             f"  job JCT {s['job_jct_s']:.2f} s",
             f"hit ratio {s['hit_ratio']:.3f} ({s['cached_tokens']} of {s['prompt_tokens']} "

@@ -28,6 +28,7 @@ from typing import Any
 
 from dualpath.config import Config
 from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.hops import hop
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.serve.backend import BackendFailure, BackendStats, GenerateRequest, TokenEvent
@@ -166,6 +167,7 @@ class RuntimeBackend:
                 while self._history and evt.now_s - self._history[0].now_s > UTIL_WINDOW_S:
                     self._history.popleft()
             elif isinstance(evt, (TokensEvt, RejectedEvt)):
+                hop("backend.relay", evt.key)
                 self._deliver(evt.key, evt)
             elif isinstance(evt, ClosedEvt):
                 if self._stopping:  # we asked it to stop: whatever it says, a clean stop
@@ -230,6 +232,7 @@ class RuntimeBackend:
         key = next(self._keys)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[key] = stream
+        hop("backend.submit", key)
         self._inbox.put(
             SubmitCmd(key, request.prompt_tokens, request.max_tokens, sampling, request.tenant)
         )
@@ -251,6 +254,7 @@ class RuntimeBackend:
         try:
             while True:
                 evt = await stream.queue.get()
+                hop("backend.event", key)
                 if isinstance(evt, RejectedEvt):
                     finished = True
                     raise ValueError(evt.text)

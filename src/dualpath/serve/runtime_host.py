@@ -21,6 +21,7 @@ from typing import Any
 
 from dualpath.config import Config
 from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.hops import hop
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.sampling import SamplingParams
@@ -127,6 +128,7 @@ class _Host:
                     self.live.discard(cmd.key)
                 self.rids.pop(cmd.key, None)
                 self.finished.append(rid)
+            hop("host.tokens", rid)
             self.outbox.put(TokensEvt(cmd.key, new, cached, done, lps))
 
         def submitted(fut: Future[int]) -> None:
@@ -169,6 +171,7 @@ class _Host:
             except queue.Empty:
                 continue
             if isinstance(cmd, SubmitCmd):
+                hop("host.command", cmd.key)
                 self.submit(cmd)
             elif isinstance(cmd, CancelCmd):
                 self.cancel(cmd.key)

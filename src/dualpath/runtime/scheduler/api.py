@@ -18,10 +18,11 @@ from dualpath.policy import ClusterView
 from dualpath.policy.base import Policy
 from dualpath.runtime.gputime import GpuUse
 from dualpath.runtime.launcher import Launcher
-from dualpath.runtime.messages import CancelMsg
+from dualpath.runtime.messages import CancelMsg, WakeMsg
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.scheduler.decodes import Decodes
+from dualpath.runtime.scheduler.durability import Durability
 from dualpath.runtime.scheduler.intake import Intake
 from dualpath.runtime.scheduler.passes import Passes
 from dualpath.runtime.scheduler.recovery import resume
@@ -44,6 +45,7 @@ class SchedulerApi:
     pools: Pools
     slots: Slots
     streams: Streams
+    durability: Durability
     reqs: dict[int, Req]
     rejected: list[str]
     num_cancelled: int
@@ -169,12 +171,14 @@ class SchedulerApi:
         request; ``on_tokens`` is called on the scheduler's thread as tokens arrive."""
         fut: Future[int] = Future()
         self._external.put((agent, append, output_tokens, on_tokens, fut, sampling))
+        self.launcher.results.put(WakeMsg())  # the loop takes it now, not at its next round
         return fut
 
     def cancel_threadsafe(self, request_id: int) -> None:
         """Abort request ``request_id`` from any thread (its client is gone): its callback
         gets no more tokens; buffer slots and HBM are freed once no process writes them."""
         self._cancels.put(request_id)
+        self.launcher.results.put(WakeMsg())
 
     def _drain_external(self) -> None:
         while True:
@@ -185,19 +189,29 @@ class SchedulerApi:
             self._cancel(rid)
         while True:
             try:
-                agent, append, output_tokens, on_tokens, fut, sampling = self._external.get_nowait()
+                item = self._external.get_nowait()
             except queue.Empty:
                 return
-            if agent.agent_id not in self.core.agents:
-                self.core.agents.add(agent)
-            try:
-                req = self.submit_turn(agent.agent_id, append, output_tokens, sampling=sampling)
-            except ValueError as err:
-                fut.set_exception(err)
-                continue
-            if on_tokens is not None:
-                self.streams.watch(req.request_id, on_tokens)
-            fut.set_result(req.request_id)
+            # a resend of a conversation whose last turn's blocks are still being written
+            # waits for them (then hits them); anything else goes now
+            if not self.durability.hold(self.intake.keys(item[0], item[1]), item):
+                self._submit_external(item)
+
+    def _submit_external(self, item: tuple[Any, ...]) -> None:
+        agent, append, output_tokens, on_tokens, fut, sampling = item
+        if agent.agent_id not in self.core.agents:
+            self.core.agents.add(agent)
+        try:
+            req = self.submit_turn(agent.agent_id, append, output_tokens, sampling=sampling)
+        except ValueError as err:
+            fut.set_exception(err)
+            return
+        if on_tokens is not None:
+            self.streams.watch(req.request_id, on_tokens)
+        fut.set_result(req.request_id)
+
+    def _on_wake(self, _: WakeMsg) -> None:  # a submission or cancel: this round takes it
+        pass
 
     def forget(self, rid: int) -> None:
         """Drop a finished request and its agent once no message can refer to them (a

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from dualpath.ledger import Persisted, Phase, Topology
 from dualpath.ledger.core import Core
+from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import DecodeDoneMsg, DecodeMsg, TokensMsg
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.scheduler.slots import Slots
@@ -36,12 +37,14 @@ class Decodes:
 
     def first_token(self, req: Req, first_token: int, done_s: float) -> None:
         """Prefill is done: ``req`` leaves its PE with its first token."""
+        hop("sched.first_token", req.request_id)
         self.core.ledger.first_token(req, done_s)
         req.first_token = first_token
 
     def start(self, req: Req) -> None:
         """Free its PE-buffer slots and hand it to its DE."""
         self.slots.free_pe(req)
+        hop("sched.decode_sent", req.request_id)
         self.ports.send(req.de, DecodeMsg(
             req.request_id, req.tokens, req.first_token, req.output_tokens, tuple(req.de_slots),
             req.cached // self.block, req.sampling, req.namespace,

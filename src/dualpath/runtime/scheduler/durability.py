@@ -1,15 +1,15 @@
-"""Durability: which persisted blocks the storage workers acknowledged, and the finished turns
-whose "done" is reported only once their blocks are durable (a server's client may resend
-the conversation as soon as it has the answer: that resend must hit them). Owns the acks and
-the held reports; releasing them is the caller's (it returns them)."""
+"""Durability: which persisted blocks the storage workers acknowledged, which a finished turn
+handed them that are not yet acknowledged (in flight), and the server submissions that wait
+for those. A turn's answer never waits for its blocks (its client gets the last token when
+the DE produces it); a resend of the conversation that would hit a block still in flight
+waits for that block's ack before its hits are looked up, so it hits what the turn persisted
+and the store only ever advertises durable blocks. Owns the acks, the in-flight keys and the
+waiting submissions; submitting them is the caller's (it gets them back)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from dualpath.runtime.requests import Req
-
-Report = tuple[Req, tuple[int, ...]]  # a turn and its whole output, as its client sees it
+from typing import Any
 
 
 class Durability:
@@ -17,37 +17,47 @@ class Durability:
         # block keys whose write the storage workers acknowledged, written or dropped (a
         # failed write's ack may arrive before the DE's DecodeDoneMsg: it must still count)
         self.acked: set[str] = set()
-        # rid → (keys not yet durable, request, output): done reported once they are
-        self.done_after_persist: dict[int, tuple[set[str], Req, tuple[int, ...]]] = {}
+        self.in_flight: set[str] = set()  # handed to storage by finished turns, not acked
+        # submissions (opaque to this class) waiting for in-flight keys, in arrival order
+        self.waiting: list[tuple[frozenset[str], Any]] = []
 
     def pending(self, keys: Iterable[str]) -> set[str]:
         """The keys of ``keys`` not acknowledged yet."""
         return {k for k in keys if k not in self.acked}
 
-    def hold_done(self, req: Req, pending: set[str], output: tuple[int, ...]) -> None:
-        self.done_after_persist[req.request_id] = (pending, req, output)
+    def handed(self, keys: Iterable[str]) -> None:
+        """A finished turn's blocks, handed to storage: in flight until acknowledged."""
+        self.in_flight.update(self.pending(keys))
 
-    def acked_key(self, key: str) -> list[Report]:
-        """A write of ``key`` was acknowledged (written or dropped): the turns now durable."""
+    def hold(self, keys: Iterable[str], submission: Any) -> bool:
+        """Hold ``submission`` (whose prompt's blocks are ``keys``) while one of them is in
+        flight; False: it can go now (never behind another's wait)."""
+        waits = frozenset(k for k in keys if k in self.in_flight)
+        if not waits:
+            return False
+        self.waiting.append((waits, submission))
+        return True
+
+    def acked_key(self, key: str) -> list[Any]:
+        """A write of ``key`` was acknowledged (written or dropped): the submissions that can
+        go now, in the order they came."""
         self.acked.add(key)
-        return self._release(key)
+        self.in_flight.discard(key)
+        return self._release()
 
-    def lost(self) -> list[Report]:
+    def lost(self) -> list[Any]:
         """Writes were lost (a storage worker died): they will never be acknowledged, so
-        every held turn is released."""
-        return self._release(None)
+        every held submission goes now (it recomputes what is missing)."""
+        self.in_flight.clear()
+        return self._release()
 
-    def _release(self, key: str | None) -> list[Report]:
-        out: list[Report] = []
-        for rid in sorted(self.done_after_persist):
-            pending, req, output = self.done_after_persist[rid]
-            pending.discard(key)
-            if not pending or key is None:
-                del self.done_after_persist[rid]
-                out.append((req, output))
+    def _release(self) -> list[Any]:
+        out = [sub for waits, sub in self.waiting if not waits & self.in_flight]
+        if out:
+            self.waiting = [(w, sub) for w, sub in self.waiting if w & self.in_flight]
         return out
 
     @property
     def busy(self) -> bool:
-        """Some finished turn still waits to be reported done."""
-        return bool(self.done_after_persist)
+        """A submission waits for blocks in flight."""
+        return bool(self.waiting)

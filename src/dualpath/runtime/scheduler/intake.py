@@ -11,6 +11,7 @@ from dualpath.ledger import Ledger, Phase
 from dualpath.ledger.counters import RunCounters
 from dualpath.policy.base import Policy
 from dualpath.runtime.env import ProcEnv
+from dualpath.runtime.hops import hop
 from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.runtime.messages import ReadDoneMsg, ReadMsg
 from dualpath.runtime.requests import AgentState, Req
@@ -78,7 +79,7 @@ class Intake:
                 f"request for agent {agent_id} is invalid: {len(tokens)} prompt + {output_tokens} "
                 f"output tokens exceed an engine's HBM pool of {pool} tokens"
             )
-        namespace = self.env.namespace_for(agent.tenant or self.env.options.tenant)
+        namespace = self.namespace(agent)
         keys = block_keys(tokens, self.block, namespace)
         hit = min(self.store.lookup(keys), (len(tokens) - 1) // self.block * self.block)
         arrival = self.now() if arrival_s is None else arrival_s
@@ -86,8 +87,16 @@ class Intake:
                   arrival, sampling=sampling, namespace=namespace)  # fmt: skip
         self.next_rid += 1
         self.reqs[req.request_id] = req
+        hop("sched.submit", req.request_id)
         self.policy.submit(self.ledger.submit(req, arrival), arrival)
         return req
+
+    def namespace(self, agent: AgentState) -> str:
+        return self.env.namespace_for(agent.tenant or self.env.options.tenant)
+
+    def keys(self, agent: AgentState, append: tuple[int, ...]) -> list[str]:
+        """The block keys of ``agent``'s next turn's prompt (its context, then ``append``)."""
+        return block_keys((*agent.context, *append), self.block, self.namespace(agent))
 
     def admit(self) -> None:
         """A pull: the policy's assignments wait for their buffer slots; a turn whose client
@@ -104,6 +113,7 @@ class Intake:
             if req.cancelled:
                 self.ledger.abort(req, self.now())
                 continue
+            hop("sched.assigned", req.request_id)
             self.alloc_wait.append(req.request_id)
 
     def alloc_round(self) -> list[Req]:
@@ -135,6 +145,7 @@ class Intake:
             full = self.env.layout.full_block_bytes
             self.ledger.read_started(req, req.read_node, nblocks * full, self.now())
         req.reading = True
+        hop("sched.read_sent", req.request_id)
         slots = req.pe_slots if req.read_side is ReadSide.PE else req.de_slots
         self.env.storage_inboxes[req.read_node].put(
             ReadMsg(req.request_id, req.keys[:nblocks], tuple(slots[:nblocks]))
@@ -146,6 +157,7 @@ class Intake:
         first answer was already taken (done once)."""
         if not req.reading:
             return False
+        hop("sched.read_done", req.request_id)
         self.counters.read_window(msg.node_id, msg.start_s, msg.done_s)
         req.reading = False
         req.cached = req.hit_tokens = msg.num_ok * self.block  # what was read and verified

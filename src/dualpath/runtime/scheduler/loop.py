@@ -16,6 +16,7 @@ from dualpath.ledger.core import Core
 from dualpath.policy.base import Policy
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import GpuUse
+from dualpath.runtime.hops import hop
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
     DecodeDoneMsg,
@@ -27,6 +28,7 @@ from dualpath.runtime.messages import (
     ReadDoneMsg,
     ReadyMsg,
     TokensMsg,
+    WakeMsg,
 )
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.result import RunResult
@@ -51,6 +53,7 @@ HANDLERS: dict[type, str] = {
     ReadDoneMsg: "_on_read_done",
     LoadedMsg: "_on_loaded",
     DecodeDoneMsg: "_on_decode_done",
+    WakeMsg: "_on_wake",
 }
 
 
@@ -153,8 +156,8 @@ class Scheduler(SchedulerApi):
         for req in self.intake.lost_reads(node):
             self.counters.requeued += 1
             self.intake.start_read(req, retry=True)  # the same slots: the retry overwrites them
-        for req, output in self.durability.lost():
-            self.streams.emit(req, output, True)
+        for item in self.durability.lost():
+            self._submit_external(item)
         self.core.agents.release_all()
 
     # ------------------------------------------------------------------ handlers
@@ -173,8 +176,8 @@ class Scheduler(SchedulerApi):
     def _on_persisted(self, msg: PersistedMsg) -> None:
         if not msg.ok:  # dropped (e.g. full disk): not cached, later turns recompute it
             self.counters.persist_failed += 1
-        for req, output in self.durability.acked_key(msg.key):
-            self.streams.emit(req, output, True)
+        for item in self.durability.acked_key(msg.key):
+            self._submit_external(item)
         self.core.agents.durable(msg.key)
 
     def _on_forward_done(self, msg: ForwardDoneMsg) -> None:
@@ -184,7 +187,7 @@ class Scheduler(SchedulerApi):
         self.pools.report(msg.engine_id, msg.free_pages)
         self._note_gpu(msg.engine_id, msg.emulated_s, msg.host_s)
         for req, first_token in done:
-            self.decodes.first_token(req, first_token, msg.done_s)
+            self.decodes.first_token(req, first_token, msg.done_s)  # (hop "sched.first_token")
             self.streams.emit(req, (*req.resumed, first_token), False)
             self.decodes.start(req)
         self.passes.pass_over(msg.engine_id)
@@ -226,15 +229,12 @@ class Scheduler(SchedulerApi):
         req = self._live(msg.request_id, free_if_aborted=False)
         if req is None:
             return
+        hop("sched.decode_done", req.request_id)
         self.decodes.done(req, msg)
-        output = (*req.resumed, *msg.output)  # the whole turn's output, as the client sees it
+        # the turn's whole output, now (a resend waits for its blocks: ``Durability.hold``)
+        self.streams.emit(req, (*req.resumed, *msg.output), True)
+        self.durability.handed(msg.persisted_keys)
         pending = self.durability.pending(msg.persisted_keys)
-        if self.streams.watches(req.request_id) and pending:
-            # a server's client may resend the conversation as soon as it has the answer:
-            # report the turn done once its blocks are durable, so that resend hits them
-            self.durability.hold_done(req, pending, output)
-        else:
-            self.streams.emit(req, output, True)
         self.core.agents[req.agent_id].finish_turn(req.tokens, msg.output)
         # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
         # are durable, so its hits are what SPEC §9 says the previous turn persisted

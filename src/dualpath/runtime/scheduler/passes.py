@@ -13,6 +13,7 @@ from dualpath.ledger.counters import RunCounters
 from dualpath.policy import PendingPrefill
 from dualpath.policy.base import Policy
 from dualpath.policy.commands import Chunk, ForwardBatch
+from dualpath.runtime.hops import hop
 from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.messages import ChunkWork, ExchangePlan, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.requests import Req
@@ -148,6 +149,8 @@ class Passes:
         for e, batch in planned:
             ex = exchange if exchange is not None and e in exchange.engines else None
             work = tuple(self._work(c) for c in batch.chunks)
+            for w in work:
+                hop("sched.pass_sent", w.request_id)
             self.ports.send(e, ForwardMsg(work, self.layerwise, ex))
 
     def _exchange_plan(self, planned: list[tuple[int, ForwardBatch]]) -> ExchangePlan | None:
