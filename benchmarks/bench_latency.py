@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from servers import dualpath_serve, plain_vllm, tiny_llama  # benchmarks/servers.py
-
 from dualpath.runtime import hops
 from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
+from servers import dualpath_serve, plain_vllm, tiny_llama  # benchmarks/servers.py
 
 # the TTFT path, in the order a request passes it (first stamp of each after the arrival)
 TTFT_PATH = (
@@ -83,7 +83,7 @@ def breakdown(stamps: list[tuple[float, str, int]], skip: int) -> dict[str, Any]
                 prev = t
         steps = [t for t, n in r if n == "de.step"]
         sses = [t for t, n in r if n == "http.sse"][1:]  # (the first is the PE's token)
-        step_gap += [(b - a) * 1e3 for a, b in zip(steps, steps[1:], strict=False)]
+        step_gap += [(b - a) * 1e3 for a, b in itertools.pairwise(steps)]
         token_lag += [(s - d) * 1e3 for d, s in zip(steps, sses, strict=False) if s >= d]
         last_step = steps[-1]
         done = _first(r, "sched.decode_done", last_step)

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from servers import Server, dualpath_serve, plain_vllm, tiny_llama, vllm_python
 
 from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
+from servers import Server, dualpath_serve, plain_vllm, tiny_llama, vllm_python
 
 VARIANTS = {
     "ours": ["--snic-mb-per-s", "100000"],
@@ -82,9 +82,13 @@ def _targets(c: int, ours: dict[str, float], peer: dict[str, float]) -> list[str
     ttft = ours["ttft_p50"] / peer["ttft_p50"]
     if c == 16:
         rps = ours["req_s"] / peer["req_s"]
-        out.append(f"requests/s {rps:.2f}x vLLM (target >= 0.9): {'met' if rps >= 0.9 else 'NOT met'}")
+        out.append(
+            f"requests/s {rps:.2f}x vLLM (target >= 0.9): {'met' if rps >= 0.9 else 'NOT met'}"
+        )
     if c in (1, 16):
-        out.append(f"TTFT p50 {ttft:.2f}x vLLM (target <= 1.5): {'met' if ttft <= 1.5 else 'NOT met'}")
+        out.append(
+            f"TTFT p50 {ttft:.2f}x vLLM (target <= 1.5): {'met' if ttft <= 1.5 else 'NOT met'}"
+        )
     if c == 16:
         burst = ours["itl_p50"] / ours["tpot_p50"] if ours["tpot_p50"] else 0.0
         out.append(f"ITL p50 / TPOT p50 {burst:.2f} (target >= 0.5, no bursts): "
@@ -106,7 +110,9 @@ def main() -> None:
     try:
         concs = [int(c) for c in args.concurrency.split(",") if c]
     except ValueError:
-        raise SystemExit(f"--concurrency {args.concurrency!r}: a comma-separated list of integers") from None
+        raise SystemExit(
+            f"--concurrency {args.concurrency!r}: a comma-separated list of integers"
+        ) from None
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in (*VARIANTS, "vllm")]
     if unknown or not concs or min(concs) < 1 or args.repeats < 1:
