@@ -230,10 +230,41 @@ class ProcEnv:
         )
 
     def parent_alive(self) -> bool:
-        return os.getppid() == self.parent_pid
+        """The launcher lives: it is this process's parent (spawn), or, for a child of the
+        fork server (whose children keep it alive, so it cannot be what is watched), the
+        launcher's process still exists with the start time it had (``child_setup``)."""
+        if _launcher is None:
+            return os.getppid() == self.parent_pid
+        global _checked_s
+        now = time.monotonic()
+        if now - _checked_s < LAUNCHER_CHECK_S:
+            return True
+        _checked_s = now
+        pid, started = _launcher
+        return started is not None and _start_time(pid) == started
 
 
-def child_setup() -> None:
-    """Common start of every child process: Ctrl-C is handled by the scheduler, one thread."""
+LAUNCHER_CHECK_S = 0.2  # a fork-server child reads the launcher's /proc entry this often
+_launcher: tuple[int, str | None] | None = None  # (pid, start time): set for fork-server children
+_checked_s = float("-inf")
+
+
+def child_setup(launcher_pid: int) -> None:
+    """Common start of every child process: Ctrl-C is handled by the scheduler, one thread;
+    a child whose parent is not the launcher ``launcher_pid`` came from the fork server:
+    ``parent_alive`` then watches the launcher through /proc."""
+    global _launcher
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if os.getppid() != launcher_pid:
+        _launcher = (launcher_pid, _start_time(launcher_pid))
+
+
+def _start_time(pid: int) -> str | None:
+    """``pid``'s start time (clock ticks since boot; None: no such process): a reused pid
+    has another."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None

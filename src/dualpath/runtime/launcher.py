@@ -83,12 +83,21 @@ def startup_warning(options: RuntimeOptions) -> str | None:
     return BIND_WARNING
 
 
+# imported once by the fork server, before any child forks from it
+PRELOAD = ("dualpath.runtime.prefill", "dualpath.runtime.decode", "dualpath.runtime.hf_model")
+
+
 class Launcher:
     def __init__(self, config: Config, options: RuntimeOptions) -> None:
         self.config = config
         self.options = options
         self.topology = Topology.from_config(config)
-        self.ctx = mp.get_context("spawn")
+        # children fork from one server process that imported the engines' modules (torch)
+        # once, instead of each importing them anew: start-up is CPU-bound on a small host
+        # (Linux: ``env.child_setup`` finds the server through /proc; elsewhere, spawn)
+        self.ctx = mp.get_context("forkserver" if sys.platform == "linux" else "spawn")
+        if self.ctx.get_start_method() == "forkserver":
+            self.ctx.set_forkserver_preload(list(PRELOAD))
         self.buffers: list[SlotBuffer] = []
         self.procs: dict[str, Any] = {}
         self.engine_inbox: dict[int, Any] = {}
@@ -366,7 +375,7 @@ class Launcher:
 def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:
     """Process entry point of engine ``engine_id`` (PE or DE by id). Only engine processes
     import torch: the launcher, scheduler and storage processes never do."""
-    child_setup()
+    child_setup(env.parent_pid)
     name = env.topology.engine_name(engine_id)
     env.start_heartbeat(name)
     try:

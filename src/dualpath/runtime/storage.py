@@ -235,7 +235,7 @@ class StorageWorker:
 
 def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False) -> None:
     """Process entry point of node ``node``'s storage worker."""
-    child_setup()
+    child_setup(env.parent_pid)
     env.start_heartbeat(f"storage@node{node}")
     try:
         worker = StorageWorker(env, node, write_faults(env))
