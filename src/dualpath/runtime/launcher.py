@@ -95,7 +95,7 @@ class Launcher:
         # children fork from one server process that imported the engines' modules (torch)
         # once, instead of each importing them anew: start-up is CPU-bound on a small host
         # (Linux: ``env.child_setup`` finds the server through /proc; elsewhere, spawn)
-        self.ctx = mp.get_context("forkserver" if sys.platform == "linux" else "spawn")
+        self.ctx: Any = mp.get_context("forkserver" if sys.platform == "linux" else "spawn")
         if self.ctx.get_start_method() == "forkserver":
             self.ctx.set_forkserver_preload(list(PRELOAD))
         self.buffers: list[SlotBuffer] = []
