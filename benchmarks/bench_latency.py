@@ -84,7 +84,10 @@ def breakdown(stamps: list[tuple[float, str, int]], skip: int) -> dict[str, Any]
         steps = [t for t, n in r if n == "de.step"]
         sses = [t for t, n in r if n == "http.sse"][1:]  # (the first is the PE's token)
         step_gap += [(b - a) * 1e3 for a, b in itertools.pairwise(steps)]
-        token_lag += [(s - d) * 1e3 for d, s in zip(steps, sses, strict=False) if s >= d]
+        for t in sses:  # each chunk against the last DE step before it (its newest token)
+            before = [d for d in steps if d <= t]
+            if before:
+                token_lag.append((t - before[-1]) * 1e3)
         last_step = steps[-1]
         done = _first(r, "sched.decode_done", last_step)
         if done is not None:
@@ -142,13 +145,13 @@ def main() -> None:
           f"({b['with_read']} with a store read), medians:")  # fmt: skip
     print(f"{'TTFT path':<22}{'since arrival':>14}{'this hop':>10}")
     prev = 0.0
-    for name, t in b["ttft_ms"].items():
+    for name, t in sorted(b["ttft_ms"].items(), key=lambda kv: kv[1]):
         print(f"  {name:<20}{t:11.2f} ms{t - prev:7.2f} ms")
         prev = t
     print("decode path (each hop since the one before):")
     for name, t in b["decode_ms"].items():
         print(f"  {name:<20}{t:11.2f} ms")
-    print(f"  DE step to next step {b['step_gap_ms']:9.2f} ms;  DE step to its SSE chunk "
+    print(f"  DE step to next step {b['step_gap_ms']:9.2f} ms;  chunk after its DE step "
           f"{b['token_lag_ms']:.2f} ms")  # fmt: skip
     print("end (since the last DE step):")
     for name, t in b["tail_ms"].items():

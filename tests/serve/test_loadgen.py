@@ -42,9 +42,12 @@ def test_loadgen_agents_against_serve(hf_server: ServerProc, tmp_path: Path) -> 
     assert s["requests"] == 12 and s["errors"] == 0
     assert 0 < s["hit_ratio"] < 1  # turns 2 and 3 resend the conversation
     assert s["cached_tokens"] > 0
-    for key in ("ttft_s", "ttst_s", "tpot_s", "itl_s", "agent_jct_s"):
+    for key in ("ttft_s", "ttst_s", "tpot_s", "itl_s", "chunk_gap_s", "agent_jct_s"):
         assert s[key]["count"] > 0 and math.isfinite(s[key]["p99"]), key
     assert s["ttft_s"]["p50"] <= s["agent_jct_s"]["p50"]
+    # tokens arrive as the DE makes them, one SSE event each: not in bursts (a burst's gaps
+    # are ~0.05 ms against a TPOT of milliseconds)
+    assert s["chunk_gap_s"]["p50"] >= 0.2 * s["tpot_s"]["p50"]
 
 
 @pytest.mark.slow
