@@ -94,7 +94,8 @@ class Launcher:
         self.topology = Topology.from_config(config)
         # children fork from one server process that imported the engines' modules (torch)
         # once, instead of each importing them anew: start-up is CPU-bound on a small host
-        # (Linux: ``env.child_setup`` finds the server through /proc; elsewhere, spawn)
+        # (Linux: a child watches the launcher through /proc, ``env.child_setup``; elsewhere,
+        # spawn)
         self.ctx: Any = mp.get_context("forkserver" if sys.platform == "linux" else "spawn")
         if self.ctx.get_start_method() == "forkserver":
             self.ctx.set_forkserver_preload(list(PRELOAD))
@@ -374,7 +375,8 @@ class Launcher:
 
 def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:
     """Process entry point of engine ``engine_id`` (PE or DE by id). Only engine processes
-    import torch: the launcher, scheduler and storage processes never do."""
+    use torch: the launcher and scheduler never import it (under the fork server the storage
+    workers have it loaded, shared copy-on-write, unused)."""
     child_setup(env.parent_pid)
     name = env.topology.engine_name(engine_id)
     env.start_heartbeat(name)
