@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from dualpath.cli.common import add_config_args, build_config
+
+if TYPE_CHECKING:
+    from dualpath.serve.guard import ConnectionLimits
 
 
 def _api_keys(values: list[str]) -> dict[str, str]:
@@ -101,6 +105,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "error event in a stream); default 300",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    c = p.add_argument_group("connections (docs/serving.md)")
+    c.add_argument("--max-connections", type=int, default=2048,
+                   help="open connections at most (kept below the descriptor limit); at the "
+                   "cap the oldest idle one is closed, else a new one gets a 503")  # fmt: skip
+    c.add_argument("--max-connections-per-client", type=int, default=512,
+                   help="open connections of one client IP at most (0: no cap)")  # fmt: skip
+    c.add_argument("--header-timeout-s", type=float, default=10.0,
+                   help="a request's headers complete within this (else 408)")  # fmt: skip
+    c.add_argument("--body-timeout-s", type=float, default=10.0,
+                   help="longest pause between two reads of a request body (else 408)")  # fmt: skip
+    c.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive, seconds")
+    c.add_argument("--keepalive-requests", type=int, default=1000,
+                   help="requests per connection before it is closed")  # fmt: skip
     v = p.add_argument_group("--engine vllm (docs/vllm.md)")
     v.add_argument(
         "--engine",
@@ -153,7 +170,20 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         extra_vllm_args=tuple(args.vllm_arg),
         read_side=args.read_side,
     )
-    return serve_vllm(opts, config, args.system, args.log_level)
+    return serve_vllm(opts, config, args.system, args.log_level, connection_limits(args))
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    from dualpath.serve.guard import ConnectionLimits
+
+    return ConnectionLimits(
+        max_connections=args.max_connections,
+        max_per_client=args.max_connections_per_client,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        keepalive_s=args.keepalive_s,
+        keepalive_requests=args.keepalive_requests,
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -210,6 +240,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_parser=args.tool_parser,
         request_timeout_s=args.request_timeout_s,
         log_level=args.log_level,
+        limits=connection_limits(args),
     )
     config = resolve_config(config, opts)
     check_runnable(config, opts.hbm_tokens, opts.dtype)

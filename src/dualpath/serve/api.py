@@ -166,6 +166,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             await backend.stop()
 
     app = FastAPI(title="dualpath serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.metrics = metrics  # the HTTP server adds its connection counters
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

@@ -26,6 +26,8 @@ from dualpath.runtime.gputime import GPU_TIMES
 from dualpath.runtime.options import DEVICES, DTYPES, RUNTIMES
 from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
+from dualpath.serve.guard import ConnectionLimits, Guard
+from dualpath.serve.logs import RepeatFilter
 from dualpath.serve.tools import TOOL_FORMATS
 
 RUNTIME_SYSTEMS = tuple(SYSTEMS)  # every system the runtime runs
@@ -56,6 +58,7 @@ class ServeOptions:
     graceful_s: float = 5.0
     request_timeout_s: float = 300.0  # every request ends by then (504 / an error event)
     log_level: str = "warning"
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # serve/guard.py
 
     def __post_init__(self) -> None:
         if self.system not in RUNTIME_SYSTEMS:
@@ -190,9 +193,53 @@ def graceful_server(config: Any) -> tuple[Any, list[int]]:
     return _Server(config), stopped_by
 
 
-def run_server(backend: Backend, opts: ServeOptions) -> int:
+@dataclass(slots=True)
+class HttpServer:
+    """A guarded, gracefully stopping uvicorn server (``serve``, and the vLLM router)."""
+
+    server: Any  # uvicorn.Server
+    stopped_by: list[int]  # the signals that stopped it
+    guard: Guard
+    log_filter: RepeatFilter
+
+    def run(self) -> None:
+        try:
+            self.server.run()
+        finally:
+            self.log_filter.flush()
+
+
+def http_server(app: Any, host: str, port: int, log_level: str, graceful_s: float,
+                limits: ConnectionLimits | None = None) -> HttpServer:  # fmt: skip
+    """uvicorn serving ``app`` on h11 with ``serve/guard.py``'s connection hygiene and
+    ``serve/logs.py``'s rate-limited log."""
     import uvicorn
 
+    from dualpath.serve import logs
+    from dualpath.serve.guard import GuardCollector, guarded_protocol
+
+    limits = limits or ConnectionLimits()
+    guard = Guard(limits)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(max(1, graceful_s)),
+        timeout_keep_alive=max(1, round(limits.keepalive_s)),
+        access_log=False,
+        http=guarded_protocol(guard),
+        ws="none",
+    )
+    server, stopped_by = graceful_server(config)
+    log_filter = logs.install()
+    metrics = getattr(getattr(app, "state", None), "metrics", None)
+    if metrics is not None:  # /metrics shows the connections and the held log records
+        metrics.registry.register(GuardCollector(guard, log_filter))
+    return HttpServer(server, stopped_by, guard, log_filter)
+
+
+def run_server(backend: Backend, opts: ServeOptions) -> int:
     api = ApiOptions(
         api_keys=opts.api_keys,
         metrics_open=opts.metrics_open,
@@ -201,15 +248,8 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         request_timeout_s=opts.request_timeout_s,
     )
     app = create_app(backend, api)
-    config = uvicorn.Config(
-        app,
-        host=opts.host,
-        port=opts.port,
-        log_level=opts.log_level,
-        timeout_graceful_shutdown=int(max(1, opts.graceful_s)),
-        access_log=False,
-    )
-    server, stopped_by = graceful_server(config)
+    http = http_server(app, opts.host, opts.port, opts.log_level, opts.graceful_s, opts.limits)
+    server, stopped_by = http.server, http.stopped_by
     failed: list[str] = []
 
     def on_failure(reason: str) -> None:
@@ -221,7 +261,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
 
     if hasattr(backend, "on_failure"):
         backend.on_failure = on_failure
-    server.run()
+    http.run()
     if failed:
         print("dualpath serve: exiting (1): the runtime failed", file=sys.stderr, flush=True)
         return 1

@@ -298,17 +298,16 @@ def engine_name(python: str) -> str:
     return name
 
 
-def serve_vllm(opts: VllmOptions, config: Any, system: str, log_level: str = "warning") -> int:
+def serve_vllm(opts: VllmOptions, config: Any, system: str, log_level: str = "warning",
+               limits: Any = None) -> int:  # fmt: skip
     """Run the whole deployment until SIGTERM / SIGINT; the exit code."""
-    import uvicorn
-
     from dualpath.config import config_for
     from dualpath.config.systems import system_spec
     from dualpath.integrations.vllm.flow import TurnFlow
     from dualpath.integrations.vllm.router import Router, create_app
     from dualpath.policy import make_policy
     from dualpath.runtime.weights import checkpoint_digest
-    from dualpath.serve.server import graceful_server
+    from dualpath.serve.server import http_server
     from dualpath.types import ReadSide
 
     python = find_vllm_python(opts.vllm_python)
@@ -327,12 +326,12 @@ def serve_vllm(opts: VllmOptions, config: Any, system: str, log_level: str = "wa
             file=sys.stderr,
             flush=True,
         )
-        server, stopped_by = graceful_server(uvicorn.Config(
-            create_app(Router(flow)), host=opts.host, port=opts.port, log_level=log_level,
-            timeout_graceful_shutdown=int(max(1, opts.graceful_s)), access_log=False))  # fmt: skip
-        server.run()
-        if stopped_by:
-            print(f"dualpath serve: stopped ({signal.Signals(stopped_by[0]).name})", flush=True)
+        http = http_server(create_app(Router(flow)), opts.host, opts.port, log_level,
+                           opts.graceful_s, limits)  # fmt: skip
+        http.run()
+        if http.stopped_by:
+            print(f"dualpath serve: stopped ({signal.Signals(http.stopped_by[0]).name})",
+                  flush=True)  # fmt: skip
     finally:
         flow.close()
         launched.stop()
