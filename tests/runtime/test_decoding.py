@@ -15,6 +15,7 @@ from tests.serve.schemas import WEATHER  # noqa: E402
 
 from dualpath.runtime.decoding import (  # noqa: E402
     Chooser,
+    GrammarCache,
     VocabSpec,
     apply_masks,
     build_tokenizer,
@@ -52,9 +53,9 @@ def test_masks_set_disallowed_logits_to_minus_inf() -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_grammar_turns_random_logits_into_valid_json(seed: int) -> None:
-    tokenizer = build_tokenizer(VOCAB, 1024)
+    grammars = GrammarCache(build_tokenizer(VOCAB, 1024), 1024)
     p = SamplingParams(1.0, 1.0, seed, TOK.eos_token_ids, grammar=json_grammar(SCHEMA))
-    c = Chooser(p, (), tokenizer)
+    c = Chooser(p, (), grammars)
     gen = torch.Generator().manual_seed(seed)
     out: list[int] = []
     for i in range(200):
@@ -67,14 +68,14 @@ def test_a_grammar_turns_random_logits_into_valid_json(seed: int) -> None:
 
 
 def test_a_resumed_chooser_continues_the_same_masks() -> None:
-    tokenizer = build_tokenizer(VOCAB, 1024)
+    grammars = GrammarCache(build_tokenizer(VOCAB, 1024), 1024)
     grammar = json_grammar(SCHEMA)
     text = TOK.encode('{"city":"Par')  # (maxLength 8: the string may go on)
-    whole = Chooser(SamplingParams(grammar=grammar), (), tokenizer)
+    whole = Chooser(SamplingParams(grammar=grammar), (), grammars)
     for t in text:
         whole.take(t)
     resumed = Chooser(
-        SamplingParams(grammar=grammar, first_index=len(text), history=tuple(text)), (), tokenizer
+        SamplingParams(grammar=grammar, first_index=len(text), history=tuple(text)), (), grammars
     )
     logits = torch.randn(1, 1024, generator=torch.Generator().manual_seed(1)).repeat(2, 1)
     a, b = choose_batch([whole, resumed], logits.clone(), [None, None])
@@ -84,6 +85,14 @@ def test_a_resumed_chooser_continues_the_same_masks() -> None:
     whole.fill_mask(ma)
     resumed.fill_mask(mb)
     assert torch.equal(ma, mb) and int(ma.ne(-1).sum()) > 0  # constrained, identically
+    # one compile for both (the second a copy of the first's compiled grammar), and a copy
+    # starts at the grammar's start, untouched by what the first one consumed
+    assert grammars.num_compiled == 1
+    fresh = Chooser(SamplingParams(grammar=grammar), (), grammars)
+    mf = torch.zeros(words, dtype=torch.int32)
+    fresh.fill_mask(mf)
+    assert grammars.num_compiled == 1 and not torch.equal(mf, ma)
+    assert int(mf[TOK.encode("{")[0] // 32]) != 0  # '{' allowed at the start
 
 
 def test_logprobs_are_the_raw_distribution() -> None:

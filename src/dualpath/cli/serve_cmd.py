@@ -118,6 +118,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     c.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive, seconds")
     c.add_argument("--keepalive-requests", type=int, default=1000,
                    help="requests per connection before it is closed")  # fmt: skip
+    c.add_argument("--max-grammar-bytes", type=int, default=128 << 10,
+                   help="a tool call's or JSON schema's grammar, bytes at most (else 400)")  # fmt: skip
+    c.add_argument("--grammar-budget-s", type=float, default=2.0,
+                   help="a new grammar compiles within this (else 400); compiled ones are "
+                   "cached by hash")  # fmt: skip
     v = p.add_argument_group("--engine vllm (docs/vllm.md)")
     v.add_argument(
         "--engine",
@@ -190,6 +195,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from dualpath.cli.runtime_cmd import check_kv_root, check_runnable, resolve_runtime
+    from dualpath.serve.grammars import GrammarLimits
     from dualpath.serve.server import ServeOptions, build_backend, resolve_config, run_server
 
     config = build_config(args)
@@ -241,6 +247,7 @@ def run_serve(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout_s,
         log_level=args.log_level,
         limits=connection_limits(args),
+        grammar=GrammarLimits(args.max_grammar_bytes, args.grammar_budget_s),
     )
     config = resolve_config(config, opts)
     check_runnable(config, opts.hbm_tokens, opts.dtype)

@@ -9,6 +9,8 @@ torch and llguidance are imported where they are used (the scheduler never needs
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -90,24 +92,60 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+def grammar_key(grammar: str) -> str:
+    """The hash compiled grammars are cached by (on the engines and in the server)."""
+    return hashlib.sha256(grammar.encode()).hexdigest()
+
+
+class GrammarCache:
+    """One engine's compiled grammars by ``grammar_key`` (LRU, ``size`` of them): a request
+    gets a copy of the compiled matcher (microseconds) instead of a compile (up to the
+    server's ``--grammar-budget-s``, which the server checks before a grammar gets here)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, size: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.size = size
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self.num_compiled = 0
+
+    def matcher(self, grammar: str) -> Any:
+        """A fresh matcher for ``grammar`` (at its start state)."""
+        import llguidance
+        import numpy as np
+
+        key = grammar_key(grammar)
+        proto = self._compiled.get(key)
+        if proto is None:
+            proto = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+            self.num_compiled += 1
+            if not proto.is_error():  # the lexer builds lazily: once here, shared by copies
+                scratch = np.zeros((self.vocab_size + 31) // 32, dtype=np.int32)
+                proto.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
+            self._compiled[key] = proto
+            while len(self._compiled) > self.size:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(key)
+        return proto.deep_copy()
+
+
 class Chooser:
-    """One request's token choice on one engine (see the module docstring). ``tokenizer``:
-    the engine's llguidance tokenizer (needed only when ``params.grammar`` is set)."""
+    """One request's token choice on one engine (see the module docstring). ``grammars``:
+    the engine's compiled grammars (needed only when ``params.grammar`` is set)."""
 
     def __init__(self, params: SamplingParams | None, prefix: Sequence[int] = (),
-                 tokenizer: Any = None) -> None:  # fmt: skip
+                 grammars: GrammarCache | None = None) -> None:  # fmt: skip
         self.params = params
         self.counts: dict[int, int] = {}
         self.matcher: Any = None
         output = (*(params.history if params else ()), *prefix)
         if params is not None and params.grammar:
-            import llguidance
-
-            if tokenizer is None:
+            if grammars is None:
                 raise ValueError(
                     "a grammar-constrained request reached an engine without a vocabulary"
                 )
-            self.matcher = llguidance.LLMatcher(tokenizer, params.grammar, log_level=0)
+            self.matcher = grammars.matcher(params.grammar)
         for t in output:
             self._accept(t)
 

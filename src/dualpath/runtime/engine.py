@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dualpath.runtime.decoding import Chooser, build_tokenizer
+from dualpath.runtime.decoding import Chooser, GrammarCache, build_tokenizer
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import GpuTime
 from dualpath.runtime.hbm import HbmPool
@@ -93,7 +93,7 @@ class Engine:
         # warm up (lazy kernel setup) before the readiness ack, as a serving engine would
         warm = [KVCache(self.model, 2), KVCache(self.model, 2)]
         self.model.forward_batch([[0], [0, 1]], CacheBatch(warm))
-        self._grammar_tokenizer: Any = None
+        self._grammars: GrammarCache | None = None
         # emulated GPU time: the cost model on the run's hardware (None: host time)
         self.gpu_time: GpuTime | None = None
         if env.options.gpu_time == "emulated":
@@ -103,16 +103,15 @@ class Engine:
 
     def chooser(self, sampling: SamplingParams | None, prefix: Sequence[int] = ()) -> Chooser:
         """A request's token chooser; the grammar library's tokenizer is built on the first
-        constrained request (about a second for a large vocabulary) and kept."""
-        tokenizer = None
-        if sampling is not None and sampling.grammar:
+        constrained request (about a second for a large vocabulary) and kept, and so is each
+        grammar compiled (``GrammarCache``)."""
+        if sampling is not None and sampling.grammar and self._grammars is None:
             vocab = self.env.options.vocab
             if vocab is None:
                 raise ValueError("a grammar-constrained request, but RuntimeOptions.vocab is unset")
-            if self._grammar_tokenizer is None:
-                self._grammar_tokenizer = build_tokenizer(vocab, self.model.vocab_size)
-            tokenizer = self._grammar_tokenizer
-        return Chooser(sampling, prefix, tokenizer)
+            tokenizer = build_tokenizer(vocab, self.model.vocab_size)
+            self._grammars = GrammarCache(tokenizer, self.model.vocab_size)
+        return Chooser(sampling, prefix, self._grammars)
 
     def cnic_of(self, engine: int) -> NicPacer:
         """Engine ``engine``'s CNIC (shared links, so this process's charges contend with its

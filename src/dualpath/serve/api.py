@@ -29,6 +29,7 @@ from dualpath.serve.chat import (
     completion_logprobs,
     plan_chat,
 )
+from dualpath.serve.grammars import GrammarCollector
 from dualpath.serve.metrics import ServeMetrics
 from dualpath.serve.responses import create_response
 from dualpath.serve.schema import (
@@ -163,10 +164,12 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         try:
             yield
         finally:
+            svc.grammars.close()
             await backend.stop()
 
     app = FastAPI(title="dualpath serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.metrics = metrics  # the HTTP server adds its connection counters
+    metrics.registry.register(GrammarCollector(svc.grammars))
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -193,6 +196,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         svc.authorise(request)
         body: ChatRequest = await svc.parse(request, ChatRequest)
         plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar)
+        await svc.check_grammar(plan)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs=true", "top_logprobs")

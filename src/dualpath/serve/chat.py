@@ -19,7 +19,6 @@ from dualpath.serve.tools import (
     ToolCall,
     ToolParser,
     call_grammar,
-    grammar_error,
     json_grammar,
 )
 
@@ -37,12 +36,14 @@ def tool_format_for(template: str, model_type: str = "") -> str:
 class ChatPlan:
     """A validated chat request: ``prompt`` token ids, the ``grammar`` (or ''), ``parse``:
     the tool format its replies are parsed with (None: all content), ``forced``: a call is
-    required (``tool_choice`` required / named)."""
+    required (``tool_choice`` required / named); ``grammar_param``: the field the grammar
+    comes from (what a refusal of it names; ``serve/grammars.py`` checks it)."""
 
     prompt: list[int]
     grammar: str
     parse: str | None
     forced: bool
+    grammar_param: str = ""
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -106,20 +107,24 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
                            "tool_choice")  # fmt: skip
     grammar = _grammar(body.response_format, tools if choice == "auto" else [], forced_tools,
                        tool_format)  # fmt: skip
+    param = ""
     if grammar:
         param = "tool_choice" if forced_tools else "response_format"
         if not supports_grammar:
             raise ApiError(400, f"{param}: this backend cannot constrain decoding", param)
         if body.ignore_eos:
             raise ApiError(400, f"ignore_eos: cannot be combined with {param}", "ignore_eos")
-        error = grammar_error(grammar)
-        if error:
-            raise ApiError(400, f"{param}: {error.splitlines()[0]}", param)
+        fmt = body.response_format
+        if not forced_tools and fmt is not None and fmt.type == "json_schema":
+            param = "response_format.json_schema"
+        elif choice == "auto" and not fmt:
+            param = "tools"
     return ChatPlan(
         prompt=tokenizer.encode(text),
         grammar=grammar,
         parse=tool_format if choice != "none" else None,
         forced=bool(forced_tools),
+        grammar_param=param,
     )
 
 

@@ -397,6 +397,7 @@ async def create_response(svc: Service, request: Request) -> Response:
     try:
         chat = body.to_chat()
         plan = plan_chat(chat, backend.tokenizer, svc.opts.tool_format, backend.supports_grammar)
+        await svc.check_grammar(plan)
     except ApiError as exc:
         raise _renamed(exc) from None
     logprobs = (chat.top_logprobs or 0) if chat.logprobs else None

@@ -98,6 +98,15 @@ class RuntimeBackend:
         # called once, from the reader thread, when the runtime dies (the server exits)
         self.on_failure: Callable[[str], None] | None = None
 
+    def grammar_tokenizer(self) -> Any:
+        """The llguidance tokenizer the engines compile grammars with (``serve/grammars.py``
+        compiles each new grammar with it first, to check it and bound its cost)."""
+        from dualpath.runtime.decoding import build_tokenizer
+
+        if self.options.vocab is None:
+            raise ValueError("this backend has no vocabulary for grammars")
+        return build_tokenizer(self.options.vocab, self.vocab_size)
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -26,6 +26,7 @@ from dualpath.runtime.gputime import GPU_TIMES
 from dualpath.runtime.options import DEVICES, DTYPES, RUNTIMES
 from dualpath.serve.api import ApiOptions, create_app
 from dualpath.serve.backend import Backend
+from dualpath.serve.grammars import GrammarLimits
 from dualpath.serve.guard import ConnectionLimits, Guard
 from dualpath.serve.logs import RepeatFilter
 from dualpath.serve.tools import TOOL_FORMATS
@@ -59,6 +60,7 @@ class ServeOptions:
     request_timeout_s: float = 300.0  # every request ends by then (504 / an error event)
     log_level: str = "warning"
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # serve/guard.py
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # serve/grammars.py
 
     def __post_init__(self) -> None:
         if self.system not in RUNTIME_SYSTEMS:
@@ -246,6 +248,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         default_max_tokens=opts.default_max_tokens,
         tool_format=tool_format(backend, opts),
         request_timeout_s=opts.request_timeout_s,
+        grammar=opts.grammar,
     )
     app = create_app(backend, api)
     http = http_server(app, opts.host, opts.port, opts.log_level, opts.graceful_s, opts.limits)

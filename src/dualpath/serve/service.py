@@ -21,6 +21,8 @@ from starlette.requests import ClientDisconnect
 from dualpath.metrics import latency
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.body import BodyError, decode_object, read_limited
+from dualpath.serve.chat import ChatPlan
+from dualpath.serve.grammars import GrammarGate, GrammarLimits
 from dualpath.serve.metrics import ServeMetrics
 from dualpath.serve.schema import (
     MAX_SEED,
@@ -47,6 +49,7 @@ class ApiOptions:
     max_stop_strings: int = 64
     tool_format: str = "hermes"
     request_timeout_s: float = 300.0
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # serve/grammars.py
 
     def __post_init__(self) -> None:
         if not self.request_timeout_s > 0:
@@ -106,6 +109,13 @@ class Service:
 
     def __init__(self, backend: Backend, opts: ApiOptions, metrics: ServeMetrics) -> None:
         self.backend, self.opts, self.metrics = backend, opts, metrics
+        # grammars compile for the engines' vocabulary where the backend can build it
+        self.grammars = GrammarGate(opts.grammar, getattr(backend, "grammar_tokenizer", None))
+
+    async def check_grammar(self, plan: ChatPlan) -> None:
+        """A 400 naming the field when the plan's grammar is over a limit or invalid."""
+        if plan.grammar:
+            await self.grammars.check(plan.grammar, plan.grammar_param)
 
     def authorise(self, request: Request) -> str:
         """The caller's tenant ('' without API keys); 401 for a missing or unknown key."""
