@@ -77,3 +77,14 @@ def shm_used_by(pids: list[int]) -> set[str]:
             maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
             used |= {line.split()[-1] for line in maps if "/dev/shm/" in line}
     return used
+
+
+def named(pid: int, name: str) -> list[int]:
+    """``pid``'s live descendants whose process name (``/proc/PID/comm``) is ``name`` (the
+    runtime names its children: ``storage@node0``, ``pe0@node0``, ``dp-scheduler``, …)."""
+    out = []
+    for p in descendants(pid):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{p}/comm").read_text().strip() == name[:15]:
+                out.append(p)
+    return sorted(out)

@@ -434,3 +434,22 @@ def test_failed_write_acked_before_decode_ends_does_not_stall_the_turn(tmp_path:
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4
     assert list(tmp_path.rglob("*.kvb")) == [] and list(tmp_path.rglob("*.tmp")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_storage_worker_lost_at_once_with_writes_taken(tmp_path: Path) -> None:
+    """Both storage workers die as they take their first write (the prompt blocks of the
+    first turns): those writes are never acknowledged. The turns that were decoding finish
+    after the respawn, and their next turns must not wait for the lost blocks (before the
+    fix: held until the run's timeout); the tokens are the reference's."""
+    from dualpath.runtime.options import FaultPlan
+
+    cfg = small_config()
+    agents = _long_decode_agents(2)
+    opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), request_timeout_s=60.0,
+                          faults=FaultPlan(crash_storage_writes=True))  # fmt: skip
+    with LocalRuntime(cfg, opts) as rt:
+        result = rt.run(agents)
+    assert result.outputs == reference_outputs(cfg, agents)
+    assert len(result.records) == 4

@@ -34,7 +34,8 @@ def test_a_resend_waits_only_for_the_blocks_in_flight_that_it_would_hit() -> Non
     d = Durability()
     d.acked_key("early")  # an ack may come before the DE's DecodeDoneMsg
     assert d.pending(["early", "a", "b"]) == {"a", "b"}
-    d.handed(["early", "a", "b"])  # a finished turn's blocks: "early" is durable already
+    # a finished turn's blocks: "early" is durable already
+    assert d.handed(7, ["early", "a", "b"]) == {"a", "b"}
     assert d.in_flight == {"a", "b"}
     assert not d.hold(["early", "c"], "other conversation")  # nothing of it in flight: goes now
     assert d.hold(["early", "a"], "resend 1") and d.hold(["early", "a", "b"], "resend 2")
@@ -46,9 +47,22 @@ def test_a_resend_waits_only_for_the_blocks_in_flight_that_it_would_hit() -> Non
 
 def test_lost_writes_release_every_held_submission_in_order() -> None:
     d = Durability()
-    d.handed(["x", "y"])
+    d.handed(1, ["x", "y"])
     assert d.hold(["y"], 2) and d.hold(["x"], 1)
-    assert d.lost() == [2, 1] and not d.busy and not d.in_flight
+    assert d.lost([5, 6]) == [2, 1] and not d.busy and not d.in_flight
+
+
+def test_a_turn_live_when_a_storage_worker_died_is_never_waited_for() -> None:
+    """Both storage workers died while turn 5 was decoding: the writes they had taken are
+    lost (never acknowledged). When turn 5 finishes after the respawn, a resend of its
+    conversation must not wait for its blocks (it would wait until request_timeout_s)."""
+    d = Durability()
+    d.lost([5, 6])
+    assert d.handed(5, ["lost-with-the-worker", "requeued"]) == set()
+    assert not d.hold(["lost-with-the-worker"], "resend") and not d.busy
+    assert d.handed(8, ["after"]) == {"after"}  # a turn begun after the respawn waits as ever
+    d.forget(6)  # turn 6 was aborted: nothing kept for it
+    assert d.suspect == set()
 
 
 def test_a_dead_engine_costs_the_turns_that_still_need_it() -> None:

@@ -6,6 +6,7 @@ host-wide monotonic clock, or across hosts (Ray) on the wall clock, which NTP/PT
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -249,15 +250,24 @@ _launcher: tuple[int, str | None] | None = None  # (pid, start time): set for fo
 _checked_s = float("-inf")
 
 
-def child_setup(launcher_pid: int) -> None:
+def child_setup(launcher_pid: int, name: str = "") -> None:
     """Common start of every child process: Ctrl-C is handled by the scheduler, one thread;
     a child whose parent is not the launcher ``launcher_pid`` came from the fork server:
-    ``parent_alive`` then watches the launcher through /proc."""
+    ``parent_alive`` then watches the launcher through /proc. ``name`` (e.g. storage@node0)
+    becomes the process's name where the OS has one (``ps -o comm``, ``top``)."""
     global _launcher
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if name:
+        set_process_name(name)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if os.getppid() != launcher_pid:
         _launcher = (launcher_pid, _start_time(launcher_pid))
+
+
+def set_process_name(name: str) -> None:
+    """This process's name in /proc (Linux: 15 bytes at most); nothing elsewhere."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(name[:15])
 
 
 def _start_time(pid: int) -> str | None:

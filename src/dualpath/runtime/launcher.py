@@ -147,7 +147,8 @@ class Launcher:
         storage = [f"storage@node{n}" for n in range(topo.num_nodes)]
         for node in range(topo.num_nodes):
             self._spawn(storage[node], storage_main,
-                        (env, node, storage_inboxes[node], node == crash))  # fmt: skip
+                        (env, node, storage_inboxes[node], node == crash,
+                         self.options.faults.crash_storage_writes))  # fmt: skip
         for e in topo.engine_ids:  # in parallel: imports and model loading dominate start-up
             self._spawn_engine(e, first=True)
         regions = self._await_ready(set(storage), also=set(self.procs) - set(storage))
@@ -377,8 +378,8 @@ def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None
     """Process entry point of engine ``engine_id`` (PE or DE by id). Only engine processes
     use torch: the launcher and scheduler never import it (under the fork server the storage
     workers have it loaded, shared copy-on-write, unused)."""
-    child_setup(env.parent_pid)
     name = env.topology.engine_name(engine_id)
+    child_setup(env.parent_pid, name)
     env.start_heartbeat(name)
     try:
         if env.topology.is_pe(engine_id):

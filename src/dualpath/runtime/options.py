@@ -30,6 +30,9 @@ class FaultPlan:
     # node ``crash_storage``'s storage worker exits abruptly at its first read (first
     # incarnation only); -1 = no fault
     crash_storage: int = -1
+    # every node's storage worker exits abruptly when it takes its first write (first
+    # incarnation only): all of them lost at once, the writes they took never acknowledged
+    crash_storage_writes: bool = False
 
 
 @dataclass(frozen=True, slots=True)

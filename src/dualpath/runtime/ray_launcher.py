@@ -108,7 +108,8 @@ class RayLauncher(Launcher):
     def __init__(self, config: Config, options: RuntimeOptions) -> None:
         if options.transport == "shm":
             raise ValueError("transport='shm' cannot cross nodes: use tcp or mooncake with Ray")
-        if options.faults.crash_mode != "exit" or options.faults.crash_storage >= 0:
+        faults = options.faults
+        if faults.crash_mode != "exit" or faults.crash_storage >= 0 or faults.crash_storage_writes:
             raise ValueError(
                 "runtime='ray' injects only engine exits (faults.crash_mode='exit'; "
                 "crash_storage is not supported)"

@@ -140,6 +140,7 @@ class StorageWorker:
         env.publish_nic_busy(f"snic_node{node}_read", [self.snic_read, self.snic_write])
         self.paced = env.options.paced_kv
         self.crash_on_read = False
+        self.crash_on_write = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
         self.reads: queue.Queue[ReadMsg | None] = queue.Queue()
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
@@ -217,6 +218,8 @@ class StorageWorker:
                         os._exit(19)  # fault injection: a storage worker dies mid-run
                     self.reads.put(msg)
                 elif isinstance(msg, PersistMsg):
+                    if self.crash_on_write:
+                        os._exit(19)  # fault injection: dies holding a write it took
                     self.writes.put(msg)
         finally:
             while True:  # stopping: reads not started are dropped (nobody waits for them)
@@ -233,13 +236,16 @@ class StorageWorker:
             self.buffer.close()
 
 
-def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False) -> None:
-    """Process entry point of node ``node``'s storage worker."""
-    child_setup(env.parent_pid)
+def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False,
+                 crash_on_write: bool = False) -> None:  # fmt: skip
+    """Process entry point of node ``node``'s storage worker (``crash_on_*``: fault
+    injection, ``FaultPlan``)."""
+    child_setup(env.parent_pid, f"storage@node{node}")
     env.start_heartbeat(f"storage@node{node}")
     try:
         worker = StorageWorker(env, node, write_faults(env))
         worker.crash_on_read = crash_on_read
+        worker.crash_on_write = crash_on_write
         worker.serve(inbox)
     except Exception as err:  # report, then exit non-zero: the scheduler shuts the run down
         env.results.put(ErrorMsg(f"storage@node{node}", f"{type(err).__name__}: {err}"))

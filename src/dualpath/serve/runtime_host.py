@@ -203,8 +203,10 @@ class _Host:
 def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
               parent_pid: int) -> None:  # fmt: skip
     """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
+    from dualpath.runtime.env import set_process_name
     from dualpath.runtime.session import LocalRuntime
 
+    set_process_name("dp-scheduler")
     # the server decides when to stop: a Ctrl-C or a SIGTERM sent to the whole process group
     # (a terminal, `timeout`, `kill -- -PGID`) reaches the server, which stops the runtime in
     # order; the engines and storage workers inherit the ignored dispositions (kept across

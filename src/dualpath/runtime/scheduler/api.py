@@ -244,6 +244,7 @@ class SchedulerApi:
 
     def _abort(self, req: Req, free_now: bool) -> None:
         self.ledger.abort(req, self.now())  # it leaves every counter
+        self.durability.forget(req.request_id)
         self.decodes.leave(req)
         self.passes.drop(req)
         if free_now:

@@ -156,7 +156,8 @@ class Scheduler(SchedulerApi):
         for req in self.intake.lost_reads(node):
             self.counters.requeued += 1
             self.intake.start_read(req, retry=True)  # the same slots: the retry overwrites them
-        for item in self.durability.lost():
+        live = [i for i, r in self.reqs.items() if r.phase not in (Phase.DONE, Phase.ABORTED)]
+        for item in self.durability.lost(live):
             self._submit_external(item)
         self.core.agents.release_all()
 
@@ -233,8 +234,7 @@ class Scheduler(SchedulerApi):
         self.decodes.done(req, msg)
         # the turn's whole output, now (a resend waits for its blocks: ``Durability.hold``)
         self.streams.emit(req, (*req.resumed, *msg.output), True)
-        self.durability.handed(msg.persisted_keys)
-        pending = self.durability.pending(msg.persisted_keys)
+        pending = self.durability.handed(req.request_id, msg.persisted_keys)
         self.core.agents[req.agent_id].finish_turn(req.tokens, msg.output)
         # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
         # are durable, so its hits are what SPEC §9 says the previous turn persisted
