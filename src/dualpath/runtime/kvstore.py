@@ -16,6 +16,7 @@ import hashlib
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,18 @@ class BlockCorrupt(KVStoreError):
 
 class BlockForeign(KVStoreError):
     """The block belongs to another namespace (fingerprint mismatch): a miss, left in place."""
+
+
+class BlockUnreadable(KVStoreError):
+    """Something at the block's path that cannot be read (a directory, a file this process
+    may not open): a miss; it is moved aside (``KVStore.quarantine``) so the block can be
+    written again."""
+
+
+QUARANTINE = ".quarantine"  # under the root: what stood in a block's way (never looked up)
+# write errors that mean the path is in the way (a directory at the block's path, a file at
+# its directory's): moving the obstacle aside and writing again fixes them
+_IN_THE_WAY = (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
 
 
 def fingerprint(namespace: str) -> bytes:
@@ -166,6 +179,17 @@ class KVStore:
         final = self.path(key)
         if final.is_file():
             return False
+        try:
+            return self._write(final, payload)
+        except _IN_THE_WAY as err:
+            if not self._clear_way(final):
+                raise
+            try:
+                return self._write(final, payload)
+            except OSError:
+                raise err from None  # the first cause is the one to report
+
+    def _write(self, final: Path, payload: memoryview | bytes) -> bool:
         self._make_dirs(final.parent)
         tmp = final.with_name(f"{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
@@ -181,6 +205,27 @@ class KVStore:
             tmp.unlink(missing_ok=True)  # no temporary file outlives a failed write
             raise
         fsync_dir(final.parent)  # the rename itself is durable: only now is the block acked
+        return True
+
+    def _clear_way(self, final: Path) -> bool:
+        """Move aside what stands at ``final`` (anything but a readable block file) or at a
+        directory above it that is not a directory; whether anything moved."""
+        if final.exists() and not final.is_file():
+            return self.quarantine(final)
+        parent = final.parent
+        if parent.exists() and not parent.is_dir():
+            return self.quarantine(parent)
+        return False
+
+    def quarantine(self, path: Path) -> bool:
+        """Move ``path`` (a file or a directory in the store) under ``<root>/.quarantine``,
+        out of every lookup; whether it moved."""
+        aside = self.root / QUARANTINE
+        try:
+            aside.mkdir(mode=0o700, exist_ok=True)
+            os.rename(path, aside / f"{path.name}.{os.getpid()}.{time.time_ns()}")
+        except OSError:
+            return False
         return True
 
     def _make_dirs(self, path: Path) -> None:
@@ -205,11 +250,17 @@ class KVStore:
             fd = self._open(path)
         except FileNotFoundError:
             raise BlockMissing(f"block {key} is not in the store ({path})") from None
+        except OSError as err:  # a directory, a file we may not open: move it aside
+            self.quarantine(path)
+            raise BlockUnreadable(f"block {key}: {err.strerror} ({path})") from None
         try:
             head = self._read_header_direct(fd) if self.direct_io else os.pread(fd, HEADER_BYTES, 0)
             got = os.preadv(fd, [out], HEADER_BYTES)  # O_DIRECT: ``out`` must be page-aligned
             if not self.direct_io:  # keep the page cache out of storage measurements
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as err:  # e.g. a directory (opens, but reads fail)
+            self.quarantine(path)
+            raise BlockUnreadable(f"block {key}: {err.strerror} ({path})") from None
         finally:
             os.close(fd)
         self._verify(key, head, got, out)

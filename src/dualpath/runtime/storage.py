@@ -45,9 +45,13 @@ POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
 SNIC_QUANTUM_S = 0.01
 PERSIST_ATTEMPTS = 3  # a failed block write (I/O error) is retried ...
 PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then it is dropped
-# a full disk (or quota) is not retried: waiting 0.25 s frees no space, and every block behind
-# it in the write queue (and every turn waiting for its writes' acks) would wait too
-NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# a full disk (or quota), a path in the way, no permission, a read-only store: not retried
+# (waiting 0.25 s changes none of them, and every block behind it in the write queue, and
+# every turn waiting for its writes' acks, would wait too)
+PATH_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM,
+                         errno.EROFS})  # fmt: skip
+NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, *PATH_ERRNOS})
+UNWRITABLE_KEYS = 4096  # blocks a worker remembers it could not write (never tried again)
 FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
@@ -145,6 +149,9 @@ class StorageWorker:
         self.reads: queue.Queue[ReadMsg | None] = queue.Queue()
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
         self.num_failed = 0  # block writes dropped
+        # blocks whose path stayed in the way after the store moved the obstacle aside (or
+        # could not): a later write of one is dropped at once, not tried and logged again
+        self.unwritable: dict[str, None] = {}
         self.failed_reported_s = 0.0
         # the node buffer as a transport region: the peer side of every engine's transfers
         self.transport = make_transport(env.options.transport)
@@ -178,6 +185,11 @@ class StorageWorker:
             if self.paced:
                 nbytes = self.store.layout.full_block_bytes
                 transfer_all(self.write_route, nbytes, TrafficClass.LOW)
+            if msg.key in self.unwritable:
+                self.buffer.free([msg.slot])
+                self.num_failed += 1
+                self.env.results.put(PersistedMsg(msg.key, ok=False))
+                continue
             try:
                 err = persist_with_retry(self.store, msg.key, self.buffer.slot(msg.slot))
             except Exception as bug:  # not an I/O error: fail the run, loudly
@@ -187,6 +199,10 @@ class StorageWorker:
                 self.buffer.free([msg.slot])
             if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
                 self._report_failed(err)
+                if err.errno in PATH_ERRNOS:  # (a full disk may have room again later)
+                    self.unwritable[msg.key] = None
+                    if len(self.unwritable) > UNWRITABLE_KEYS:
+                        del self.unwritable[next(iter(self.unwritable))]
             self.env.results.put(PersistedMsg(msg.key, ok=err is None))
 
     def _report_failed(self, err: OSError) -> None:
