@@ -50,7 +50,7 @@ class _Utf8Bytes:
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return bytes(ids).decode(errors="replace")
 
     def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
@@ -75,7 +75,7 @@ def test_tiny_tokenizer_round_trip_and_chatml() -> None:
     text = tok.render_chat([{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text)
-    assert ids[0] == 1 and 2 in ids and tok.eos_token_ids == (2,)
+    assert ids[0] == 1 and 2 in ids and tok.eos_token_ids == (2, 0)
     assert tok.decode(tok.encode("hello")) == "hello"
 
 

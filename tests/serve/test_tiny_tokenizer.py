@@ -27,13 +27,14 @@ ENGLISH = (
 )
 
 
-def test_every_id_but_eos_decodes_to_visible_text() -> None:
+def test_every_id_but_the_specials_decodes_to_visible_text() -> None:
     assert TOK.vocab_size == len(TOK._text) == 1024
-    assert TOK.eos_token_ids == (2,)
-    assert TOK.decode([2]) == ""
+    assert TOK.eos_token_ids == (2, 0)  # <|im_end|> and <|endoftext|>, as Qwen's
+    assert TOK.decode([0, 1, 2]) == ""  # specials are not text (skip_special_tokens)
+    assert TOK.decode([0, 1, 2], skip_special_tokens=False) == "".join(SPECIALS)
     whitespace = []
     for i in range(TOK.vocab_size):
-        if i in TOK.eos_token_ids:
+        if i < len(SPECIALS):
             continue
         text = TOK.decode([i])
         assert text and text.isascii() and all(c in CHARS for c in text), (i, text)
@@ -52,7 +53,7 @@ def test_vocabulary_is_fixed_and_has_no_duplicates() -> None:
     assert {" the", " and", "ing", "def ", "return", "()", "    "} <= set(full[:1024])
 
 
-@given(st.lists(st.integers(0, 1023).filter(lambda i: i != 2), min_size=1, max_size=40))
+@given(st.lists(st.integers(3, 1023), min_size=1, max_size=40))
 def test_a_reply_is_blank_only_when_every_id_is_whitespace(ids: list[int]) -> None:
     text = TOK.decode(ids)
     blank = all(TOK.decode([i]) in WHITESPACE_TOKENS for i in ids)
@@ -69,7 +70,7 @@ def test_ascii_round_trips_exactly(text: str) -> None:
 @given(st.lists(st.sampled_from(["<|im_start|>", "<|endoftext|>", "the", " ", "\n", "<|", "|>"])))
 def test_round_trip_through_pieces_and_specials(parts: list[str]) -> None:
     text = "".join(parts)
-    assert TOK.decode(TOK.encode(text)) == text
+    assert TOK.decode(TOK.encode(text), skip_special_tokens=False) == text
 
 
 def test_specials_in_text_are_one_token_each() -> None:
@@ -78,7 +79,8 @@ def test_specials_in_text_are_one_token_each() -> None:
     ids = TOK.encode(text)
     assert ids.count(1) == 2 and ids.count(2) == 1 and ids[0] == 1
     assert TOK.encode("<|endoftext|>") == [0]
-    assert TOK.decode(ids) == text.replace("<|im_end|>", "")  # EOS skipped, others literal
+    assert TOK.decode(ids, skip_special_tokens=False) == text
+    assert TOK.decode(ids) == "user\nhi\nassistant\n"  # specials skipped
     assert TOK.encode("<|im_end") == TOK.encode("<|") + TOK.encode("im_end")  # not a special
 
 

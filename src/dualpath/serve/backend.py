@@ -30,6 +30,7 @@ class GenerateRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    skip_special_tokens: bool = True  # special tokens left out of the text (vLLM's default)
     session_id: str | None = None  # keeps an agent's turns together for load counters
     tenant: str = ""  # salts the prefix hash chain: tenants never share cached KV
     presence_penalty: float = 0.0

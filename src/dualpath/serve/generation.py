@@ -16,8 +16,10 @@ class TextStream:
     that could still become a stop string; ``stopped`` once a stop string appears (the
     returned text ends before it, as OpenAI's API does)."""
 
-    def __init__(self, tokenizer: TextTokenizer, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: TextTokenizer, stop: Sequence[str] = (),
+                 skip_special_tokens: bool = True) -> None:  # fmt: skip
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
         self._ids: list[int] = []
         # decode only a window (as vLLM does): ids[_prefix:_read] were already turned into
@@ -31,8 +33,8 @@ class TextStream:
     def push(self, token_id: int) -> str:
         """Add one token; return the new text that is safe to send."""
         self._ids.append(token_id)
-        before = self._tok.decode(self._ids[self._prefix : self._read])
-        after = self._tok.decode(self._ids[self._prefix :])
+        before = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        after = self._tok.decode(self._ids[self._prefix :], self._skip)
         if after.endswith("\ufffd") or len(after) <= len(before):
             return ""  # an incomplete UTF-8 sequence (or nothing visible yet): wait
         self._prefix, self._read = self._read, len(self._ids)
@@ -53,8 +55,8 @@ class TextStream:
         tokenizer decodes them (U+FFFD for the incomplete bytes), so the whole answer is the
         decode of its tokens, streamed or not."""
         if not self.stopped and self._read < len(self._ids):
-            before = self._tok.decode(self._ids[self._prefix : self._read])
-            after = self._tok.decode(self._ids[self._prefix :])
+            before = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+            after = self._tok.decode(self._ids[self._prefix :], self._skip)
             self._text += after[len(before) :]
             self._prefix = self._read = len(self._ids)
         return self._flush(len(self._text))

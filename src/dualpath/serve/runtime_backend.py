@@ -245,7 +245,7 @@ class RuntimeBackend:
         self._inbox.put(
             SubmitCmd(key, request.prompt_tokens, request.max_tokens, sampling, request.tenant)
         )
-        text = TextStream(self.tokenizer, request.stop)
+        text = TextStream(self.tokenizer, request.stop, request.skip_special_tokens)
         generated = 0
         cached = 0
         finished = False

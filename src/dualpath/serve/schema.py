@@ -131,6 +131,7 @@ class Sampling(_Base):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
     return_token_ids: bool = False  # an extension (as vLLM's): each choice's output token ids
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)

@@ -183,6 +183,7 @@ class Service:
             seed=body.seed,
             stop=stop,
             ignore_eos=body.ignore_eos,
+            skip_special_tokens=body.skip_special_tokens,
             session_id=request.headers.get("x-session-id") or body.user,
             tenant=self.authorise(request),
             presence_penalty=body.presence_penalty,

@@ -63,7 +63,7 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def render_chat(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
@@ -169,8 +169,8 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def render_chat(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
@@ -188,7 +188,8 @@ class HFTokenizer:
 class TinyTokenizer:
     """A fixed word-piece tokenizer for the built-in tiny model: ids ``0 .. vocab_size-1``.
 
-    Ids 0–2 are ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (the EOS); 3–99 are
+    Ids 0–2 are ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (0 and 2 the EOS, as
+    Qwen's generation config has them); 3–99 are
     newline, tab and the 95 printable ASCII characters; the rest are the first
     ``vocab_size - 100`` multi-character pieces of ``tiny_vocabulary()``. ``vocab_size``
     must be in ``[MIN_VOCAB_SIZE, len(tiny_vocabulary())]``.
@@ -196,13 +197,14 @@ class TinyTokenizer:
     ``encode`` recognises the specials written in the text, maps each character outside
     printable ASCII, newline and tab (non-ASCII, ``\\r``, other controls) to the one id of
     ``"?"`` (lossy: the demo model has no byte tokens), and cuts the rest greedily, longest
-    piece first. So ``decode(encode(s)) == s`` for any string of those 97 characters that
-    does not contain ``<|im_end|>``.
+    piece first. So ``decode(encode(s), skip_special_tokens=False) == s`` for any string of
+    those 97 characters (and ``decode(encode(s)) == s`` for one without specials).
 
-    ``decode`` drops the EOS and writes the other specials literally. Every other id decodes
+    ``decode`` drops the specials (``skip_special_tokens=False``: writes them literally, as
+    Hugging Face tokenizers do). Every other id decodes
     to text with a visible (non-space) character, except the four ``WHITESPACE_TOKENS`` of
     ``tiny_vocab`` (space, tab, newline, four spaces): so a reply is empty after ``strip()``
-    only if each of its ids is the EOS or one of those four.
+    only if each of its ids is a special or one of those four.
     """
 
     def __init__(self, vocab_size: int = 1024) -> None:
@@ -217,9 +219,10 @@ class TinyTokenizer:
         self._pieces = tuple(pieces)
         self._ids = {p: i for i, p in enumerate(pieces)}
         self._special_ids = {s: self._ids[s] for s in SPECIALS}
-        self.eos_token_ids: tuple[int, ...] = (self._ids["<|im_end|>"],)
+        self.eos_token_ids: tuple[int, ...] = (self._ids["<|im_end|>"], self._ids["<|endoftext|>"])
         self.replacement_id = self._ids[REPLACEMENT]
-        self._text = tuple("" if i in self.eos_token_ids else p for i, p in enumerate(pieces))
+        self._text = tuple(pieces)
+        self._plain = tuple("" if p in SPECIALS else p for p in pieces)
         # the longest piece that starts with each character bounds the greedy search there
         self._longest: dict[str, int] = {}
         for p in pieces[len(SPECIALS) :]:
@@ -249,11 +252,12 @@ class TinyTokenizer:
                     i += k
                     break
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is invalid: must be in [0, {self.vocab_size})")
-        return "".join(self._text[i] for i in ids)
+        text = self._plain if skip_special_tokens else self._text
+        return "".join(text[i] for i in ids)
 
     @property
     def chat_template(self) -> str:
