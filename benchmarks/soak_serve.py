@@ -16,6 +16,14 @@ store, no faults): ``--reference shadow`` (default) while the soak runs (both se
 CPUs: latencies include that), ``after`` once it is over (undisturbed latencies, twice the
 time). Answers are compared by output token ids (the server's ``return_token_ids``).
 
+``--abuse`` adds hostile clients beside the sessions (the server must shrug them off):
+``--slow-clients`` connections kept open with half-sent headers (reopened as the server
+closes them), bodies shorter than their Content-Length, ``--malformed-per-s`` requests with
+broken framing (each must get a 4xx in OpenAI's shape), a batch of requests with
+10,000-property JSON schemas every ``--schema-every-s`` (each must be refused with a 400),
+and one fault in three hits two processes at once (both storage workers, or one with an
+engine). The report adds what each abuser saw and the server log's size.
+
 Reports requests, errors, hung requests (past the server's ``--request-timeout-s``: a 504 /
 timeout event or no answer at all), corrupted answers, latency p50/p90/p99 (end to end, and
 TTFT of the streams), faults injected, and the RSS (VmRSS) of every server process sampled
@@ -31,6 +39,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -69,6 +78,10 @@ class Soak:
     faults: list[dict[str, Any]] = field(default_factory=list)
     rss: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid → role, samples
     replay_queue: asyncio.Queue[Answer | None] | None = None
+    abuse: dict[str, int] = field(default_factory=dict)  # what the hostile clients saw
+
+    def count(self, what: str, n: int = 1) -> None:
+        self.abuse[what] = self.abuse.get(what, 0) + n
 
 
 # ------------------------------------------------------------------ options
@@ -89,6 +102,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rss-every-s", type=float, default=5.0, help="RSS sampling period")
     ap.add_argument("--seed", type=int, default=0, help="faults and prompts")
     ap.add_argument("--out", help="write the report as JSON to this file")
+    ab = ap.add_argument_group("abuse (--abuse)")
+    ab.add_argument("--abuse", action="store_true", help="hostile clients beside the sessions")
+    ab.add_argument("--slow-clients", type=int, default=200,
+                    help="half-sent connections kept open (default 200)")  # fmt: skip
+    ab.add_argument("--malformed-per-s", type=float, default=20.0,
+                    help="broken-framing requests per second (default 20)")  # fmt: skip
+    ab.add_argument("--schema-every-s", type=float, default=5.0,
+                    help="a batch of 4 oversized-schema requests this often (default 5)")  # fmt: skip
     args = ap.parse_args(argv)
     checks = [
         (args.duration_s > 0, "--duration-s", args.duration_s, "> 0"),
@@ -99,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         (args.request_timeout_s > 0, "--request-timeout-s", args.request_timeout_s, "> 0"),
         (args.reference in ("shadow", "after"), "--reference", args.reference, "shadow or after"),
         (args.rss_every_s > 0, "--rss-every-s", args.rss_every_s, "> 0"),
+        (args.slow_clients >= 0, "--slow-clients", args.slow_clients, ">= 0"),
+        (args.malformed_per_s >= 0, "--malformed-per-s", args.malformed_per_s, ">= 0"),
+        (args.schema_every_s > 0, "--schema-every-s", args.schema_every_s, "> 0"),
     ]
     for ok, name, value, allowed in checks:
         if not ok:
@@ -180,26 +204,23 @@ def _read(path: str) -> str:
 
 
 def roles(server_pid: int) -> dict[int, str]:
-    """Every live process of the server by role: http, scheduler, resource-tracker, engine,
-    storage (the scheduler is the HTTP process's child with children; an engine maps torch)."""
+    """Every live process of the server by role, from the names the runtime gives its
+    processes (``/proc/PID/comm``): http, scheduler, engine (pe… / de…), storage, other."""
     kids = _children()
     out = {server_pid: "http"}
     frontier = [server_pid]
     while frontier:
-        parent = frontier.pop()
-        for pid in sorted(kids.get(parent, [])):
+        for pid in sorted(kids.get(frontier.pop(), [])):
             frontier.append(pid)
-            if "resource_tracker" in _read(f"/proc/{pid}/cmdline"):
-                out[pid] = "resource-tracker"
-            elif parent == server_pid:
-                out[pid] = "scheduler" if kids.get(pid) else "http-child"
-            elif out.get(parent) == "scheduler":
-                if "libtorch" in _read(f"/proc/{pid}/maps"):
-                    out[pid] = "engine"
-                else:  # a (re)spawned engine maps torch only once it has imported it
-                    out[pid] = "storage" if _age_s(pid) >= SETTLE_S else "starting"
+            name = _read(f"/proc/{pid}/comm").strip()
+            if name == "dp-scheduler":
+                out[pid] = "scheduler"
+            elif name.startswith("storage@node"):
+                out[pid] = "storage"
+            elif re.fullmatch(r"(pe|de)\d+@node\d+", name):
+                out[pid] = "engine"
             else:
-                out[pid] = f"{out.get(parent, '?')}-child"
+                out[pid] = "other"  # the fork server, the resource tracker, one starting
     return out
 
 
@@ -302,11 +323,19 @@ async def faults(server_pid: int, soak: Soak, args: argparse.Namespace, t0: floa
         if not targets:
             continue
         pid, role = rng.choice(targets)
-        kind = rng.choice(("kill", "stop"))
+        kind = rng.choice(("kill", "stop", "double") if args.abuse else ("kill", "stop"))
         record: dict[str, Any] = {"t_s": round(time.monotonic() - t0, 1), "pid": pid,
                                   "role": role, "kind": kind}  # fmt: skip
         try:
-            if kind == "kill":
+            if kind == "double":  # two at once: both storage workers, or one and an engine
+                storage = [t for t in targets if t[1] == "storage"]
+                pair = storage if len(storage) == 2 and rng.random() < 0.5 else rng.sample(
+                    targets, min(2, len(targets)))  # fmt: skip
+                record.update(pid=[p for p, _ in pair], role="+".join(sorted(r for _, r in pair)))
+                for p, _ in pair:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p, signal.SIGKILL)
+            elif kind == "kill":
                 os.kill(pid, signal.SIGKILL)
             else:
                 record["stop_s"] = stop_s = round(rng.uniform(*STOP_S), 1)
@@ -331,6 +360,97 @@ async def sample_rss(server_pid: int, soak: Soak, args: argparse.Namespace, t0: 
                 entry["samples"].append((now, kib))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), args.rss_every_s)
+
+
+# ------------------------------------------------------------------ hostile clients
+PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+MALFORMED = (
+    b"Content-Length: -5\r\n\r\n",
+    b"Content-Length: 100000000000000000000000\r\n\r\n",
+    b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\nhi\r\n0\r\n\r\n",
+)
+
+
+async def slow_clients(port: int, soak: Soak, args: argparse.Namespace, t0: float,
+                       end_s: float) -> None:  # fmt: skip
+    """Keep ``--slow-clients`` connections open with half-sent headers (one in four sends a
+    body shorter than its Content-Length instead); count how the server ends them."""
+
+    async def one(k: int) -> None:
+        while time.monotonic() - t0 < end_s:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                soak.count("slow: connect refused")
+                await asyncio.sleep(1.0)
+                continue
+            soak.count("slow: opened")
+            lie = b"Content-Length: 1000\r\n\r\n0123456789" if k % 4 == 0 else b""
+            writer.write(PARTIAL + lie)
+            try:
+                reply = await asyncio.wait_for(reader.read(200), end_s - (time.monotonic() - t0))
+                status = reply.split(b" ", 2)[1].decode() if reply.startswith(b"HTTP/") else "-"
+                soak.count(f"slow: ended by the server ({status})")
+            except (TimeoutError, OSError):
+                soak.count("slow: still open at the end")
+            finally:
+                writer.close()
+
+    await asyncio.gather(*(one(k) for k in range(args.slow_clients)))
+
+
+async def malformed(port: int, soak: Soak, args: argparse.Namespace, t0: float,
+                    end_s: float) -> None:  # fmt: skip
+    """``--malformed-per-s`` requests with broken framing; each answer must be a 4xx with
+    OpenAI's error shape."""
+    if not args.malformed_per_s:
+        return
+    k = 0
+    while time.monotonic() - t0 < end_s:
+        await asyncio.sleep(1.0 / args.malformed_per_s)
+        k += 1
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(PARTIAL + MALFORMED[k % len(MALFORMED)])
+            reply = await asyncio.wait_for(reader.read(65536), 10)
+            writer.close()
+        except (TimeoutError, OSError) as err:
+            soak.count(f"malformed: no answer ({type(err).__name__})")
+            continue
+        head, _, body = reply.partition(b"\r\n\r\n")
+        shaped = False
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            shaped = set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+        good = head[9:10] == b"4" and shaped
+        soak.count("malformed: 4xx in OpenAI's shape" if good else "malformed: BAD ANSWER")
+
+
+async def schema_flood(client: Any, soak: Soak, args: argparse.Namespace, t0: float,
+                       end_s: float) -> None:  # fmt: skip
+    """Every ``--schema-every-s``, four requests with distinct 10,000-property schemas."""
+    import openai
+
+    batch = 0
+    while time.monotonic() - t0 < end_s:
+        await asyncio.sleep(args.schema_every_s)
+        batch += 1
+
+        async def one(j: int, batch: int) -> None:
+            props = {f"b{batch}_{j}_{i}": {"type": "string"} for i in range(10_000)}
+            fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": props}}}  # fmt: skip
+            try:
+                await client.chat.completions.create(
+                    model="dualpath-tiny", messages=[{"role": "user", "content": "x"}],
+                    max_tokens=4, response_format=fmt)  # fmt: skip
+                soak.count("schema: SERVED (expected a 400)")
+            except openai.BadRequestError:
+                soak.count("schema: 400")
+            except Exception as err:
+                soak.count(f"schema: {type(err).__name__}")
+
+        await asyncio.gather(*(one(j, batch) for j in range(4)))
 
 
 async def replay(url: str, soak: Soak, args: argparse.Namespace) -> None:
@@ -481,8 +601,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], floa
         async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none",
                                       max_retries=0, timeout=httpx_timeout) as client:  # fmt: skip
             injector = asyncio.create_task(faults(server.proc.pid, soak, args, t0, args.duration_s))
+            hostile = []
+            if args.abuse:
+                end = args.duration_s
+                hostile = [slow_clients(server.port, soak, args, t0, end),
+                           malformed(server.port, soak, args, t0, end),
+                           schema_flood(client, soak, args, t0, end)]  # fmt: skip
             await asyncio.gather(
-                *(session(i, client, soak, args, t0, args.duration_s) for i in range(args.sessions))
+                *(
+                    session(i, client, soak, args, t0, args.duration_s)
+                    for i in range(args.sessions)
+                ),
+                *hostile,
             )
             injector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -499,6 +629,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], floa
     s = summary(soak)
     s["server_exit_codes"] = list(codes)
     log = (tmp / "server.log").read_text(errors="replace")
+    s["server_log_bytes"] = (tmp / "server.log").stat().st_size
+    s["abuse"] = dict(sorted(soak.abuse.items()))
     s["server_tracebacks"] = log.count("Traceback")
     s["server_log_tail"] = log[-3000:]
     s["answers"] = [asdict(a) | {"messages": len(a.messages)} for a in soak.answers]
@@ -512,11 +644,14 @@ def main(argv: list[str] | None = None) -> int:
         s, wall = asyncio.run(run(args, Path(tmp)))
     print_report(s, args, wall)
     print(f"server exit codes {s['server_exit_codes']}, tracebacks in its log "
-          f"{s['server_tracebacks']}")  # fmt: skip
+          f"{s['server_tracebacks']}, log {s['server_log_bytes']} bytes")  # fmt: skip
+    for what, n in s["abuse"].items():
+        print(f"  abuse: {what}: {n}")
     if args.out:
         report = {"options": vars(args), "wall_s": wall, **s}
         Path(args.out).write_text(json.dumps(report, indent=1))
     good = not (s["errors"] or s["hung"] or s["corrupted"] or s["unchecked"])
+    good = good and not any("BAD" in k or "SERVED" in k for k in s["abuse"])
     return 0 if good and not s["server_tracebacks"] else 1
 
 
