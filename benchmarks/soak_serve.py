@@ -487,12 +487,14 @@ async def progress(soak: Soak, t0: float, done: asyncio.Event) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), PROGRESS_S)
         s = summary(soak, final=False)
-        rss = sum(e["samples"][-1][1] for e in soak.rss.values() if e["samples"]) / 1024
+        latest = max((e["samples"][-1][0] for e in soak.rss.values() if e["samples"]), default=0)
+        rss = sum(e["samples"][-1][1] for e in soak.rss.values()
+                  if e["samples"] and e["samples"][-1][0] == latest) / 1024  # fmt: skip
         print(
             f"soak: t={time.monotonic() - t0:6.0f}s requests {s['requests']} ok {s['ok']} "
             f"errors {s['errors']} hung {s['hung']} checked {s['checked']} corrupted "
             f"{s['corrupted']} faults {len(soak.faults)} e2e p50 {s['e2e_s']['p50']:.2f}s "
-            f"rss {rss:.0f} MiB (last sample, all processes)",
+            f"rss {rss:.0f} MiB (the live processes, last sample)",
             file=sys.stderr,
             flush=True,
         )

@@ -150,3 +150,28 @@ def test_a_flood_of_malformed_requests_logs_a_bounded_amount(server: LimitedServ
     grown = server.log.stat().st_size - before
     # uvicorn warns once per malformed request (~50 bytes): 50 kB without the rate limit
     assert grown < 2000, server.log.read_text()[-2000:]
+
+
+def test_a_full_server_refuses_new_connections_not_accepted_requests(tmp_path: Path) -> None:
+    """Every connection holds a request (headers in, body coming): a new one gets a 503 in
+    OpenAI's shape, and the requests already accepted are still served."""
+    proc = ServerProc(["--kv-root", str(tmp_path / "kv"), "--hbm-tokens", "4096",
+                       "--max-connections", "3", "--body-timeout-s", "30"])  # fmt: skip
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    held: list[socket.socket] = []
+    try:
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", proc.port), timeout=30)
+            s.sendall(PARTIAL + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+            held.append(s)
+        time.sleep(0.5)  # the server has read their headers: each holds a request now
+        _error(_raw(proc, PARTIAL + b"\r\n"), 503, "too many open connections")
+        for s in held:  # the accepted requests complete and are answered
+            s.sendall(body[10:])
+        for s in held:
+            reply = s.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+    finally:
+        for s in held:
+            s.close()
+        assert proc.stop() == 0

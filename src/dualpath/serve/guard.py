@@ -27,6 +27,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dualpath.serve.schema import error_body
 
+LINGER_S = 1.0  # after an error reply: read and drop what the client still sends, then close
 # descriptors kept for everything but client connections (the runtime's pipes, shared
 # memory, store files, the log): the cap is at most the descriptor limit less this
 FD_RESERVE = 256
@@ -177,6 +178,7 @@ class GuardedH11(H11Protocol):
         self._requests = 0
         self._received = 0  # bytes of the request being read
         self._admitted = False
+        self._lingering = False
         self._framing_error = ""
         next_event = self.conn.next_event
 
@@ -215,9 +217,8 @@ class GuardedH11(H11Protocol):
         self.client_key = self.client[0] if self.client else ""
         if not self.guard.admit(self):
             self.guard.count("refused")
-            transport.write(raw_error(503, "Service Unavailable",
-                                      "the server has too many open connections; retry later"))  # fmt: skip
-            transport.close()
+            self._linger(raw_error(503, "Service Unavailable",
+                                   "the server has too many open connections; retry later"))  # fmt: skip
             return
         self._admitted = True
         self._arm(self.guard.limits.header_timeout_s, "header")
@@ -229,6 +230,8 @@ class GuardedH11(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # answered already: what the client still sends is dropped
         idle = self.is_waiting and self._received == 0
         self._received += len(data)
         super().data_received(data)
@@ -244,15 +247,16 @@ class GuardedH11(H11Protocol):
             self._disarm()  # whole request in: the app answers within request_timeout_s
 
     def eof_received(self) -> None:
-        if self.conn.their_state is h11.SEND_BODY and self.cycle is not None:
+        if self._lingering:
+            self.transport.close()
+        elif self.conn.their_state is h11.SEND_BODY and self.cycle is not None:
             self._reject(400, "Bad Request", "the request body ended before its Content-Length")
 
     # -- uvicorn hooks -----------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
         detail = self._framing_error or msg
         self.guard.count("malformed")
-        self.transport.write(raw_error(400, "Bad Request", f"invalid HTTP request: {detail}"))
-        self.transport.close()
+        self._linger(raw_error(400, "Bad Request", f"invalid HTTP request: {detail}"))
 
     def on_response_complete(self) -> None:
         self._requests += 1
@@ -269,9 +273,10 @@ class GuardedH11(H11Protocol):
         self._admitted = False
         self._disarm()
         if self._received:
-            self.transport.write(raw_error(408, "Request Timeout", "the server needed this "
-                                           "connection; its request was not complete"))  # fmt: skip
-        self.transport.close()
+            self._linger(raw_error(408, "Request Timeout", "the server needed this "
+                                   "connection; its request was not complete"))  # fmt: skip
+        else:
+            self.transport.close()
 
     def _expired(self, why: str) -> None:
         self._timer = None
@@ -298,5 +303,16 @@ class GuardedH11(H11Protocol):
         elif cycle is not None:
             self.transport.close()
             return
-        self.transport.write(raw_error(status, reason, message))
-        self.transport.close()
+        self._linger(raw_error(status, reason, message))
+
+    def _linger(self, reply: bytes) -> None:
+        """Send ``reply`` and close gracefully: our side of the stream ends, what the client
+        still sends is read and dropped for ``LINGER_S`` (closing with unread bytes would
+        reset the connection, and the client could lose the reply)."""
+        self._disarm()
+        self._lingering = True
+        self.transport.write(reply)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.transport.resume_reading()
+        self.loop.call_later(LINGER_S, self.transport.close)
