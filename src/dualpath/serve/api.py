@@ -195,7 +195,8 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         hop("http.request")
         svc.authorise(request)
         body: ChatRequest = await svc.parse(request, ChatRequest)
-        plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar)
+        plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar,
+                         opts.grammar.max_bytes)  # fmt: skip
         await svc.check_grammar(plan)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:

@@ -77,14 +77,18 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
-              supports_grammar: bool) -> ChatPlan:  # fmt: skip
-    """Render and validate ``body`` (every refusal a 400 naming its field)."""
+              supports_grammar: bool, max_schema_bytes: int = 0) -> ChatPlan:  # fmt: skip
+    """Render and validate ``body`` (every refusal a 400 naming its field).
+    ``max_schema_bytes`` (0: none): the tools' and the JSON schema's size, checked before
+    anything is built from them (rendering, grammar; ``serve/grammars.py``)."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of {TOOL_FORMATS}")
     tools = [Tool(t.function.name, t.function.description, t.function.parameters,
                   bool(t.function.strict)) for t in body.tools or ()]  # fmt: skip
     if len({t.name for t in tools}) != len(tools):
         raise ApiError(400, "tools: two tools have the same name", "tools")
+    if max_schema_bytes:
+        _check_schema_size(body, tools, max_schema_bytes)
     choice = body.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"
@@ -126,6 +130,22 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
         forced=bool(forced_tools),
         grammar_param=param,
     )
+
+
+def _check_schema_size(body: ChatRequest, tools: list[Tool], limit: int) -> None:
+    """A 400 for tools or a JSON schema larger than ``limit`` bytes of JSON (a grammar is
+    about as large as its schema; building one from a 400 kB schema takes 50 ms)."""
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+        size = len(json.dumps(fmt.json_schema.schema_ or {}))
+        if size > limit:
+            raise ApiError(400, f"response_format.json_schema: {size} bytes of JSON schema, "
+                           f"over the server's limit of {limit} (--max-grammar-bytes)",
+                           "response_format.json_schema")  # fmt: skip
+    size = sum(len(json.dumps(t.schema())) for t in tools)
+    if size > limit:
+        raise ApiError(400, f"tools: {size} bytes of parameter schemas, over the server's "
+                       f"limit of {limit} (--max-grammar-bytes)", "tools")  # fmt: skip
 
 
 def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool],

@@ -396,7 +396,8 @@ async def create_response(svc: Service, request: Request) -> Response:
     backend = svc.backend
     try:
         chat = body.to_chat()
-        plan = plan_chat(chat, backend.tokenizer, svc.opts.tool_format, backend.supports_grammar)
+        plan = plan_chat(chat, backend.tokenizer, svc.opts.tool_format, backend.supports_grammar,
+                         svc.opts.grammar.max_bytes)  # fmt: skip
         await svc.check_grammar(plan)
     except ApiError as exc:
         raise _renamed(exc) from None
