@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath.runtime.buffer import SlotBuffer
+from dualpath.runtime.decode_kv import DecodeKV
 from dualpath.runtime.decoding import Chooser, choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import hold_until
-from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.hops import hop
 from dualpath.runtime.kvstore import block_keys
 from dualpath.runtime.messages import (
@@ -59,6 +59,9 @@ class DecodeEngine(Engine):
         self.storage = env.storage_inboxes[self.node]
         self.waiting: deque[DecodeMsg] = deque()
         self.running: list[_Running] = []
+        # the decode batch's KV kept in attention's layout between steps (decode_kv.py)
+        self.batch_kv = DecodeKV(self.pool, self.model.num_layers, self.model.device,
+                                 self.model.dtype)  # fmt: skip
 
     def close(self) -> None:
         super().close()
@@ -140,8 +143,10 @@ class DecodeEngine(Engine):
         active = [r for r in self.running if not r.done]
         if active:
             start = self.clock.now()
-            kv = PagedKV(self.pool, lambda layer: [r.tables[layer] for r in active],
-                         [len(r.tokens) for r in active])  # fmt: skip
+            order = self.batch_kv.arrange(active, [r.tables for r in active],
+                                          [len(r.tokens) for r in active])  # fmt: skip
+            active = [active[i] for i in order]  # slot order: the KV lies in that order
+            kv = self.batch_kv.batch([r.tables for r in active], [len(r.tokens) for r in active])
             logits = self.model.forward_batch([r.out[-1:] for r in active], kv)
             gens = [_generator(r) for r in active]  # token len(out) of each one's output
             picked = choose_batch([r.chooser for r in active], logits, gens)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -30,6 +30,17 @@ ROPE_THETA = 10000.0
 HiddenHook = Callable[[int, Tensor], None]
 
 
+class HeadMajorKV(NamedTuple):
+    """One layer's KV of a batch as attention takes it: K and V ``[B, kvh, L, hd]`` (views
+    may be strided between sequences; rows past a sequence's length are never read)."""
+
+    k: Tensor
+    v: Tensor
+
+    def to(self, device: Any, dtype: torch.dtype) -> HeadMajorKV:
+        return HeadMajorKV(self.k.to(device, dtype), self.v.to(device, dtype))
+
+
 class BatchKV(Protocol):
     """Where a batched forward keeps its KV: sequence ``i`` has ``past_lens[i]`` cached tokens
     (the same in every layer) and gets ``lens[i]`` new ones in this forward."""
@@ -37,10 +48,12 @@ class BatchKV(Protocol):
     @property
     def past_lens(self) -> Sequence[int]: ...
 
-    def update(self, layer: int, new_kv: Tensor, lens: Sequence[int]) -> Tensor:
+    def update(self, layer: int, new_kv: Tensor, lens: Sequence[int]) -> Tensor | HeadMajorKV:
         """Store ``layer``'s KV of the new tokens (``[Σ lens, 2, kvh, hd]``, sequence-major)
         and return the layer's whole KV, cached then new, padded: ``[B, L, 2, kvh, hd]`` with
-        ``L = max(past_lens[i] + lens[i])``; rows past a sequence's length are never read."""
+        ``L = max(past_lens[i] + lens[i])``, or the same as ``HeadMajorKV`` (a decode batch
+        kept in attention's layout, ``decode_kv.DecodeKV``); rows past a sequence's length
+        are never read."""
         ...
 
 
@@ -81,10 +94,13 @@ def positions(past_lens: Sequence[int], lens: Sequence[int]) -> Tensor:
     return torch.cat([torch.arange(p, p + t) for p, t in zip(past_lens, lens, strict=True)])
 
 
-def attend(q: Tensor, kv: Tensor, past_lens: Sequence[int], lens: Sequence[int]) -> Tensor:
+def attend(q: Tensor, kv: Tensor | HeadMajorKV, past_lens: Sequence[int],
+           lens: Sequence[int]) -> Tensor:  # fmt: skip
     """Causal GQA attention of the new queries ``q`` [Σ lens, H, hd] over each sequence's
     padded KV ``kv`` [B, L, 2, kvh, hd] → ``[Σ lens, H·hd]``. One SDPA call for the batch: a
     query at position p sees keys 0..p of its own sequence; padded query rows are dropped."""
+    if isinstance(kv, HeadMajorKV):
+        return _attend_decode(q, kv, past_lens)
     b, heads, hd = len(lens), q.shape[1], q.shape[2]
     t_max = max(lens)
     if t_max == 1:  # decode: one query per sequence, no query padding
@@ -106,6 +122,23 @@ def attend(q: Tensor, kv: Tensor, past_lens: Sequence[int], lens: Sequence[int])
     )  # [B, H, T, hd]
     flat = out.transpose(1, 2).reshape(b * t_max, heads * hd)
     return flat if rows is None else flat[rows.to(q.device)]
+
+
+def _attend_decode(q: Tensor, kv: HeadMajorKV, past_lens: Sequence[int]) -> Tensor:
+    """One query per sequence over K / V ``[B, kvh, L, hd]``: the query heads of one KV head
+    (head h reads KV head h // G, as SDPA's ``enable_gqa``) are its G query rows, so no KV
+    is repeated; a key mask only where the lengths differ."""
+    b, heads, hd = q.shape
+    kvh = kv.k.shape[1]
+    mask = None
+    if min(past_lens) != max(past_lens):
+        keys = torch.arange(kv.k.shape[2], device=q.device)
+        mask = keys.view(1, 1, 1, -1) <= torch.tensor(list(past_lens), device=q.device).view(
+            -1, 1, 1, 1)  # fmt: skip
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.view(b, kvh, heads // kvh, hd), kv.k, kv.v, attn_mask=mask
+    )  # [B, kvh, G, hd]
+    return out.reshape(b, heads * hd)
 
 
 def last_rows(lens: Sequence[int]) -> Tensor:
