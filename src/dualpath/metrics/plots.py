@@ -22,14 +22,24 @@ DPI = 120
 Row = Mapping[str, Any]
 Series = Mapping[str, Sequence[Sequence[float]]]
 
-# Fixed colours for the systems of SPEC §11; other labels cycle through the rest.
+# Fixed colours for the systems of SPEC §11, under every name a plot gives them (the
+# simulator's names, the figures' labels, the ablation's steps): one system, one colour in
+# every PNG of `sim`, `sweep`, `tune` and `figures`. Other labels cycle through the rest.
+_BASIC, _LAYER, _DPL, _DUALPATH, _ORACLE = "#8c8c8c", "#9467bd", "#ff7f0e", "#1f77b4", "#2ca02c"
 _SYSTEM_COLOURS = {
-    "Basic": "#8c8c8c",
-    "+Layer": "#9467bd",
-    "+DPL": "#ff7f0e",
-    "+Sched": "#1f77b4",
-    "DualPath": "#1f77b4",
-    "Oracle": "#2ca02c",
+    "Basic": _BASIC,
+    "basic": _BASIC,
+    "+Layer": _LAYER,
+    "layer": _LAYER,
+    "+DPL": _DPL,
+    "dpl": _DPL,
+    "DPL": _DPL,
+    "DPL (RR)": _DPL,
+    "+Sched": _DUALPATH,
+    "DualPath": _DUALPATH,
+    "dualpath": _DUALPATH,
+    "Oracle": _ORACLE,
+    "oracle": _ORACLE,
 }
 _OTHER_COLOURS = ("#d62728", "#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f")
 _COMPONENT_COLOURS = {
