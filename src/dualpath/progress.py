@@ -15,8 +15,8 @@ LOG_STEP_PCT = 10  # one line per this many percent when the stream is not a ter
 
 class LineProgress:
     """Prints ``desc: 30% (3/10) postfix`` each time progress crosses a multiple of
-    ``step_pct`` percent, and a last line at close; with an unknown total, one line per
-    ``update`` call that crosses a new ``step`` units (none for ``step`` 0)."""
+    ``step_pct`` percent, and a last line at close unless 100% was printed, nothing was done
+    or an error ends it; with an unknown total, only that last line (none for ``step`` 0)."""
 
     def __init__(
         self, total: int | None, desc: str, unit: str, stream: IO[str], step_pct: int
@@ -34,7 +34,9 @@ class LineProgress:
     def __enter__(self) -> LineProgress:
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:  # the error is the news: no last progress line under it
+            self._closed = True
         self.close()
 
     def set_postfix_str(self, text: str) -> None:
@@ -59,7 +61,7 @@ class LineProgress:
         if self._closed:
             return
         self._closed = True
-        if self._step and (not self.total or self._printed < 100 // self._step):
+        if self._step and self.n and (not self.total or self._printed < 100 // self._step):
             print(self._line(), file=self._stream, flush=True)
 
 

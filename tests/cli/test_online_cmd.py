@@ -18,8 +18,12 @@ def test_online_prints_a_row_per_system(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "basic" in out and "dualpath" in out and "ttft_s" in out
-    rows = json.loads((tmp_path / "online.json").read_text())
+    payload = json.loads((tmp_path / "online.json").read_text())
+    rows = payload["rows"]
     assert [r["system"] for r in rows] == ["basic", "dualpath"]
+    assert payload["run"]["config"]["name"] == "ds27b-1p1d" and payload["run"]["seed"] == 0
+    assert payload["run"]["settings"]["horizon_s"] == 15.0
+    assert payload["run"]["code_version"]["source_sha256"]
     assert all(r["ttft_s"] > 0 for r in rows)
 
 
@@ -46,7 +50,9 @@ def test_capacity_prints_the_ratio(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "DualPath/Basic capacity ratio" in out
-    rows = json.loads((tmp_path / "capacity.json").read_text())
+    payload = json.loads((tmp_path / "capacity.json").read_text())
+    rows = payload["rows"]
+    assert payload["run"]["config"]["workload"]["mal"] == "32k"
     assert {r["system"] for r in rows} == {"basic", "dualpath"}
     for r in rows:  # the storage bound: a column and an output line per system
         assert 0 < r["capacity_aps"] <= r["storage_bound_aps"]
@@ -78,7 +84,9 @@ def test_replay_skips_clearly_or_runs(tmp_path: Path, capsys: pytest.CaptureFixt
         str(tmp_path),
     ]
     assert main(argv) == 0
-    rows = json.loads((tmp_path / "replay.json").read_text())
+    payload = json.loads((tmp_path / "replay.json").read_text())
+    rows = payload["rows"]
+    assert payload["run"]["config"]["name"] == "ds27b-1p1d"
     assert [(r["system"], r["speedup"]) for r in rows] == [
         ("basic", 1.0),
         ("dualpath", 1.0),
@@ -102,3 +110,17 @@ def test_user_mistakes_are_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dualpath: error:") and needle in err and "\n" not in err
+
+
+def test_ablation_reads_the_shared_cache_and_records_its_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["ablation", *FAST, "--agents", "4", "--no-progress", "--cache-dir", str(tmp_path / "c")]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "4 simulated" in capsys.readouterr().out
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert "4 from cache, 0 simulated" in capsys.readouterr().out
+    first, again = (json.loads((tmp_path / d / "ablation.json").read_text()) for d in "ab")
+    assert first == again
+    assert [r["system"] for r in first["rows"]] == ["Basic", "+Layer", "+DPL", "+Sched"]
+    assert first["run"]["config"]["workload"]["num_agents"] == 4
