@@ -21,6 +21,7 @@ from dualpath.api import Axis, Choice, Simulation, setting_title, sweep
 from dualpath.api.grid import parse_set
 from dualpath.cli.common import add_cache_args, add_config_args, cache_from_args
 from dualpath.config import Config, apply_overrides, config_for, load_toml, preset
+from dualpath.config.loader import model_swap_note
 from dualpath.config.sim import SimConfig, parse_systems
 from dualpath.config.systems import system_spec
 from dualpath.progress import bar
@@ -49,7 +50,11 @@ def build_inputs(args: argparse.Namespace) -> tuple[Config, SimConfig]:
         flags.append(f"workload.mal={args.mal.lower()}")
     if getattr(args, "seed", None) is not None:
         flags.append(f"workload.seed={args.seed}")
+    before = config
     config = apply_overrides(config, [*args.overrides, *flags])
+    note = model_swap_note(before, config)
+    if note:
+        print(note, file=sys.stderr)
     sim = config.sim
     if getattr(args, "systems", None):
         sim = dataclasses.replace(sim, systems=",".join(order_systems(parse_systems(args.systems))))
