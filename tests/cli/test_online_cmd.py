@@ -124,3 +124,23 @@ def test_ablation_reads_the_shared_cache_and_records_its_run(
     assert first == again
     assert [r["system"] for r in first["rows"]] == ["Basic", "+Layer", "+DPL", "+Sched"]
     assert first["run"]["config"]["workload"]["num_agents"] == 4
+
+
+def test_trace_spans_name_their_requests_and_decode_steps(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    argv = ["trace", *FAST, "--horizon-s", "8", "--aps", "2", "--out", str(out)]
+    assert main([*argv, "--decode-steps"]) == 0
+    events = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    turns = [e for e in events if e["cat"] == "turn"]
+    assert turns and all("request_id" in e["args"] for e in turns)
+    rid = turns[0]["args"]["request_id"]
+    phases = {e["name"].split(" ", 2)[2] for e in turns if e["args"]["request_id"] == rid}
+    assert any(p.startswith("prefill pe") for p in phases)
+    forwards = [e for e in events if e["name"] == "prefill"]
+    assert any(rid in e["args"]["request_ids"] for e in forwards)  # found on its PE
+    decodes = [e for e in events if e["name"] == "decode"]
+    assert decodes and all(e["args"]["steps"] == 1 for e in decodes)
+    assert any(rid in e["args"]["request_ids"] for e in decodes)  # and on its DE
+    assert main([*argv, "--out", str(tmp_path / "macro.json")]) == 0
+    macro = json.loads((tmp_path / "macro.json").read_text())["traceEvents"]
+    assert max(e["args"].get("steps", 0) for e in macro if e.get("name") == "decode") > 1

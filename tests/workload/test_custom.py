@@ -129,7 +129,9 @@ def test_bad_distributions_are_one_line(
 
 
 def test_one_source_of_trajectories_and_missing_files(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ValueError, match=r"workload\.trajectories=.a. is invalid: must be empty when"):
+    with pytest.raises(
+        ValueError, match=r"workload\.trajectories=.a. is invalid: must be empty when"
+    ):
         apply_overrides(preset(), ["workload.trajectories=a", "workload.distributions=b"])
     assert main(["sim", "--agents", "2", "--set", "workload.trajectories=/nonexistent.jsonl"]) == 2
     assert "workload.trajectories='/nonexistent.jsonl' cannot be read" in capsys.readouterr().err

@@ -318,6 +318,8 @@ def run_trace_cmd(args: argparse.Namespace) -> int:
     from dualpath.sim.trace_export import export_trace
 
     config, sim = build_inputs(args)
+    if args.decode_steps:  # one event per decode step: the same timeline (docs/simulator.md)
+        sim = dataclasses.replace(sim, decode_macro_steps=1)
     system = parse_systems(args.systems)[0]
     settings = online_settings(args, args.aps)
     result = run_online(config, system, settings, sim, spans=True)
@@ -335,4 +337,9 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     add_online_args(p, systems="dualpath")
     p.add_argument("--aps", type=float, default=1.0, help="agents per second (1)")
     p.add_argument("--out", default="runs/trace.json", help="trace file (runs/trace.json)")
+    p.add_argument(
+        "--decode-steps",
+        action="store_true",
+        help="one decode span per step (sim.decode_macro_steps=1; default: up to 64 per span)",
+    )
     p.set_defaults(func=run_trace_cmd, horizon_s=60.0, no_steady_stop=True)
