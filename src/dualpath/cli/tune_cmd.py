@@ -23,7 +23,7 @@ from dualpath.config import Config, apply_overrides
 from dualpath.config.sim import SimConfig
 from dualpath.metrics.slo import SLO
 from dualpath.models.planner import as_fraction, plan
-from dualpath.sim.cache import ResultCache
+from dualpath.sim.cache import ResultCache, run_meta
 from dualpath.sim.fanout import add_ray_arg
 from dualpath.sim.jobs import Job, offline_job, online_job, run_jobs
 from dualpath.sim.online import OnlineResult, OnlineSettings
@@ -283,6 +283,7 @@ def run_tune(args: argparse.Namespace) -> int:
         print("  " + line)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
+        "run": run_meta(base),
         "title": title,
         "mode": mode,
         "system": args.system,
