@@ -189,12 +189,21 @@ class Sweep:
         files = [folder / n for n in ("sweep.json", "sweep.csv", "sweep.png")]
         files[0].write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
         write_csv(files[1], self.rows())
-        labels = [p.label for p in self.points]
-        jct = {(p.label, s): r.jct_s for p in self.points for s, r in p.simulation.results.items()}
-        names = " / ".join(a.name for a in self.axes if not a.hidden) or "point"
-        plot_sweep(
-            labels, self.systems, jct, files[2], title or "Offline JCT", f"grid point: {names}"
-        )
+        # tick labels name the axes that vary; those with one value go to the title
+        shown = [a for a in self.axes if not a.hidden]
+        varying = [a for a in shown if len(a.choices) > 1] or shown
+        fixed = [a.choices[0].label for a in shown if a not in varying]
+        labels = ["/".join(p.values[a.name] for a in varying) for p in self.points]
+        jct = {
+            (label, s): r.jct_s
+            for label, p in zip(labels, self.points, strict=True)
+            for s, r in p.simulation.results.items()
+        }
+        names = " / ".join(a.name for a in varying) or "point"
+        head = title or "Offline JCT"
+        if fixed:
+            head += " (" + ", ".join(fixed) + ")"
+        plot_sweep(labels, self.systems, jct, files[2], head, f"grid point: {names}")
         return files
 
 
