@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dualpath"
 RANK = {
     "types": 0,
     "units": 0,
+    "progress": 0,
     "config": 1,
     "models": 2,
     "workload": 2,
@@ -25,6 +26,7 @@ RANK = {
     "runtime": 5,
     "serve": 6,
     "integrations": 6,
+    "api": 6,
     "cli": 7,
 }
 POLICY_FORBIDDEN = {"time", "datetime", "socket", "torch", "multiprocessing", "threading", "zmq"}

@@ -18,8 +18,12 @@ def test_online_prints_a_row_per_system(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "basic" in out and "dualpath" in out and "ttft_s" in out
-    rows = json.loads((tmp_path / "online.json").read_text())
+    payload = json.loads((tmp_path / "online.json").read_text())
+    rows = payload["rows"]
     assert [r["system"] for r in rows] == ["basic", "dualpath"]
+    assert payload["run"]["config"]["name"] == "ds27b-1p1d" and payload["run"]["seed"] == 0
+    assert payload["run"]["settings"]["horizon_s"] == 15.0
+    assert payload["run"]["code_version"]["source_sha256"]
     assert all(r["ttft_s"] > 0 for r in rows)
 
 
@@ -46,7 +50,9 @@ def test_capacity_prints_the_ratio(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "DualPath/Basic capacity ratio" in out
-    rows = json.loads((tmp_path / "capacity.json").read_text())
+    payload = json.loads((tmp_path / "capacity.json").read_text())
+    rows = payload["rows"]
+    assert payload["run"]["config"]["workload"]["mal"] == "32k"
     assert {r["system"] for r in rows} == {"basic", "dualpath"}
     for r in rows:  # the storage bound: a column and an output line per system
         assert 0 < r["capacity_aps"] <= r["storage_bound_aps"]
@@ -78,7 +84,9 @@ def test_replay_skips_clearly_or_runs(tmp_path: Path, capsys: pytest.CaptureFixt
         str(tmp_path),
     ]
     assert main(argv) == 0
-    rows = json.loads((tmp_path / "replay.json").read_text())
+    payload = json.loads((tmp_path / "replay.json").read_text())
+    rows = payload["rows"]
+    assert payload["run"]["config"]["name"] == "ds27b-1p1d"
     assert [(r["system"], r["speedup"]) for r in rows] == [
         ("basic", 1.0),
         ("dualpath", 1.0),
@@ -102,3 +110,37 @@ def test_user_mistakes_are_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dualpath: error:") and needle in err and "\n" not in err
+
+
+def test_ablation_reads_the_shared_cache_and_records_its_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["ablation", *FAST, "--agents", "4", "--no-progress", "--cache-dir", str(tmp_path / "c")]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "4 simulated" in capsys.readouterr().out
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert "4 from cache, 0 simulated" in capsys.readouterr().out
+    first, again = (json.loads((tmp_path / d / "ablation.json").read_text()) for d in "ab")
+    assert first == again
+    assert [r["system"] for r in first["rows"]] == ["Basic", "+Layer", "+DPL", "+Sched"]
+    assert first["run"]["config"]["workload"]["num_agents"] == 4
+
+
+def test_trace_spans_name_their_requests_and_decode_steps(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    argv = ["trace", *FAST, "--horizon-s", "8", "--aps", "2", "--out", str(out)]
+    assert main([*argv, "--decode-steps"]) == 0
+    events = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    turns = [e for e in events if e["cat"] == "turn"]
+    assert turns and all("request_id" in e["args"] for e in turns)
+    rid = turns[0]["args"]["request_id"]
+    phases = {e["name"].split(" ", 2)[2] for e in turns if e["args"]["request_id"] == rid}
+    assert any(p.startswith("prefill pe") for p in phases)
+    forwards = [e for e in events if e["name"] == "prefill"]
+    assert any(rid in e["args"]["request_ids"] for e in forwards)  # found on its PE
+    decodes = [e for e in events if e["name"] == "decode"]
+    assert decodes and all(e["args"]["steps"] == 1 for e in decodes)
+    assert any(rid in e["args"]["request_ids"] for e in decodes)  # and on its DE
+    assert main([*argv, "--out", str(tmp_path / "macro.json")]) == 0
+    macro = json.loads((tmp_path / "macro.json").read_text())["traceEvents"]
+    assert max(e["args"].get("steps", 0) for e in macro if e.get("name") == "decode") > 1

@@ -50,5 +50,5 @@ def test_tiny_provider_feeds_every_figure(tmp_path: Path) -> None:
 
 
 def test_make_figure_data_selects_settings() -> None:
-    assert make_figure_data(quick=True).s is QUICK
-    assert make_figure_data(quick=False).s.capacity_search
+    assert make_figure_data(quick=True, prefetch=False).s is QUICK
+    assert make_figure_data(quick=False, prefetch=False).s.capacity_search

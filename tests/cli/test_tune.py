@@ -56,6 +56,8 @@ def test_tune_ranks_simulates_once_and_reuses_the_cache(
         "--no-progress",
         "--out",
         str(tmp_path),
+        "--cache-dir",
+        str(tmp_path / "cache"),
     ]
     assert main(argv) == 0
     first = capsys.readouterr().out

@@ -65,7 +65,7 @@ def test_tune_over_ray_fills_the_cache_the_process_pool_reads(
     address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["tune", "--preset", "ds27b-1p1d", "--nodes", "3", "--agents", "8", "--mal", "32k"]
-    argv += ["--no-progress", "--out", str(tmp_path)]
+    argv += ["--no-progress", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache")]
     assert main([*argv, "--ray-address", address]) == 0
     assert "2 shapes, 2 simulated, 0 from cache" in capsys.readouterr().out
     ranked = json.loads((tmp_path / "tune.json").read_text())["ranked"]

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from dualpath.config import DEFAULT_PRESET, Config, apply_overrides, load_toml, preset
+
+if TYPE_CHECKING:  # importing the simulator picks its core: only where a command needs it
+    from dualpath.sim.cache import ResultCache
 
 
 def add_config_args(parser: argparse.ArgumentParser, default_preset: str = DEFAULT_PRESET) -> None:
@@ -31,3 +35,25 @@ def build_config(args: argparse.Namespace) -> Config:
     if getattr(args, "config", None):
         config = load_toml(args.config, base=config)
     return apply_overrides(config, args.overrides)
+
+
+def add_cache_args(parser: argparse.ArgumentParser) -> None:
+    """``--cache-dir`` / ``--no-cache``: the shared per-configuration result cache."""
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="result cache folder shared by sim, sweep, ablation, capacity, tune and figures "
+        "(default: $DUALPATH_CACHE or runs/cache; 'off' disables)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="simulate everything; read and write no cache"
+    )
+
+
+def cache_from_args(args: argparse.Namespace) -> ResultCache:
+    """The cache the flags choose (``--no-cache`` wins)."""
+    from dualpath.sim.cache import ResultCache
+
+    if getattr(args, "no_cache", False):
+        return ResultCache(None)
+    return ResultCache.resolve(getattr(args, "cache_dir", None))

@@ -10,16 +10,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dualpath.cli.common import add_cache_args, cache_from_args
 from dualpath.metrics import plots
 from dualpath.metrics.breakdown import series_stats
 from dualpath.sim.fanout import add_ray_arg
 
 SIM_PROVIDER_MODULE = "dualpath.cli.sim_figures"
+DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 
 
 class FigureData(Protocol):
@@ -136,13 +141,26 @@ def pivot(
 
 
 def capacity_text(rows: Sequence[dict[str, Any]]) -> str:
-    """ "<setting>: DualPath/Basic = r×" for each setting holding both systems."""
+    """ "<setting>: DualPath/Basic = r×" for each setting holding both systems; a capacity
+    that is only a lower bound (the grid's end) says so and yields no plain ratio."""
     parts = []
     for setting in plots.unique([r.get("setting", "") for r in rows]):
-        caps = {r["system"]: r.get("capacity_aps") for r in rows if r.get("setting", "") == setting}
-        basic, dual = caps.get("Basic"), caps.get("DualPath")
-        if basic and dual:
-            parts.append(f"{setting}: DualPath/Basic = {dual / basic:.2f}×".strip(": "))
+        mine = {r["system"]: r for r in rows if r.get("setting", "") == setting}
+        basic, dual = mine.get("Basic"), mine.get("DualPath")
+        if not (basic and dual and basic.get("capacity_aps") and dual.get("capacity_aps")):
+            continue
+        b, d = basic["capacity_aps"], dual["capacity_aps"]
+        lower_b = str(basic.get("bound", "")).startswith("lower")
+        lower_d = str(dual.get("bound", "")).startswith("lower")
+        if lower_b and lower_d:
+            text = f"both meet the SLO at every grid load (capacity >= {min(b, d):g} APS): no ratio"
+        elif lower_d:
+            text = f"DualPath/Basic >= {d / b:.2f}× (DualPath meets the SLO at the grid's end)"
+        elif lower_b:
+            text = f"DualPath/Basic <= {d / b:.2f}× (Basic meets the SLO at the grid's end)"
+        else:
+            text = f"DualPath/Basic = {d / b:.2f}× (grid resolution: see upper_aps)"
+        parts.append(f"{setting}: {text}".strip(": "))
     return "Capacity = highest APS meeting the SLO. " + "; ".join(parts)
 
 
@@ -173,8 +191,15 @@ class _Figure:
     name: str  # FigureData method and PNG stem
     title: str
     text: str
-    draw: Callable[[Any, Path, dict[str, Any]], plots.FigureInfo] | None
+    # (data, path, meta, title) → what was drawn
+    draw: Callable[[Any, Path, dict[str, Any], str], plots.FigureInfo] | None
     table: Callable[[Any], list[dict[str, Any]]]
+
+
+def figure_title(fig: _Figure, meta: dict[str, Any]) -> str:
+    """'<figure title>: <its setting>' (``meta["settings"][name]``), else the title alone."""
+    setting = (meta.get("settings") or {}).get(fig.name, "")
+    return f"{fig.title}: {setting}" if setting else fig.title
 
 
 FIGURES = (
@@ -182,22 +207,22 @@ FIGURES = (
         "offline_jct",
         "Offline JCT",
         "Job completion time of an offline batch (lower is better); speedup over the first system.",
-        lambda d, p, m: plots.plot_offline_jct(d, p),
+        lambda d, p, m, t: plots.plot_offline_jct(d, p, t),
         lambda d: pivot(d, ("model", "mal", "agents")),
     ),
     _Figure(
         "pd_sweep",
         "P/D sweep",
         "JCT per prefill/decode node ratio.",
-        lambda d, p, m: plots.plot_pd_sweep(d, p),
+        lambda d, p, m, t: plots.plot_pd_sweep(d, p, t),
         lambda d: pivot(d, ("pd",)),
     ),
     _Figure(
         "online_latency",
         "Online latency vs load",
         "TTFT, TTST and TPOT per arrival rate (statistic: see settings); dashed lines: SLO.",
-        lambda d, p, m: plots.plot_latency_vs_aps(
-            d, p, m.get("slo_ttft_s", 4.0), m.get("slo_tpot_s", 0.050)
+        lambda d, p, m, t: plots.plot_latency_vs_aps(
+            d, p, m.get("slo_ttft_s", 4.0), m.get("slo_tpot_s", 0.050), t
         ),
         list,
     ),
@@ -206,49 +231,55 @@ FIGURES = (
         "ttft_breakdown",
         "TTFT breakdown",
         "Mean TTFT split into queueing, allocation, KV read and prefill per arrival rate.",
-        lambda d, p, m: plots.plot_ttft_breakdown(d, p),
+        lambda d, p, m, t: plots.plot_ttft_breakdown(d, p, t),
         list,
     ),
     _Figure(
         "ablation",
         "Ablation",
         "Each step adds one technique (SPEC §11); labels are speedups over the first.",
-        lambda d, p, m: plots.plot_ablation(d, p),
+        lambda d, p, m, t: plots.plot_ablation(d, p, t),
         ablation_table,
     ),
     _Figure(
         "snic_balance",
         "Storage-NIC balance",
-        "Max/avg SNIC throughput across nodes in sliding windows (1.0 = even).",
-        lambda d, p, m: plots.plot_snic_balance(d, p),
+        "Max/avg SNIC throughput across nodes in sliding windows (1.0 = even); windows in "
+        "which no SNIC read anything are gaps, not balance.",
+        lambda d, p, m, t: plots.plot_snic_balance(d, p, t),
         series_table,
     ),
     _Figure(
         "attention_balance",
         "Attention balance",
-        "Max/avg attention time across the GPUs of an EP group, per forward.",
-        lambda d, p, m: plots.plot_attention_balance(d, p),
+        "Max/avg attention time across the GPUs of an EP group, per forward; gaps: no "
+        "forward with attention work.",
+        lambda d, p, m, t: plots.plot_attention_balance(d, p, t),
         series_table,
     ),
 )
 
 
-def make_report(data: FigureData, out: str | Path) -> list[Path]:
+def make_report(data: FigureData, out: str | Path, progress: bool = False) -> list[Path]:
     """Draw every available figure into ``out``, save the data under ``out/data`` and write
-    ``out/report.md``. Returns the files written (PNGs, then report.md)."""
+    ``out/report.md``. Returns the files written (PNGs, then report.md). ``progress``: one
+    line per figure on stderr."""
     folder = Path(out)
     meta = data.meta()
     sections, written = [], []
     if meta.get("notes"):
         sections.append(plots.ReportSection("Settings", None, str(meta["notes"])))
-    for fig in FIGURES:
+    for i, fig in enumerate(FIGURES, 1):
+        if progress:
+            print(f"figure {i}/{len(FIGURES)}: {fig.name}", file=sys.stderr, flush=True)
         value = getattr(data, fig.name)()
         if not value:
             sections.append(plots.ReportSection(fig.title, None, "(no data)"))
             continue
         image = None
         if fig.draw is not None:
-            written.append(fig.draw(value, folder / f"{fig.name}.png", meta).path)
+            title = figure_title(fig, meta)
+            written.append(fig.draw(value, folder / f"{fig.name}.png", meta, title).path)
             image = f"{fig.name}.png"
         text = capacity_text(value) if fig.name == "capacity" else fig.text
         sections.append(plots.ReportSection(fig.title, image, text, fig.table(value)))
@@ -269,10 +300,14 @@ def add_figures_parser(sub: argparse._SubParsersAction) -> None:
         help="re-plot saved JSON results (a previous OUT/data)",
     )
     p.add_argument(
-        "--workers", type=int, default=1, help="parallel simulations (default 1: one by one)"
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"parallel simulations (default {DEFAULT_WORKERS}; 1: one by one, in this process)",
     )
     add_ray_arg(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cache_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run_figures)
 
 
@@ -296,13 +331,19 @@ def resolve_provider(args: argparse.Namespace) -> FigureData:
         workers=workers,
         ray_address=ray_address,
         progress=not getattr(args, "no_progress", True),
+        cache=cache_from_args(args),
     )
     return provider
 
 
 def run_figures(args: argparse.Namespace, data: FigureData | None = None) -> int:
     """Entry point of `dualpath figures`; ``data`` overrides the provider (tests, scripts)."""
+    t0 = time.perf_counter()
     provider = resolve_provider(args) if data is None else data
-    for path in make_report(provider, args.out):
+    progress = not getattr(args, "no_progress", True)
+    for path in make_report(provider, args.out, progress):
         print(path)
+    cache = getattr(provider, "cache", None)
+    where = f"; {cache.describe()}" if cache is not None else ""
+    print(f"figures: wall {time.perf_counter() - t0:.1f} s{where}", file=sys.stderr)
     return 0

@@ -13,12 +13,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dualpath.cli.common import add_config_args
+from dualpath.cli.common import add_cache_args, add_config_args, cache_from_args
 from dualpath.cli.sim_cmd import build_inputs
 from dualpath.config import Config
 from dualpath.config.sim import parse_systems
 from dualpath.metrics.slo import SLO
 from dualpath.metrics.steady import STEADY_COVERAGE
+from dualpath.progress import bar as progress_bar
+from dualpath.sim.cache import ResultCache, run_meta
+from dualpath.sim.jobs import offline_job, online_job, run_jobs
 from dualpath.sim.online import (
     OnlineResult,
     OnlineSettings,
@@ -26,6 +29,7 @@ from dualpath.sim.online import (
     steady_settings,
     storage_bound,
 )
+from dualpath.sim.results import SimResult
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 
@@ -112,23 +116,42 @@ def print_rows(rows: list[dict[str, Any]], columns: list[str]) -> None:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-def _write(out: str | None, name: str, payload: Any) -> None:
+def _write(out: str | None, name: str, rows: Any, config: Config, settings: Any = None) -> None:
+    """``{"run": resolved config, seed, code version (and the run settings), "rows": rows}``."""
     if out:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)
+        run = run_meta(config)
+        if settings is not None:
+            run["settings"] = dataclasses.asdict(settings)
+        payload = {"run": run, "rows": rows}
         (path / name).write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
         print(f"wrote {path / name}")
+
+
+def _cached_runner(args: argparse.Namespace) -> tuple[ResultCache, Any]:
+    """The shared result cache and an online runner that reads and fills it."""
+    cache = cache_from_args(args)
+
+    def run(config: Config, system: str, settings: OnlineSettings, sim: Any) -> OnlineResult:
+        job = online_job(config, system, settings, sim)
+        result: OnlineResult = run_jobs([job], cache, show_progress=False)[0]
+        return result
+
+    return cache, run
 
 
 # ---------------------------------------------------------------------- online
 def run_online_cmd(args: argparse.Namespace) -> int:
     config, sim = build_inputs(args)
     settings = online_settings(args, args.aps, config)
+    cache, run = _cached_runner(args)
     rows = []
     for system in parse_systems(args.systems):
-        rows.append(latency_row(run_online(config, system, settings, sim)))
+        rows.append(latency_row(run(config, system, settings, sim)))
     print_rows(rows, list(rows[0]))
-    _write(args.out, "online.json", rows)
+    print(cache.describe())
+    _write(args.out, "online.json", rows, config, settings)
     return 0
 
 
@@ -137,13 +160,12 @@ def add_online_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     add_online_args(p)
     p.add_argument("--aps", type=float, required=True, help="agents per second (Poisson)")
     p.add_argument("--out", help="folder for online.json")
+    add_cache_args(p)
     p.set_defaults(func=run_online_cmd)
 
 
 # ---------------------------------------------------------------------- capacity
 def run_capacity_cmd(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from dualpath.sim.studies import capacity
 
     config, sim = build_inputs(args)
@@ -152,7 +174,8 @@ def run_capacity_cmd(args: argparse.Namespace) -> int:
     if not 0 < args.lo < args.hi:
         raise ValueError(f"--lo={args.lo} / --hi={args.hi} is invalid: must be 0 < lo < hi")
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(systems) * args.max_probes, unit="probe", disable=args.no_progress)
+    cache, run = _cached_runner(args)
+    bar = progress_bar(len(systems) * args.max_probes, "capacity", "probe", args.no_progress)
 
     def hook(system: str, aps: float, r: OnlineResult) -> None:
         bar.update(1)
@@ -168,7 +191,7 @@ def run_capacity_cmd(args: argparse.Namespace) -> int:
 
     for system in systems:
         res = capacity(
-            config, system, settings, args.lo, args.hi, args.tol, args.max_probes, sim, hook
+            config, system, settings, args.lo, args.hi, args.tol, args.max_probes, sim, hook, run
         )
         bound = storage_bound(config, system)
         rows.append(
@@ -192,7 +215,8 @@ def run_capacity_cmd(args: argparse.Namespace) -> int:
     by = {r["system"]: r["capacity_aps"] for r in rows}
     if by.get("basic") and "dualpath" in by:
         print(f"DualPath/Basic capacity ratio: {by['dualpath'] / by['basic']:.2f}x")
-    _write(args.out, "capacity.json", rows)
+    print(cache.describe())
+    _write(args.out, "capacity.json", rows, config, settings)
     return 0
 
 
@@ -204,6 +228,7 @@ def add_capacity_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--tol", type=float, default=0.1, help="relative bracket width to stop (0.1)")
     p.add_argument("--max-probes", type=int, default=10, help="online runs per system (10)")
     p.add_argument("--out", help="folder for capacity.json")
+    add_cache_args(p)
     p.set_defaults(func=run_capacity_cmd)
 
 
@@ -217,9 +242,18 @@ def run_ablation_cmd(args: argparse.Namespace) -> int:
         if not args.no_progress:
             print(f"running {label} ...", flush=True)
 
-    rows = ablation(config, sim, progress)
+    cache = cache_from_args(args)
+
+    def jct_of(system: str) -> float:
+        result: SimResult = run_jobs(
+            [offline_job(config, system, sim)], cache, show_progress=False
+        )[0]
+        return result.jct_s
+
+    rows = ablation(config, sim, progress, jct_of)
     print_rows(rows, ["system", "sim_system", "jct_s", "speedup_vs_basic", "speedup_vs_prev"])
-    _write(args.out, "ablation.json", rows)
+    print(cache.describe())
+    _write(args.out, "ablation.json", rows, config)
     return 0
 
 
@@ -231,6 +265,7 @@ def add_ablation_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--seed", type=int, help="workload seed")
     p.add_argument("--out", help="folder for ablation.json")
     p.add_argument("--no-progress", action="store_true")
+    add_cache_args(p)
     p.set_defaults(func=run_ablation_cmd)
 
 
@@ -264,7 +299,7 @@ def run_replay_cmd(args: argparse.Namespace) -> int:
             "prefill_s",
         ],
     )
-    _write(args.out, "replay.json", rows)
+    _write(args.out, "replay.json", rows, config, online_settings(args))
     return 0
 
 
@@ -283,6 +318,8 @@ def run_trace_cmd(args: argparse.Namespace) -> int:
     from dualpath.sim.trace_export import export_trace
 
     config, sim = build_inputs(args)
+    if args.decode_steps:  # one event per decode step: the same timeline (docs/simulator.md)
+        sim = dataclasses.replace(sim, decode_macro_steps=1)
     system = parse_systems(args.systems)[0]
     settings = online_settings(args, args.aps)
     result = run_online(config, system, settings, sim, spans=True)
@@ -300,4 +337,9 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     add_online_args(p, systems="dualpath")
     p.add_argument("--aps", type=float, default=1.0, help="agents per second (1)")
     p.add_argument("--out", default="runs/trace.json", help="trace file (runs/trace.json)")
+    p.add_argument(
+        "--decode-steps",
+        action="store_true",
+        help="one decode span per step (sim.decode_macro_steps=1; default: up to 64 per span)",
+    )
     p.set_defaults(func=run_trace_cmd, horizon_s=60.0, no_steady_stop=True)

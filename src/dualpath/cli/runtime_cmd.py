@@ -89,14 +89,13 @@ def _run_system(
     config: Config, trajs: Any, num_turns_total: int, progress: bool, options: Any
 ) -> Any:
     """One system's run (its own KV root in ``options``): the ``RunResult``."""
-    from tqdm import tqdm
-
+    from dualpath.progress import bar as progress_bar
     from dualpath.runtime.session import LocalRuntime
     from dualpath.workload.scripts import agent_scripts
 
     agents = agent_scripts(trajs, config.model.vocab_size, config.workload.seed)
     with (
-        tqdm(total=num_turns_total, desc=options.system, disable=not progress, unit="turn") as bar,
+        progress_bar(num_turns_total, options.system, "turn", disable=not progress) as bar,
         LocalRuntime(config, options) as rt,
     ):
         return rt.run(agents, on_turn=lambda _: bar.update(1))

@@ -300,8 +300,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from tqdm import tqdm
-
+    from dualpath.progress import bar as progress_bar
     from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions, format_summary
     from dualpath.workload.scripts import chat_scripts, trace_scripts
 
@@ -325,7 +324,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
             args.agents, args.turns, args.token_scale, args.max_gen, seed=args.seed
         )
     total = sum(len(s.turns) for s in scripts)
-    bar = tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr)
+    bar = progress_bar(total, "loadgen", "req", disable=args.no_progress)
     try:
         result = asyncio.run(LoadGenerator(opts).run(scripts, on_request=lambda: bar.update(1)))
     finally:

@@ -8,30 +8,27 @@ results.csv and a PNG plot (sweep: sweep.json, sweep.csv, sweep.png).
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
-from dualpath.cli.common import add_config_args
-from dualpath.config import Config, apply_overrides, config_for, load_toml, preset, to_dict
+from dualpath.api import Axis, Choice, Simulation, setting_title, sweep
+from dualpath.api.grid import parse_set
+from dualpath.cli.common import add_cache_args, add_config_args, cache_from_args
+from dualpath.config import Config, apply_overrides, config_for, load_toml, preset
+from dualpath.config.loader import model_swap_note
 from dualpath.config.sim import SimConfig, parse_systems
 from dualpath.config.systems import system_spec
-from dualpath.sim.fanout import add_ray_arg, study_pool
-from dualpath.sim.plots import plot_results, plot_sweep
-from dualpath.sim.report import (
-    CSV_COLUMNS,
-    comparisons,
-    csv_row,
-    format_table,
-    order_systems,
-    results_json,
-)
+from dualpath.progress import bar
+from dualpath.sim.cache import ResultCache
+from dualpath.sim.fanout import add_ray_arg
+from dualpath.sim.jobs import offline_job
+from dualpath.sim.report import format_table, order_systems
 from dualpath.sim.results import SimResult
 from dualpath.sim.runner import simulate
 from dualpath.units import parse_tokens
@@ -53,7 +50,11 @@ def build_inputs(args: argparse.Namespace) -> tuple[Config, SimConfig]:
         flags.append(f"workload.mal={args.mal.lower()}")
     if getattr(args, "seed", None) is not None:
         flags.append(f"workload.seed={args.seed}")
+    before = config
     config = apply_overrides(config, [*args.overrides, *flags])
+    note = model_swap_note(before, config)
+    if note:
+        print(note, file=sys.stderr)
     sim = config.sim
     if getattr(args, "systems", None):
         sim = dataclasses.replace(sim, systems=",".join(order_systems(parse_systems(args.systems))))
@@ -74,23 +75,33 @@ def default_out_dir(config: Config, sim: SimConfig, overrides: Sequence[str]) ->
 
 
 # ---------------------------------------------------------------------- running
-def run_systems(config: Config, sim: SimConfig, progress: bool = True) -> dict[str, SimResult]:
-    """Every system of ``sim.systems`` on the same config (workload, seed, cost model)."""
-    from tqdm import tqdm
-
+def run_systems(
+    config: Config, sim: SimConfig, progress: bool = True, cache: ResultCache | None = None
+) -> dict[str, SimResult]:
+    """Every system of ``sim.systems`` on the same config (workload, seed, cost model); each
+    read from ``cache`` when it holds that run, else simulated (a progress bar per system)
+    and cached."""
     for name in sim.system_list:  # a scheduler.policy no system may run: fail before any
         config_for(config, system_spec(name))
+    cache = cache if cache is not None else ResultCache(None)
     results: dict[str, SimResult] = {}
     for name in order_systems(sim.system_list):
-        bar = tqdm(desc=f"{name:<8}", unit="turn", disable=not progress, leave=True)
+        job = offline_job(config, name, sim)
+        hit = cache.get(job.key)
+        if hit is not None:
+            if progress:
+                print(f"{name}: from the cache ({cache.folder})", file=sys.stderr)
+            results[name] = hit
+            continue
+        with bar(None, f"{name:<8}", "turn", disable=not progress) as pbar:
 
-        def tick(now: float, done: int, total: int, bar: Any = bar) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-            bar.set_postfix_str(f"sim {now:,.0f} s")
+            def tick(now: float, done: int, total: int, pbar: Any = pbar) -> None:
+                pbar.total = total
+                pbar.update(done - pbar.n)
+                pbar.set_postfix_str(f"sim {now:,.0f} s")
 
-        results[name] = simulate(config, name, sim, progress=tick)
-        bar.close()
+            results[name] = simulate(config, name, sim, progress=tick)
+        cache.put(job.key, results[name])
     return results
 
 
@@ -98,35 +109,24 @@ def write_outputs(
     out: Path, config: Config, sim: SimConfig, results: dict[str, SimResult], title: str
 ) -> list[Path]:
     """config.json, results.json, results.csv, jct.png under ``out``; returns the paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / n for n in ("config.json", "results.json", "results.csv", "jct.png")]
-    resolved = {"config": to_dict(config), "sim": dataclasses.asdict(sim)}
-    files[0].write_text(json.dumps(resolved, indent=2, sort_keys=True) + "\n")
-    files[1].write_text(json.dumps(results_json(results), indent=2, sort_keys=True) + "\n")
-    comp = comparisons(results)
-    with files[2].open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
-        writer.writeheader()
-        for name, r in results.items():
-            writer.writerow(csv_row(r, comp[name]))
-    plot_results(results, files[3], title)
-    return files
+    simulation = Simulation(dataclasses.replace(config, sim=sim), results)
+    return simulation.write(out, title)
 
 
 def _title(config: Config) -> str:
-    w = config.workload
-    return f"{config.name} ({config.cluster.label}), {w.num_agents} agents, MAL {w.mal}"
+    return setting_title(config)
 
 
 def run_sim(args: argparse.Namespace) -> int:
     config, sim = build_inputs(args)
     out = Path(args.out or sim.out_dir or default_out_dir(config, sim, args.overrides))
+    cache = cache_from_args(args)
     t0 = time.perf_counter()
-    results = run_systems(config, sim, progress=not args.no_progress)
+    results = run_systems(config, sim, progress=not args.no_progress, cache=cache)
     wall = time.perf_counter() - t0
     files = write_outputs(out, config, sim, results, _title(config))
     print(format_table(results, _title(config)))
-    print(f"wall {wall:.1f} s; wrote " + ", ".join(str(f) for f in files))
+    print(f"wall {wall:.1f} s ({cache.describe()}); wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
@@ -144,6 +144,7 @@ def run_default(out_dir: str) -> int:
         no_traffic_manager=False,
         out=out_dir,
         no_progress=False,
+        no_cache=True,  # the main job always simulates (it is what `make run` shows)
     )
     return run_sim(args)
 
@@ -164,6 +165,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--no-traffic-manager", action="store_true", help="one traffic class")
     p.add_argument("--out", help="output folder (default: runs/<derived name>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cache_args(p)
     p.set_defaults(func=run_sim)
 
 
@@ -177,107 +179,98 @@ def _pd_overrides(text: str) -> list[str]:
         raise ValueError(f"--pd {text!r} is invalid: must look like 1p2d") from None
 
 
-def _job(job: tuple[str, tuple[str, ...], str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    name, overrides, system, sim_fields = job
-    config = apply_overrides(preset(name), overrides)
-    result = simulate(config, system, SimConfig(**sim_fields))
-    return system, result.to_dict()
+def _listed(text: str) -> list[str]:
+    return [x.strip() for x in str(text).split(",") if x.strip()]
 
 
-def sweep_jobs(args: argparse.Namespace) -> list[tuple[str, tuple[str, str, tuple[str, ...]]]]:
-    """(point label, (preset, system, overrides)) for the whole grid, in a fixed order."""
-    presets = [p.strip() for p in (args.presets or args.preset).split(",") if p.strip()]
-    mals = [m.strip().lower() for m in args.mal.split(",")]
-    agents = [int(parse_tokens(a)) for a in str(args.agents).split(",")]
-    pds = [x.strip() for x in args.pd.split(",")] if args.pd else [""]
-    config_overrides = list(args.overrides)
-    systems = order_systems(parse_systems(args.systems))
-    out: list[tuple[str, tuple[str, str, tuple[str, ...]]]] = []
+def sweep_axes(args: argparse.Namespace) -> tuple[list[Axis], list[str]]:
+    """(grid axes, fixed overrides). Axes: --presets, --pd, --mal, --agents (the preset /
+    P/D / MAL / agents grid of before), then every ``--set key=v1,v2`` with more than one
+    value, in the order given (the first axis varies slowest). ``--set`` wins over the
+    --mal/--agents defaults; a --set with one value is a fixed override."""
+    presets = _listed(args.presets or args.preset)
     for name in presets:
         preset(name)  # ValueError early
-        for pd in pds:
-            for mal in mals:
-                for n in agents:
-                    overrides = (
-                        *config_overrides,
-                        *(_pd_overrides(pd) if pd else []),
-                        f"workload.mal={mal}",
-                        f"workload.num_agents={n}",
-                    )
-                    apply_overrides(preset(name), overrides)  # validate before forking
-                    label = f"{name}{'/' + pd if pd else ''}/{mal}/{n}"
-                    out.extend((label, (name, s, overrides)) for s in systems)
-    return out
+    axes = [Axis("preset", tuple(Choice(n, (f"preset={n}",)) for n in presets))]
+    if args.pd:
+        axes.append(
+            Axis(
+                "cluster.pd", tuple(Choice(pd, tuple(_pd_overrides(pd))) for pd in _listed(args.pd))
+            )
+        )
+    fixed: list[str] = []
+    grid: list[Axis] = []
+    set_keys = set()
+    for text in args.overrides:
+        key, values = parse_set(text)
+        set_keys.add(key)
+        if len(values) == 1:
+            fixed.append(f"{key}={values[0]}")
+        else:
+            grid.append(Axis.of(key, values))
+    if "workload.mal" not in set_keys:
+        mals = [m.lower() for m in _listed(args.mal)]
+        axes.append(Axis("workload.mal", tuple(Choice(m, (f"workload.mal={m}",)) for m in mals)))
+    if "workload.num_agents" not in set_keys:
+        agents = [str(int(parse_tokens(a))) for a in _listed(args.agents)]
+        axes.append(
+            Axis(
+                "workload.num_agents",
+                tuple(Choice(a, (f"workload.num_agents={a}",)) for a in agents),
+            )
+        )
+    # preset first (it replaces the config), then the fixed --set, then the other axes
+    axes = [axes[0], Axis("fixed", (Choice("", tuple(fixed)),), hidden=True), *axes[1:], *grid]
+    return axes, fixed
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    sim = apply_overrides(preset(args.preset), args.overrides).sim
-    jobs = sweep_jobs(args)
+    axes, _ = sweep_axes(args)
     if args.workers < 1:
         raise ValueError(f"--workers={args.workers} is invalid: must be >= 1")
-    sim_fields = dataclasses.asdict(sim)
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    with study_pool(args.workers, args.ray_address) as pool:
-        futures = {
-            pool.submit(_job, (name, overrides, system, sim_fields)): (label, system)
-            for label, (name, system, overrides) in jobs
-        }
-        for fut in tqdm(as_completed(futures), total=len(futures), disable=args.no_progress):
-            rows[futures[fut]] = fut.result()[1]
-    points = list(dict.fromkeys(label for label, _ in jobs))
-    systems = list(dict.fromkeys(s for _, (_, s, _) in jobs))
-    out = Path(
-        args.out
-        or Path("runs")
-        / ("sweep-" + hashlib.sha256(json.dumps([j for j in jobs]).encode()).hexdigest()[:10])
+    cache = cache_from_args(args)
+    t0 = time.perf_counter()
+    result = sweep(
+        preset(args.preset),
+        axes,
+        args.systems,
+        cache=cache,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        progress=not args.no_progress,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    table = []
-    for p in points:
-        base = rows.get((p, "basic"))
-        orc = rows.get((p, "oracle"))
-        for s in systems:
-            r = rows[(p, s)]
-            table.append(
-                {
-                    "point": p,
-                    "system": s,
-                    "jct_s": r["jct_s"],
-                    "speedup_vs_basic": base["jct_s"] / r["jct_s"] if base else None,
-                    "fraction_of_oracle": orc["jct_s"] / r["jct_s"] if orc else None,
-                    "de_read_share": r["read_side_shares"].get("de", 0.0),
-                }
-            )
-    (out / "sweep.json").write_text(
-        json.dumps(
-            {"rows": table, "results": {f"{p}|{s}": rows[(p, s)] for p, s in sorted(rows)}},
-            indent=2,
-            sort_keys=True,
-        )
-        + "\n"
-    )
-    with (out / "sweep.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    jct = {(p, s): rows[(p, s)]["jct_s"] for p, s in rows}
-    plot_sweep(points, systems, jct, out / "sweep.png", "Offline JCT over the sweep")
-    print(f"{'point':<28} {'system':<9} {'JCT s':>9} {'×Basic':>7} {'Oracle':>7}")
-    for row in table:
+    wall = time.perf_counter() - t0
+    name_hash = hashlib.sha256(
+        json.dumps([[c.overrides for c in a.choices] for a in axes]).encode()
+        + json.dumps(args.systems).encode()
+    ).hexdigest()[:10]
+    out = Path(args.out or Path("runs") / f"sweep-{name_hash}")
+    base = result.points[0].config
+    title = f"Offline JCT over the sweep: {base.model.name}, seed {base.workload.seed}"
+    files = result.write(out, title)
+    print(f"{'point':<44} {'system':<9} {'JCT s':>9} {'×Basic':>7} {'Oracle':>7}")
+    for row in result.rows():
         sp = row["speedup_vs_basic"]
         fo = row["fraction_of_oracle"]
         print(
-            f"{row['point']:<28} {row['system']:<9} {row['jct_s']:>9.1f} "
+            f"{row['point']:<44} {row['system']:<9} {row['jct_s']:>9.1f} "
             f"{'-' if sp is None else f'{sp:.2f}':>7} {'-' if fo is None else f'{fo:.0%}':>7}"
         )
-    print(f"wrote {out}/sweep.json, sweep.csv, sweep.png")
+    print(
+        f"{len(result.points)} points x {len(result.systems)} systems: {result.simulated} "
+        f"simulated, {result.from_cache} from the cache ({cache.folder or 'off'}); wall "
+        f"{wall:.1f} s"
+    )
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
-    p = sub.add_parser("sweep", help="simulate a grid (presets × P/D × MAL × agents × systems)")
+    p = sub.add_parser(
+        "sweep",
+        help="simulate a grid: any --set key=v1,v2 (several keys: their product), presets, "
+        "P/D, MAL, agents, systems",
+    )
     add_config_args(p)
     p.add_argument("--presets", help="comma-separated cluster presets (default: --preset)")
     p.add_argument("--pd", help="comma-separated P/D shapes, e.g. 1p1d,1p2d,2p1d")
@@ -286,6 +279,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--systems", default="basic,dualpath,oracle", help="comma-separated systems")
     p.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     add_ray_arg(p)
+    add_cache_args(p)
     p.add_argument("--out", help="output folder (default: runs/sweep-<hash of the grid>)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_sweep)

@@ -2,34 +2,32 @@
 
 Candidates inside the planner's bottleneck-free range (SPEC §5) are simulated first, then
 the ones outside it. Each point is one offline simulation (objective: JCT) or one online run
-at a fixed APS (objective: meet the SLO, then the lowest mean TTFT). Results are cached in
-``<out>/cache/<hash of the resolved config>.json`` so a re-run, or a wider search over the
-same budget, simulates only what is new. Jobs run in parallel processes.
+at a fixed APS (objective: meet the SLO, then the lowest mean TTFT). Results go through the
+shared result cache (``sim.cache``: ``--cache-dir``, default ``$DUALPATH_CACHE`` or
+runs/cache) so a re-run, a wider search over the same budget, or a `dualpath sim` of the same
+shape simulates only what is new. Jobs run in parallel processes or on Ray.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import json
 import time
-from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dualpath.cli.common import add_config_args
+from dualpath.cli.common import add_cache_args, add_config_args, cache_from_args
 from dualpath.cli.sim_cmd import build_inputs
-from dualpath.config import Config, apply_overrides, to_dict
+from dualpath.config import Config, apply_overrides
 from dualpath.config.sim import SimConfig
 from dualpath.metrics.slo import SLO
 from dualpath.models.planner import as_fraction, plan
-from dualpath.sim.fanout import add_ray_arg, study_pool
-from dualpath.sim.online import OnlineSettings, run_online
-from dualpath.sim.runner import simulate
-
-CACHE_VERSION = 1
+from dualpath.sim.cache import ResultCache, run_meta
+from dualpath.sim.fanout import add_ray_arg
+from dualpath.sim.jobs import Job, offline_job, online_job, run_jobs
+from dualpath.sim.online import OnlineResult, OnlineSettings
+from dualpath.sim.results import SimResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +81,23 @@ def candidates(
     return inside, outside
 
 
-def _cache_key(config: Config, sim: SimConfig, system: str, mode: dict[str, Any]) -> str:
-    blob = json.dumps(
-        {
-            "v": CACHE_VERSION,
-            "config": to_dict(config),
-            "sim": dataclasses.asdict(sim),
-            "system": system,
-            "mode": mode,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def _run_point(job: tuple[Config, SimConfig, str, dict[str, Any]]) -> dict[str, Any]:
-    """One simulation (in a worker process): the figures the ranking and report need."""
-    config, sim, system, mode = job
+def _job(config: Config, sim: SimConfig, system: str, mode: dict[str, Any]) -> Job:
+    """The shared-cache job of one point: an offline simulation, or an online run at the
+    mode's APS (``sim.cache``: the same entry `dualpath sim` / `online` would use)."""
     if mode["kind"] == "offline":
-        r = simulate(config, system, sim)
-        return {"jct_s": r.jct_s, "utilisation": r.utilisation, "num_turns": r.num_turns}
+        return offline_job(config, system, sim)
     settings = OnlineSettings(
         aps=mode["aps"], horizon_s=mode["horizon_s"], slo=SLO(mode["ttft_s"], mode["tpot_s"])
     )
-    o = run_online(config, system, settings, sim)
+    return online_job(config, system, settings, sim)
+
+
+def _point(result: Any, mode: dict[str, Any]) -> dict[str, Any]:
+    """The figures the ranking and report need from one point's result."""
+    if mode["kind"] == "offline":
+        r: SimResult = result
+        return {"jct_s": r.jct_s, "utilisation": r.utilisation, "num_turns": r.num_turns}
+    o: OnlineResult = result
     s = o.summary
     return {
         "passed": o.passed,
@@ -136,54 +127,35 @@ def search(
     system: str,
     mode: dict[str, Any],
     shapes: list[tuple[Candidate, bool]],
-    out: Path,
+    cache: ResultCache,
     workers: int,
     progress: bool,
     ray_address: str | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Rows for every shape (cached or simulated) and how many were simulated now."""
-    from tqdm import tqdm
-
-    cache = out / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
+    """Rows for every shape (from the shared result cache or simulated now) and how many
+    were simulated now."""
     rows: list[dict[str, Any]] = []
-    todo: dict[str, tuple[Config, dict[str, Any]]] = {}
+    jobs: list[Job] = []
     for cand, inside in shapes:
         config = apply_overrides(base, cand.overrides())
-        key = _cache_key(config, sim, system, mode)
-        row = {
-            "shape": cand.label,
-            "p": cand.p,
-            "d": cand.d,
-            "in_range": inside,
-            "key": key,
-            "prefill_ep_nodes": cand.prefill_ep_nodes,
-            "decode_ep_nodes": cand.decode_ep_nodes,
-        }
-        path = cache / f"{key}.json"
-        if path.is_file():
-            row["result"] = json.loads(path.read_text())
-        else:
-            todo[key] = (config, row)
-        rows.append(row)
-    if todo:
-        with study_pool(workers, ray_address) as pool:
-            futures = {
-                pool.submit(_run_point, (config, sim, system, mode)): key
-                for key, (config, _) in todo.items()
+        job = _job(config, sim, system, mode)
+        jobs.append(job)
+        rows.append(
+            {
+                "shape": cand.label,
+                "p": cand.p,
+                "d": cand.d,
+                "in_range": inside,
+                "key": job.key,
+                "prefill_ep_nodes": cand.prefill_ep_nodes,
+                "decode_ep_nodes": cand.decode_ep_nodes,
             }
-            for fut in tqdm(
-                as_completed(futures),
-                total=len(futures),
-                unit="sim",
-                disable=not progress,
-                desc="tune",
-            ):
-                key = futures[fut]
-                result = fut.result()
-                (cache / f"{key}.json").write_text(json.dumps(result, sort_keys=True) + "\n")
-                todo[key][1]["result"] = result
-    return rows, len(todo)
+        )
+    misses = cache.misses
+    results = run_jobs(jobs, cache, workers, ray_address, progress, desc="tune")
+    for row, result in zip(rows, results, strict=True):
+        row["result"] = _point(result, mode)
+    return rows, cache.misses - misses
 
 
 def _plot(rows: list[dict[str, Any]], mode: dict[str, Any], path: Path, title: str) -> None:
@@ -281,7 +253,7 @@ def run_tune(args: argparse.Namespace) -> int:
         args.system,
         mode,
         shapes,
-        out,
+        cache_from_args(args),
         args.workers,
         not args.no_progress,
         args.ray_address,
@@ -311,6 +283,7 @@ def run_tune(args: argparse.Namespace) -> int:
         print("  " + line)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
+        "run": run_meta(base),
         "title": title,
         "mode": mode,
         "system": args.system,
@@ -353,6 +326,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     add_ray_arg(p)
+    add_cache_args(p)
     p.add_argument("--out", help="output folder (default: runs/tune-<preset>-<N>n-<mode>)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_tune, systems=None, no_traffic_manager=False)

@@ -90,14 +90,47 @@ def _update_section(section: str, base: Any, values: Mapping[str, Any]) -> Any:
     return dataclasses.replace(base, **changes)
 
 
+def _model_swap(config: Config, model: Any) -> dict[str, Any]:
+    """The cluster settings a model preset swap resets: EP for MoE models, data parallel
+    (no EP, so no nodes per EP group) for dense ones (SPEC §13.1). Everything else is kept
+    (``model_swap_note`` says what)."""
+    ep = model.num_routed_experts > 0
+    cluster = dataclasses.replace(
+        config.cluster,
+        prefill_ep=ep,
+        decode_ep=ep,
+        prefill_ep_nodes=config.cluster.prefill_ep_nodes if ep else 0,
+        decode_ep_nodes=config.cluster.decode_ep_nodes if ep else 0,
+    )
+    return {"cluster": cluster}
+
+
+def model_swap_note(before: Config, after: Config) -> str:
+    """One line on a model swap ("" if the model did not change): what was reset, what kept."""
+    if before.model.name == after.model.name:
+        return ""
+    ep = after.cluster.prefill_ep
+    hw = after.hardware
+    return (
+        f"model {before.model.name} -> {after.model.name}: cluster.prefill_ep/decode_ep "
+        f"set to {str(ep).lower()} ({'MoE: expert parallel' if ep else 'dense: data parallel'}, "
+        f"SPEC §13.1); kept: the hardware (pe/de buffers {hw.pe_buffer_bytes / 1e9:g}/"
+        f"{hw.de_buffer_bytes / 1e9:g} GB), {after.cluster.label}, scheduler, workload "
+        "(set them with --set if they belong to the model)"
+    )
+
+
 def from_dict(data: Mapping[str, Any], base: Config | None = None) -> Config:
-    """Build a Config: start from ``data['preset']`` (or ``base``), then apply each section."""
+    """Build a Config: start from ``data['preset']`` (or ``base``), then apply each section.
+    A model preset swap (``model = "NAME"`` or ``[model] preset = ...``) resets the cluster's
+    EP settings to the model's kind (``_model_swap``) unless ``data`` sets the cluster too."""
     data = dict(data)
     if "preset" in data:
         config = preset(str(data.pop("preset")))
     else:
         config = base if base is not None else preset(DEFAULT_PRESET)
     changes: dict[str, Any] = {}
+    swapped = False  # a model preset named: the cluster's EP settings follow the model
     if "name" in data:
         changes["name"] = str(data.pop("name"))
     for key in sorted(data):
@@ -106,9 +139,13 @@ def from_dict(data: Mapping[str, Any], base: Config | None = None) -> Config:
         value = data[key]
         if isinstance(value, str) and key in _SECTION_PRESETS:
             value = {"preset": value}
+        if key == "model" and isinstance(value, Mapping) and "preset" in value:
+            swapped = True
         if not isinstance(value, Mapping):
             raise ValueError(f"config section {key!r} must be a table of key = value")
         changes[key] = _update_section(key, getattr(config, key), value)
+    if swapped and "cluster" not in data:
+        changes.update(_model_swap(config, changes["model"]))
     return dataclasses.replace(config, **changes)
 
 

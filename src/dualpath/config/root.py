@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from dualpath.config.cluster import ClusterConfig
 from dualpath.config.hardware import HardwareConfig
@@ -22,6 +24,13 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+
+    if TYPE_CHECKING:  # bound in dualpath/config/__init__.py (see there why)
+
+        @classmethod
+        def from_preset(cls, name: str, overrides: Iterable[str] = ()) -> Config: ...
+
+        def with_overrides(self, *overrides: str) -> Config: ...
 
 
 def config_for(config: Config, spec: SystemSpec) -> Config:

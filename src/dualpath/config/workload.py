@@ -24,6 +24,9 @@ class WorkloadConfig:
     trace_speedup: float = 1.0  # replay a trace this many times faster
     seed: int = 0
     synth: str = "table2"  # synthesiser form, one of SYNTH_FORMS (docs/workload.md)
+    # a workload of one's own (docs/workload.md, "Custom workloads"; workload/custom.py):
+    trajectories: str = ""  # JSONL of trajectories (agents beyond the file replicate it)
+    distributions: str = ""  # TOML of turn count / first append / append / generation
 
     def __post_init__(self) -> None:
         one_of("workload.mal", self.mal.lower(), MAL_NAMES)
@@ -40,6 +43,12 @@ class WorkloadConfig:
             "workload.num_base_trajectories",
             self.num_base_trajectories,
             "an integer >= 1",
+        )
+        require(
+            not (self.trajectories and self.distributions),
+            "workload.trajectories",
+            self.trajectories,
+            "empty when workload.distributions is set (one source of trajectories)",
         )
         non_negative("workload.aps", self.aps)
         positive("workload.trace_speedup", self.trace_speedup)

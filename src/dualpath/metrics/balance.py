@@ -25,7 +25,7 @@ def max_over_avg(values: Sequence[float]) -> float:
 
 
 def windowed_max_over_avg(
-    samples: Sequence[tuple[float, Sequence[float]]], window_s: float
+    samples: Sequence[tuple[float, Sequence[float]]], window_s: float, skip_idle: bool = False
 ) -> list[tuple[float, float]]:
     """Sliding-window load balance of a per-node time series.
 
@@ -33,7 +33,8 @@ def windowed_max_over_avg(
     (one value per node, e.g. SNIC bytes/s over the last sampling interval). For each sample
     at time t the window holds the samples with time in (t - window_s, t]; each node's load is
     averaged over the window and ``max_over_avg`` of those averages is reported as
-    ``(t, ratio)``. Cost is O(samples × nodes).
+    ``(t, ratio)``. Cost is O(samples × nodes). ``skip_idle``: a window in which no node
+    carried anything is left out (no data is not balance) instead of reported as 1.0.
     """
     positive("window_s", window_s)
     if not samples:
@@ -63,6 +64,8 @@ def windowed_max_over_avg(
             head += 1
         # running sums drift by rounding: snap empty nodes to 0 and tiny negatives to 0
         window = [max(0.0, s) if n else 0.0 for s, n in zip(sums, nonzero, strict=True)]
+        if skip_idle and not any(nonzero):
+            continue
         # every node's mean shares one divisor, so max/avg of sums equals max/avg of means
         out.append((time_s, max_over_avg(window)))
     return out

@@ -140,12 +140,17 @@ def snic_balance(
 
 
 def attention_balance(
-    forwards: Iterable[tuple[float, Sequence[float]]],
+    forwards: Iterable[tuple[float, Sequence[float]]], skip_idle: bool = False
 ) -> list[tuple[float, float]]:
     """Per-forward attention max/avg across the GPUs of one EP group: ``forwards`` are
     (time_s, [attention seconds per GPU]); returns (time_s, max/avg) in the given order.
-    1.0 = no bubble; a forward where no GPU attended anything counts as balanced."""
-    return [(time_s, max_over_avg(per_gpu_s)) for time_s, per_gpu_s in forwards]
+    1.0 = no bubble; a forward where no GPU attended anything counts as balanced, or with
+    ``skip_idle`` is left out (no data is not balance)."""
+    return [
+        (time_s, max_over_avg(per_gpu_s))
+        for time_s, per_gpu_s in forwards
+        if not skip_idle or any(per_gpu_s)
+    ]
 
 
 def series_stats(series: Sequence[tuple[float, float]]) -> dict[str, float]:

@@ -8,6 +8,7 @@ Each function returns a ``FigureInfo`` (titles, axis labels, legend entries) for
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,14 +23,24 @@ DPI = 120
 Row = Mapping[str, Any]
 Series = Mapping[str, Sequence[Sequence[float]]]
 
-# Fixed colours for the systems of SPEC §11; other labels cycle through the rest.
+# Fixed colours for the systems of SPEC §11, under every name a plot gives them (the
+# simulator's names, the figures' labels, the ablation's steps): one system, one colour in
+# every PNG of `sim`, `sweep`, `tune` and `figures`. Other labels cycle through the rest.
+_BASIC, _LAYER, _DPL, _DUALPATH, _ORACLE = "#8c8c8c", "#9467bd", "#ff7f0e", "#1f77b4", "#2ca02c"
 _SYSTEM_COLOURS = {
-    "Basic": "#8c8c8c",
-    "+Layer": "#9467bd",
-    "+DPL": "#ff7f0e",
-    "+Sched": "#1f77b4",
-    "DualPath": "#1f77b4",
-    "Oracle": "#2ca02c",
+    "Basic": _BASIC,
+    "basic": _BASIC,
+    "+Layer": _LAYER,
+    "layer": _LAYER,
+    "+DPL": _DPL,
+    "dpl": _DPL,
+    "DPL": _DPL,
+    "DPL (RR)": _DPL,
+    "+Sched": _DUALPATH,
+    "DualPath": _DUALPATH,
+    "dualpath": _DUALPATH,
+    "Oracle": _ORACLE,
+    "oracle": _ORACLE,
 }
 _OTHER_COLOURS = ("#d62728", "#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f")
 _COMPONENT_COLOURS = {
@@ -341,13 +352,37 @@ def plot_ablation(
         if y > 0 and ys[0] > 0:
             label_bar(ax, bar, f"{ys[0] / y:.2f}×", fontsize=9)
     ax.set_xticks(range(len(rows)), names)
-    ax.set_ylim(0, max((y for y in ys if not math.isnan(y)), default=1.0) * 1.15)
+    # room above the tallest bar for its label; the legend outside the axes (inside, it
+    # covered the labels)
+    ax.set_ylim(0, max((y for y in ys if not math.isnan(y)), default=1.0) * 1.18)
     ax.set_xlabel("system (each adds one technique)")
     ax.set_ylabel("JCT (s)")
-    ax.set_title("lower is better")
+    ax.set_title("lower is better", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     return save(fig, path, title)
+
+
+def with_gaps(
+    pts: Sequence[Sequence[float]], factor: float = 3.0
+) -> tuple[list[float], list[float]]:
+    """x, y of a time series with a NaN inserted wherever consecutive times lie more than
+    ``factor`` × the median spacing apart, so that a line is broken over a stretch with no
+    data instead of drawn across it."""
+    xs = [float(p[0]) for p in pts]
+    ys = [float(p[1]) for p in pts]
+    if len(xs) < 3:
+        return xs, ys
+    gaps = sorted(b - a for a, b in itertools.pairwise(xs))
+    limit = factor * gaps[len(gaps) // 2]
+    out_x, out_y = [xs[0]], [ys[0]]
+    for i in range(1, len(xs)):
+        if limit > 0 and xs[i] - xs[i - 1] > limit:
+            out_x.append((xs[i] + xs[i - 1]) / 2)
+            out_y.append(math.nan)
+        out_x.append(xs[i])
+        out_y.append(ys[i])
+    return out_x, out_y
 
 
 def _ratio_lines(series: Series, path: str | Path, ylabel: str, title: str) -> FigureInfo:
@@ -359,17 +394,12 @@ def _ratio_lines(series: Series, path: str | Path, ylabel: str, title: str) -> F
     for label in labels:
         pts = series[label]
         if pts:
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                lw=1,
-                label=label,
-                color=colour(label, labels),
-            )
-    ax.axhline(1.0, ls=":", color="black", lw=0.8, label="perfect balance")
+            xs, ys = with_gaps(pts)
+            ax.plot(xs, ys, lw=1, label=label, color=colour(label, labels))
+    ax.axhline(1.0, ls=":", color="black", lw=0.8, label="even (max = avg)")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(ylabel)
-    ax.set_title("max/avg, 1.0 = perfectly even")
+    ax.set_title("max/avg, 1.0 = perfectly even; gaps: no data (nothing to balance)", fontsize=9)
     ax.set_ylim(bottom=0.95)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -3,9 +3,11 @@ and JCT over a sweep grid. Writes only the file it is given."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dualpath.metrics.plots import colour
 from dualpath.sim.results import SimResult
 
 _UTIL = (
@@ -36,7 +38,7 @@ def plot_results(results: Mapping[str, SimResult], path: Path, title: str) -> No
     names = list(results)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(1, 2))
     jcts = [results[n].jct_s for n in names]
-    bars = ax1.bar(names, jcts, color=[f"C{i}" for i in range(len(names))])
+    bars = ax1.bar(names, jcts, color=[colour(n, names) for n in names])
     basic = results.get("basic")
     for bar, n in zip(bars, names, strict=True):
         label = f"{results[n].jct_s:.0f} s"
@@ -57,7 +59,9 @@ def plot_results(results: Mapping[str, SimResult], path: Path, title: str) -> No
     for i, n in enumerate(names):
         u = results[n].utilisation
         xs = [k + (i - (len(names) - 1) / 2) * width for k in range(len(_UTIL))]
-        ax2.bar(xs, [100 * u[key]["mean"] for key, _ in _UTIL], width, label=n, color=f"C{i}")
+        ax2.bar(
+            xs, [100 * u[key]["mean"] for key, _ in _UTIL], width, label=n, color=colour(n, names)
+        )
     ax2.set_xticks(range(len(_UTIL)), [label for _, label in _UTIL], rotation=20)
     ax2.set_ylabel("mean utilisation (%)")
     ax2.set_ylim(0, 105)
@@ -75,17 +79,20 @@ def plot_sweep(
     jct_s: Mapping[tuple[str, str], float],
     path: Path,
     title: str,
+    xlabel: str = "grid point",
 ) -> None:
-    """Grouped bars: JCT (s) per grid point, one bar per system."""
+    """Grouped bars: JCT (s) per grid point, one bar per system; ``xlabel`` names what the
+    tick labels are (the sweep's axes). A missing result is left out, never drawn as 0."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(points) * max(1, len(systems)) / 2), 4.8))
     width = 0.8 / max(1, len(systems))
     for i, s in enumerate(systems):
         xs = [k + (i - (len(systems) - 1) / 2) * width for k in range(len(points))]
-        ax.bar(xs, [jct_s.get((p, s), 0.0) for p in points], width, label=s, color=f"C{i}")
-    ax.set_xticks(range(len(points)), points, rotation=30, ha="right")
+        ys = [jct_s.get((p, s), math.nan) for p in points]
+        ax.bar(xs, ys, width, label=s, color=colour(s, systems))
+    ax.set_xticks(range(len(points)), points, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("job completion time (s)")
-    ax.set_xlabel("setting (preset / MAL / agents)")
+    ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.legend(title="system")
     fig.tight_layout()

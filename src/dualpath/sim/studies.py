@@ -28,6 +28,8 @@ from dualpath.workload.mooncake import TraceRequest, load_mooncake
 
 ABLATION_STEPS = (("basic", "Basic"), ("layer", "+Layer"), ("dpl", "+DPL"), ("dualpath", "+Sched"))
 ProbeHook = Callable[[str, float, OnlineResult], None]
+# runs one online probe: (config, system, settings, sim) → result (e.g. through a cache)
+OnlineRunner = Callable[[Config, str, OnlineSettings, SimConfig | None], OnlineResult]
 
 
 def capacity(
@@ -40,19 +42,22 @@ def capacity(
     max_iter: int = 12,
     sim: SimConfig | None = None,
     on_probe: ProbeHook | None = None,
+    runner: OnlineRunner | None = None,
 ) -> CapacityResult:
     """Highest APS at which an online run of ``system`` meets the SLO (bisection; each probe
     is one seeded run of ``settings`` with its ``aps`` replaced). A load above the system's
     storage bound (``online.storage_bound``) fails without a run: arrivals there outpace the
     SNICs, so no steady state exists (a finite run of closed-loop agents only shows the
     backlog growing slowly: the population grows at λ − bound). ValueError if the capacity
-    found still exceeds the bound (a guard: it is never reported)."""
+    found still exceeds the bound (a guard: it is never reported). ``runner`` runs each probe
+    (default ``run_online``; the CLI passes one that reads and fills the result cache)."""
     bound = storage_bound(config, system)
+    run = runner if runner is not None else run_online
 
     def passes(aps: float) -> bool:
         if aps > bound.aps:
             return False
-        result = run_online(config, system, dataclasses.replace(settings, aps=aps), sim)
+        result = run(config, system, dataclasses.replace(settings, aps=aps), sim)
         if on_probe is not None:
             on_probe(system, aps, result)
         return result.passed
@@ -132,11 +137,13 @@ def load_trace(path: str | Path, block_tokens: int) -> list[TraceRequest]:
 
 def snic_series(result: OnlineResult, window_s: float) -> list[tuple[float, float]]:
     """SNIC read max/avg across all nodes in sliding windows of ``window_s`` (from the
-    run's 1-sample-per-step counters)."""
+    run's 1-sample-per-step counters); windows in which no SNIC read anything are left out
+    (no reads is no data, not perfect balance)."""
     rates = rates_from_counters(list(result.snic_samples))
-    return windowed_max_over_avg(rates, window_s)
+    return windowed_max_over_avg(rates, window_s, skip_idle=True)
 
 
 def attention_series(result: OnlineResult) -> list[tuple[float, float]]:
-    """Per prefill forward of the EP group: attention max/avg across its GPUs."""
-    return attention_balance(result.attention)
+    """Per prefill forward of the EP group: attention max/avg across its GPUs (forwards in
+    which no GPU attended anything left out)."""
+    return attention_balance(result.attention, skip_idle=True)

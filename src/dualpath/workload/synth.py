@@ -16,6 +16,7 @@ from types import MappingProxyType
 from dualpath.config.checks import one_of, require
 from dualpath.config.workload import SYNTH_FORMS, WorkloadConfig
 from dualpath.units import parse_tokens
+from dualpath.workload.custom import load_distributions, load_trajectories
 from dualpath.workload.trajectory import Trajectory, TrajectoryTurn
 
 # Shape constants of the model (log-space standard deviations), chosen for plausibility,
@@ -205,7 +206,8 @@ def replica_round(rng: random.Random) -> TrajectoryTurn:
 
 
 def synthesize(cfg: WorkloadConfig, block_tokens: int) -> list[Trajectory]:
-    """``cfg.num_agents`` trajectories of MAL ``cfg.mal``, agent ids 0..n-1, seeded by ``cfg.seed``.
+    """``cfg.num_agents`` trajectories of MAL ``cfg.mal``, agent ids 0..n-1, seeded by ``cfg.seed``
+    (from ``cfg.trajectories`` / ``cfg.distributions`` when set: ``workload.custom``).
 
     ``cfg.num_base_trajectories`` base trajectories are drawn; agent k < base uses base k as
     is; agent k >= base reuses base ``k % base`` with one random round prepended (append drawn
@@ -216,7 +218,16 @@ def synthesize(cfg: WorkloadConfig, block_tokens: int) -> list[Trajectory]:
     mal = cfg.mal.lower()
     num_base = min(cfg.num_base_trajectories, cfg.num_agents)
     rng = random.Random(cfg.seed)
-    bases = base_set(cfg.synth, mal, rng, cfg.num_base_trajectories, num_base)
+    if cfg.trajectories:  # the file's trajectories are the base set, in file order
+        bases = load_trajectories(cfg.trajectories)
+        num_base = min(len(bases), cfg.num_agents)
+        bases = bases[:num_base]
+    elif cfg.distributions:
+        dists = load_distributions(cfg.distributions)
+        cap = mal_tokens(mal) - REPLICA_ROUND_MAX_TOKENS
+        bases = [dists.draw_turns(rng, cap) for _ in range(num_base)]
+    else:
+        bases = base_set(cfg.synth, mal, rng, cfg.num_base_trajectories, num_base)
     out = [Trajectory(k, turns) for k, turns in enumerate(bases)]
     for k in range(num_base, cfg.num_agents):
         out.append(Trajectory(k, (replica_round(rng), *bases[k % num_base])))
