@@ -19,6 +19,7 @@ import torch
 
 from dualpath.config import ModelConfig
 from dualpath.models.calibrate import DecodeSample, PrefillSample
+from dualpath.runtime.decode_kv import DecodeKV
 from dualpath.runtime.hbm import HbmPool, PagedKV
 from dualpath.runtime.model import CacheBatch, KVCache, TinyTransformer
 
@@ -111,7 +112,9 @@ def _measure(
     repeats: int,
 ) -> float:
     """Best-of-``repeats`` seconds of one engine pass: ``batch`` sequences of ``new`` tokens
-    after ``cached``, pasts gathered from pool pages and new KV scattered into them."""
+    after ``cached``, new KV scattered into pool pages; a prefill's pasts gathered from the
+    pages (``PagedKV``, as a PE), a decode step's read where a DE keeps them between steps
+    (``DecodeKV``, arranged before the timing: a DE copies a request in once)."""
     per = pool.pages_for(cached + new)
     tables = []
     for _ in range(layers):
@@ -127,6 +130,15 @@ def _measure(
 
     def run() -> None:
         model.forward_batch(tokens, PagedKV(pool, lambda layer: tables[layer], [cached] * batch))
+
+    if new == 1:  # a decode step
+        keep = DecodeKV(pool, layers, model.device, model.dtype)
+        seqs = list(range(batch))
+        per_seq = [[tables[layer][i] for layer in range(layers)] for i in seqs]
+        keep.arrange(seqs, per_seq, [cached] * batch)
+
+        def run() -> None:
+            model.forward_batch(tokens, keep.batch(per_seq, [cached] * batch))
 
     try:
         return _best_of(repeats, run)
