@@ -12,6 +12,7 @@ from typing import Any
 
 from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.schema import ApiError, ChatMessage, ChatRequest, ResponseFormat
+from dualpath.serve.strict import StrictSchema
 from dualpath.serve.tokenizer import TextTokenizer
 from dualpath.serve.tools import (
     TOOL_FORMATS,
@@ -84,7 +85,7 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of {TOOL_FORMATS}")
     tools = [Tool(t.function.name, t.function.description, t.function.parameters,
-                  bool(t.function.strict)) for t in body.tools or ()]  # fmt: skip
+                  t.function.strict is not False) for t in body.tools or ()]  # fmt: skip
     if len({t.name for t in tools}) != len(tools):
         raise ApiError(400, "tools: two tools have the same name", "tools")
     if max_schema_bytes:
@@ -160,12 +161,15 @@ def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool
         if fmt.json_schema is None:
             raise ApiError(400, "response_format.json_schema: required for type json_schema",
                            "response_format.json_schema")  # fmt: skip
-        schema: dict[str, Any] = fmt.json_schema.schema_ or {"type": "object"}
+        schema: dict[str, Any] | None = fmt.json_schema.schema_ or {"type": "object"}
+        strict = fmt.json_schema.strict is not False
     else:
-        schema = {"type": "object"}
+        schema, strict = None, True  # json_object: a bounded free object
     if not optional:
-        return json_grammar(schema)
-    value = "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
+        return json_grammar(schema, strict)
+    rules = StrictSchema(strict=strict)
+    body = rules.free_object() if schema is None else rules.apply(schema)
+    value = "%json " + json.dumps({**body, "x-guidance": {"whitespace_flexible": False}})
     call = call_grammar(optional, tool_format).replace("start:", "tool_call:", 1)
     return f"start: answer | tool_call\nanswer: {value}\n{call}"
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dualpath.serve.strict import StrictSchema
+
 TOOL_FORMATS = ("hermes", "llama3_json")
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -28,12 +30,18 @@ class Tool:
 
     name: str
     description: str = ""
-    parameters: Any = None  # a JSON-schema object (None: any object)
-    strict: bool = False
+    parameters: Any = None  # a JSON-schema object (None: an object without arguments)
+    strict: bool = True  # ``strict: false`` on the request's tool: extra keys allowed
 
     def schema(self) -> dict[str, Any]:
+        """The schema as the request gave it (what the chat template renders)."""
         p = self.parameters
         return p if isinstance(p, dict) and p else {"type": "object"}
+
+    def grammar_schema(self) -> dict[str, Any]:
+        """The schema its calls are constrained to: strict unless the tool opts out, and
+        bounded (``serve/strict.py``)."""
+        return StrictSchema(strict=self.strict).apply(self.schema())
 
     def openai(self) -> dict[str, Any]:
         """As chat templates take it (``tools=[{"type": "function", "function": …}]``)."""
@@ -215,7 +223,7 @@ def call_grammar(tools: Sequence[Tool], fmt: str) -> str:
     options = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, args_key: t.schema()},
+            "properties": {"name": {"const": t.name}, args_key: t.grammar_schema()},
             "required": ["name", args_key],
             "additionalProperties": False,
         }
@@ -229,14 +237,16 @@ def call_grammar(tools: Sequence[Tool], fmt: str) -> str:
     return f'start: "{_OPEN}\\n" call "\\n{_CLOSE}"\ncall: {call}\n'
 
 
-def json_grammar(schema: Any) -> str:
-    """llguidance grammar text for one JSON value matching ``schema`` (compact JSON)."""
+def json_grammar(schema: Any, strict: bool = True) -> str:
+    """llguidance grammar text for one JSON value matching ``schema`` (compact JSON; strict
+    and bounded as ``serve/strict.py`` makes it); None: ``json_object`` (a bounded object)."""
     import llguidance
 
-    body = schema if isinstance(schema, dict) else {}
+    rules = StrictSchema(strict=strict)
+    body = rules.free_object() if schema is None else rules.apply(schema)
     return str(
         llguidance.LLMatcher.grammar_from_json_schema(
-            body or {"type": "object"}, defaults={"whitespace_flexible": False}
+            body, defaults={"whitespace_flexible": False}
         )
     )
 
