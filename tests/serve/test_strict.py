@@ -10,7 +10,8 @@ import pytest
 
 from dualpath.runtime.decoding import VocabSpec, build_tokenizer
 from dualpath.serve.strict import StrictSchema
-from dualpath.serve.tools import Tool, call_grammar, json_grammar
+from dualpath.serve.tool_families import Hermes
+from dualpath.serve.tools import Tool, json_grammar
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -60,10 +61,10 @@ def test_strict_false_keeps_extra_keys_but_still_bounds() -> None:
 def test_a_forced_call_grammar_refuses_extra_keys_unless_the_tool_opts_out() -> None:
     call = '<tool_call>\n{"name":"f","arguments":{"zone":"a","extra":1}}\n</tool_call>'
     ok = '<tool_call>\n{"name":"f","arguments":{"zone":"a"}}\n</tool_call>'
-    strict = call_grammar([Tool("f", parameters=LANGCHAIN)], "hermes")
+    strict = Hermes.call_grammar([Tool("f", parameters=LANGCHAIN)])
     assert _byte_matcher_accepts(strict, ok)
     assert not _byte_matcher_accepts(strict, call)
-    loose = call_grammar([Tool("f", parameters=LANGCHAIN, strict=False)], "hermes")
+    loose = Hermes.call_grammar([Tool("f", parameters=LANGCHAIN, strict=False)])
     assert _byte_matcher_accepts(loose, call)
 
 

@@ -92,9 +92,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument(
         "--tool-parser",
+        "--tool-call-parser",
+        dest="tool_parser",
         default="auto",
-        help="how the model writes tool calls: hermes (<tool_call> tags: Qwen, Hermes, the "
-        "default template), llama3_json, or auto (default: from the chat template / model type)",
+        help="how the model writes tool calls (as vLLM's --tool-call-parser): hermes (<tool_call> "
+        "JSON: Qwen 2.5/3, Hermes, the default template), llama3_json, mistral, deepseek_v3, "
+        "qwen3_coder (XML), or auto (default: from the chat template / model type)",
     )
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument(

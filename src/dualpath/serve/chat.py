@@ -14,23 +14,9 @@ from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.schema import ApiError, ChatMessage, ChatRequest, ResponseFormat
 from dualpath.serve.strict import StrictSchema
 from dualpath.serve.tokenizer import TextTokenizer
-from dualpath.serve.tools import (
-    TOOL_FORMATS,
-    Tool,
-    ToolCall,
-    ToolParser,
-    call_grammar,
-    json_grammar,
-)
-
-
-def tool_format_for(template: str, model_type: str = "") -> str:
-    """The tool-call format a chat template teaches its model (``tools.TOOL_FORMATS``)."""
-    if "<tool_call>" in template:
-        return "hermes"
-    if "python_tag" in template or "ipython" in template or model_type == "llama":
-        return "llama3_json"
-    return "hermes"
+from dualpath.serve.tool_families import TOOL_PARSERS
+from dualpath.serve.tool_parsers import CallDelta
+from dualpath.serve.tools import Tool, ToolCall, json_grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +31,16 @@ class ChatPlan:
     parse: str | None
     forced: bool
     grammar_param: str = ""
+    tools: tuple[Tool, ...] = ()
+    max_calls: int | None = None  # 1: parallel_tool_calls is false
+
+    def reader(self) -> ReplyReader:
+        return ReplyReader(self.parse, self.tools, self.max_calls)
+
+    @property
+    def needs_special_tokens(self) -> bool:
+        """Its tool format's markers are special tokens: decode replies with them."""
+        return self.parse is not None and TOOL_PARSERS[self.parse].needs_special_tokens
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -82,8 +78,9 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
     """Render and validate ``body`` (every refusal a 400 naming its field).
     ``max_schema_bytes`` (0: none): the tools' and the JSON schema's size, checked before
     anything is built from them (rendering, grammar; ``serve/grammars.py``)."""
-    if tool_format not in TOOL_FORMATS:
-        raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of {TOOL_FORMATS}")
+    if tool_format not in TOOL_PARSERS:
+        raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of "
+                         f"{sorted(TOOL_PARSERS)}")  # fmt: skip
     tools = [Tool(t.function.name, t.function.description, t.function.parameters,
                   t.function.strict is not False) for t in body.tools or ()]  # fmt: skip
     if len({t.name for t in tools}) != len(tools):
@@ -130,6 +127,8 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
         parse=tool_format if choice != "none" else None,
         forced=bool(forced_tools),
         grammar_param=param,
+        tools=tuple(tools),
+        max_calls=1 if body.parallel_tool_calls is False else None,
     )
 
 
@@ -154,7 +153,7 @@ def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool
     """The grammar of a reply: a forced call; else, with a JSON ``response_format``, JSON of
     its schema (or, with tools on ``auto``, that or a call); else none."""
     if forced:
-        return call_grammar(forced, tool_format)
+        return TOOL_PARSERS[tool_format].call_grammar(forced)
     if fmt is None or fmt.type == "text":
         return ""
     if fmt.type == "json_schema":
@@ -170,7 +169,7 @@ def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool
     rules = StrictSchema(strict=strict)
     body = rules.free_object() if schema is None else rules.apply(schema)
     value = "%json " + json.dumps({**body, "x-guidance": {"whitespace_flexible": False}})
-    call = call_grammar(optional, tool_format).replace("start:", "tool_call:", 1)
+    call = TOOL_PARSERS[tool_format].call_grammar(optional).replace("start:", "tool_call:", 1)
     return f"start: answer | tool_call\nanswer: {value}\n{call}"
 
 
@@ -206,29 +205,30 @@ def completion_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob],
 
 
 class ReplyReader:
-    """One choice's reply as it streams: text deltas in, content deltas and tool calls out."""
+    """One choice's reply as it streams: text deltas in; content deltas, tool-call argument
+    deltas and each call once complete out (``parse``: a ``TOOL_PARSERS`` name, None: all
+    content)."""
 
-    def __init__(self, parse: str | None) -> None:
-        self.parser = ToolParser(parse) if parse else None
+    def __init__(self, parse: str | None, tools: Sequence[Tool] = (),
+                 max_calls: int | None = None) -> None:  # fmt: skip
+        self.parser = TOOL_PARSERS[parse](tools, max_calls) if parse else None
         self.content: list[str] = []
         self.calls: list[ToolCall] = []
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[CallDelta], list[ToolCall]]:
+        """Content, call deltas and newly completed calls after ``text`` (``final``: the
+        reply ended with it)."""
         if self.parser is None:
             self.content.append(text)
-            return text, []
-        content, calls = self.parser.feed(text)
+            return text, [], []
+        content, deltas = self.parser.feed(text)
+        if final:
+            tail, more = self.parser.finish()
+            content, deltas = content + tail, deltas + more
         self.content.append(content)
-        self.calls.extend(calls)
-        return content, calls
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        if self.parser is None:
-            return "", []
-        content, calls = self.parser.finish()
-        self.content.append(content)
-        self.calls.extend(calls)
-        return content, calls
+        done = self.parser.calls[len(self.calls) :]
+        self.calls.extend(done)
+        return content, deltas, done
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.calls and reason == "stop" else reason

@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import Request
@@ -248,11 +249,11 @@ class ResponseWriter:
     text), each tool call a ``function_call`` item after it; text after a call opens a new
     message. The whole response is built by the same writer, so it equals the stream."""
 
-    def __init__(self, body: ResponsesRequest, rid: str, model: str, parse: str | None,
+    def __init__(self, body: ResponsesRequest, rid: str, model: str, reader: ReplyReader,
                  tokenizer: TextTokenizer, logprobs: bool) -> None:  # fmt: skip
         self.rid, self.body, self.model = rid, body, model
         self.created_at = int(time.time())
-        self.reader = ReplyReader(parse)
+        self.reader = reader
         self.tokenizer, self.logprobs = tokenizer, logprobs
         self.output: list[dict[str, Any]] = []
         self.status = "in_progress"
@@ -287,13 +288,15 @@ class ResponseWriter:
         self.first = self.first or ev
         self.last = ev
         self._lps.extend(ev.logprobs)
-        return self._emit(*self.reader.feed(ev.text))
+        text, _, done = self.reader.feed(ev.text)
+        return self._emit(text, done)
 
     def finish(self, reason: str | None) -> list[dict[str, Any]]:
         """Close the reply that ended with ``reason`` ('stop', 'length', 'abort')."""
         if reason not in ("stop", "length"):
             return self.fail("the request was aborted (server shutting down)")
-        events = self._emit(*self.reader.finish())
+        text, _, done = self.reader.feed("", final=True)
+        events = self._emit(text, done)
         self.status = "incomplete" if reason == "length" else "completed"
         if not self.output:
             events += self._open_message()[1]  # an empty reply is an empty message
@@ -404,7 +407,9 @@ async def create_response(svc: Service, request: Request) -> Response:
     logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
     gen = svc.to_request(chat, plan.prompt, request, plan.grammar, logprobs, "input")
     svc.check_alive()
-    writer = ResponseWriter(body, "resp_" + gen.request_id, backend.model_name, plan.parse,
+    if plan.needs_special_tokens:
+        gen = replace(gen, skip_special_tokens=False)
+    writer = ResponseWriter(body, "resp_" + gen.request_id, backend.model_name, plan.reader(),
                             backend.tokenizer, logprobs is not None)  # fmt: skip
     if not body.stream:
 
