@@ -25,6 +25,7 @@ from dualpath.runtime.hops import hop
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.chat import (
     ChatPlan,
+    ReplyPiece,
     ReplyReader,
     chat_logprobs,
     completion_logprobs,
@@ -41,7 +42,6 @@ from dualpath.serve.schema import (
     error_body,
 )
 from dualpath.serve.service import ApiOptions, DeadlinePassed, Service, usage
-from dualpath.serve.tool_parsers import CallDelta
 
 
 async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
@@ -82,6 +82,8 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                                 "finish_reason": reason, **extra})  # fmt: skip
                 continue
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if reader.thinker is not None:  # (as vLLM: null when the reply did not think)
+                message["reasoning_content"] = "".join(reader.reasoning) or None
             if reader.calls:
                 message["tool_calls"] = [c.openai() for c in reader.calls]
             else:
@@ -99,8 +101,8 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
         payload = {**header(chunk_obj), "choices": choices, **(extra or {})}
         return f"data: {json.dumps(payload)}\n\n"
 
-    def chunk(i: int, text: str, calls: list[CallDelta], ev: TokenEvent,
-              finish: str | None) -> dict[str, Any]:  # fmt: skip
+    def chunk(i: int, piece: ReplyPiece, ev: TokenEvent, finish: str | None) -> dict[str, Any]:
+        text, calls = piece.content, piece.deltas
         lp = list(ev.logprobs)
         # ``return_token_ids`` (as vLLM): the new output token ids in each chunk
         extra = {"token_ids": list(ev.token_ids)} if body.return_token_ids else {}
@@ -109,6 +111,8 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
             return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish,
                     **extra}  # fmt: skip
         delta: dict[str, Any] = {}
+        if piece.reasoning:
+            delta["reasoning_content"] = piece.reasoning
         if text:
             delta["content"] = text
         if calls:
@@ -129,12 +133,12 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                 async for i, item in events:
                     reader = readers[i]
                     lasts[i] = item
-                    text, calls, _ = reader.feed(item.text, final=bool(item.finish_reason))
+                    piece = reader.feed(item.text, final=bool(item.finish_reason))
                     finish = reader.finish_reason(item.finish_reason)
                     news = (want_lp and item.logprobs) or (body.return_token_ids and item.token_ids)
-                    if text or calls or finish or news:
+                    if piece.content or piece.reasoning or piece.deltas or finish or news:
                         hop("http.sse")
-                        yield sse([chunk(i, text, calls, item, finish)])
+                        yield sse([chunk(i, piece, item, finish)])
             except BackendFailure as exc:  # an OpenAI error event, then the end
                 err = error_body(503, f"the runtime failed: {exc}", None)
                 yield f"data: {json.dumps(err)}\n\n"
@@ -193,7 +197,7 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         svc.authorise(request)
         body: ChatRequest = await svc.parse(request, ChatRequest)
         plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar,
-                         opts.grammar.max_bytes)  # fmt: skip
+                         opts.grammar.max_bytes, opts.reasoning_parser)  # fmt: skip
         await svc.check_grammar(plan)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dualpath.runtime.decoding import TokenLogprob
-from dualpath.serve.schema import ApiError, ChatMessage, ChatRequest, ResponseFormat
+from dualpath.serve.reasoning import (
+    REASONING_PARSERS,
+    prompt_opens_reasoning,
+    reasoning_grammar,
+)
+from dualpath.serve.render import render_prompt
+from dualpath.serve.schema import ApiError, ChatRequest, ResponseFormat
 from dualpath.serve.strict import StrictSchema
 from dualpath.serve.tokenizer import TextTokenizer
 from dualpath.serve.tool_families import TOOL_PARSERS
@@ -33,9 +39,12 @@ class ChatPlan:
     grammar_param: str = ""
     tools: tuple[Tool, ...] = ()
     max_calls: int | None = None  # 1: parallel_tool_calls is false
+    reasoning: str | None = None  # a REASONING_PARSERS name
+    reasoning_opened: bool = False  # the prompt ends inside <think>
 
     def reader(self) -> ReplyReader:
-        return ReplyReader(self.parse, self.tools, self.max_calls)
+        return ReplyReader(self.parse, self.tools, self.max_calls, self.reasoning,
+                           self.reasoning_opened)  # fmt: skip
 
     @property
     def needs_special_tokens(self) -> bool:
@@ -43,41 +52,14 @@ class ChatPlan:
         return self.parse is not None and TOOL_PARSERS[self.parse].needs_special_tokens
 
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as chat templates take them: calls' arguments as objects (as transformers'
-    templates expect), a tool result's ``tool_call_id`` kept."""
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        d: dict[str, Any] = {"role": m.role, "content": m.text()}
-        if m.name:
-            d["name"] = m.name
-        if m.role == "tool":
-            if not m.tool_call_id:
-                raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
-                               f"messages.{i}.tool_call_id")  # fmt: skip
-            d["tool_call_id"] = m.tool_call_id
-        if m.tool_calls:
-            calls = []
-            for k, c in enumerate(m.tool_calls):
-                args = c.function.arguments
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args or "{}")
-                    except ValueError:
-                        where = f"messages.{i}.tool_calls.{k}.function.arguments"
-                        raise ApiError(400, f"{where}: not valid JSON", where) from None
-                calls.append({"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": args}})  # fmt: skip
-            d["tool_calls"] = calls
-        out.append(d)
-    return out
-
-
 def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
-              supports_grammar: bool, max_schema_bytes: int = 0) -> ChatPlan:  # fmt: skip
+              supports_grammar: bool, max_schema_bytes: int = 0,
+              reasoning: str = "") -> ChatPlan:  # fmt: skip
     """Render and validate ``body`` (every refusal a 400 naming its field).
     ``max_schema_bytes`` (0: none): the tools' and the JSON schema's size, checked before
-    anything is built from them (rendering, grammar; ``serve/grammars.py``)."""
+    anything is built from them (rendering, grammar; ``serve/grammars.py``); ``reasoning``:
+    the ``--reasoning-parser`` ('' none): replies' ``<think>`` is split off, and a grammar
+    lets the model think first."""
     if tool_format not in TOOL_PARSERS:
         raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of "
                          f"{sorted(TOOL_PARSERS)}")  # fmt: skip
@@ -92,13 +74,7 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
         choice = "auto" if tools else "none"
     if choice != "none" and not tools:
         raise ApiError(400, "tool_choice: needs tools", "tool_choice")
-    messages = template_messages(body.messages)
-    try:
-        text = tokenizer.render_chat(messages, [t.openai() for t in tools] or None)
-        if tools and text == tokenizer.render_chat(messages):
-            raise ApiError(400, "tools: this model's chat template does not render tools", "tools")
-    except ValueError as exc:
-        raise ApiError(400, str(exc), "messages") from None
+    text = render_prompt(body, tokenizer, tools)
     forced_tools: list[Tool] = []
     if choice == "required":
         forced_tools = tools
@@ -109,6 +85,9 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
                            "tool_choice")  # fmt: skip
     grammar = _grammar(body.response_format, tools if choice == "auto" else [], forced_tools,
                        tool_format)  # fmt: skip
+    opened = bool(reasoning) and prompt_opens_reasoning(text)
+    if grammar and reasoning:
+        grammar = reasoning_grammar(grammar, opened)
     param = ""
     if grammar:
         param = "tool_choice" if forced_tools else "response_format"
@@ -129,6 +108,8 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
         grammar_param=param,
         tools=tuple(tools),
         max_calls=1 if body.parallel_tool_calls is False else None,
+        reasoning=reasoning or None,
+        reasoning_opened=opened,
     )
 
 
@@ -204,23 +185,40 @@ def completion_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob],
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyPiece:
+    """What a reply's next text adds: ``content`` and ``reasoning`` deltas, tool-call
+    argument ``deltas``, and the calls it completed (``done``)."""
+
+    content: str = ""
+    reasoning: str = ""
+    deltas: tuple[CallDelta, ...] = ()
+    done: tuple[ToolCall, ...] = ()
+
+
 class ReplyReader:
-    """One choice's reply as it streams: text deltas in; content deltas, tool-call argument
-    deltas and each call once complete out (``parse``: a ``TOOL_PARSERS`` name, None: all
-    content)."""
+    """One choice's reply as it streams: text deltas in, ``ReplyPiece``s out (``parse``: a
+    ``TOOL_PARSERS`` name, None: no tool calls; ``reasoning``: a ``REASONING_PARSERS`` name,
+    whose ``<think>`` part never reaches the tool parser)."""
 
     def __init__(self, parse: str | None, tools: Sequence[Tool] = (),
-                 max_calls: int | None = None) -> None:  # fmt: skip
+                 max_calls: int | None = None, reasoning: str | None = None,
+                 opened: bool = False) -> None:  # fmt: skip
         self.parser = TOOL_PARSERS[parse](tools, max_calls) if parse else None
+        self.thinker = REASONING_PARSERS[reasoning](opened) if reasoning else None
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[CallDelta], list[ToolCall]]:
-        """Content, call deltas and newly completed calls after ``text`` (``final``: the
-        reply ended with it)."""
+    def feed(self, text: str, final: bool = False) -> ReplyPiece:
+        """What ``text`` adds (``final``: the reply ended with it)."""
+        thought = ""
+        if self.thinker is not None:
+            thought, text = self.thinker.feed(text, final)
+            self.reasoning.append(thought)
         if self.parser is None:
             self.content.append(text)
-            return text, [], []
+            return ReplyPiece(text, thought)
         content, deltas = self.parser.feed(text)
         if final:
             tail, more = self.parser.finish()
@@ -228,7 +226,7 @@ class ReplyReader:
         self.content.append(content)
         done = self.parser.calls[len(self.calls) :]
         self.calls.extend(done)
-        return content, deltas, done
+        return ReplyPiece(content, thought, tuple(deltas), tuple(done))
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.calls and reason == "stop" else reason

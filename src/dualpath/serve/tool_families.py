@@ -43,7 +43,8 @@ class Hermes(ToolParser):
 def _json_list(body: str, final: bool, sep: str, close: str = "") -> list[PartialCall] | None:
     """Call objects one after another, ``sep`` between them (``close`` ends the list); None
     when ``body`` is not (only) calls."""
-    calls, pos = [], 0
+    calls: list[PartialCall] = []
+    pos = 0
     while True:
         while pos < len(body) and body[pos].isspace():
             pos += 1
@@ -110,7 +111,7 @@ class Mistral(ToolParser):
 
     def _named(self, rest: str, final: bool) -> list[PartialCall] | None:
         """``name[ARGS]{…}`` calls, each after a ``[TOOL_CALLS]`` but the first."""
-        calls = []
+        calls: list[PartialCall] = []
         for part in rest.split(self.MARK):
             name, sep, args = part.partition(self.ARGS)
             if not sep:

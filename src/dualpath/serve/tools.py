@@ -36,9 +36,10 @@ class Tool:
 
     def openai(self) -> dict[str, Any]:
         """As chat templates take it (``tools=[{"type": "function", "function": …}]``)."""
-        fn: dict[str, Any] = {"name": self.name, "parameters": self.schema()}
-        if self.description:
-            fn["description"] = self.description
+        # description always there (as transformers' get_json_schema writes tools): templates
+        # such as vLLM's hermes read it unguarded
+        fn: dict[str, Any] = {"name": self.name, "description": self.description,
+                              "parameters": self.schema()}  # fmt: skip
         return {"type": "function", "function": fn}
 
 
