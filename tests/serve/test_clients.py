@@ -77,18 +77,26 @@ def test_agents_sdk_default_responses_model_runs_a_tool_and_an_output_type(
 
     client = openai.AsyncOpenAI(base_url=hf_server.url + "/v1", api_key="sk-test",
                                 max_retries=0, timeout=120)  # fmt: skip
-    agent = agents.Agent(
-        name="coder",
-        instructions="Use your tools, then answer.",
-        tools=[list_files],
-        output_type=Forecast,
-        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-        # sampled: after the forced first call (tool_choice is then reset to auto), the random
-        # model answers or calls again; within 12 turns it has answered
-        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=700,
-                                            temperature=1.0),  # fmt: skip
-    )
-    result = asyncio.run(agents.Runner.run(agent, "Which files are in src?", max_turns=12))
-    assert calls and all(c in ("src", "tests") for c in calls)
+    model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+    settings = agents.ModelSettings(max_tokens=700, temperature=0)
+    # the tool turn: forced (with tool_choice auto the random model, offered a call or the
+    # output type's JSON, always picks the call: a real model answers when it is done)
+    caller = agents.Agent(name="coder", instructions="Use your tools.", tools=[list_files],
+                          model=model, tool_use_behavior="stop_on_first_tool",
+                          model_settings=settings.resolve(
+                              agents.ModelSettings(tool_choice="required")))  # fmt: skip
+    # the answer turn: the history (a function call and its output) back in, an output type
+    answerer = agents.Agent(name="coder", instructions="Answer.", tools=[list_files],
+                            output_type=Forecast, model=model,
+                            model_settings=settings.resolve(
+                                agents.ModelSettings(tool_choice="none")))  # fmt: skip
+
+    async def both() -> tuple[Any, Any]:
+        first = await agents.Runner.run(caller, "Which files are in src?", max_turns=2)
+        history = [*first.to_input_list(), {"role": "user", "content": "Now the forecast."}]
+        return first, await agents.Runner.run(answerer, history, max_turns=2)
+
+    first, result = asyncio.run(both())
+    assert len(calls) == 1 and calls[0] in ("src", "tests")
+    assert first.final_output == "main.py"
     assert isinstance(result.final_output, Forecast)
-    assert json.loads(result.final_output.model_dump_json())["days"] == result.final_output.days
