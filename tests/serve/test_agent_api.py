@@ -108,13 +108,15 @@ def test_a_forced_call_is_schema_valid_and_streams_to_the_same_call(
     jsonschema.validate(json.loads(call.function.arguments), _schema_of(call.function.name))
     assert call.id.startswith("call_") and call.type == "function"
     parts: dict[int, dict[str, str]] = {}
-    finish = None
+    finish, num_arg_deltas = None, 0
     for chunk in client.chat.completions.create(**kw, stream=True):
         for d in chunk.choices[0].delta.tool_calls or ():
             p = parts.setdefault(d.index, {"name": "", "arguments": ""})
             p["name"] += (d.function.name or "") if d.function else ""
             p["arguments"] += (d.function.arguments or "") if d.function else ""
+            num_arg_deltas += bool(d.function and d.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
+    assert num_arg_deltas > 1  # the arguments stream as they are written, not in one piece
     assert finish == "tool_calls"
     assert parts == {0: {"name": call.function.name, "arguments": call.function.arguments}}
 

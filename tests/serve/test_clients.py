@@ -7,7 +7,6 @@ type."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Literal
 
 import pytest
