@@ -192,10 +192,9 @@ def test_logprobs_match_a_direct_forward_pass(hf_server: ServerProc, hf_checkpoi
 
 
 def test_logit_bias_steers_greedy_decoding(hf_server: ServerProc, hf_checkpoint: Path) -> None:
-    from dualpath.serve.tokenizer import ChatInputs, HFTokenizer
+    from dualpath.serve.tokenizer import HFTokenizer
 
     tok = HFTokenizer.from_dir(hf_checkpoint)
-    inputs = ChatInputs(tools=RENDERED)
     client = _client(hf_server)
     kw: dict[str, Any] = dict(model=MODEL, messages=ASK, max_tokens=5, temperature=0,
                               logprobs=True, extra_body={"ignore_eos": True})  # fmt: skip
