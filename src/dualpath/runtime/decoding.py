@@ -212,7 +212,7 @@ def fill_masks(choosers: Sequence[Chooser], masks: Tensor) -> None:
     """Row k of ``masks`` (int32 bitmask rows) ← the grammar of ``choosers[k]``: the healthy
     matchers in one call of llguidance's batched ``fill_next_token_bitmask_par`` (its thread
     pool, the GIL released), a matcher in error row by row (``Chooser.fill_mask``)."""
-    import llguidance.torch
+    import torch
 
     par = [(c.matcher, k) for k, c in enumerate(choosers) if not c.matcher.is_error()]
     for k, c in enumerate(choosers):
@@ -222,7 +222,12 @@ def fill_masks(choosers: Sequence[Chooser], masks: Tensor) -> None:
         choosers[par[0][1]].fill_mask(masks[par[0][1]])
     elif par:
         grammars = next(c.grammars for c in choosers if c.grammars is not None)
-        llguidance.torch.fill_next_token_bitmask_par(grammars.executor, par, masks)
+        # what llguidance.torch.fill_next_token_bitmask_par does, without importing that
+        # module: its torch.compile kernel imports dynamo (3 s on an engine's first batch)
+        if not masks.is_contiguous() or masks.dtype != torch.int32:
+            raise ValueError("fill_masks: masks must be contiguous int32 rows")
+        grammars.executor.unsafe_compute_mask_ptr(par, masks.data_ptr(), masks.shape[1] * 4,
+                                                  masks.shape[0])  # fmt: skip
 
 
 def apply_masks(logits: Tensor, rows: Sequence[int], masks: Tensor) -> None:
