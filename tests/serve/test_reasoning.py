@@ -1,6 +1,7 @@
 """Reasoning parsers (``serve/reasoning.py``): ``<think>`` split off whole or streamed, and, on
 the HTTP app with a scripted reply, into ``reasoning_content`` (chat, streamed too) and a
-reasoning item (Responses), never into the content or a tool call's arguments."""
+reasoning item (Responses), never into the content or a tool call's arguments; and, on the same
+scripted app, ``parallel_tool_calls: false``."""
 
 from __future__ import annotations
 
@@ -106,3 +107,19 @@ def test_responses_reasoning_is_an_item_before_the_answer() -> None:
     kinds = [e.type for e in events]
     assert "response.reasoning_text.delta" in kinds
     assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
+
+
+@pytest.mark.timeout(60)
+def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
+    two = CALL + "\n" + CALL.replace("roll", "flip")
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("roll", "flip")]  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model="stub", tools=tools, messages=[{"role": "user", "content": "Go."}]
+    )
+    both, _ = asyncio.run(_chat([two], **kw))
+    assert [c.function.name for c in both.choices[0].message.tool_calls] == ["roll", "flip"]
+    first, chunks = asyncio.run(_chat([two], **kw, parallel_tool_calls=False))
+    assert [c.function.name for c in first.choices[0].message.tool_calls] == ["roll"]
+    streamed = {t.index for c in chunks for t in c.choices[0].delta.tool_calls or ()}
+    assert streamed == {0}
