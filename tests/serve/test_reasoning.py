@@ -123,3 +123,16 @@ def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
     assert [c.function.name for c in first.choices[0].message.tool_calls] == ["roll"]
     streamed = {t.index for c in chunks for t in c.choices[0].delta.tool_calls or ()}
     assert streamed == {0}
+
+
+def test_a_reasoning_input_item_reaches_the_next_assistant_turn() -> None:
+    from dualpath.serve.response_input import messages_of
+
+    items = [{"role": "user", "content": "hi"},
+             {"type": "reasoning", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "hmm"}]},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "ok"}]  # fmt: skip
+    msgs = messages_of(items)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
+    assert msgs[1]["reasoning_content"] == "hmm" and msgs[1]["tool_calls"][0]["id"] == "c1"
