@@ -3,11 +3,11 @@ without it on the same load.
 
 Run: .venv/bin/python benchmarks/bench_grammar.py [--requests 16 --concurrency 8]
 
-1. Mask cost: for vocabularies of 1K (the tiny model), the test checkpoint's BPE and a
-   synthetic 32K / 128K byte vocabulary, the time of one step's mask (llguidance fills the
-   bitmask of a JSON-schema grammar mid-string, then ``apply_masks`` writes -inf into a batch
-   of 8 rows) against a bare ``argmax`` over the same logits (the reference, measured in the
-   same run).
+1. Mask cost: for vocabularies of 1K (the tiny model) and a synthetic 32K / 128K byte
+   vocabulary, one step's mask of a JSON-schema grammar mid-string for 8 or 32 rows:
+   llguidance's fill row by row (before) and batched (``fill_masks``, llguidance's
+   ``fill_next_token_bitmask_par``: after), then ``apply_masks`` writing -inf, against a bare
+   ``argmax`` over the same logits (measured in the same run).
 2. Served: a fresh ``dualpath serve`` (tiny-1p1d, the built-in tiny model) gets the same
    ``--requests`` chat requests (``--concurrency`` at once, greedy), first free text, then
    with ``response_format`` json_schema; prints output tokens/s and TTFT / request p50 for
@@ -34,7 +34,14 @@ from typing import Any
 import httpx
 import torch
 
-from dualpath.runtime.decoding import Chooser, VocabSpec, apply_masks, build_tokenizer
+from dualpath.runtime.decoding import (
+    Chooser,
+    GrammarCache,
+    VocabSpec,
+    apply_masks,
+    build_tokenizer,
+    fill_masks,
+)
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.serve.tokenizer import TinyTokenizer
 from dualpath.serve.tools import json_grammar
@@ -67,33 +74,35 @@ def synthetic_vocab(size: int, seed: int = 0) -> VocabSpec:
                      eos_token_ids=(len(tokens) - 1,))  # fmt: skip
 
 
-def mask_cost(name: str, spec: VocabSpec, prefix: bytes, repeat: int = 200) -> None:
+def mask_cost(name: str, spec: VocabSpec, prefix: bytes, batch: int = 8,
+              repeat: int = 200) -> None:  # fmt: skip
+    """One step's mask for ``batch`` constrained rows: llguidance's fill row by row (before)
+    and batched (``fill_masks``: ``fill_next_token_bitmask_par``, after), then ``apply_masks``;
+    against a bare argmax of the same rows."""
     vocab = len(spec.tokens) if spec.tokens else 0
     tok = build_tokenizer(spec, vocab or 512)
     vocab = vocab or tok.vocab_size
+    grammars = GrammarCache(tok, vocab)
     grammar = json_grammar(SCHEMA)
-    c = Chooser(SamplingParams(grammar=grammar), tok.tokenize_bytes(prefix), tok)
-    logits = torch.randn(8, vocab)
-    words = (vocab + 31) // 32
-    masks = torch.full((8, words), -1, dtype=torch.int32)
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        for k in range(8):
-            c.fill_mask(masks[k])
-    fill_s = (time.perf_counter() - t0) / repeat
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        for k in range(8):
-            c.fill_mask(masks[k])
-        apply_masks(logits.clone(), list(range(8)), masks)
-    mask_s = (time.perf_counter() - t0) / repeat
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        logits.clone().argmax(-1)
-    ref_s = (time.perf_counter() - t0) / repeat
-    print(f"  {name:<14} vocab {vocab:>7,}: mask of 8 rows {mask_s * 1e3:7.3f} ms/step"
-          f" (llguidance's fill {fill_s * 1e3:6.3f} ms)  (argmax of the same 8 rows"
-          f" {ref_s * 1e3:6.3f} ms; {mask_s / ref_s:5.1f}x)")  # fmt: skip
+    choosers = [Chooser(SamplingParams(grammar=grammar), tok.tokenize_bytes(prefix), grammars)
+                for _ in range(batch)]  # fmt: skip
+    logits = torch.randn(batch, vocab)
+    masks = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32)
+
+    def timed(step: Any) -> float:
+        step()  # (warm: the executor's threads start on its first batch)
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            step()
+        return (time.perf_counter() - t0) / repeat
+
+    rows_s = timed(lambda: [c.fill_mask(masks[k]) for k, c in enumerate(choosers)])
+    par_s = timed(lambda: fill_masks(choosers, masks))
+    apply_s = timed(lambda: apply_masks(logits.clone(), list(range(batch)), masks))
+    ref_s = timed(lambda: logits.clone().argmax(-1))
+    print(f"  {name:<14} vocab {vocab:>7,} x {batch:>2} rows: fill row by row {rows_s * 1e3:6.3f} ms,"
+          f" batched {par_s * 1e3:6.3f} ms; apply {apply_s * 1e3:6.3f} ms"
+          f" (argmax of the same rows {ref_s * 1e3:6.3f} ms)")  # fmt: skip
 
 
 def free_port() -> int:
@@ -154,10 +163,11 @@ def main() -> int:
         print("bench_grammar: --requests and --concurrency must be >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    print("mask cost per decode step (batch of 8 constrained rows, mid-string):")
+    print("mask cost per decode step (constrained rows, mid-string):")
     mask_cost("tiny", TinyTokenizer(1024).vocab_spec(), b'{"city":"Par')
     for size in (32_000, 128_000):
-        mask_cost(f"synthetic {size // 1000}K", synthetic_vocab(size), b'{"city":"Par')
+        for batch in (8, 32):
+            mask_cost(f"synthetic {size // 1000}K", synthetic_vocab(size), b'{"city":"Par', batch)
     if args.skip_serve:
         return 0
     port = free_port()

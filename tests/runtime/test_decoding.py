@@ -20,6 +20,7 @@ from dualpath.runtime.decoding import (  # noqa: E402
     apply_masks,
     build_tokenizer,
     choose_batch,
+    fill_masks,
 )
 from dualpath.runtime.sampling import SamplingParams  # noqa: E402
 from dualpath.serve.tokenizer import TinyTokenizer  # noqa: E402
@@ -93,6 +94,22 @@ def test_a_resumed_chooser_continues_the_same_masks() -> None:
     fresh.fill_mask(mf)
     assert grammars.num_compiled == 1 and not torch.equal(mf, ma)
     assert int(mf[TOK.encode("{")[0] // 32]) != 0  # '{' allowed at the start
+
+
+def test_batched_masks_equal_the_rows_filled_one_by_one() -> None:
+    grammars = GrammarCache(build_tokenizer(VOCAB, 1024), 1024)
+    grammar = json_grammar(SCHEMA)
+    prefixes = ["", "{", '{"city":"Pa', '{"city":"Paris","unit":"c']
+    choosers = [Chooser(SamplingParams(grammar=grammar), tuple(TOK.encode(p)), grammars)
+                for p in prefixes]  # fmt: skip
+    words = (1024 + 31) // 32
+    batched = torch.zeros((len(choosers), words), dtype=torch.int32)
+    fill_masks(choosers, batched)
+    for k, c in enumerate(choosers):
+        row = torch.zeros(words, dtype=torch.int32)
+        c.fill_mask(row)
+        assert torch.equal(batched[k], row), prefixes[k]
+    assert len({tuple(r.tolist()) for r in batched}) == len(prefixes)  # four different states
 
 
 def test_logprobs_are_the_raw_distribution() -> None:

@@ -28,6 +28,11 @@ TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "list_files", "parameters": LIST_FILES}},
 ]  # fmt: skip
 ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+# as the server hands tools to the template (a description always there, as transformers'
+# get_json_schema writes one)
+RENDERED = tuple({"type": "function", "function": {"name": t["function"]["name"],
+                  "description": t["function"].get("description", ""),
+                  "parameters": t["function"]["parameters"]}} for t in TOOLS)  # fmt: skip
 
 
 def _client(server: ServerProc) -> openai.OpenAI:
@@ -41,14 +46,15 @@ def _schema_of(name: str) -> dict[str, Any]:
 def test_tools_reach_the_prompt_as_the_template_renders_them(
     hf_server: ServerProc, hf_checkpoint: Path
 ) -> None:
-    from dualpath.serve.tokenizer import HFTokenizer
+    from dualpath.serve.tokenizer import ChatInputs, HFTokenizer
 
     tok = HFTokenizer.from_dir(hf_checkpoint)
+    inputs = ChatInputs(tools=RENDERED)
     client = _client(hf_server)
     with_tools = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                                 tool_choice="none", max_tokens=1)  # fmt: skip
     plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
-    expected = len(tok.encode(tok.render_chat(ASK, TOOLS)))
+    expected = len(tok.encode(tok.render_chat(ASK, inputs)))
     assert with_tools.usage is not None and plain.usage is not None
     assert with_tools.usage.prompt_tokens == expected > plain.usage.prompt_tokens + 100
     # an assistant's tool_calls and a tool result are rendered too
@@ -75,7 +81,7 @@ def test_tools_reach_the_prompt_as_the_template_renders_them(
             },
             history[2],
         ],
-        TOOLS,
+        inputs,
     )
     assert "Sunny, 21 C." in rendered and '"city": "Paris"' in rendered  # fmt: skip
     assert r.usage is not None and r.usage.prompt_tokens == len(tok.encode(rendered))
@@ -102,13 +108,15 @@ def test_a_forced_call_is_schema_valid_and_streams_to_the_same_call(
     jsonschema.validate(json.loads(call.function.arguments), _schema_of(call.function.name))
     assert call.id.startswith("call_") and call.type == "function"
     parts: dict[int, dict[str, str]] = {}
-    finish = None
+    finish, num_arg_deltas = None, 0
     for chunk in client.chat.completions.create(**kw, stream=True):
         for d in chunk.choices[0].delta.tool_calls or ():
             p = parts.setdefault(d.index, {"name": "", "arguments": ""})
             p["name"] += (d.function.name or "") if d.function else ""
             p["arguments"] += (d.function.arguments or "") if d.function else ""
+            num_arg_deltas += bool(d.function and d.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
+    assert num_arg_deltas > 1  # the arguments stream as they are written, not in one piece
     assert finish == "tool_calls"
     assert parts == {0: {"name": call.function.name, "arguments": call.function.arguments}}
 

@@ -162,7 +162,7 @@ def test_output_text_logprobs_when_included(hf_server: ServerProc) -> None:
         ({"truncation": "auto"}, "truncation"),
         ({"store": True}, "store"),
         ({"tools": [{"type": "web_search"}]}, "tools.0"),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+        ({"input": [{"type": "image_generation_call", "id": "x"}]}, "input.0.type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input.0.content.0"),
         ({"text": {"format": {"type": "json_schema", "name": "x",

@@ -92,9 +92,18 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument(
         "--tool-parser",
+        "--tool-call-parser",
+        dest="tool_parser",
         default="auto",
-        help="how the model writes tool calls: hermes (<tool_call> tags: Qwen, Hermes, the "
-        "default template), llama3_json, or auto (default: from the chat template / model type)",
+        help="how the model writes tool calls (as vLLM's --tool-call-parser): hermes (<tool_call> "
+        "JSON: Qwen 2.5/3, Hermes, the default template), llama3_json, mistral, deepseek_v3, "
+        "qwen3_coder (XML), or auto (default: from the chat template / model type)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default="",
+        help="split the model's <think>...</think> into reasoning_content (chat) and reasoning "
+        "items (Responses), as vLLM's: qwen3 or deepseek_r1 (default: none, all content)",
     )
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument(
@@ -244,6 +253,7 @@ def run_serve(args: argparse.Namespace) -> int:
         gpu_time=args.gpu_time,
         default_max_tokens=args.default_max_tokens,
         tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
         request_timeout_s=args.request_timeout_s,
         log_level=args.log_level,
         limits=connection_limits(args),

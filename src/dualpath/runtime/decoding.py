@@ -108,6 +108,16 @@ class GrammarCache:
         self.size = size
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self.num_compiled = 0
+        self._executor: Any = None
+
+    @property
+    def executor(self) -> Any:
+        """llguidance's thread pool for a batch's masks (``fill_masks``), built on first use."""
+        if self._executor is None:
+            import llguidance
+
+            self._executor = llguidance.LLExecutor()
+        return self._executor
 
     def matcher(self, grammar: str) -> Any:
         """A fresh matcher for ``grammar`` (at its start state)."""
@@ -139,6 +149,7 @@ class Chooser:
         self.params = params
         self.counts: dict[int, int] = {}
         self.matcher: Any = None
+        self.grammars = grammars
         output = (*(params.history if params else ()), *prefix)
         if params is not None and params.grammar:
             if grammars is None:
@@ -197,6 +208,28 @@ class Chooser:
         self._accept(token)
 
 
+def fill_masks(choosers: Sequence[Chooser], masks: Tensor) -> None:
+    """Row k of ``masks`` (int32 bitmask rows) ← the grammar of ``choosers[k]``: the healthy
+    matchers in one call of llguidance's batched ``fill_next_token_bitmask_par`` (its thread
+    pool, the GIL released), a matcher in error row by row (``Chooser.fill_mask``)."""
+    import torch
+
+    par = [(c.matcher, k) for k, c in enumerate(choosers) if not c.matcher.is_error()]
+    for k, c in enumerate(choosers):
+        if c.matcher.is_error():
+            c.fill_mask(masks[k])
+    if len(par) == 1:  # (one row: no pool round trip)
+        choosers[par[0][1]].fill_mask(masks[par[0][1]])
+    elif par:
+        grammars = next(c.grammars for c in choosers if c.grammars is not None)
+        # what llguidance.torch.fill_next_token_bitmask_par does, without importing that
+        # module: its torch.compile kernel imports dynamo (3 s on an engine's first batch)
+        if not masks.is_contiguous() or masks.dtype != torch.int32:
+            raise ValueError("fill_masks: masks must be contiguous int32 rows")
+        grammars.executor.unsafe_compute_mask_ptr(par, masks.data_ptr(), masks.shape[1] * 4,
+                                                  masks.shape[0])  # fmt: skip
+
+
 def apply_masks(logits: Tensor, rows: Sequence[int], masks: Tensor) -> None:
     """Set to -inf, in place, every logit of ``logits[rows[i]]`` whose bit is 0 in
     ``masks[i]`` (int32 words, bit j of word w = token 32·w + j, as llguidance writes)."""
@@ -244,8 +277,7 @@ def choose_batch(choosers: Sequence[Chooser], logits: Tensor,
     if constrained:
         words = (work.shape[-1] + 31) // 32
         masks = torch.full((len(constrained), words), -1, dtype=torch.int32)
-        for k, i in enumerate(constrained):
-            choosers[i].fill_mask(masks[k])
+        fill_masks([choosers[i] for i in constrained], masks)
         apply_masks(work, constrained, masks)
     out: list[tuple[int, TokenLogprob | None]] = []
     for i, c in enumerate(choosers):

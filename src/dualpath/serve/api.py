@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,7 @@ from dualpath.runtime.hops import hop
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.chat import (
     ChatPlan,
+    ReplyPiece,
     ReplyReader,
     chat_logprobs,
     completion_logprobs,
@@ -40,7 +42,6 @@ from dualpath.serve.schema import (
     error_body,
 )
 from dualpath.serve.service import ApiOptions, DeadlinePassed, Service, usage
-from dualpath.serve.tools import ToolCall
 
 
 async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
@@ -57,7 +58,7 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
         return {"id": rid, "object": obj, "created": created, "model": svc.backend.model_name}
 
     if not body.stream:
-        readers = [ReplyReader(plan.parse if plan else None) for _ in gens]
+        readers = [plan.reader() if plan else ReplyReader(None) for _ in gens]
         lps: list[list[TokenLogprob]] = [[] for _ in gens]
         ids: list[list[int]] = [[] for _ in gens]
 
@@ -71,7 +72,7 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
             return Response(status_code=499)  # nobody is listening any more
         choices = []
         for i, (reader, last) in enumerate(zip(readers, lasts, strict=True)):
-            reader.finish()
+            reader.feed("", final=True)
             reason = reader.finish_reason(last.finish_reason)
             text = "".join(reader.content)
             extra = {"token_ids": ids[i]} if body.return_token_ids else {}
@@ -81,6 +82,8 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                                 "finish_reason": reason, **extra})  # fmt: skip
                 continue
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if reader.thinker is not None:  # (as vLLM: null when the reply did not think)
+                message["reasoning_content"] = "".join(reader.reasoning) or None
             if reader.calls:
                 message["tool_calls"] = [c.openai() for c in reader.calls]
             else:
@@ -98,8 +101,8 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
         payload = {**header(chunk_obj), "choices": choices, **(extra or {})}
         return f"data: {json.dumps(payload)}\n\n"
 
-    def chunk(i: int, text: str, calls: list[ToolCall], first_call: int,
-              ev: TokenEvent, finish: str | None) -> dict[str, Any]:  # fmt: skip
+    def chunk(i: int, piece: ReplyPiece, ev: TokenEvent, finish: str | None) -> dict[str, Any]:
+        text, calls = piece.content, piece.deltas
         lp = list(ev.logprobs)
         # ``return_token_ids`` (as vLLM): the new output token ids in each chunk
         extra = {"token_ids": list(ev.token_ids)} if body.return_token_ids else {}
@@ -108,17 +111,19 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
             return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish,
                     **extra}  # fmt: skip
         delta: dict[str, Any] = {}
+        if piece.reasoning:
+            delta["reasoning_content"] = piece.reasoning
         if text:
             delta["content"] = text
         if calls:
-            delta["tool_calls"] = [c.openai(first_call + k) for k, c in enumerate(calls)]
+            delta["tool_calls"] = [c.openai() for c in calls]
         logprobs = chat_logprobs(tok, lp) if want_lp and lp else None
         return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
                 **extra}  # fmt: skip
 
     async def stream() -> AsyncIterator[str]:
         lasts: list[TokenEvent | None] = [None] * len(gens)
-        readers = [ReplyReader(plan.parse if plan else None) for _ in gens]
+        readers = [plan.reader() if plan else ReplyReader(None) for _ in gens]
         async with contextlib.aclosing(svc.tokens(gens, arrived)) as events:
             if chat:
                 for i in range(len(gens)):
@@ -128,16 +133,12 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
                 async for i, item in events:
                     reader = readers[i]
                     lasts[i] = item
-                    before = len(reader.calls)
-                    text, calls = reader.feed(item.text)
-                    if item.finish_reason:
-                        tail, more = reader.finish()
-                        text, calls = text + tail, calls + more
+                    piece = reader.feed(item.text, final=bool(item.finish_reason))
                     finish = reader.finish_reason(item.finish_reason)
                     news = (want_lp and item.logprobs) or (body.return_token_ids and item.token_ids)
-                    if text or calls or finish or news:
+                    if piece.content or piece.reasoning or piece.deltas or finish or news:
                         hop("http.sse")
-                        yield sse([chunk(i, text, calls, before, item, finish)])
+                        yield sse([chunk(i, piece, item, finish)])
             except BackendFailure as exc:  # an OpenAI error event, then the end
                 err = error_body(503, f"the runtime failed: {exc}", None)
                 yield f"data: {json.dumps(err)}\n\n"
@@ -196,12 +197,14 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         svc.authorise(request)
         body: ChatRequest = await svc.parse(request, ChatRequest)
         plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar,
-                         opts.grammar.max_bytes)  # fmt: skip
+                         opts.grammar.max_bytes, opts.reasoning_parser)  # fmt: skip
         await svc.check_grammar(plan)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         gen = svc.to_request(body, plan.prompt, request, plan.grammar, logprobs)
+        if plan.needs_special_tokens:  # the tool format's markers are special tokens
+            gen = replace(gen, skip_special_tokens=False)
         return await _choices(svc, request, svc.samples(gen, body.n), plan, body, arrived)
 
     @app.post("/v1/completions")

@@ -11,25 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from dualpath.runtime.decoding import TokenLogprob
-from dualpath.serve.schema import ApiError, ChatMessage, ChatRequest, ResponseFormat
-from dualpath.serve.tokenizer import TextTokenizer
-from dualpath.serve.tools import (
-    TOOL_FORMATS,
-    Tool,
-    ToolCall,
-    ToolParser,
-    call_grammar,
-    json_grammar,
+from dualpath.serve.reasoning import (
+    REASONING_PARSERS,
+    prompt_opens_reasoning,
+    reasoning_grammar,
 )
-
-
-def tool_format_for(template: str, model_type: str = "") -> str:
-    """The tool-call format a chat template teaches its model (``tools.TOOL_FORMATS``)."""
-    if "<tool_call>" in template:
-        return "hermes"
-    if "python_tag" in template or "ipython" in template or model_type == "llama":
-        return "llama3_json"
-    return "hermes"
+from dualpath.serve.render import render_prompt
+from dualpath.serve.schema import ApiError, ChatRequest, ResponseFormat
+from dualpath.serve.strict import StrictSchema
+from dualpath.serve.tokenizer import TextTokenizer
+from dualpath.serve.tool_families import TOOL_PARSERS
+from dualpath.serve.tool_parsers import CallDelta
+from dualpath.serve.tools import Tool, ToolCall, json_grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,47 +37,34 @@ class ChatPlan:
     parse: str | None
     forced: bool
     grammar_param: str = ""
+    tools: tuple[Tool, ...] = ()
+    max_calls: int | None = None  # 1: parallel_tool_calls is false
+    reasoning: str | None = None  # a REASONING_PARSERS name
+    reasoning_opened: bool = False  # the prompt ends inside <think>
 
+    def reader(self) -> ReplyReader:
+        return ReplyReader(self.parse, self.tools, self.max_calls, self.reasoning,
+                           self.reasoning_opened)  # fmt: skip
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as chat templates take them: calls' arguments as objects (as transformers'
-    templates expect), a tool result's ``tool_call_id`` kept."""
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        d: dict[str, Any] = {"role": m.role, "content": m.text()}
-        if m.name:
-            d["name"] = m.name
-        if m.role == "tool":
-            if not m.tool_call_id:
-                raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
-                               f"messages.{i}.tool_call_id")  # fmt: skip
-            d["tool_call_id"] = m.tool_call_id
-        if m.tool_calls:
-            calls = []
-            for k, c in enumerate(m.tool_calls):
-                args = c.function.arguments
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args or "{}")
-                    except ValueError:
-                        where = f"messages.{i}.tool_calls.{k}.function.arguments"
-                        raise ApiError(400, f"{where}: not valid JSON", where) from None
-                calls.append({"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": args}})  # fmt: skip
-            d["tool_calls"] = calls
-        out.append(d)
-    return out
+    @property
+    def needs_special_tokens(self) -> bool:
+        """Its tool format's markers are special tokens: decode replies with them."""
+        return self.parse is not None and TOOL_PARSERS[self.parse].needs_special_tokens
 
 
 def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
-              supports_grammar: bool, max_schema_bytes: int = 0) -> ChatPlan:  # fmt: skip
+              supports_grammar: bool, max_schema_bytes: int = 0,
+              reasoning: str = "") -> ChatPlan:  # fmt: skip
     """Render and validate ``body`` (every refusal a 400 naming its field).
     ``max_schema_bytes`` (0: none): the tools' and the JSON schema's size, checked before
-    anything is built from them (rendering, grammar; ``serve/grammars.py``)."""
-    if tool_format not in TOOL_FORMATS:
-        raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of {TOOL_FORMATS}")
+    anything is built from them (rendering, grammar; ``serve/grammars.py``); ``reasoning``:
+    the ``--reasoning-parser`` ('' none): replies' ``<think>`` is split off, and a grammar
+    lets the model think first."""
+    if tool_format not in TOOL_PARSERS:
+        raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of "
+                         f"{sorted(TOOL_PARSERS)}")  # fmt: skip
     tools = [Tool(t.function.name, t.function.description, t.function.parameters,
-                  bool(t.function.strict)) for t in body.tools or ()]  # fmt: skip
+                  t.function.strict is not False) for t in body.tools or ()]  # fmt: skip
     if len({t.name for t in tools}) != len(tools):
         raise ApiError(400, "tools: two tools have the same name", "tools")
     if max_schema_bytes:
@@ -94,13 +74,7 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
         choice = "auto" if tools else "none"
     if choice != "none" and not tools:
         raise ApiError(400, "tool_choice: needs tools", "tool_choice")
-    messages = template_messages(body.messages)
-    try:
-        text = tokenizer.render_chat(messages, [t.openai() for t in tools] or None)
-        if tools and text == tokenizer.render_chat(messages):
-            raise ApiError(400, "tools: this model's chat template does not render tools", "tools")
-    except ValueError as exc:
-        raise ApiError(400, str(exc), "messages") from None
+    text = render_prompt(body, tokenizer, tools)
     forced_tools: list[Tool] = []
     if choice == "required":
         forced_tools = tools
@@ -111,6 +85,9 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
                            "tool_choice")  # fmt: skip
     grammar = _grammar(body.response_format, tools if choice == "auto" else [], forced_tools,
                        tool_format)  # fmt: skip
+    opened = bool(reasoning) and prompt_opens_reasoning(text)
+    if grammar and reasoning:
+        grammar = reasoning_grammar(grammar, opened)
     param = ""
     if grammar:
         param = "tool_choice" if forced_tools else "response_format"
@@ -129,6 +106,10 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
         parse=tool_format if choice != "none" else None,
         forced=bool(forced_tools),
         grammar_param=param,
+        tools=tuple(tools),
+        max_calls=1 if body.parallel_tool_calls is False else None,
+        reasoning=reasoning or None,
+        reasoning_opened=opened,
     )
 
 
@@ -153,20 +134,23 @@ def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool
     """The grammar of a reply: a forced call; else, with a JSON ``response_format``, JSON of
     its schema (or, with tools on ``auto``, that or a call); else none."""
     if forced:
-        return call_grammar(forced, tool_format)
+        return TOOL_PARSERS[tool_format].call_grammar(forced)
     if fmt is None or fmt.type == "text":
         return ""
     if fmt.type == "json_schema":
         if fmt.json_schema is None:
             raise ApiError(400, "response_format.json_schema: required for type json_schema",
                            "response_format.json_schema")  # fmt: skip
-        schema: dict[str, Any] = fmt.json_schema.schema_ or {"type": "object"}
+        schema: dict[str, Any] | None = fmt.json_schema.schema_ or {"type": "object"}
+        strict = fmt.json_schema.strict is not False
     else:
-        schema = {"type": "object"}
+        schema, strict = None, True  # json_object: a bounded free object
     if not optional:
-        return json_grammar(schema)
-    value = "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
-    call = call_grammar(optional, tool_format).replace("start:", "tool_call:", 1)
+        return json_grammar(schema, strict)
+    rules = StrictSchema(strict=strict)
+    body = rules.free_object() if schema is None else rules.apply(schema)
+    value = "%json " + json.dumps({**body, "x-guidance": {"whitespace_flexible": False}})
+    call = TOOL_PARSERS[tool_format].call_grammar(optional).replace("start:", "tool_call:", 1)
     return f"start: answer | tool_call\nanswer: {value}\n{call}"
 
 
@@ -201,30 +185,48 @@ def completion_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob],
     }
 
 
-class ReplyReader:
-    """One choice's reply as it streams: text deltas in, content deltas and tool calls out."""
+@dataclass(frozen=True, slots=True)
+class ReplyPiece:
+    """What a reply's next text adds: ``content`` and ``reasoning`` deltas, tool-call
+    argument ``deltas``, and the calls it completed (``done``)."""
 
-    def __init__(self, parse: str | None) -> None:
-        self.parser = ToolParser(parse) if parse else None
+    content: str = ""
+    reasoning: str = ""
+    deltas: tuple[CallDelta, ...] = ()
+    done: tuple[ToolCall, ...] = ()
+
+
+class ReplyReader:
+    """One choice's reply as it streams: text deltas in, ``ReplyPiece``s out (``parse``: a
+    ``TOOL_PARSERS`` name, None: no tool calls; ``reasoning``: a ``REASONING_PARSERS`` name,
+    whose ``<think>`` part never reaches the tool parser)."""
+
+    def __init__(self, parse: str | None, tools: Sequence[Tool] = (),
+                 max_calls: int | None = None, reasoning: str | None = None,
+                 opened: bool = False) -> None:  # fmt: skip
+        self.parser = TOOL_PARSERS[parse](tools, max_calls) if parse else None
+        self.thinker = REASONING_PARSERS[reasoning](opened) if reasoning else None
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool = False) -> ReplyPiece:
+        """What ``text`` adds (``final``: the reply ended with it)."""
+        thought = ""
+        if self.thinker is not None:
+            thought, text = self.thinker.feed(text, final)
+            self.reasoning.append(thought)
         if self.parser is None:
             self.content.append(text)
-            return text, []
-        content, calls = self.parser.feed(text)
+            return ReplyPiece(text, thought)
+        content, deltas = self.parser.feed(text)
+        if final:
+            tail, more = self.parser.finish()
+            content, deltas = content + tail, deltas + more
         self.content.append(content)
-        self.calls.extend(calls)
-        return content, calls
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        if self.parser is None:
-            return "", []
-        content, calls = self.parser.finish()
-        self.content.append(content)
-        self.calls.extend(calls)
-        return content, calls
+        done = self.parser.calls[len(self.calls) :]
+        self.calls.extend(done)
+        return ReplyPiece(content, thought, tuple(deltas), tuple(done))
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.calls and reason == "stop" else reason

@@ -11,7 +11,8 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import Request
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dualpath.runtime.decoding import TokenLogprob
 from dualpath.serve.backend import BackendFailure, TokenEvent
 from dualpath.serve.chat import ReplyReader, chat_logprobs, plan_chat
+from dualpath.serve.response_input import messages_of
 from dualpath.serve.schema import MAX_TOKENS, MAX_TOP_LOGPROBS, ApiError, ChatRequest, describe
 from dualpath.serve.service import DeadlinePassed, Service
 from dualpath.serve.tokenizer import TextTokenizer
@@ -32,29 +34,6 @@ _CHAT_NAMES = {"response_format": "text.format", "messages": "input"}  # chat's 
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-class MessageItem(_Base):
-    type: Literal["message"] = "message"
-    role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class FunctionCallItem(_Base):
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
-
-
-class FunctionCallOutputItem(_Base):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[dict[str, Any]]
-
-
-_ITEMS: dict[str, type[_Base]] = {"message": MessageItem, "function_call": FunctionCallItem,
-                                  "function_call_output": FunctionCallOutputItem}  # fmt: skip
 
 
 class FunctionTool(_Base):
@@ -119,7 +98,7 @@ class ResponsesRequest(_Base):
         if self.top_logprobs is not None and LOGPROBS not in (self.include or ()):
             raise ApiError(400, f"top_logprobs: needs include=[{LOGPROBS!r}]", "top_logprobs")
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        messages += _messages(self.input)
+        messages += messages_of(self.input)
         if not messages:
             raise ApiError(400, "input: no items", "input")
         fmt = self.text.format if self.text else None
@@ -179,60 +158,6 @@ class ResponsesRequest(_Base):
         }
 
 
-def _text(content: str | list[dict[str, Any]], where: str) -> str:
-    if isinstance(content, str):
-        return content
-    out = []
-    for k, part in enumerate(content):
-        kind = part.get("type")
-        if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"{where}.{k}: only input_text and output_text parts are "
-                           f"supported (got {kind!r})", f"{where}.{k}.type")  # fmt: skip
-        out.append(part["text"])
-    return "".join(out)
-
-
-def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input items as chat messages: a function call joins the assistant message before it
-    (as chat clients send text and calls of one turn), a call's output is a tool message."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    out: list[dict[str, Any]] = []
-    for i, raw in enumerate(items):
-        item = _item(i, raw)
-        if isinstance(item, MessageItem):
-            out.append({"role": item.role, "content": _text(item.content, f"input.{i}.content")})
-        elif isinstance(item, FunctionCallItem):
-            try:
-                args = json.loads(item.arguments or "{}")
-            except ValueError:
-                raise ApiError(400, f"input.{i}.arguments: not valid JSON",
-                               f"input.{i}.arguments") from None  # fmt: skip
-            call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": args}}  # fmt: skip
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif isinstance(item, FunctionCallOutputItem):
-            text = _text(item.output, f"input.{i}.output")
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
-    return out
-
-
-def _item(i: int, raw: dict[str, Any]) -> _Base:
-    kind = raw.get("type", "message")
-    model = _ITEMS.get(kind) if isinstance(kind, str) else None
-    if model is None:
-        raise ApiError(400, f"input.{i}.type: {kind!r} items are not supported (only "
-                       f"{', '.join(_ITEMS)})", f"input.{i}.type")  # fmt: skip
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        message, param = describe(exc)
-        raise ApiError(400, f"input.{i}.{message}", f"input.{i}.{param}") from None
-
-
 def _renamed(exc: ApiError) -> ApiError:
     """A chat-path refusal under the Responses API's names for the same fields."""
     for chat, ours in _CHAT_NAMES.items():
@@ -248,11 +173,11 @@ class ResponseWriter:
     text), each tool call a ``function_call`` item after it; text after a call opens a new
     message. The whole response is built by the same writer, so it equals the stream."""
 
-    def __init__(self, body: ResponsesRequest, rid: str, model: str, parse: str | None,
+    def __init__(self, body: ResponsesRequest, rid: str, model: str, reader: ReplyReader,
                  tokenizer: TextTokenizer, logprobs: bool) -> None:  # fmt: skip
         self.rid, self.body, self.model = rid, body, model
         self.created_at = int(time.time())
-        self.reader = ReplyReader(parse)
+        self.reader = reader
         self.tokenizer, self.logprobs = tokenizer, logprobs
         self.output: list[dict[str, Any]] = []
         self.status = "in_progress"
@@ -261,6 +186,7 @@ class ResponseWriter:
         self.last: TokenEvent | None = None
         self._seq = 0
         self._message: dict[str, Any] | None = None  # the open message item
+        self._reasoning: dict[str, Any] | None = None  # the reasoning item
         self._lps: list[TokenLogprob] = []  # held until their text is sent
 
     def response(self) -> dict[str, Any]:
@@ -287,15 +213,18 @@ class ResponseWriter:
         self.first = self.first or ev
         self.last = ev
         self._lps.extend(ev.logprobs)
-        return self._emit(*self.reader.feed(ev.text))
+        piece = self.reader.feed(ev.text)
+        return self._think(piece.reasoning) + self._emit(piece.content, piece.done)
 
     def finish(self, reason: str | None) -> list[dict[str, Any]]:
         """Close the reply that ended with ``reason`` ('stop', 'length', 'abort')."""
         if reason not in ("stop", "length"):
             return self.fail("the request was aborted (server shutting down)")
-        events = self._emit(*self.reader.finish())
+        piece = self.reader.feed("", final=True)
+        events = self._think(piece.reasoning) + self._emit(piece.content, piece.done)
         self.status = "incomplete" if reason == "length" else "completed"
-        if not self.output:
+        events += self._close_reasoning()
+        if not any(item["type"] != "reasoning" for item in self.output):
             events += self._open_message()[1]  # an empty reply is an empty message
         events += self._close_message()
         kind = "response.incomplete" if self.status == "incomplete" else "response.completed"
@@ -310,8 +239,36 @@ class ResponseWriter:
         self._seq += 1
         return {"type": kind, "sequence_number": self._seq - 1, **fields}
 
-    def _emit(self, text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
-        events = []
+    def _think(self, text: str) -> list[dict[str, Any]]:
+        """Reasoning text: into the reasoning item before the answer (opened at its first
+        text; ``--reasoning-parser``)."""
+        if not text:
+            return []
+        events, item = [], self._reasoning
+        if item is None:
+            item = self._reasoning = {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex,
+                                      "summary": [], "content": [], "status": "in_progress"}  # fmt: skip
+            self.output.append(item)
+            events.append(self._event("response.output_item.added",
+                                      output_index=len(self.output) - 1,
+                                      item=copy.deepcopy(item)))  # fmt: skip
+            item["content"].append({"type": "reasoning_text", "text": ""})
+        item["content"][0]["text"] += text
+        at = {"item_id": item["id"], "output_index": self.output.index(item), "content_index": 0}
+        return [*events, self._event("response.reasoning_text.delta", **at, delta=text)]
+
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        item = self._reasoning
+        if item is None or item["status"] != "in_progress":
+            return []
+        item["status"] = "completed"
+        at = {"item_id": item["id"], "output_index": self.output.index(item), "content_index": 0}
+        return [self._event("response.reasoning_text.done", **at, text=item["content"][0]["text"]),
+                self._event("response.output_item.done", output_index=at["output_index"],
+                            item=copy.deepcopy(item))]  # fmt: skip
+
+    def _emit(self, text: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+        events = [] if not (text or calls) else self._close_reasoning()
         if text:
             message = self._message
             if message is None:
@@ -397,14 +354,16 @@ async def create_response(svc: Service, request: Request) -> Response:
     try:
         chat = body.to_chat()
         plan = plan_chat(chat, backend.tokenizer, svc.opts.tool_format, backend.supports_grammar,
-                         svc.opts.grammar.max_bytes)  # fmt: skip
+                         svc.opts.grammar.max_bytes, svc.opts.reasoning_parser)  # fmt: skip
         await svc.check_grammar(plan)
     except ApiError as exc:
         raise _renamed(exc) from None
     logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
     gen = svc.to_request(chat, plan.prompt, request, plan.grammar, logprobs, "input")
     svc.check_alive()
-    writer = ResponseWriter(body, "resp_" + gen.request_id, backend.model_name, plan.parse,
+    if plan.needs_special_tokens:
+        gen = replace(gen, skip_special_tokens=False)
+    writer = ResponseWriter(body, "resp_" + gen.request_id, backend.model_name, plan.reader(),
                             backend.tokenizer, logprobs is not None)  # fmt: skip
     if not body.stream:
 

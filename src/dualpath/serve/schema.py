@@ -8,6 +8,7 @@ OpenAI's own server does. ``docs/serving.md`` has the table of every field.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,10 +41,79 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     }
 
 
+_KIND_WORDS = {
+    "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer",
+    "int_from_float": "an integer", "float_type": "a number", "float_parsing": "a number",
+    "bool_type": "a boolean", "bool_parsing": "a boolean", "list_type": "an array",
+    "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+    "none_required": "null",
+}  # fmt: skip
+_BOUND_WORDS = {"greater_than_equal": ("greater than or equal to", "ge"),
+                "less_than_equal": ("less than or equal to", "le"),
+                "greater_than": ("greater than", "gt"), "less_than": ("less than", "lt")}  # fmt: skip
+
+
+def _json_words(text: str) -> str:
+    """pydantic's Python spellings of expected values as JSON writes them."""
+    text = text.replace("False", "false").replace("True", "true").replace("None", "null")
+    return text.replace("'", '"')
+
+
+def _expected(err: Any) -> str:
+    """What a field must be, in our words (never pydantic's)."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in _KIND_WORDS:
+        return f"must be {_KIND_WORDS[kind]}"
+    if kind in _BOUND_WORDS:
+        words, key = _BOUND_WORDS[kind]
+        return f"must be {words} {ctx.get(key)}"
+    if kind == "literal_error":
+        return f"must be {_json_words(str(ctx.get('expected', '')))}"
+    if kind == "missing":
+        return "is required"
+    if kind == "too_short":
+        return f"must have at least {ctx.get('min_length')} item(s)"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} item(s)"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')}"
+    return "is invalid"
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    """A location without pydantic's union-member tags (``content.str``, ``function-after``,
+    ``list[ContentPart]``, ``literal['auto','none']``): only field names and indices."""
+    parts = []
+    for p in loc:
+        text = str(p)
+        if isinstance(p, str) and ("[" in text or "-" in text or text in _UNION_TAGS):
+            continue
+        parts.append(text)
+    return ".".join(parts)
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"} |
+                        {"ContentPart", "NamedToolChoice", "FunctionCallIn"})  # fmt: skip
+
+
 def describe(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    return f"{loc}: {first['msg']}" if loc else str(first["msg"]), loc or None
+    """The first invalid field and what it must be: ``(message, param)`` in our words (a
+    union's alternatives joined with "or")."""
+    errors = exc.errors()
+    where = _field_path(tuple(errors[0]["loc"]))
+    wants = []
+    for err in errors:
+        if _field_path(tuple(err["loc"])) == where and _expected(err) not in wants:
+            wants.append(_expected(err))
+    text = " or ".join([wants[0], *(w.removeprefix("must be ") for w in wants[1:])])
+    got = errors[0].get("input")
+    if (
+        errors[0]["type"] != "missing"
+        and isinstance(got, (str, int, float, bool))
+        and len(str(got)) < 40
+    ):
+        text += f" (got {json.dumps(got)})"
+    return (f"{where}: {text}" if where else text), where or None
 
 
 class _Base(BaseModel):
@@ -76,6 +146,7 @@ class ChatMessage(_Base):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier reply's (as vLLM returns it)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -102,6 +173,14 @@ class NamedFunction(_Base):
 class NamedToolChoice(_Base):
     type: Literal["function"]
     function: NamedFunction
+
+
+class Document(BaseModel):
+    """A retrieved document for templates that render ``documents`` (RAG)."""
+
+    model_config = ConfigDict(extra="allow")
+    title: str = ""
+    text: str
 
 
 class JsonSchemaFormat(_Base):
@@ -149,6 +228,10 @@ class ChatRequest(Sampling):
     response_format: ResponseFormat | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # extensions, as vLLM's (transformers' apply_chat_template arguments)
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[Document] | None = None
+    add_generation_prompt: bool = True
 
 
 class CompletionRequest(Sampling):

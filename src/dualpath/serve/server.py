@@ -29,7 +29,8 @@ from dualpath.serve.backend import Backend
 from dualpath.serve.grammars import GrammarLimits
 from dualpath.serve.guard import ConnectionLimits, Guard
 from dualpath.serve.logs import RepeatFilter
-from dualpath.serve.tools import TOOL_FORMATS
+from dualpath.serve.reasoning import REASONING_PARSERS
+from dualpath.serve.tool_families import TOOL_PARSERS
 
 RUNTIME_SYSTEMS = tuple(SYSTEMS)  # every system the runtime runs
 
@@ -55,7 +56,8 @@ class ServeOptions:
         "host"  # or "emulated": passes no faster than the preset's GPU (docs/runtime.md)
     )
     default_max_tokens: int = 256
-    tool_parser: str = "auto"  # a tools.TOOL_FORMATS entry, or auto (template / model type)
+    tool_parser: str = "auto"  # a TOOL_PARSERS name (serve/tool_families.py), or auto
+    reasoning_parser: str = ""  # a reasoning.REASONING_PARSERS name ('' none)
     graceful_s: float = 5.0
     request_timeout_s: float = 300.0  # every request ends by then (504 / an error event)
     log_level: str = "warning"
@@ -86,10 +88,15 @@ class ServeOptions:
             raise ValueError(f"--port {self.port} is invalid: must be 0..65535")
         if self.default_max_tokens < 1:
             raise ValueError(f"default max_tokens={self.default_max_tokens} must be >= 1")
-        if self.tool_parser not in ("auto", *TOOL_FORMATS):
+        if self.tool_parser not in ("auto", *TOOL_PARSERS):
             raise ValueError(
                 f"--tool-parser {self.tool_parser!r} is invalid: must be auto or one of "
-                f"{', '.join(TOOL_FORMATS)}"
+                f"{', '.join(sorted(TOOL_PARSERS))}"
+            )
+        if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"--reasoning-parser {self.reasoning_parser!r} is invalid: must be one of "
+                f"{', '.join(sorted(REASONING_PARSERS))}"
             )
         if self.threads < 0:
             raise ValueError(f"--threads {self.threads} is invalid: must be >= 0 (0 = auto)")
@@ -164,7 +171,7 @@ def tool_format(backend: Backend, opts: ServeOptions) -> str:
     """``--tool-parser``, or the format the chat template teaches (auto)."""
     if opts.tool_parser != "auto":
         return opts.tool_parser
-    from dualpath.serve.chat import tool_format_for
+    from dualpath.serve.tool_families import tool_parser_for
 
     model_type = ""
     if opts.model_dir is not None:
@@ -172,7 +179,7 @@ def tool_format(backend: Backend, opts: ServeOptions) -> str:
 
         cfg = Path(opts.model_dir) / "config.json"
         model_type = str(json.loads(cfg.read_text()).get("model_type", "")) if cfg.is_file() else ""
-    return tool_format_for(backend.tokenizer.chat_template, model_type)
+    return tool_parser_for(backend.tokenizer.chat_template, model_type)
 
 
 def graceful_server(config: Any) -> tuple[Any, list[int]]:
@@ -247,6 +254,7 @@ def run_server(backend: Backend, opts: ServeOptions) -> int:
         metrics_open=opts.metrics_open,
         default_max_tokens=opts.default_max_tokens,
         tool_format=tool_format(backend, opts),
+        reasoning_parser=opts.reasoning_parser,
         request_timeout_s=opts.request_timeout_s,
         grammar=opts.grammar,
     )

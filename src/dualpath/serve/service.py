@@ -38,7 +38,8 @@ from dualpath.serve.schema import (
 class ApiOptions:
     """``api_keys`` maps each accepted key to its tenant (empty: no key needed);
     ``metrics_open``: ``/metrics`` needs no key even when there are keys; ``tool_format``:
-    how tool calls are written in the model's text (``tools.TOOL_FORMATS``);
+    how tool calls are written in the model's text (``tool_families.TOOL_PARSERS``);
+    ``reasoning_parser``: how its ``<think>`` is split off (``reasoning.REASONING_PARSERS``);
     ``request_timeout_s``: every generation request ends this long after it arrived at the
     latest (queueing included), with a 504 or, in a stream, an error event."""
 
@@ -48,6 +49,7 @@ class ApiOptions:
     default_max_tokens: int = 256
     max_stop_strings: int = 64
     tool_format: str = "hermes"
+    reasoning_parser: str = ""  # a serve/reasoning.py REASONING_PARSERS name ('' none)
     request_timeout_s: float = 300.0
     grammar: GrammarLimits = field(default_factory=GrammarLimits)  # serve/grammars.py
 

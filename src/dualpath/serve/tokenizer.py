@@ -8,10 +8,10 @@ tiny model: a fixed ASCII word-piece vocabulary built in code, three ChatML spec
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,7 +66,7 @@ class TextTokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def render_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self, messages: Sequence[dict[str, Any]], inputs: ChatInputs | None = None
     ) -> str: ...
 
     @property
@@ -75,35 +75,48 @@ class TextTokenizer(Protocol):
     def vocab_spec(self) -> VocabSpec: ...
 
 
-def _raise_exception(message: str) -> None:
-    raise ValueError(f"chat template: {message}")
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}
+)
 
 
-@functools.lru_cache(maxsize=8)
-def _compile(template: str) -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+@dataclass(frozen=True, slots=True)
+class ChatInputs:
+    """What a chat template renders beyond the messages, as transformers' ``apply_chat_template``
+    takes it: ``tools`` (OpenAI function tools), ``documents`` (``{"title", "text"}`` dicts),
+    ``add_generation_prompt``, and ``template_kwargs`` (``chat_template_kwargs``: e.g.
+    ``enable_thinking``)."""
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_exception
-    env.filters["tojson"] = _tojson  # as transformers' templates expect: no HTML escaping
-    return env.from_string(template)
+    tools: tuple[dict[str, Any], ...] = ()
+    documents: tuple[dict[str, Any], ...] = ()
+    add_generation_prompt: bool = True
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
-def _render(template: str, messages: Sequence[dict[str, Any]], **extra: Any) -> str:
+def render_template(template: str, messages: Sequence[dict[str, Any]],
+                    inputs: ChatInputs | None = None, **specials: Any) -> str:  # fmt: skip
+    """``template`` rendered by transformers' renderer (its jinja environment: sandboxed,
+    ``loopcontrols``, ``raise_exception``, ``strftime_now``, an unescaped ``tojson``); a
+    template error is a ValueError with the template's own words."""
     from jinja2 import TemplateError
+    from transformers.utils.chat_template_utils import render_jinja_template
 
+    inp = inputs or ChatInputs()
     try:
-        return _compile(template).render(
-            messages=list(messages), add_generation_prompt=True, **extra
+        result: Any = render_jinja_template(
+            [list(messages)],
+            tools=list(inp.tools) or None,
+            documents=list(inp.documents) or None,
+            chat_template=template,
+            add_generation_prompt=inp.add_generation_prompt,
+            **specials,
+            **dict(inp.template_kwargs),
         )
     except TemplateError as exc:
-        raise ValueError(f"chat template failed: {exc}") from None
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:  # fmt: skip
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)  # fmt: skip
+        raise ValueError(f"the chat template failed: {exc}") from None
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise ValueError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    return str(result[0][0])
 
 
 def _token_text(value: Any) -> str | None:
@@ -173,16 +186,10 @@ class HFTokenizer:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def render_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self, messages: Sequence[dict[str, Any]], inputs: ChatInputs | None = None
     ) -> str:
-        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
-        return _render(
-            self._template,
-            messages,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-            **extra,
-        )
+        return render_template(self._template, messages, inputs,
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")  # fmt: skip
 
 
 class TinyTokenizer:
@@ -264,9 +271,9 @@ class TinyTokenizer:
         return DEFAULT_CHAT_TEMPLATE
 
     def render_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self, messages: Sequence[dict[str, Any]], inputs: ChatInputs | None = None
     ) -> str:
-        return _render(DEFAULT_CHAT_TEMPLATE, messages, **({"tools": list(tools)} if tools else {}))
+        return render_template(DEFAULT_CHAT_TEMPLATE, messages, inputs)
 
     def vocab_spec(self) -> VocabSpec:
         specials = tuple(self._special_ids.values())
