@@ -231,6 +231,8 @@ def test_run_quiets_the_cyclic_collector_and_restores_it() -> None:
         mine = gc.get_freeze_count()
         loop.at(3.0, probe)
         loop.run()
-        assert seen[-1][0] == mine and gc.get_freeze_count() == mine
+        # neither unfrozen (0) nor frozen again (more): a frozen object freed meanwhile (by
+        # another test's thread) leaves the permanent generation, so not an exact count
+        assert 0 < seen[-1][0] <= mine and 0 < gc.get_freeze_count() <= mine
     finally:
         gc.unfreeze()
