@@ -64,6 +64,12 @@ def test_toml_distributions_drive_a_seeded_workload(tmp_path: Path) -> None:
     assert dualpath.simulate(cfg, "dualpath")["dualpath"].num_turns == 30
 
 
+def _sim_argv(tmp_path: Path) -> list[str]:
+    """A small `dualpath sim` command line (its output under ``tmp_path``)."""
+    return ["sim", "--preset", "ds27b-1p1d", "--agents", "2", "--no-progress",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
@@ -82,16 +88,7 @@ def test_bad_jsonl_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, needle: str
 ) -> None:
     (tmp_path / "t.jsonl").write_text(text)
-    argv = [
-        "sim",
-        "--preset",
-        "ds27b-1p1d",
-        "--agents",
-        "2",
-        "--no-progress",
-        "--out",
-        str(tmp_path / "o"),
-    ]
+    argv = _sim_argv(tmp_path)
     assert main([*argv, "--set", f"workload.trajectories={tmp_path / 't.jsonl'}"]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
@@ -113,16 +110,7 @@ def test_bad_distributions_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str], needle: str
 ) -> None:
     (tmp_path / "d.toml").write_text(DISTS.replace(*edit, 1))
-    argv = [
-        "sim",
-        "--preset",
-        "ds27b-1p1d",
-        "--agents",
-        "2",
-        "--no-progress",
-        "--out",
-        str(tmp_path / "o"),
-    ]
+    argv = _sim_argv(tmp_path)
     assert main([*argv, "--set", f"workload.distributions={tmp_path / 'd.toml'}"]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
