@@ -5,8 +5,9 @@ the DE produces it); a resend of the conversation that would hit a block still i
 waits for that block's ack before its hits are looked up, so it hits what the turn persisted
 and the store only ever advertises durable blocks. A turn that was live when a storage worker
 died may have had writes taken by it, which will never be acknowledged: its blocks are never
-waited for (a resend goes at once and recomputes what is missing; the tokens are the same). Owns the acks, the in-flight keys and the
-waiting submissions; submitting them is the caller's (it gets them back)."""
+waited for (a resend goes at once and recomputes what is missing; the tokens are the same).
+Owns the acks, the in-flight keys and the waiting submissions; submitting them is the
+caller's (it gets them back)."""
 
 from __future__ import annotations
 
