@@ -9,6 +9,7 @@ import pytest
 from dualpath.config import Config, preset
 from dualpath.models import cost
 from dualpath.policy import POLICY_NAMES, PolicyParams, build_policy, make_policy
+from dualpath.policy.core import PolicyCore
 from dualpath.policy.params import typical_prompt_tokens
 
 
@@ -78,3 +79,61 @@ def test_params_out_of_range(kw: dict[str, object], match: str) -> None:
     base: dict[str, object] = {"alpha_tokens": 1, "beta_tokens": 1}
     with pytest.raises(ValueError, match=match):
         PolicyParams(**{**base, **kw})  # type: ignore[arg-type]
+
+
+# Every scheduler setting, a valid value other than its default, and the policy it acts in.
+# A new ``SchedulerConfig`` field fails ``test_every_scheduler_setting_reaches_the_policy``
+# until it is added here, which makes its author show that it reaches the policy.
+_CHANGED: dict[str, tuple[object, str]] = {
+    "policy": ("basic", "dualpath"),  # (the value, the policy it is compared under)
+    "alpha_read_s": (1.5, "dualpath"),
+    "beta_prefill_s": (2.5, "dualpath"),
+    "alpha_tokens": (123, "dualpath"),
+    "beta_tokens": (456, "dualpath"),
+    "mean_hit_ratio": (0.5, "dualpath"),
+    "compute_quota_s": (0.7, "dualpath"),
+    "z_factor": (1.3, "dualpath"),
+    "block_tokens": (32, "dualpath"),
+    "split_reads": (True, "dualpath"),
+    "basic_engine_choice": ("least_loaded", "basic"),
+    "read_tie_break": ("pe", "dualpath"),
+    "record_decisions": (True, "dualpath"),
+    "pass_balance": ("median", "dualpath"),
+}
+
+
+def _wiring(policy: PolicyCore) -> dict[str, object]:
+    """What a built policy acts on: its name, its parameters, and every plain setting its
+    rules hold (their types and attributes), e.g. the decode rule's Z factor."""
+    out: dict[str, object] = {"name": policy.name, "params": policy.params}
+    for attr in ("_prefill", "_decode", "_side"):
+        rule = getattr(policy, attr)
+        plain = {
+            k: v
+            for k, v in vars(rule).items()
+            if isinstance(v, (bool, int, float, str, type(None)))
+        }
+        out[attr] = (type(rule).__name__, plain)
+    return out
+
+
+def test_every_scheduler_setting_reaches_the_policy() -> None:
+    """Each ``scheduler.*`` setting changes the policy both shells build from the config
+    (``make_policy``): one not passed on (e.g. ``z_factor`` left out of ``PolicyParams``) is a
+    setting the simulator and the runtime silently ignore."""
+    from dataclasses import fields
+
+    from dualpath.config.scheduler import SchedulerConfig
+
+    names = [f.name for f in fields(SchedulerConfig)]
+    assert sorted(names) == sorted(_CHANGED), "add each new scheduler setting to _CHANGED"
+    base = preset("ds660b-2p4d")
+    ignored = []
+    for name in names:
+        value, policy = _CHANGED[name]
+        assert getattr(base.scheduler, name) != value
+        before = _wiring(make_policy(with_sched(base, policy=policy)))
+        after = _wiring(make_policy(with_sched(base, **{"policy": policy, name: value})))
+        if after == before:
+            ignored.append(name)
+    assert not ignored, f"settings that do not reach the policy: {ignored}"

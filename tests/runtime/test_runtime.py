@@ -338,3 +338,43 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
     assert total(de_tx) > paths["de_to_storage"]  # the DE read path carried layer loads
     assert links["dram@node1"].bytes_by_class[low] >= total(de_rx)  # DRAM paced per node
     assert links["dram@node0"].bytes_by_class[low] > 0
+
+
+def test_a_prompt_of_whole_blocks_sent_again_recomputes_its_last_block(tmp_path: Path) -> None:
+    """A prompt of exactly k Full Blocks, sent a second time, hits only k − 1 of them: the
+    PE needs at least one new token to produce the first one (the hit cap in
+    ``Intake.submit``); the answer is the recompute's."""
+    import threading
+    import time
+
+    cfg = small_config()
+    block = cfg.scheduler.block_tokens
+    prompt = tuple((7 * i + 3) % cfg.model.vocab_size for i in range(2 * block))
+    want = reference_outputs(cfg, [AgentScript(0, (prompt,), (4,))])[0][0]
+    done: dict[int, tuple[int, ...]] = {}
+
+    def cb(rid: int, toks: tuple[int, ...], last: bool) -> None:
+        if last:
+            done[rid] = toks
+
+    stop = threading.Event()
+    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
+        sched = rt.scheduler
+        loop = threading.Thread(target=sched.run, args=(stop,))
+        loop.start()
+        try:
+            for agent in (1, 2):  # two conversations, one prompt: the second hits the first's
+                rid = sched.submit_threadsafe(AgentState(agent, (), ()), prompt, 4, cb)
+                rid_value = rid.result(timeout=60)
+                deadline = time.monotonic() + 120
+                while rid_value not in done and time.monotonic() < deadline and loop.is_alive():
+                    time.sleep(0.02)
+                assert done.get(rid_value) == want
+        finally:
+            stop.set()
+            loop.join(timeout=30)
+        assert not loop.is_alive()
+        hits = [r.hit_tokens for r in sched.records]
+        pids = rt.pids()
+    assert hits == [0, block]  # the second: every block but the last
+    assert_no_processes(pids)
