@@ -1,14 +1,13 @@
 """`dualpath figures --out DIR [--quick] [--from DIR]`: paper-style PNGs and report.md.
 
 Draws from a ``FigureData`` provider (docs/online.md): saved JSON results (``--from``), or the
-simulator-backed provider that ``dualpath.cli.sim_figures.make_figure_data(quick=...)``
-returns once it exists. Owns the figure list, the tables and the data files; no simulation.
+simulator-backed one (``dualpath.cli.sim_figures.make_figure_data``). Owns the figure list,
+the tables and the data files; no simulation.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -23,7 +22,6 @@ from dualpath.metrics import plots
 from dualpath.metrics.breakdown import series_stats
 from dualpath.sim.fanout import add_ray_arg
 
-SIM_PROVIDER_MODULE = "dualpath.cli.sim_figures"
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 
 
@@ -312,21 +310,17 @@ def add_figures_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_provider(args: argparse.Namespace) -> FigureData:
-    """--from DIR → JsonFigureData; else the simulator-backed provider, if wired."""
+    """--from DIR → JsonFigureData; else the simulator-backed provider."""
     if getattr(args, "data_dir", None):
         if not Path(args.data_dir).is_dir():
             raise ValueError(f"--from {args.data_dir}: not a folder")
         return JsonFigureData(args.data_dir)
-    try:
-        module = importlib.import_module(SIM_PROVIDER_MODULE)
-    except ImportError:
-        raise ValueError(
-            "no simulator-backed figure data yet: pass --from DIR with saved JSON results"
-        ) from None
+    from dualpath.cli.sim_figures import make_figure_data
+
     workers, ray_address = int(getattr(args, "workers", 1)), getattr(args, "ray_address", None)
     if workers < 1:
         raise ValueError(f"--workers={workers} is invalid: must be >= 1")
-    provider: FigureData = module.make_figure_data(
+    provider: FigureData = make_figure_data(
         quick=bool(getattr(args, "quick", False)),
         workers=workers,
         ray_address=ray_address,

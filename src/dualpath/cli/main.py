@@ -63,21 +63,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_main_job(args: argparse.Namespace) -> int:
-    try:
-        sim = importlib.import_module("dualpath.cli.sim_cmd")
-    except ModuleNotFoundError as err:
-        if _is_ours(err.name) and err.name != "dualpath.cli.sim_cmd":
-            raise  # a broken import inside the package is a bug: show it
-        sim = None
-    if sim is not None and hasattr(sim, "run_default"):
-        return int(sim.run_default(args.out))
-    from dualpath.cli.plan_cmd import format_report
-    from dualpath.config import preset
-    from dualpath.models.planner import plan
+    from dualpath.cli.sim_cmd import run_default
 
-    config = preset()
-    print(format_report(plan(config), config.name))
-    return 0
+    return int(run_default(args.out))
 
 
 class _Parser(argparse.ArgumentParser):
