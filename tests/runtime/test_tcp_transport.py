@@ -23,6 +23,9 @@ def _pattern(n: int, seed: int) -> bytes:
 
 
 def test_write_read_between_two_endpoints_and_errors() -> None:
+    # this process's listeners from before (an in-process Mooncake engine of an earlier test
+    # binds every interface: a library limitation, docs/runtime.md) are not the transport's
+    before = set(listening_sockets())
     owner, peer = TcpTransport(), TcpTransport()
     try:
         buf = mmap.mmap(-1, 1 << 20)
@@ -52,7 +55,7 @@ def test_write_read_between_two_endpoints_and_errors() -> None:
         assert bytes(hbm[:5]) == bytes(buf[7:12])
         with pytest.raises(ValueError, match="not registered in this process"):
             peer.write(remote, 0, local, 0, 8)
-        assert not non_loopback(listening_sockets())  # loopback only
+        assert not non_loopback(sorted(set(listening_sockets()) - before))  # loopback only
     finally:
         peer.close()
         owner.close()
