@@ -86,7 +86,7 @@ def _run_logged(
     try:
         with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
             journal: list[Any] = []
-            rt.scheduler.ledger.start_journal(journal.append)
+            rt.scheduler.core.start_journal(journal.append)
             return rt.run(agents), journal
     finally:
         shutil.rmtree(root, ignore_errors=True)

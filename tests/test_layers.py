@@ -112,3 +112,40 @@ def test_circle_check_finds_a_circle(tmp_path: Path) -> None:
     (pkg / "d.py").write_text("import pkg.a\n")  # reaches the circle, is not on it
     assert cycles(graph(module_files(tmp_path))) == [["pkg.a", "pkg.b", "pkg.c"]]
     assert cycles(graph(module_files(tmp_path), executed=True)) == []  # what the interpreter sees
+
+
+# what a shell may not touch: the ledger or the policy behind the core (``ledger.Core``)
+AROUND_THE_CORE = {"ledger", "_ledger", "_policy", "num_waiting", "plan_forward", "schedule"}
+SHELLS = ("sim", "runtime")
+
+
+def _reached_around(path: Path) -> list[str]:
+    """Attributes of ``path`` that reach past the core: ``x.ledger``, ``x.policy.schedule``,
+    ``policy.num_waiting`` and the like, or an import of ``Ledger``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in AROUND_THE_CORE:
+            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "Ledger" for a in node.names):
+            found.append(f"{path.name}:{node.lineno}: imports Ledger")
+    return found
+
+
+def test_the_shells_reach_the_ledger_and_the_policy_only_through_the_core() -> None:
+    """Both shells submit, pull, plan and report through ``ledger.Core``: nothing of the
+    ledger or the policy is reached around it (the core's ``ledger`` and ``policy`` are for
+    tests and reports)."""
+    files = [p for shell in SHELLS for p in sorted((SRC / shell).rglob("*.py"))]
+    assert len(files) > 40
+    found = [hit for p in files for hit in _reached_around(p)]
+    assert not found, "reached around the core: " + "; ".join(found)
+
+
+def test_reaching_around_the_core_is_found(tmp_path: Path) -> None:
+    shell = tmp_path / "shell.py"
+    shell.write_text(
+        "from dualpath.ledger.ledger import Ledger\n"
+        "def pull(core):\n    return core.ledger.pull(core.policy, 0.0)\n"
+    )
+    assert _reached_around(shell) == ["shell.py:1: imports Ledger", "shell.py:3: .ledger"]

@@ -126,6 +126,7 @@ def test_core_counts_generated_tokens_into_the_view_and_keeps_records() -> None:
     core.ledger.submit(turn, 0.0)
     core.ledger.assign(turn, Assign(1, 0, 3, ReadSide.NONE, 0, 0), 0.0)
     turn.prefill_start_s = 0.5
+    core.ledger.pass_started(turn, 0.5)
     core.ledger.first_token(turn, 1.0)
     core.generated_tokens(3, 2)
     assert core.ledger.view().engine_tokens()[3] == 102  # prompt + generated (SPEC §13.4)

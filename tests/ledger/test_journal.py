@@ -9,6 +9,7 @@ import pytest
 
 from dualpath.config import preset
 from dualpath.ledger import (
+    ChunkDone,
     EventBus,
     FreeHbmReported,
     GeneratedCounted,
@@ -16,6 +17,7 @@ from dualpath.ledger import (
     Ledger,
     Loaded,
     NodeReadDone,
+    PassStarted,
     Planned,
     Pulled,
     ReadStarted,
@@ -89,6 +91,7 @@ EXPECTED: list[dict[str, Any]] = [
         "chunks": [[0, 128, 172, True]],
         "cap": 0.25,
     },
+    {"op": "pass_started", "t": 1.7, "id": 0},
     {"op": "first_token", "t": 2.0, "id": 0},
     {"op": "free_hbm", "engine": 2, "tokens": 8000},
     {"op": "loaded", "t": 2.1, "id": 0},
@@ -119,6 +122,7 @@ def _drive(ledger: Ledger, topo: Topology, records: list[dict[str, Any]]) -> Non
     pe = assigns[0].pe
     ledger.plan(policy, pe, [PendingPrefill(0, 128, 172), PendingPrefill(1, 0, 100)], 1.6, 5000)
     ledger.plan(policy, pe, [PendingPrefill(0, 128, 172)], 1.6, None, 0.25)
+    ledger.pass_started(t0, 1.7)
     ledger.first_token(t0, 2.0)
     ledger.report_free_hbm(des[0], 8000)
     ledger.loaded(t0, 2.1)
@@ -147,8 +151,8 @@ def test_the_ledger_emits_journal_events_only_to_subscribers() -> None:
     seen: list[object] = []
     bus.subscribe(Submitted, seen.append)
     ledger = Ledger(topo, 10_000, 64, bus)
-    journal_kinds = (ReadStarted, NodeReadDone, Loaded, FreeHbmReported, GeneratedCounted,
-                     Pulled, Planned)  # fmt: skip
+    journal_kinds = (ReadStarted, NodeReadDone, PassStarted, ChunkDone, Loaded,
+                     FreeHbmReported, GeneratedCounted, Pulled, Planned)  # fmt: skip
     assert not any(bus.wants(k) for k in journal_kinds)
     records: list[dict[str, Any]] = []
     _drive(ledger, topo, records)

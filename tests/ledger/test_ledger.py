@@ -43,15 +43,24 @@ def test_a_turn_moves_every_counter_and_returns_them_to_zero() -> None:
     info = ledger.submit(turn, 0.0)
     assert (info.request_id, info.prompt_tokens, info.hit_tokens) == (7, 1000, 640)
     reads = ledger.assign(turn, Assign(7, 1, 3, ReadSide.DE, 0, 640), 1.0)
-    assert reads == [(1, 640)] and turn.phase is Phase.READING
+    assert reads == [(1, 640)] and turn.phase is Phase.SCHEDULED
     ledger.read_started(turn, 1, 1e6, 1.5)
+    assert turn.phase is Phase.READING
     view = ledger.view()
     pe, de = view.engines[1], view.engines[3]
     assert (pe.seq, pe.tokens) == (1, 1000)
     assert (de.seq, de.tokens, de.free_hbm_tokens) == (1, 1000, CAPACITY - 1010)
     assert view.nodes[1].read_queue_tokens == 640 and view.nodes[1].bytes_read == 1e6
-    assert ledger.read_done(turn, 1, 2.0) and turn.phase is Phase.PREFILLING
+    assert ledger.read_done(turn, 1, 2.0) and turn.phase is Phase.READY
+    assert turn.kv_tokens == 640
+    ledger.pass_started(turn, 2.5)
+    ledger.chunk_done(turn, 200, 2.7)  # a first chunk: back in the PE's queue
+    assert turn.phase is Phase.READY and turn.kv_tokens == 840 and turn.new_tokens_left == 160
+    ledger.pass_started(turn, 2.8)
+    with pytest.raises(ValueError, match="chunk_done of its last chunk"):
+        ledger.chunk_done(turn, 160, 3.0)
     ledger.first_token(turn, 3.0)
+    assert turn.phase is Phase.DECODING and turn.kv_tokens == 1000
     generated[1] = 4  # the DE's decode batch produced 4 tokens for this turn so far
     view = ledger.view()
     assert (view.engines[1].seq, view.engines[1].tokens) == (0, 0)
@@ -77,7 +86,7 @@ def test_nothing_to_read_is_read_at_once() -> None:
     ledger, _, _ = _ledger()
     turn = Turn(1, 0, 0, 100, 0, 1, 0.0)
     assert ledger.assign(turn, Assign(1, 0, 2, ReadSide.NONE, 0, 0), 2.0) == []
-    assert turn.read_start_s == turn.read_done_s == 2.0 and turn.phase is Phase.PREFILLING
+    assert turn.read_start_s == turn.read_done_s == 2.0 and turn.phase is Phase.READY
 
 
 def test_a_pull_rebuilds_only_what_changed() -> None:
@@ -125,6 +134,7 @@ def test_reported_free_hbm_replaces_capacity_and_loaded_ends_the_reservation() -
     assert view.engines[3].free_hbm_tokens == 4000 - 520
     assert view.engines[2].free_hbm_tokens == CAPACITY  # no report: the capacity
     assert view.engines[1].free_hbm_tokens == 900
+    ledger.pass_started(turn, 0.5)
     ledger.first_token(turn, 1.0)
     ledger.loaded(turn, 1.1)
     ledger.report_free_hbm(3, 3440)  # the DE now holds the turn's pages
@@ -147,6 +157,7 @@ def test_abort_takes_the_turn_out_of_every_counter() -> None:
         ledger.submit(t, 0.0)
     ledger.assign(reading, Assign(1, 0, 2, ReadSide.PE, 640, 0), 1.0)
     ledger.assign(decoding, Assign(2, 1, 2, ReadSide.NONE, 0, 0), 1.0)
+    ledger.pass_started(decoding, 1.5)
     ledger.first_token(decoding, 2.0)
     view = ledger.view()
     assert view.nodes[0].read_queue_tokens == 640 and view.engines[2].seq == 2
@@ -157,7 +168,7 @@ def test_abort_takes_the_turn_out_of_every_counter() -> None:
     assert view.nodes[0].read_queue_tokens == 0
     assert [(e.seq, e.tokens) for e in view.engines] == [(0, 0)] * 4
     assert view.engines[2].free_hbm_tokens == CAPACITY
-    with pytest.raises(ValueError, match="cannot abort a turn aborted"):
+    with pytest.raises(ValueError, match="abort while aborted"):
         ledger.abort(reading, 4.0)
 
 

@@ -86,7 +86,7 @@ def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[l
 def _sim_journal(cfg: Config, trajs: list[Trajectory]) -> tuple[list[Any], Config]:
     cluster = Cluster(cfg, system_spec(SYSTEM), SimConfig())
     records: list[Any] = []
-    cluster.ledger.start_journal(records.append)
+    cluster.core.start_journal(records.append)
     for traj in trajs:
         cluster.add_agent(traj.agent_id, turn_requests(traj, cfg.scheduler.block_tokens), 0.0)
     run_cluster(cluster)

@@ -1,7 +1,7 @@
 """The scheduler's components on their own, without processes: durability's held reports,
 recovery's choices (which turns a dead engine costs, how a lost turn resumes), the pass
-budget, token streams, and the loop's handler table (one handler per message a runtime
-process sends the scheduler)."""
+budget, token streams, and the loop's structure (one handler per message a runtime process
+sends the scheduler, components that never reach one another)."""
 
 from __future__ import annotations
 
@@ -67,16 +67,16 @@ def test_a_turn_live_when_a_storage_worker_died_is_never_waited_for() -> None:
 
 def test_a_dead_engine_costs_the_turns_that_still_need_it() -> None:
     reading = _req(1, phase=Phase.READING, pe=0, de=3)
-    reading.reading = True
-    prefilling_elsewhere = _req(2, phase=Phase.PREFILLING, pe=1, de=3)
+    ready_elsewhere = _req(2, phase=Phase.READY, pe=1, de=3)
     decoding_on_it = _req(3, phase=Phase.DECODING, pe=0, de=2)
     decoding_elsewhere = _req(4, phase=Phase.DECODING, pe=0, de=3)  # its PE is done with it
-    in_pass_elsewhere = _req(5, phase=Phase.PREFILLING, pe=1, de=2)
-    in_pass_elsewhere.in_pass = True
+    in_pass_elsewhere = _req(5, phase=Phase.IN_PASS, pe=1, de=2)
     queued = _req(6, phase=Phase.QUEUED, pe=0)
+    waiting_for_slots = _req(7, phase=Phase.SCHEDULED, pe=0, de=3)
     reqs = [in_pass_elsewhere, queued, decoding_elsewhere, decoding_on_it,
-            prefilling_elsewhere, reading]  # fmt: skip
-    assert [(r.request_id, free) for r, free in Recovery.orphans(0, reqs)] == [(1, False)]
+            ready_elsewhere, reading, waiting_for_slots]  # fmt: skip
+    got = [(r.request_id, free) for r, free in Recovery.orphans(0, reqs)]
+    assert got == [(1, False), (7, True)]  # the storage worker may still write request 1's
     got = [(r.request_id, free) for r, free in Recovery.orphans(2, reqs)]
     assert got == [(3, True), (5, False)]  # PE 1 may still write request 5's slots
 
@@ -153,9 +153,47 @@ def test_every_message_to_the_scheduler_has_one_handler() -> None:
     assert all(getattr(messages, cls.__name__) is cls for cls in handled)
 
 
-def test_no_runtime_file_is_over_400_lines_nor_a_scheduler_file_over_300() -> None:
-    long = {p.name: n for p in RUNTIME.glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
-    sched = {p.name: n for p in (RUNTIME / "scheduler").glob("*.py")
-             if (n := len(p.read_text().splitlines())) > 300}  # fmt: skip
-    assert not sched
-    assert not long
+COMPONENTS = {  # module → the component class it defines (the loop's parts)
+    "intake": "Intake",
+    "passes": "Passes",
+    "decodes": "Decodes",
+    "durability": "Durability",
+    "recovery": "Recovery",
+    "streams": "Streams",
+    "inbox": "Inbox",
+}
+
+
+def test_the_components_never_reach_one_another() -> None:
+    """The scheduler's components never call each other: no component module imports
+    another's class, and the loop builds none of them from another (each gets the core, the
+    slots and pools, the launcher's ports; the handlers hand one's result to the next)."""
+    classes = set(COMPONENTS.values())
+    for mod, own in COMPONENTS.items():
+        tree = ast.parse((RUNTIME / "scheduler" / f"{mod}.py").read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                    for a in n.names}  # fmt: skip
+        assert not (imported & classes), f"{mod}.py imports {imported & classes}"
+        assert own in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    loop = ast.parse((RUNTIME / "scheduler" / "loop.py").read_text())
+    attrs = set(COMPONENTS)
+    built = 0
+    for node in ast.walk(loop):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id not in classes:
+            continue
+        built += 1
+        args = [*node.args, *(k.value for k in node.keywords)]
+        used = {a.attr for arg in args for a in ast.walk(arg)
+                if isinstance(a, ast.Attribute) and a.attr in attrs}  # fmt: skip
+        assert not used, f"{node.func.id} is built from {used}"
+    assert built == len(classes)  # the scan sees every component being built
+
+
+def test_the_scheduler_declares_no_attributes_it_does_not_set() -> None:
+    """One class, no base that declares its attributes for another file to use."""
+    from dualpath.runtime.scheduler import Scheduler
+
+    assert Scheduler.__bases__ == (object,)
+    assert not getattr(Scheduler, "__annotations__", {})

@@ -28,7 +28,7 @@ def _group_and_cap(system: str) -> tuple[Cluster, PrefillGroup, int]:
 def _batch_tokens(group: PrefillGroup, pe: int) -> int:
     # twelve turns of 30K cached + 500 new tokens queued at one PE
     queue = [PendingPrefill(i, 30_000, 500) for i in range(12)]
-    batch = group.policy.plan_forward(pe, queue, 0.0, group.kv_budget_tokens)
+    batch = group.core.policy.plan_forward(pe, queue, 0.0, group.kv_budget_tokens)
     return sum(c.cached + c.new for c in batch.chunks)
 
 
@@ -65,8 +65,8 @@ def test_ds660b_64k_basic_batch_is_hbm_capped_at_nine_turns() -> None:
     assert cap == pytest.approx((80e9 - 57.96e9 - 6e9) / (40_016 + 8_052), rel=1e-3)
     queue = [PendingPrefill(i, 33_000, 430) for i in range(24)]
     pe = basic.members[0]
-    capped = basic.policy.plan_forward(pe, queue, 0.0, basic.kv_budget_tokens).chunks
-    lifted = layer.policy.plan_forward(pe, queue, 0.0, layer.kv_budget_tokens).chunks
+    capped = basic.core.policy.plan_forward(pe, queue, 0.0, basic.kv_budget_tokens).chunks
+    lifted = layer.core.policy.plan_forward(pe, queue, 0.0, layer.kv_budget_tokens).chunks
     assert sum(c.cached + c.new for c in capped) <= cap
     assert len([c for c in capped if c.new == 430]) == 9  # 333,682 // 33,430 = 9 whole turns
     assert len(lifted) == 24 and all(c.new == 430 for c in lifted)

@@ -73,12 +73,12 @@ def test_every_turn_once_and_bytes_conserved(system: str) -> None:
     assert counters.read_bytes() == pytest.approx(result.counters["bytes_read"], rel=1e-12)
 
     # nothing left behind
-    ledger = cluster.ledger
+    ledger = cluster.core.ledger
     assert not any(ledger.seq) and not any(ledger.tok) and not any(ledger.reserved)
     assert not cluster.reqs
     assert all(n.buffer_used_bytes == 0.0 and not n.queue for n in cluster.node_ios)
     assert not any(ledger.read_q) and ledger.num_done == len(result.records)
-    assert cluster.policy.num_waiting == 0
+    assert cluster.core.waiting == 0
     assert cluster.net.num_active_flows == 0
 
 

@@ -1,11 +1,12 @@
 """Turn bookkeeping shared by the simulator and the runtime (STYLE §1, §2).
 
-Pure and I/O-free, between ``policy`` and the two shells: topology ids, each turn's typed
-phase, the load counters and the ``ClusterView`` the policy reads, ``TurnRecord``s, and typed
-past-tense events that observers subscribe to; a journal of its inputs (a subscriber to those
-events) and a replay that checks a fresh ledger and policy decide the same; the ``Core`` that a shell reports through
-(policy, ledger, event bus, the run's counters, the agent driver). The shells carry out
-commands and report what happened; they keep no counter or view of their own.
+Pure and I/O-free, between ``policy`` and the shells: topology ids; each turn's lifecycle
+(``lifecycle``: its states and the only transitions between them); the load counters and the
+``ClusterView`` the policy reads; ``TurnRecord``s; typed past-tense events that observers
+subscribe to; a journal of the ledger's inputs (a subscriber to those events) and a replay
+that checks a fresh ledger and policy decide the same; and the ``Core``, the one door a shell
+calls (submit, pull, plan, each completion). The shells carry out the actions and report
+what happened; they keep no counter, view or turn state of their own.
 """
 
 from dualpath.ledger.agents import AgentDriver
@@ -14,6 +15,7 @@ from dualpath.ledger.counters import RunCounters
 from dualpath.ledger.events import (
     Aborted,
     Assigned,
+    ChunkDone,
     DecodeStepsDone,
     EventBus,
     FirstToken,
@@ -23,6 +25,7 @@ from dualpath.ledger.events import (
     GeneratedCounted,
     Loaded,
     NodeReadDone,
+    PassStarted,
     Persisted,
     Planned,
     Pulled,
@@ -34,15 +37,18 @@ from dualpath.ledger.events import (
 )
 from dualpath.ledger.journal import Journal, JournalSink, encode_view
 from dualpath.ledger.ledger import Ledger, decode_block_tokens, prompt_block_tokens
+from dualpath.ledger.lifecycle import TRANSITIONS, LifecycleError, Phase
 from dualpath.ledger.replay import ReplayMismatch, ReplayStats, replay
 from dualpath.ledger.topology import Topology
-from dualpath.ledger.turn import NO_TIME, Phase, Turn
+from dualpath.ledger.turn import NO_TIME, Turn
 
 __all__ = [
     "NO_TIME",
+    "TRANSITIONS",
     "Aborted",
     "AgentDriver",
     "Assigned",
+    "ChunkDone",
     "Core",
     "DecodeStepsDone",
     "EventBus",
@@ -54,8 +60,10 @@ __all__ = [
     "Journal",
     "JournalSink",
     "Ledger",
+    "LifecycleError",
     "Loaded",
     "NodeReadDone",
+    "PassStarted",
     "Persisted",
     "Phase",
     "Planned",

@@ -3,7 +3,8 @@
 Turn events (``Submitted`` … ``TurnDone``, ``Aborted``) are the same in both shells; both
 report a PE group's passes (``ForwardStarted``, ``ForwardDone``) and the simulator also its
 other physical work (``TransferDone``, ``DecodeStepsDone``) for traces and balance metrics.
-The ledger's other inputs and decisions (``ReadStarted``, ``NodeReadDone``, ``Loaded``,
+The ledger's other inputs and decisions (``ReadStarted``, ``NodeReadDone``, ``PassStarted``,
+``ChunkDone``, ``Loaded``,
 ``FreeHbmReported``, ``GeneratedCounted``, ``Pulled``, ``Planned``) are what its journal
 (``ledger.journal``) records. An observer must not change what happens: handlers run
 synchronously, in subscription order, and may only record.
@@ -65,6 +66,24 @@ class ReadDone:
 
     now: float
     turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class PassStarted:
+    """A chunk of the turn's prompt went into a PE forward pass."""
+
+    now: float
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkDone:
+    """A chunk of ``new_tokens`` of the turn's prompt came out of its pass, not its last
+    (its last ends with ``FirstToken``)."""
+
+    now: float
+    turn: Turn
+    new_tokens: int
 
 
 @dataclass(frozen=True, slots=True)

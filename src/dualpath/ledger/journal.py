@@ -14,12 +14,14 @@ from typing import Any
 from dualpath.ledger.events import (
     Aborted,
     Assigned,
+    ChunkDone,
     EventBus,
     FirstToken,
     FreeHbmReported,
     GeneratedCounted,
     Loaded,
     NodeReadDone,
+    PassStarted,
     Planned,
     Pulled,
     ReadStarted,
@@ -64,6 +66,8 @@ class Journal:
         on(Assigned, self.on_assigned)
         on(ReadStarted, self.on_read_started)
         on(NodeReadDone, self.on_node_read_done)
+        on(PassStarted, self.on_pass_started)
+        on(ChunkDone, self.on_chunk_done)
         on(FirstToken, self.on_first_token)
         on(Loaded, self.on_loaded)
         on(TurnDone, self.on_turn_done)
@@ -100,6 +104,13 @@ class Journal:
 
     def on_node_read_done(self, ev: NodeReadDone) -> None:
         self.sink({"op": "read_done", "t": ev.now, "id": ev.turn.request_id, "node": ev.node})
+
+    def on_pass_started(self, ev: PassStarted) -> None:
+        self.sink({"op": "pass_started", "t": ev.now, "id": ev.turn.request_id})
+
+    def on_chunk_done(self, ev: ChunkDone) -> None:
+        self.sink({"op": "chunk_done", "t": ev.now, "id": ev.turn.request_id,
+                   "new": ev.new_tokens})  # fmt: skip
 
     def on_first_token(self, ev: FirstToken) -> None:
         self.sink({"op": "first_token", "t": ev.now, "id": ev.turn.request_id})

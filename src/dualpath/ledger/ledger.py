@@ -1,7 +1,8 @@
 """The load counters of SPEC §13.4 and the ``ClusterView`` the policy pulls, kept incrementally.
 
-A shell reports what happened to a turn (submitted, assigned, read started / done, first
-token, loaded into DE HBM, finished, aborted); the ledger moves the turn's phase, keeps seq_e
+A shell reports what happened to a turn (submitted, assigned, read started / done, a pass
+started / a chunk done, first token, loaded into DE HBM, finished, aborted); the ledger moves
+the turn through its lifecycle (``lifecycle.advance``: a report out of order is refused), keeps seq_e
 / tok_e / reserved HBM per engine and read_q / bytes read per node, and emits the matching
 event. A pull rebuilds only the ``EngineState`` / ``NodeState`` objects whose counters
 changed since the last pull.
@@ -24,12 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dualpath.ledger.events import (
     Aborted,
     Assigned,
+    ChunkDone,
     EventBus,
     FirstToken,
     FreeHbmReported,
     GeneratedCounted,
     Loaded,
     NodeReadDone,
+    PassStarted,
     Planned,
     Pulled,
     ReadDone,
@@ -38,8 +41,9 @@ from dualpath.ledger.events import (
     TurnDone,
 )
 from dualpath.ledger.journal import Journal, JournalSink
+from dualpath.ledger.lifecycle import LifecycleError, Phase, advance
 from dualpath.ledger.topology import Topology
-from dualpath.ledger.turn import Phase, Turn
+from dualpath.ledger.turn import Turn
 from dualpath.metrics import TurnRecord
 from dualpath.policy import Assign, ClusterView, EngineState, NodeState, RequestInfo
 from dualpath.policy.base import PendingPrefill, Policy
@@ -227,6 +231,7 @@ class Ledger:
         """The policy's ``Assign`` for ``turn``: counts it on its PE and DE and returns the
         storage reads to start, ``(node, hit tokens)`` each (counted in that node's read_q).
         With ``read=False`` (the Oracle) or nothing to read, the turn's reads are done now."""
+        advance(turn, Phase.SCHEDULED, "assign")
         turn.scheduled_s = now
         turn.pe, turn.de, turn.read_side = a.pe, a.de, a.read_side
         turn.pe_read_tokens, turn.de_read_tokens = a.pe_read_tokens, a.de_read_tokens
@@ -248,7 +253,6 @@ class Ledger:
             turn.read_start_s = now
             self._reads_done(turn, now)
             return reads
-        turn.phase = Phase.READING
         turn.reads_left = len(reads)
         for node, tokens in reads:
             self.read_q[node] += tokens
@@ -257,6 +261,8 @@ class Ledger:
 
     def read_started(self, turn: Turn, node: int, num_bytes: float, now: float) -> None:
         """A storage read of ``num_bytes`` for ``turn`` started on ``node``."""
+        if turn.phase is not Phase.READING:
+            advance(turn, Phase.READING, "read_started")
         if self.events.wants(ReadStarted):
             self.events.emit(ReadStarted(now, turn, node, num_bytes))
         if turn.read_start_s < 0:
@@ -266,6 +272,8 @@ class Ledger:
 
     def read_done(self, turn: Turn, node: int, now: float) -> bool:
         """The turn's read on ``node`` finished; True when it was its last."""
+        if turn.phase is not Phase.READING:
+            raise LifecycleError(f"request {turn.request_id}: read_done while {turn.phase.value}")
         if self.events.wants(NodeReadDone):
             self.events.emit(NodeReadDone(now, turn, node))
         tokens = turn.pe_read_tokens if node == self._node_of[turn.pe] else turn.de_read_tokens
@@ -278,15 +286,36 @@ class Ledger:
         return True
 
     def _reads_done(self, turn: Turn, now: float) -> None:
+        advance(turn, Phase.READY, "read_done")
         turn.read_done_s = now
-        turn.phase = Phase.PREFILLING
+        turn.kv_tokens = turn.hit_tokens  # what was read (a shell may lower it first)
         if self.events.wants(ReadDone):
             self.events.emit(ReadDone(now, turn))
 
+    def pass_started(self, turn: Turn, now: float) -> None:
+        """A chunk of the turn's prompt (after its ``kv_tokens``) went into a PE pass."""
+        advance(turn, Phase.IN_PASS, "pass_started")
+        if self.events.wants(PassStarted):
+            self.events.emit(PassStarted(now, turn))
+
+    def chunk_done(self, turn: Turn, new_tokens: int, now: float) -> None:
+        """A chunk of ``new_tokens`` came out of its pass and more of the prompt is left: the
+        turn is back in its PE's queue with that much more KV."""
+        if turn.kv_tokens + new_tokens >= turn.prompt_tokens:
+            raise LifecycleError(
+                f"request {turn.request_id}: chunk_done of its last chunk (first_token ends it)"
+            )
+        advance(turn, Phase.READY, "chunk_done")
+        turn.kv_tokens += new_tokens
+        if self.events.wants(ChunkDone):
+            self.events.emit(ChunkDone(now, turn, new_tokens))
+
     def first_token(self, turn: Turn, now: float) -> None:
-        """Prefill is done: the turn leaves its PE (token 1 is out) and decodes on its DE."""
+        """Prefill is done (the last chunk's pass): the turn leaves its PE (token 1 is out)
+        and decodes on its DE."""
+        advance(turn, Phase.DECODING, "first_token")
+        turn.kv_tokens = turn.prompt_tokens
         turn.first_token_s = now
-        turn.phase = Phase.DECODING
         pe = turn.pe
         self.seq[pe] -= 1
         self.tok[pe] -= turn.prompt_tokens
@@ -297,8 +326,8 @@ class Ledger:
     def finish(self, turn: Turn, now: float) -> TurnRecord:
         """The last token is out (``turn.finish_s`` and ``second_token_s`` stamped): the turn
         leaves its DE; returns its record."""
+        advance(turn, Phase.DONE, "finish")
         self._leave_de(turn)
-        turn.phase = Phase.DONE
         self.num_done += 1
         record = turn.record()
         if self.events.wants(TurnDone):
@@ -309,7 +338,9 @@ class Ledger:
         """The turn's DE admitted it: from now on the DE's reported free HBM counts it, so its
         reservation ends (only for engines that report free HBM)."""
         if turn.loaded or turn.phase is not Phase.DECODING:
-            raise ValueError(f"request {turn.request_id}: loaded twice or while {turn.phase.value}")
+            raise LifecycleError(
+                f"request {turn.request_id}: loaded twice or while {turn.phase.value}"
+            )
         turn.loaded = True
         self.reserved[turn.de] -= turn.hbm_tokens
         self._dirty_engines.add(turn.de)
@@ -318,27 +349,31 @@ class Ledger:
 
     def abort(self, turn: Turn, now: float) -> None:
         """The turn is dropped before it finished: it leaves every counter it was in (its
-        storage read if one is still queued, its PE until token 1, its DE)."""
+        storage reads if they are still queued, its PE until token 1, its DE)."""
         phase = turn.phase
-        if phase in (Phase.QUEUED, Phase.DONE, Phase.ABORTED):
-            raise ValueError(f"request {turn.request_id}: cannot abort a turn {phase.value}")
+        if phase is Phase.QUEUED:
+            raise LifecycleError(
+                f"request {turn.request_id}: cannot abort a turn queued (the policy holds it: "
+                "mark it cancelled)"
+            )
         pe, de = turn.pe, turn.de
-        if phase is Phase.READING:
+        if phase is Phase.SCHEDULED or phase is Phase.READING:
             reads = [(pe, turn.pe_read_tokens), (de, turn.de_read_tokens)]
             reads = [(self._node_of[e], t) for e, t in reads if t > 0]
             if turn.reads_left != len(reads):
-                raise ValueError(
+                raise LifecycleError(
                     f"request {turn.request_id}: cannot abort a turn with part of its reads done"
                 )
             for node, tokens in reads:
                 self.read_q[node] -= tokens
                 self._dirty_nodes.add(node)
-        if phase in (Phase.READING, Phase.PREFILLING):
+        on_pe = phase.on_pe
+        advance(turn, Phase.ABORTED, "abort")
+        if on_pe:
             self.seq[pe] -= 1
             self.tok[pe] -= turn.prompt_tokens
             self._dirty_engines.add(pe)
         self._leave_de(turn)
-        turn.phase = Phase.ABORTED
         if self.events.wants(Aborted):
             self.events.emit(Aborted(now, turn))
 

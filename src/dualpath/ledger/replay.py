@@ -23,8 +23,8 @@ from dualpath.policy.base import PendingPrefill, Policy
 from dualpath.types import ReadSide
 
 # the ledger inputs a replay feeds back, in the order a shell reports them
-TURN_OPS = ("submit", "assign", "read_started", "read_done", "first_token", "loaded",
-            "finish", "abort")  # fmt: skip
+TURN_OPS = ("submit", "assign", "read_started", "read_done", "pass_started", "chunk_done",
+            "first_token", "loaded", "finish", "abort")  # fmt: skip
 
 
 class ReplayMismatch(AssertionError):
@@ -103,6 +103,10 @@ def replay(records: Iterable[Mapping[str, Any]], topology: Topology, policy: Pol
             ledger.read_started(turns[rec["id"]], rec["node"], rec["bytes"], t)
         elif op == "read_done":
             ledger.read_done(turns[rec["id"]], rec["node"], t)
+        elif op == "pass_started":
+            ledger.pass_started(turns[rec["id"]], t)
+        elif op == "chunk_done":
+            ledger.chunk_done(turns[rec["id"]], rec["new"], t)
         elif op == "first_token":
             ledger.first_token(turns[rec["id"]], t)
         elif op == "loaded":

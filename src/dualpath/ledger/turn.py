@@ -1,4 +1,5 @@
-"""One turn's shared state: ids, sizes, its typed phase, the policy's decision, its timeline.
+"""One turn's shared state: ids, sizes, its lifecycle state (``lifecycle.Phase``), the policy's
+decision, its progress and its timeline.
 
 Both shells keep a ``Turn`` per request (the simulator's ``Req`` extends it with what only the
 simulator needs); the ledger moves it through its phases and builds its ``TurnRecord``.
@@ -6,8 +7,7 @@ simulator needs); the ledger moves it through its phases and builds its ``TurnRe
 
 from __future__ import annotations
 
-from enum import Enum
-
+from dualpath.ledger.lifecycle import Phase
 from dualpath.metrics import TurnRecord
 from dualpath.policy import RequestInfo
 from dualpath.types import ReadSide
@@ -15,17 +15,11 @@ from dualpath.types import ReadSide
 NO_TIME = -1.0
 
 
-class Phase(Enum):
-    """QUEUED (submitted, waiting for the policy) → READING (hit KV on its way to a buffer)
-    → PREFILLING (in its PE's queue or pass) → DECODING (on its DE) → DONE; ABORTED when a
-    runtime engine it depended on died (it is submitted again as a new turn)."""
-
-    QUEUED = "queued"
-    READING = "reading"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
-    DONE = "done"
-    ABORTED = "aborted"
+def usable_hit_tokens(stored_tokens: int, prompt_tokens: int, block_tokens: int) -> int:
+    """The hit a turn may use of the ``stored_tokens`` the store has of its prompt: whole
+    blocks, and never the whole prompt (a prefill computes at least one token, the one that
+    produces token 1): a prompt of exactly k blocks hits at most k − 1."""
+    return min(stored_tokens, (prompt_tokens - 1) // block_tokens * block_tokens)
 
 
 class Turn:
@@ -35,11 +29,13 @@ class Turn:
     __slots__ = (
         "agent_id",
         "arrival_s",
+        "cancelled",
         "de",
         "de_read_tokens",
         "finish_s",
         "first_token_s",
         "hit_tokens",
+        "kv_tokens",
         "loaded",
         "output_tokens",
         "pe",
@@ -88,7 +84,15 @@ class Turn:
         self.pe_read_tokens = 0
         self.de_read_tokens = 0
         self.reads_left = 0  # storage reads (one per node read from) not yet done
+        # prompt tokens whose KV exists: its hits once read, then each computed chunk
+        self.kv_tokens = 0
         self.loaded = False  # its DE admitted it and reports its HBM use (runtime shells)
+        self.cancelled = False  # cancelled while QUEUED: aborted when the policy assigns it
+
+    @property
+    def new_tokens_left(self) -> int:
+        """Prompt tokens still to compute (its prefill's remaining chunks)."""
+        return self.prompt_tokens - self.kv_tokens
 
     @property
     def hbm_tokens(self) -> int:

@@ -13,24 +13,20 @@ from dualpath.workload.scripts import AgentScript
 
 class Req(Turn):
     """One submitted turn as the scheduler process carries it out: the ledger's ``Turn``
-    (ids, sizes, phase, decision, timeline) plus the token ids, block keys, buffer slots and
-    what the processes reported. ``hit_tokens`` is the store's hit at submission, then the
+    (ids, sizes, lifecycle state and progress, decision, timeline) plus the token ids, block
+    keys, buffer slots and what the processes reported. ``hit_tokens`` is the store's hit at submission, then the
     tokens whose blocks were read and verified (``cached``)."""
 
     __slots__ = (
         "cached",
-        "cancelled",
         "de_slots",
         "first_token",
         "generated",
-        "in_pass",
         "keys",
-        "kv_tokens",
         "logprobs",
         "namespace",
         "pe_slots",
         "read_node",
-        "reading",
         "resumed",
         "sampling",
         "streamed",
@@ -58,10 +54,7 @@ class Req(Turn):
         self.namespace = namespace  # the hash chain's: its tenant's
         self.sampling = sampling  # None: greedy
         self.read_node = -1  # the node its hit blocks are read on (-1: nothing to read)
-        self.reading = False  # its storage read is out (not yet reported back)
         self.cached = 0  # hit tokens whose blocks were read and verified
-        self.kv_tokens = 0  # tokens with KV for the next chunk (hits, then earlier chunks)
-        self.in_pass = False  # a chunk of it is in a PE forward pass right now
         self.pe_slots: list[int] = []
         self.de_slots: list[int] = []
         self.first_token = -1
@@ -73,7 +66,6 @@ class Req(Turn):
         # the log-probabilities of the turn's output so far (resumed tokens first), for a
         # client that asked for them (``sampling.logprobs``)
         self.logprobs: list[TokenLogprob] = []
-        self.cancelled = False  # its client is gone: abort as soon as its phase allows
 
     def stamp_done(self, second_token_s: float, finish_s: float) -> None:
         """Stamp the DE's second-token and finish times (read on its clock after the first

@@ -27,7 +27,7 @@ from dualpath.ledger.core import Core
 from dualpath.ledger.counters import SIM_PATHS
 from dualpath.metrics import TurnRecord
 from dualpath.models import cost
-from dualpath.policy import Assign, ClusterView, make_policy
+from dualpath.policy import ClusterView, make_policy
 from dualpath.sim.channel import Channel
 from dualpath.sim.decode import DecodeGroup
 from dualpath.sim.events import Event, EventLoop, Priority
@@ -55,19 +55,17 @@ class Cluster:
         self.topo = topo = Topology.from_config(config)
         self.fabric = fabric = Fabric(topo, hw, self.net.add_resource, sim.rail_matched)
         self.events = EventBus()  # what happened, for observers (traces, metrics)
-        self.policy = make_policy(config)
         self.kv_per_token = cost.kv_bytes_per_token(model)
         self.block_tokens = config.scheduler.block_tokens
-        self.reqs: dict[int, Req] = {}
         de_gpus = topo.decode_ep_gpus  # a DE's weights are sharded over its EP group
         self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
         # the one door to the policy, the ledger (and its records), the run's counters (bytes
         # per load path, counted by the transfers) and the agent driver
-        self.core: Core[_Agent] = Core(
-            topo, self.policy, self.hbm_capacity_tokens, self.block_tokens, self._submit,
-            self.events, SIM_PATHS,
+        self.core: Core[_Agent, Req] = Core(
+            topo, make_policy(config), self.hbm_capacity_tokens, self.block_tokens,
+            self._submit, self.events, SIM_PATHS,
         )  # fmt: skip
-        self.ledger = self.core.ledger
+        self.reqs = self.core.turns
         self.records: list[TurnRecord] = self.core.records
         self.transfers = Transfers(
             loop, self.net, oracle=system.oracle, events=self.events, counters=self.core.counters
@@ -114,9 +112,7 @@ class Cluster:
         }
         self._build_groups()
         for group in self.decode_groups:
-            self.ledger.track_decode(
-                group.members, group.generated_by_member, group.generated_stamp
-            )
+            self.core.track_decode(group.members, group.generated_by_member, group.generated_stamp)
         self._next_request_id = 0
         self.num_turns_total = 0
         self.num_turns_done = 0
@@ -134,8 +130,7 @@ class Cluster:
             PrefillGroup(
                 members,
                 loop=self.loop,
-                policy=self.policy,
-                ledger=self.ledger,
+                core=self.core,
                 fabric=self.fabric,
                 transfers=self.transfers,
                 node_ios=self.node_ios,
@@ -220,8 +215,7 @@ class Cluster:
             spec.output_tokens,
             arrival_s,
         )
-        self.reqs[rid] = req
-        self.policy.submit(self.ledger.submit(req, now), now)
+        self.core.submit(req, now)
         self.request_pull(capacity_freed=False)
 
     # ------------------------------------------------------------------ pulls (SPEC §7.1)
@@ -240,33 +234,31 @@ class Cluster:
 
     def _pull(self) -> None:
         self._pull_event = None
-        if not self.policy.num_waiting:
+        if not self.core.waiting:
             return
         now = self.loop.now
         self._last_pull_s = now
         self.num_pulls += 1
         start = time.perf_counter()  # host time, reported only (benchmarks/bench_scale.py)
-        assigns = self.ledger.pull(self.policy, now)
+        assigned = self.core.pull(now, read=not self.system.oracle)
         self.scheduler_s += time.perf_counter() - start
-        for a in assigns:
-            self._assign(a)
-        self._blocked = self.policy.num_waiting > 0
+        for req, reads in assigned:
+            self._assign(req, reads)
+        self._blocked = self.core.waiting > 0
 
     def view(self) -> ClusterView:
         """What the engines report at a pull (the ledger's view)."""
-        return self.ledger.view()
+        return self.core.view()
 
     # ------------------------------------------------------------------ lifecycle
-    def _assign(self, a: Assign) -> None:
-        req = self.reqs[a.request_id]
-        reads = self.ledger.assign(req, a, self.loop.now, read=not self.system.oracle)
-        group = self.prefill_group_of[a.pe]
+    def _assign(self, req: Req, reads: list[tuple[int, int]]) -> None:
+        group = self.prefill_group_of[req.pe]
         if not reads:
             group.offer(req, 0.0, None)
             return
         kvpt = self.kv_per_token
-        req.pe_buffer_bytes = float(a.pe_read_tokens * kvpt)
-        req.de_buffer_bytes += float(a.de_read_tokens * kvpt)
+        req.pe_buffer_bytes = float(req.pe_read_tokens * kvpt)
+        req.de_buffer_bytes += float(req.de_read_tokens * kvpt)
         group.offer(req, sum(t for _, t in reads) * kvpt, partial(self._start_reads, req, reads))
 
     def _start_reads(self, req: Req, reads: list[tuple[int, int]]) -> None:
@@ -275,15 +267,15 @@ class Cluster:
             self.node_ios[node].enqueue(req, tokens, tokens * kvpt)
 
     def _on_read_start(self, req: Req, node: int, size_bytes: float) -> None:
-        self.ledger.read_started(req, node, size_bytes, self.loop.now)
+        self.core.read_started(req, node, size_bytes, self.loop.now)
 
     def _on_read_done(self, req: Req, node: int) -> None:
-        if self.ledger.read_done(req, node, self.loop.now):
+        if self.core.read_done(req, node, self.loop.now):
             self.prefill_group_of[req.pe].read_done(req)
 
     def _on_prefill_done(self, req: Req) -> None:
         now = self.loop.now
-        self.ledger.first_token(req, now)
+        self.core.first_token(req, now)
         pe, de = req.pe, req.de
         if req.pe_buffer_bytes:
             self.node_ios[self.topo.node_of(pe)].release(req.pe_buffer_bytes)
@@ -326,11 +318,11 @@ class Cluster:
     def _finish(self, req: Req) -> None:
         """The last token is out (``req.finish_s`` set): free the DE, record, next turn
         (``sim.next_turn_after_persist``: once the turn's block writes have landed)."""
-        self.ledger.finish(req, self.loop.now)  # records it (TurnDone)
+        self.core.finish(req, self.loop.now)  # records it (TurnDone)
         filled = decode_block_tokens(req, self.block_tokens)
         if filled > 0:  # blocks filled during decode
             self._persist(req, filled)
-        del self.reqs[req.request_id]
+        self.core.forget(req.request_id)
         self.num_turns_done += 1
         self.request_pull()
         # the next turn arrives now (zero think time); held: at this turn's finish

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 from dualpath.config import HardwareConfig, ModelConfig
-from dualpath.ledger import EventBus, ForwardDone, ForwardStarted, Ledger
+from dualpath.ledger import Core, EventBus, ForwardDone, ForwardStarted
 from dualpath.models import cost
-from dualpath.policy.base import PendingPrefill, Policy
+from dualpath.policy.base import PendingPrefill
 from dualpath.policy.commands import Chunk
 from dualpath.sim.admission import HbmAdmission
 from dualpath.sim.events import EventLoop, Priority
@@ -58,7 +58,7 @@ class PendingQueue(Sequence[PendingPrefill]):
 
 
 def _pending(r: Req) -> PendingPrefill:
-    return PendingPrefill(r.request_id, r.cached_tokens, r.remaining_new_tokens)
+    return PendingPrefill(r.request_id, r.kv_tokens, r.prompt_tokens - r.kv_tokens)
 
 
 class PrefillGroup:
@@ -67,8 +67,7 @@ class PrefillGroup:
         members: tuple[int, ...],
         *,
         loop: EventLoop,
-        policy: Policy,
-        ledger: Ledger,
+        core: Core[Any, Req],
         fabric: Fabric,
         transfers: Transfers,
         node_ios: list[NodeIO],
@@ -85,8 +84,7 @@ class PrefillGroup:
     ) -> None:
         self.members = members
         self.loop = loop
-        self.policy = policy
-        self.ledger = ledger
+        self.core = core
         self.fabric = fabric
         self.transfers = transfers
         self.node_ios = node_ios
@@ -173,7 +171,7 @@ class PrefillGroup:
             for pe in self.members
             if self.queues[pe]
         }
-        planned = self.ledger.plan_group(self.policy, queues, self.loop.now)
+        planned = self.core.plan_group(queues, self.loop.now)
         return [(pe, batch.chunks) for pe, batch in planned if batch.chunks]
 
     def _make_plan(self, batches: list[tuple[int, tuple[Chunk, ...]]]) -> PassPlan:
@@ -237,11 +235,13 @@ class PrefillGroup:
             return
         self.busy = True
         now = self.loop.now
+        pass_started = self.core.pass_started
         for _, chunks in batches:
             for c in chunks:
                 req = self.reqs[c.request_id]
                 if req.prefill_start_s < 0:
                     req.prefill_start_s = now
+                pass_started(req, now)
         self._batches = batches
         self._pass_start = now
         for _, chunks in batches:  # KV in one GPU's HBM during the pass (cached + new)
@@ -296,15 +296,16 @@ class PrefillGroup:
             self.collective_s += self._aggregate.collective_s
             self._aggregate = None
         done: list[Req] = []
+        now, chunk_done = self.loop.now, self.core.chunk_done
         for pe, chunks in batches:
             queue = self.queues[pe]
             for c in chunks:
                 req = self.reqs[c.request_id]
-                req.cached_tokens += c.new
-                req.remaining_new_tokens -= c.new
-                if req.remaining_new_tokens <= 0:
+                if c.is_last:  # token 1: ``on_prefill_done`` reports it
                     queue.remove(req)
                     done.append(req)
+                else:
+                    chunk_done(req, c.new, now)
         self.busy = False
         for req in done:
             self.on_prefill_done(req)

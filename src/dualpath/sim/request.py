@@ -9,12 +9,11 @@ from dualpath.sim.native import mypyc_attr
 
 @mypyc_attr(native_class=False)  # compiled, it stays a Python class: ``Turn`` is one
 class Req(Turn):
-    """``cached_tokens``: KV that exists (hits, then computed chunks);
-    ``remaining_new_tokens``: prompt tokens still to compute; ``pe_buffer_bytes`` /
-    ``de_buffer_bytes``: held in the PE buffer until prefill ends (classic passes: until the
-    pass's loads into HBM land) / in the DE buffer until the H2D copy ends."""
+    """``pe_buffer_bytes`` / ``de_buffer_bytes``: held in the PE buffer until prefill ends
+    (classic passes: until the pass's loads into HBM land) / in the DE buffer until the H2D
+    copy ends. Its progress (``kv_tokens``) and state are the ``Turn``'s."""
 
-    __slots__ = ("cached_tokens", "de_buffer_bytes", "pe_buffer_bytes", "remaining_new_tokens")
+    __slots__ = ("de_buffer_bytes", "pe_buffer_bytes")
 
     def __init__(
         self,
@@ -29,7 +28,5 @@ class Req(Turn):
         super().__init__(
             request_id, agent_id, turn_index, prompt_tokens, hit_tokens, output_tokens, arrival_s
         )
-        self.cached_tokens = hit_tokens
-        self.remaining_new_tokens = prompt_tokens - hit_tokens
         self.pe_buffer_bytes = 0.0
         self.de_buffer_bytes = 0.0

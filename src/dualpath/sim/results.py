@@ -128,7 +128,7 @@ def collect(cluster: Cluster) -> SimResult:
             sum(g.collective_s for g in cluster.prefill_groups),
             sum(g.collective_ideal_s for g in cluster.prefill_groups),
         ),
-        "bytes_read": sum(cluster.ledger.bytes_read),
+        "bytes_read": cluster.core.bytes_read,
         "pe_buffer_peak_bytes": max(
             (
                 n.buffer_peak_bytes

@@ -36,7 +36,8 @@ from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.ledger import Topology
 from dualpath.ledger.ledger import Ledger
-from dualpath.ledger.turn import Phase, Turn
+from dualpath.ledger.lifecycle import Phase
+from dualpath.ledger.turn import Turn, usable_hit_tokens
 from dualpath.policy import Assign
 from dualpath.policy.core import PolicyCore
 from dualpath.runtime.buffer import SlotBuffer
@@ -121,7 +122,7 @@ class TurnFlow:
         bs = self.dep.block_tokens
         keys = block_keys(tokens, bs, self.dep.namespace(tenant))
         stored = self.store.lookup(keys) // bs
-        hit_tokens = min(stored * bs, (len(tokens) - 1) // bs * bs)  # one token is computed
+        hit_tokens = usable_hit_tokens(stored * bs, len(tokens), bs)
         rid = next(self._ids)
         turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
         self._turns[rid] = turn
@@ -220,8 +221,10 @@ class TurnFlow:
         return {"dualpath": TransferParams(load=load, save=save).to_dict()}
 
     def prefilling(self, prep: Prepared) -> None:
-        """The request is on its way to the prefill instance."""
-        prep.turn.prefill_start_s = self.now()
+        """The request is on its way to the prefill instance (its pass, as the ledger sees
+        it: vLLM chunks the prompt itself)."""
+        now = prep.turn.prefill_start_s = self.now()
+        self.ledger.pass_started(prep.turn, now)
 
     def prefilled(self, prep: Prepared) -> None:
         """The prefill answered: its KV is in the DE buffer; the PE buffer's slots are free."""

@@ -23,7 +23,7 @@ class EngineInbox(Protocol):
 class Decodes:
     def __init__(
         self,
-        core: Core[AgentState],
+        core: Core[AgentState, Req],
         topo: Topology,
         slots: Slots,
         ports: EngineInbox,
@@ -38,7 +38,7 @@ class Decodes:
     def first_token(self, req: Req, first_token: int, done_s: float) -> None:
         """Prefill is done: ``req`` leaves its PE with its first token."""
         hop("sched.first_token", req.request_id)
-        self.core.ledger.first_token(req, done_s)
+        self.core.first_token(req, done_s)
         req.first_token = first_token
 
     def start(self, req: Req) -> None:
@@ -53,7 +53,7 @@ class Decodes:
     def loaded(self, req: Req, now: float) -> None:
         """Its DE admitted it: its DE-buffer slots are free, the DE's free pages count it."""
         self.slots.free_de(req)
-        self.core.ledger.loaded(req, now)
+        self.core.loaded(req, now)
         req.generated = 1  # token 1 counts on the DE from its admission (SPEC §13.4)
         self.core.generated_tokens(req.de, 1)
 
@@ -83,7 +83,7 @@ class Decodes:
         events = self.core.events
         if msg.persisted_keys and events.wants(Persisted):
             events.emit(Persisted(msg.finish_s, self.topo.node_of(req.de), persisted))
-        self.core.ledger.finish(req, msg.finish_s)  # records it (TurnDone)
+        self.core.finish(req, msg.finish_s)  # records it (TurnDone)
 
     def leave(self, req: Req) -> None:
         """``req`` was aborted: its generated tokens leave its DE's count."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dualpath.ledger import Ledger, Phase
+from dualpath.ledger import Core, Phase
 from dualpath.ledger.counters import RunCounters
-from dualpath.policy.base import Policy
+from dualpath.ledger.turn import usable_hit_tokens
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.hops import hop
 from dualpath.runtime.kvstore import KVStore, block_keys
@@ -24,16 +24,14 @@ class Intake:
     def __init__(
         self,
         env: ProcEnv,
-        ledger: Ledger,
-        policy: Policy,
+        core: Core[AgentState, Req],
         slots: Slots,
         counters: RunCounters,
         hbm_pages: int,
         now: Callable[[], float],
     ) -> None:
         self.env = env
-        self.ledger = ledger
-        self.policy = policy
+        self.core = core
         self.slots = slots
         self.counters = counters
         self.hbm_pages = hbm_pages
@@ -41,7 +39,7 @@ class Intake:
         self.store: KVStore = env.store()
         self.block = env.block_tokens
         self.num_layers = env.config.model.num_layers
-        self.reqs: dict[int, Req] = {}
+        self.reqs: dict[int, Req] = core.turns
         self.next_rid = 0
         self.alloc_wait: list[int] = []  # assigned, waiting for buffer slots (FIFO)
 
@@ -81,14 +79,13 @@ class Intake:
             )
         namespace = self.namespace(agent)
         keys = block_keys(tokens, self.block, namespace)
-        hit = min(self.store.lookup(keys), (len(tokens) - 1) // self.block * self.block)
+        hit = usable_hit_tokens(self.store.lookup(keys), len(tokens), self.block)
         arrival = self.now() if arrival_s is None else arrival_s
         req = Req(self.next_rid, agent_id, agent.turn, tokens, output_tokens, tuple(keys), hit,
                   arrival, sampling=sampling, namespace=namespace)  # fmt: skip
         self.next_rid += 1
-        self.reqs[req.request_id] = req
         hop("sched.submit", req.request_id)
-        self.policy.submit(self.ledger.submit(req, arrival), arrival)
+        self.core.submit(req, arrival)
         return req
 
     def namespace(self, agent: AgentState) -> str:
@@ -101,18 +98,10 @@ class Intake:
     def admit(self) -> None:
         """A pull: the policy's assignments wait for their buffer slots; a turn whose client
         left while the policy held it is aborted now (it holds nothing yet)."""
-        if not self.policy.num_waiting:
-            return
-        now = self.now()
-        for a in self.ledger.pull(self.policy, now):
-            req = self.reqs[a.request_id]
-            reads = self.ledger.assign(req, a, now)
+        for req, reads in self.core.pull(self.now()):
             if reads:  # one read: the runtime does not split reads
                 (req.read_node, _), *rest = reads
                 assert not rest, "split reads reached the runtime"
-            if req.cancelled:
-                self.ledger.abort(req, self.now())
-                continue
             hop("sched.assigned", req.request_id)
             self.alloc_wait.append(req.request_id)
 
@@ -143,8 +132,7 @@ class Intake:
         nblocks = req.hit_tokens // self.block
         if not retry:
             full = self.env.layout.full_block_bytes
-            self.ledger.read_started(req, req.read_node, nblocks * full, self.now())
-        req.reading = True
+            self.core.read_started(req, req.read_node, nblocks * full, self.now())
         hop("sched.read_sent", req.request_id)
         slots = req.pe_slots if req.read_side is ReadSide.PE else req.de_slots
         self.env.storage_inboxes[req.read_node].put(
@@ -155,22 +143,22 @@ class Intake:
     def read_done(self, req: Req, msg: ReadDoneMsg) -> bool:
         """``req``'s read came back; False for a read re-issued after a storage respawn whose
         first answer was already taken (done once)."""
-        if not req.reading:
+        if req.phase is not Phase.READING:
             return False
         hop("sched.read_done", req.request_id)
         self.counters.read_window(msg.node_id, msg.start_s, msg.done_s)
-        req.reading = False
         req.cached = req.hit_tokens = msg.num_ok * self.block  # what was read and verified
         on_pe = req.read_side is ReadSide.PE
         path = KVPath.STORAGE_TO_PE_BUFFER if on_pe else KVPath.STORAGE_TO_DE_BUFFER
         self.counters.moved(path, msg.num_ok * self.env.layout.full_block_bytes)
-        self.ledger.read_done(req, req.read_node, max(msg.done_s, req.read_start_s))
+        self.core.read_done(req, req.read_node, max(msg.done_s, req.read_start_s))
         return True
 
     def lost_reads(self, node: int) -> list[Req]:
         """Turns whose read is out on ``node`` (its storage worker died), by id."""
-        return [r for _, r in sorted(self.reqs.items()) if r.reading and r.read_node == node]
+        reqs = self.reqs.items()
+        return [r for _, r in sorted(reqs) if r.phase is Phase.READING and r.read_node == node]
 
     def live(self) -> bool:
         """Some turn is neither done nor aborted."""
-        return any(r.phase not in (Phase.DONE, Phase.ABORTED) for r in self.reqs.values())
+        return any(not r.phase.over for r in self.reqs.values())

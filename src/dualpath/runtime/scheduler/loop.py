@@ -1,24 +1,36 @@
-"""The scheduler's loop: one round is recover → admit (policy pull) → buffer slots → wait for
-a message, and each message type has one handler (``_handlers``) that wires the components:
-``Intake`` (turns in, slots, reads), ``Passes`` (PE queues, group passes), ``Decodes`` (a
-turn on its DE), ``Durability`` (acks, done-after-persist), ``Recovery`` (dead processes)
-and ``Streams`` (token callbacks). They never call each other; the handlers here hand one's
-result to the next. The ``Core`` keeps every counter, the view and the agent driver."""
+"""The scheduler: a loop over components that own their state, and the handlers that wire them.
+
+One round is: take what other threads queued (``Inbox``) → recover dead processes → a pull
+(the policy's assignments, through the ``Core``) → buffer slots and reads → wait for a
+message; each message type has one handler (``HANDLERS``). The components — ``Intake``
+(turns in, the slot queue, reads), ``Passes`` (PE queues, group passes), ``Decodes`` (a turn
+on its DE), ``Durability`` (acks, resends held for blocks in flight), ``Recovery`` (dead
+processes), ``Streams`` (token callbacks), ``Inbox`` (other threads' submissions) — never call
+each other (``tests/runtime/test_scheduler_parts.py``): a handler here hands one's result to
+the next. They share the ``Core`` (the one door to the ledger and the policy: every
+counter, the view, each turn's lifecycle state), the buffer ``Slots`` and the HBM ``Pools``.
+"""
 
 from __future__ import annotations
 
+import json
 import queue
+import sys
 import threading
+from concurrent.futures import Future
 from typing import Any, TextIO
 
 from dualpath.ledger import Phase
 from dualpath.ledger.core import Core
+from dualpath.metrics import TurnRecord
+from dualpath.policy import ClusterView
 from dualpath.policy.base import Policy
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import GpuUse
 from dualpath.runtime.hops import hop
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
+    CancelMsg,
     DecodeDoneMsg,
     ErrorMsg,
     ForwardDoneMsg,
@@ -32,15 +44,16 @@ from dualpath.runtime.messages import (
 )
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.result import RunResult
-from dualpath.runtime.scheduler.api import SchedulerApi
+from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.scheduler.decodes import Decodes
 from dualpath.runtime.scheduler.durability import Durability
+from dualpath.runtime.scheduler.inbox import Inbox, Submission
 from dualpath.runtime.scheduler.intake import Intake
 from dualpath.runtime.scheduler.passes import Passes, kv_budget_tokens
-from dualpath.runtime.scheduler.recovery import Recovery
+from dualpath.runtime.scheduler.recovery import Recovery, resume
 from dualpath.runtime.scheduler.slots import Pools, Slots
-from dualpath.runtime.scheduler.stats import SchedulerStats
-from dualpath.runtime.scheduler.streams import Streams
+from dualpath.runtime.scheduler.stats import STATS_PUBLISH_S, Publisher, SchedulerStats, snapshot
+from dualpath.runtime.scheduler.streams import Streams, TokenCallback
 
 IDLE_WAIT_S = 0.005
 # message type → the ``Scheduler`` method that handles it (what the processes send back)
@@ -57,32 +70,28 @@ HANDLERS: dict[type, str] = {
 }
 
 
-class Scheduler(SchedulerApi):
+class Scheduler:
     def __init__(self, launcher: Launcher, env: ProcEnv, policy: Policy) -> None:
-        self.launcher, self.env, self.policy = launcher, env, policy
+        self.launcher, self.env = launcher, env
         self.topo = topo = env.topology
-        self.block = block = env.block_tokens
-        self.layerwise = layerwise = bool(getattr(policy, "layerwise", True))
+        block = env.block_tokens
+        layerwise = bool(getattr(policy, "layerwise", True))
         num_layers = env.config.model.num_layers
         # every engine's HBM pool: pages of one Layer Block; engines report their free pages
         pages = env.options.hbm_pages(num_layers, block)  # a DE's
         pe_pages = env.options.hbm_pages(num_layers, block, pe=True)
-        self.core: Core[AgentState] = Core(
+        self.core: Core[AgentState, Req] = Core(
             topo, policy, pages // num_layers * block, block, self._next_turn
         )
         self.core.count_generated()
-        self.ledger, self.events, self.counters = (
-            self.core.ledger,
-            self.core.events,
-            self.core.counters,
-        )
-        self.pools = Pools(self.ledger, topo, pages, pe_pages, num_layers, block)
+        self.events, self.counters = self.core.events, self.core.counters
+        self.pools = Pools(self.core.report_free_hbm, topo, pages, pe_pages, num_layers, block)
         self.slots = Slots(launcher, topo, block)
-        self.intake = Intake(env, self.ledger, policy, self.slots, self.counters, pages, self.now)
-        self.reqs: dict[int, Req] = self.intake.reqs
+        self.intake = Intake(env, self.core, self.slots, self.counters, pages, self.now)
+        self.reqs: dict[int, Req] = self.core.turns
         self.passes = Passes(
-            topo, self.ledger, policy, launcher, self.slots, self.reqs, self.counters,
-            self.events, lambda p: kv_budget_tokens(p, pe_pages, num_layers, block, layerwise),
+            topo, self.core, launcher, self.slots, self.reqs, self.counters, self.events,
+            lambda p: kv_budget_tokens(p, pe_pages, num_layers, block, layerwise),
             layerwise, env.options.batching, self.now,
         )  # fmt: skip
         full = env.layout.full_block_bytes
@@ -90,15 +99,12 @@ class Scheduler(SchedulerApi):
         self.durability = Durability()
         self.recovery = Recovery()
         self.streams = Streams()
+        self.inbox = Inbox(lambda: launcher.results.put(WakeMsg()))
+        self.publisher = Publisher()
         self.gpu: dict[int, GpuUse] = {}  # per engine, emulated GPU time only
-        self._journal_file: TextIO | None = None  # record_ledger's output
-        self._external: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.num_cancelled = 0
         self.rejected: list[str] = []  # turns rejected alone (one line each)
-        self.stats = SchedulerStats()  # the last published snapshot (``publish_stats``)
-        self._stats_every_s: float | None = None
-        self._stats_at_s = float("-inf")
+        self._journal_file: TextIO | None = None  # record_ledger's output
         self._handlers = {kind: getattr(self, name) for kind, name in HANDLERS.items()}
 
     @staticmethod
@@ -109,8 +115,208 @@ class Scheduler(SchedulerApi):
     def now(self) -> float:
         return self.env.clock.now()
 
+    # ------------------------------------------------------------------ what it reports
+    @property
+    def agents(self) -> dict[int, AgentState]:
+        return self.core.agents.agents
+
+    @property
+    def records(self) -> list[TurnRecord]:
+        return self.core.records
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """The last published snapshot (``publish_stats``); any thread may read it."""
+        return self.publisher.stats
+
+    @property
+    def free_pages(self) -> dict[int, int]:
+        """Every engine's free HBM pages, as last reported."""
+        return self.pools.free_pages
+
+    @property
+    def hbm_pages(self) -> int:
+        """A DE's HBM pool, pages of one Layer Block."""
+        return self.pools.hbm_pages
+
+    @property
+    def read_q(self) -> list[int]:
+        """Hit tokens queued or being read per node (the ledger's read_q)."""
+        return self.core.read_q
+
+    def view(self) -> ClusterView:
+        """What the engines report at a pull (the ledger's view)."""
+        return self.core.view()
+
+    def record_ledger(self, path: str) -> None:
+        """Write every ledger input of this run to ``path``, one JSON record a line (for
+        ``dualpath.ledger.replay``); call before the first turn is submitted."""
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+        self._journal_file = out
+
+        def write(record: dict[str, Any]) -> None:
+            out.write(json.dumps(record) + "\n")
+
+        self.core.start_journal(write)
+
+    def publish_stats(self, every_s: float = STATS_PUBLISH_S) -> None:
+        """Publish ``stats`` (a frozen snapshot another thread may read) every ``every_s``."""
+        self.publisher.start(every_s)
+        self._publish()
+
+    def _publish(self) -> None:
+        now = self.now()
+        self.publisher.publish(snapshot(
+            now, self.counters, self.core.read_q, self.passes.pe_queue, self.core.waiting,
+            len(self.intake.alloc_wait), self.num_cancelled, self.gpu, self.topo,
+        ))  # fmt: skip
+
+    # ------------------------------------------------------------------ agents and turns
+    def add_agent(self, agent: AgentState) -> None:
+        self.core.agents.add(agent)
+
+    def start_agent(self, agent: AgentState) -> None:
+        """Submit ``agent``'s next turn now (the agent driver submits each later one)."""
+        self.core.agents.next_turn(agent.agent_id, self.now())
+
+    def _next_turn(self, agent: AgentState, arrival_s: float) -> None:
+        """The agent driver's: submit ``agent``'s next turn, arrived at ``arrival_s``."""
+        nxt = agent.next_turn()
+        assert nxt is not None, "the agent driver submits only an unfinished agent's turn"
+        self.submit_or_reject(agent.agent_id, *nxt, arrival_s=arrival_s)
+
+    def submit_turn(
+        self,
+        agent_id: int,
+        append: tuple[int, ...],
+        output_tokens: int,
+        arrival_s: float | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Req:
+        """Build and submit the next turn of ``agent_id`` (arrived at ``arrival_s``, default
+        now; ``sampling`` None: greedy); ValueError on a bad request."""
+        agent = self.core.agents.get(agent_id)
+        if agent is None:
+            raise ValueError(f"request for agent {agent_id} is invalid: unknown agent")
+        return self.intake.submit(agent, append, output_tokens, arrival_s, sampling)
+
+    def submit_or_reject(
+        self,
+        agent_id: int,
+        append: tuple[int, ...],
+        output_tokens: int,
+        arrival_s: float | None = None,
+    ) -> Req | None:
+        """``submit_turn``, but a bad turn (e.g. past the context limit) is rejected alone: it
+        is reported in one line and ends its agent's script (later turns only grow); the run
+        goes on."""
+        try:
+            return self.submit_turn(agent_id, append, output_tokens, arrival_s)
+        except ValueError as err:
+            agent = self.core.agents[agent_id]
+            self.rejected.append(f"agent {agent_id} turn {agent.turn}: {err}")
+            print(f"dualpath: turn rejected: {self.rejected[-1]}", file=sys.stderr)
+            agent.turn = len(agent.appends)
+            return None
+
+    def submit_threadsafe(
+        self,
+        agent: AgentState,
+        append: tuple[int, ...],
+        output_tokens: int,
+        on_tokens: TokenCallback | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Future[int]:
+        """Submit a turn of ``agent`` from any thread (added if new; its context grows with
+        each finished turn). The future gets the request id, or the ValueError of a bad
+        request; ``on_tokens`` is called on the scheduler's thread as tokens arrive."""
+        fut: Future[int] = Future()
+        self.inbox.submit(Submission(agent, append, output_tokens, on_tokens, fut, sampling))
+        return fut
+
+    def cancel_threadsafe(self, request_id: int) -> None:
+        """Abort request ``request_id`` from any thread (its client is gone): its callback
+        gets no more tokens; buffer slots and HBM are freed once no process writes them."""
+        self.inbox.cancel(request_id)
+
+    def forget(self, rid: int) -> None:
+        """Drop a finished request and its agent once no message can refer to them (a
+        server's long run); on the scheduler's thread only (e.g. from a submit callback)."""
+        req = self.reqs.get(rid)
+        if req is not None and req.phase is Phase.DONE:
+            self.core.forget(rid)
+            self.core.agents.forget(req.agent_id)
+
+    def _take_inbox(self) -> None:
+        for rid in self.inbox.cancels():
+            self._cancel(rid)
+        for item in self.inbox.submissions():
+            # a resend of a conversation whose last turn's blocks are still being written
+            # waits for them (then hits them); anything else goes now
+            if not self.durability.hold(self.intake.keys(item.agent, item.append), item):
+                self._submit(item)
+
+    def _submit(self, item: Submission) -> None:
+        if item.agent.agent_id not in self.core.agents:
+            self.core.agents.add(item.agent)
+        try:
+            req = self.submit_turn(item.agent.agent_id, item.append, item.output_tokens,
+                                   sampling=item.sampling)  # fmt: skip
+        except ValueError as err:
+            item.future.set_exception(err)
+            return
+        if item.on_tokens is not None:
+            self.streams.watch(req.request_id, item.on_tokens)
+        item.future.set_result(req.request_id)
+
+    # ------------------------------------------------------------------ aborts
+    def _cancel(self, rid: int) -> None:
+        """Abort ``rid`` now if its state allows, else the core aborts it when the policy
+        assigns it. Slots a process may still write (a read, a pass, a DE not yet loaded)
+        are freed when it reports back; a DE drops the request on ``CancelMsg``."""
+        req = self.reqs.get(rid)
+        self.streams.drop(rid)
+        if req is None or req.phase.over:
+            return
+        self.num_cancelled += 1
+        if not self.core.cancel(req, self.now()):  # queued: aborted when assigned
+            return
+        in_flight = req.phase is Phase.READING or req.phase is Phase.IN_PASS
+        if req.phase is Phase.DECODING:
+            in_flight = not req.loaded
+            self.launcher.send(req.de, CancelMsg(rid))
+        self._abort(req, free_now=not in_flight)
+        if not in_flight:
+            self.passes.kick(self.topo.group_of(req.pe))
+
+    def _abort(self, req: Req, free_now: bool) -> None:
+        self.core.abort(req, self.now())  # it leaves every counter
+        self.durability.forget(req.request_id)
+        self.decodes.leave(req)
+        self.passes.drop(req)
+        if free_now:
+            self.slots.free(req)
+
+    def _resubmit(self, req: Req) -> None:
+        """Submit an aborted request again (``recovery.resume``): a streaming turn goes on
+        after the tokens its client has; one they already end is finished here."""
+        cb = self.streams.drop(req.request_id)
+        agent = self.core.agents[req.agent_id]
+        plan = resume(req, agent.context, streaming=cb is not None)
+        if plan.finished:
+            agent.finish_turn(req.tokens[: len(req.tokens) - len(req.resumed)], plan.resumed)
+            if cb is not None:
+                cb(req.request_id, plan.resumed, True)
+            return
+        again = self.submit_turn(req.agent_id, plan.append, plan.output_tokens,
+                                 sampling=plan.sampling)  # fmt: skip
+        again.resumed = plan.resumed
+        again.logprobs = req.logprobs[: len(plan.resumed)]
+        if cb is not None:
+            self.streams.watch(again.request_id, cb)
+
     # ------------------------------------------------------------------ one round
-    def schedule(self) -> None:
+    def admit(self) -> None:
         """A pull: the policy's assignments wait for their buffer slots."""
         self.intake.admit()
 
@@ -156,9 +362,9 @@ class Scheduler(SchedulerApi):
         for req in self.intake.lost_reads(node):
             self.counters.requeued += 1
             self.intake.start_read(req, retry=True)  # the same slots: the retry overwrites them
-        live = [i for i, r in self.reqs.items() if r.phase not in (Phase.DONE, Phase.ABORTED)]
+        live = [i for i, r in self.reqs.items() if not r.phase.over]
         for item in self.durability.lost(live):
-            self._submit_external(item)
+            self._submit(item)
         self.core.agents.release_all()
 
     # ------------------------------------------------------------------ handlers
@@ -174,12 +380,20 @@ class Scheduler(SchedulerApi):
     def _on_ready(self, msg: ReadyMsg) -> None:  # a respawned engine: its exchange region is new
         self.launcher.announce_region(msg.who, msg.region)
 
+    def _on_wake(self, _: WakeMsg) -> None:  # a submission or cancel: this round takes it
+        pass
+
     def _on_persisted(self, msg: PersistedMsg) -> None:
         if not msg.ok:  # dropped (e.g. full disk): not cached, later turns recompute it
             self.counters.persist_failed += 1
         for item in self.durability.acked_key(msg.key):
-            self._submit_external(item)
+            self._submit(item)
         self.core.agents.durable(msg.key)
+
+    def _on_read_done(self, msg: ReadDoneMsg) -> None:
+        req = self._live(msg.request_id, free_if_aborted=True)
+        if req is not None and self.intake.read_done(req, msg):
+            self.passes.enqueue(req)
 
     def _on_forward_done(self, msg: ForwardDoneMsg) -> None:
         done = self.passes.forward_done(msg)
@@ -193,6 +407,12 @@ class Scheduler(SchedulerApi):
             self.decodes.start(req)
         self.passes.pass_over(msg.engine_id)
 
+    def _on_loaded(self, msg: LoadedMsg) -> None:
+        self.pools.report(msg.engine_id, msg.free_pages)
+        req = self._live(msg.request_id, free_if_aborted=True)
+        if req is not None:
+            self.decodes.loaded(req, self.now())
+
     def _on_tokens(self, msg: TokensMsg) -> None:  # one decode step of a DE
         self._note_gpu(msg.engine_id, msg.emulated_s, msg.host_s)
         for rid, lp in msg.logprobs:  # (before the tokens: a callback reads them)
@@ -203,27 +423,6 @@ class Scheduler(SchedulerApi):
             if self.streams.watches(req.request_id):
                 req.streamed.append(token)
                 self.streams.emit(req, (*req.resumed, req.first_token, *req.streamed), False)
-
-    def _live(self, request_id: int, free_if_aborted: bool) -> Req | None:
-        """The turn a message is about, unless it is over (an aborted turn's slots are freed
-        when ``free_if_aborted``: the message came from its last writer)."""
-        req = self.reqs.get(request_id)
-        if req is not None and req.phase in (Phase.ABORTED, Phase.DONE):
-            if free_if_aborted:
-                self.slots.free(req)
-            return None
-        return req
-
-    def _on_read_done(self, msg: ReadDoneMsg) -> None:
-        req = self._live(msg.request_id, free_if_aborted=True)
-        if req is not None and self.intake.read_done(req, msg):
-            self.passes.enqueue(req)
-
-    def _on_loaded(self, msg: LoadedMsg) -> None:
-        self.pools.report(msg.engine_id, msg.free_pages)
-        req = self._live(msg.request_id, free_if_aborted=True)
-        if req is not None:
-            self.decodes.loaded(req, self.now())
 
     def _on_decode_done(self, msg: DecodeDoneMsg) -> None:
         self.pools.report(msg.engine_id, msg.free_pages)
@@ -239,6 +438,16 @@ class Scheduler(SchedulerApi):
         # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
         # are durable, so its hits are what SPEC §9 says the previous turn persisted
         self.core.agents.next_turn(req.agent_id, msg.finish_s, pending)
+
+    def _live(self, request_id: int, free_if_aborted: bool) -> Req | None:
+        """The turn a message is about, unless it is over (an aborted turn's slots are freed
+        when ``free_if_aborted``: the message came from its last writer)."""
+        req = self.reqs.get(request_id)
+        if req is not None and req.phase.over:
+            if free_if_aborted:
+                self.slots.free(req)
+            return None
+        return req
 
     def _note_gpu(self, engine: int, emulated_s: float, host_s: float) -> None:
         """Count an engine's pass under emulated GPU time (and whether it overran)."""
@@ -265,7 +474,7 @@ class Scheduler(SchedulerApi):
         timeout_s = self.env.options.request_timeout_s * (1 if until is None else 2)
         results = self.launcher.results
         while True:
-            self._drain_external()
+            self._take_inbox()
             busy = self._busy()
             if until is not None and until.is_set():
                 for rid in sorted(self.reqs):
@@ -275,12 +484,10 @@ class Scheduler(SchedulerApi):
                 break
             if not busy:
                 last_progress = self.now()  # idle is not stuck
-            if self._stats_every_s is not None and (
-                self.now() - self._stats_at_s >= self._stats_every_s
-            ):
+            if self.publisher.due(self.now()):
                 self._publish()
             self.recover()
-            self.schedule()
+            self.admit()
             self.try_alloc()
             try:
                 msg = results.get(timeout=IDLE_WAIT_S)

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from dualpath.ledger import EventBus, ForwardDone, ForwardStarted, Ledger, Phase, Topology
+from dualpath.ledger import Core, EventBus, ForwardDone, ForwardStarted, Phase, Topology
 from dualpath.ledger.counters import RunCounters
 from dualpath.policy import PendingPrefill
-from dualpath.policy.base import Policy
 from dualpath.policy.commands import Chunk, ForwardBatch
 from dualpath.runtime.hops import hop
 from dualpath.runtime.launcher import RuntimeFailure
@@ -56,8 +55,7 @@ class Passes:
     def __init__(
         self,
         topo: Topology,
-        ledger: Ledger,
-        policy: Policy,
+        core: Core[Any, Req],
         ports: EnginePorts,
         slots: Slots,
         reqs: Mapping[int, Req],
@@ -68,7 +66,7 @@ class Passes:
         batching: bool,
         now: Callable[[], float],
     ) -> None:
-        self.topo, self.ledger, self.policy, self.ports = topo, ledger, policy, ports
+        self.topo, self.core, self.ports = topo, core, ports
         self.slots, self.reqs, self.counters, self.events = slots, reqs, counters, events
         self.budget, self.layerwise, self.batching, self.now = budget, layerwise, batching, now
         self.pe_queue: dict[int, list[int]] = {e: [] for e in topo.pe_ids}
@@ -83,8 +81,7 @@ class Passes:
 
     # ------------------------------------------------------------------ queues
     def enqueue(self, req: Req) -> None:
-        """``req``'s hit KV is in a buffer: it joins its PE's local queue."""
-        req.kv_tokens = req.cached
+        """``req``'s hit KV is in a buffer (READY): it joins its PE's local queue."""
         self.pe_queue[req.pe].append(req.request_id)
         group = self.topo.group_of(req.pe)
         if self._deferred is not None:  # inside a round: kicked when it ends
@@ -135,7 +132,7 @@ class Passes:
             )
             queues[e] = (pending, self.budget(pending))
         planned: list[tuple[int, ForwardBatch]] = []
-        for e, batch in self.ledger.plan_group(self.policy, queues, now):
+        for e, batch in self.core.plan_group(queues, now):
             if not batch.chunks:
                 raise RuntimeFailure(f"PE {e}: queued requests but plan_forward planned nothing")
             self.in_pass[e] = batch
@@ -174,9 +171,10 @@ class Passes:
 
     def _work(self, c: Chunk) -> ChunkWork:
         req = self.reqs[c.request_id]
+        now = self.now()
         if c.cached == req.cached:  # first chunk
-            req.prefill_start_s = max(self.now(), req.read_done_s)
-        req.in_pass = True
+            req.prefill_start_s = max(now, req.read_done_s)
+        self.core.pass_started(req, now)
         on_pe = req.read_side is ReadSide.PE
         hit_node = self.topo.node_of(req.pe if on_pe else req.de)
         first_on_pe = on_pe and c.cached == req.cached
@@ -203,12 +201,11 @@ class Passes:
         done: list[tuple[Req, int]] = []
         for c in batch.chunks:
             req = self.reqs[c.request_id]
-            req.in_pass = False
             if req.phase is Phase.ABORTED:
                 self.slots.free(req)
                 continue
-            req.kv_tokens = c.cached + c.new
             if not c.is_last:
+                self.core.chunk_done(req, c.new, msg.done_s)
                 self.counters.chunked += 1
                 continue
             self.pe_queue[msg.engine_id].remove(req.request_id)

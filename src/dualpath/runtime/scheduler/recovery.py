@@ -66,11 +66,12 @@ class Recovery:
         pass of another PE) are freed when it reports back, never earlier."""
         out = []
         for req in sorted(reqs, key=lambda r: r.request_id):
-            if req.phase in (Phase.DONE, Phase.ABORTED, Phase.QUEUED):
+            phase = req.phase
+            if phase.over or phase is Phase.QUEUED:
                 continue
-            pe_lost = req.pe == engine and req.phase in (Phase.READING, Phase.PREFILLING)
+            pe_lost = req.pe == engine and phase.on_pe
             if not (pe_lost or req.de == engine):
                 continue
-            in_flight = req.reading or (req.in_pass and req.pe != engine)
+            in_flight = phase is Phase.READING or (phase is Phase.IN_PASS and req.pe != engine)
             out.append((req, not in_flight))
         return out

@@ -3,9 +3,10 @@ their engines last reported them (``Pools``). Each owns its numbers; neither dec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
-from dualpath.ledger import Ledger, Topology
+from dualpath.ledger import Topology
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.requests import Req
 from dualpath.types import ReadSide
@@ -68,12 +69,18 @@ class Slots:
 
 class Pools:
     """Every engine's HBM pool in pages of one Layer Block (a PE's and a DE's sizes), the free
-    pages each engine last reported, passed on to the ledger as KV tokens."""
+    pages each engine last reported, passed on to the core as KV tokens."""
 
     def __init__(
-        self, ledger: Ledger, topo: Topology, pages: int, pe_pages: int, num_layers: int, block: int
+        self,
+        report_free_hbm: Callable[[int, int], None],
+        topo: Topology,
+        pages: int,
+        pe_pages: int,
+        num_layers: int,
+        block: int,
     ) -> None:
-        self.ledger = ledger
+        self.report_free_hbm = report_free_hbm
         self.topo = topo
         self.hbm_pages = pages  # a DE's
         self.pe_hbm_pages = pe_pages
@@ -89,7 +96,7 @@ class Pools:
 
     def report(self, engine: int, pages: int) -> None:
         self.free_pages[engine] = pages
-        self.ledger.report_free_hbm(engine, self.tokens(pages))
+        self.report_free_hbm(engine, self.tokens(pages))
 
     def reset(self, engine: int) -> None:
         """A fresh engine: its whole pool is free."""

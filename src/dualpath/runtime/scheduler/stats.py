@@ -53,3 +53,23 @@ def snapshot(
         queue_lengths=queues,
         gpu_passes={topo.engine_name(e): (u.passes, u.overran) for e, u in sorted(gpu.items())},
     )
+
+
+class Publisher:
+    """Publishes a snapshot every ``every_s`` once asked to (``start``); ``stats`` is the
+    last one (another thread may read it: it is replaced whole)."""
+
+    def __init__(self) -> None:
+        self.stats = SchedulerStats()
+        self.every_s: float | None = None
+        self._at_s = float("-inf")
+
+    def start(self, every_s: float) -> None:
+        self.every_s = every_s
+
+    def due(self, now_s: float) -> bool:
+        return self.every_s is not None and now_s - self._at_s >= self.every_s
+
+    def publish(self, stats: SchedulerStats) -> None:
+        self._at_s = stats.now_s
+        self.stats = stats
