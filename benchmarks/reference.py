@@ -17,13 +17,3 @@ def bare_heapq_s(events: int) -> float:
         t, _, _ = pop(heap)
         push(heap, (t + 1.0, i, None))
     return time.process_time() - cpu0
-
-
-def sim_core() -> str:
-    """Which simulator core this process runs: "native" (compiled, ``dualpath.sim.native``)
-    or "python" (also for a tree from before the compiled core)."""
-    try:
-        from dualpath.sim.native import core
-    except ImportError:
-        return "python"
-    return core()

@@ -29,7 +29,6 @@ _OPTIONAL = (
     ("dualpath.cli.qos_cmd", "add_qos_parser"),
     ("dualpath.cli.tune_cmd", "add_tune_parser"),
     ("dualpath.cli.validate_cmd", "add_validate_parser"),
-    ("dualpath.cli.native_cmd", "add_native_parser"),
 )
 
 
@@ -120,13 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        parser = build_parser()
-    except ImportError as exc:
-        if type(exc).__name__ != "CoreChoiceError":  # dualpath.sim.native: DUALPATH_SIM_CORE
-            raise
-        print(f"dualpath: error: {exc}", file=sys.stderr)
-        return 2
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
-from dualpath.sim.native import mypyc_attr
-
 
 class Priority(IntEnum):
     """Tie order of the simulator's events at one instant (lower runs first); every
@@ -41,7 +39,6 @@ _COMPACT_FRACTION = 0.5  # ...make up more than this fraction of it
 GC_YOUNG = 20_000
 
 
-@mypyc_attr(native_class=False)  # compiled, a list subclass stays a Python class
 class Event(list[Any]):
     """Handle of a scheduled callback; also its heap entry ``[time_s, priority, seq, callback,
     label]`` (a list so heap comparisons run in C). Read it through the properties; only the

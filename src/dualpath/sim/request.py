@@ -4,10 +4,8 @@ simulator needs to carry out the policy's decisions (mutable, private to the she
 from __future__ import annotations
 
 from dualpath.ledger.turn import Turn
-from dualpath.sim.native import mypyc_attr
 
 
-@mypyc_attr(native_class=False)  # compiled, it stays a Python class: ``Turn`` is one
 class Req(Turn):
     """``pe_buffer_bytes`` / ``de_buffer_bytes``: held in the PE buffer until prefill ends
     (classic passes: until the pass's loads into HBM land) / in the DE buffer until the H2D
