@@ -534,7 +534,8 @@ def classify(soak: Soak, preset: str) -> None:
     import torch
 
     from dualpath.config import preset as load_preset
-    from dualpath.runtime.model import KVCache, TinyTransformer
+    from dualpath.runtime.model import KVCache
+    from dualpath.runtime.tiny import TinyTransformer
     from dualpath.serve.tokenizer import TinyTokenizer
 
     torch.set_num_threads(1)

@@ -46,7 +46,8 @@ def reference_outputs(
     """Recompute from scratch: each turn's greedy tokens over the whole prompt."""
     import torch
 
-    from dualpath.runtime.model import TinyTransformer, greedy_generate
+    from dualpath.runtime.model import greedy_generate
+    from dualpath.runtime.tiny import TinyTransformer
 
     torch.set_num_threads(1)
     model = TinyTransformer(cfg.model, seed=seed)

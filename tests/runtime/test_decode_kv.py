@@ -7,11 +7,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dualpath.runtime.attention import SdpaAttention  # noqa: E402
 from dualpath.runtime.decode_kv import DecodeKV  # noqa: E402
 from dualpath.runtime.hbm import HbmPool  # noqa: E402
-from dualpath.runtime.model import attend  # noqa: E402
 
 LAYERS, PAGE, KVH, HD, HEADS = 2, 8, 2, 16, 4
+
+attend = SdpaAttention().attend
 
 
 class Req:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from dualpath.config import MODEL_PRESETS  # noqa: E402
+from dualpath.runtime.attention import SdpaAttention, backend  # noqa: E402
 from dualpath.runtime.hbm import HbmPool, PagedKV  # noqa: E402
-from dualpath.runtime.model import (  # noqa: E402
-    CacheBatch,
-    KVCache,
-    TinyTransformer,
-    greedy_generate,
-)
+from dualpath.runtime.model import CacheBatch, KVCache, greedy_generate  # noqa: E402
+from dualpath.runtime.tiny import TinyTransformer, tiny_weights  # noqa: E402
 
 TINY = MODEL_PRESETS["tiny"]
 ATOL = 1e-4  # float32, different matmul shapes: layerwise vs full recompute
@@ -125,3 +123,40 @@ def test_paged_kv_equals_a_contiguous_cache(model: TinyTransformer) -> None:
     c0.extend(model, prompts[0])
     c1.extend(model, prompts[1])
     assert torch.allclose(step, model.forward_batch([[1], [2]], CacheBatch([c0, c1])), atol=ATOL)
+
+
+def test_the_tiny_model_is_a_transformers_llama(tmp_path: Path) -> None:
+    """The one forward: the tiny model's seeded weights, saved as a Llama checkpoint, give
+    transformers' ``LlamaForCausalLM`` the logits our forward gives, at every position."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    model = TinyTransformer(TINY, seed=5)
+    spec = model.spec
+    config = transformers.LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta,
+        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    save_file({k: v.contiguous() for k, v in tiny_weights(TINY, 5).items()},
+              str(tmp_path / "model.safetensors"))  # fmt: skip
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    prompt = _tokens(96, seed=2)
+    with torch.no_grad():
+        want = ref.eval()(torch.tensor([prompt])).logits[0]
+    cache = KVCache(model, 96)
+    got = torch.stack([cache.extend(model, [t]) for t in prompt])
+    assert torch.allclose(got, want, atol=ATOL)
+    assert want.std() > 0.1
+
+
+def test_attention_is_a_backend_chosen_by_name() -> None:
+    assert backend("sdpa").name == "sdpa"
+    assert isinstance(TinyTransformer(TINY, seed=0).attention, SdpaAttention)
+    with pytest.raises(
+        ValueError, match="attention backend 'flash' is unknown: must be one of sdpa"
+    ):
+        backend("flash")

@@ -46,7 +46,7 @@ def weights_digest(config: Config, weight_seed: int, model_dir: str = "") -> str
         from dualpath.runtime.weights import checkpoint_digest
 
         return checkpoint_digest(model_dir)
-    from dualpath.runtime.model import TinyTransformer
+    from dualpath.runtime.tiny import TinyTransformer
 
     h = hashlib.blake2b(digest_size=16)
     for t in TinyTransformer(config.model, seed=weight_seed).tensors():
@@ -184,7 +184,7 @@ class ProcEnv:
             opts.engine_threads(len(self.topology.engine_ids), os.cpu_count() or 1)
         )
         if not opts.model_dir:
-            from dualpath.runtime.model import TinyTransformer
+            from dualpath.runtime.tiny import TinyTransformer
 
             return TinyTransformer(self.config.model, seed=opts.weight_seed)
         from dualpath.runtime.hf_model import DTYPES, HFTransformer

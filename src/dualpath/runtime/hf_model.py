@@ -1,4 +1,8 @@
-"""Hugging Face-format Llama / Qwen2 / Qwen3 checkpoints run by the runtime's layerwise forward.
+"""The runtime's one model forward: Llama / Qwen2 / Qwen3 (HF layout), layerwise and batched.
+
+``HFTransformer`` runs Hugging Face-format checkpoints and the built-in tiny model alike (the
+tiny model is a Llama whose weights come from a seed: ``tiny.TinyTransformer``); attention is
+an ``attention.AttentionBackend`` (SDPA by default).
 
 Reads ``config.json`` + ``*.safetensors`` from a local directory (no hub access). The weights are
 memory-mapped (``load_safetensors``: the file's pages are shared by every engine process that
@@ -22,7 +26,8 @@ import torch
 from torch import Tensor
 
 from dualpath.config import Config, ModelConfig
-from dualpath.runtime.model import BatchKV, HiddenHook, attend, kv_row_bytes, last_rows, positions
+from dualpath.runtime.attention import AttentionBackend, SdpaAttention
+from dualpath.runtime.model import BatchKV, HiddenHook, kv_row_bytes, last_rows, positions
 from dualpath.runtime.weights import load_safetensors
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
@@ -180,8 +185,10 @@ class HFTransformer:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         name: str = "hf",
+        attention: AttentionBackend | None = None,
     ) -> None:
         self.spec = spec
+        self.attention = attention if attention is not None else SdpaAttention()
         self.name = name
         self.device = torch.device(device)
         self.dtype = dtype
@@ -258,6 +265,15 @@ class HFTransformer:
     def kv_row_bytes(self) -> int:
         return kv_row_bytes(self)
 
+    def tensors(self) -> list[Tensor]:
+        """Every weight tensor, in a fixed order (the tiny model's weight digest)."""
+        out = [self.embedding, self.final_norm, self.lm_head]
+        for layer in self.layers:
+            out.extend(
+                t for f in layer.__dataclass_fields__ if (t := getattr(layer, f)) is not None
+            )
+        return out
+
     def _rope_table(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin ``[N, 1, head_dim]`` of the new tokens' positions (once per forward)."""
         angles = pos.to(self._inv_freq.dtype).unsqueeze(1) * self._inv_freq.unsqueeze(0)
@@ -295,7 +311,7 @@ class HFTransformer:
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
         q, k = self._rope(q, rope), self._rope(k, rope)
         full = kv.update(layer, torch.stack((k, v), dim=1), lens).to(self.device, self.dtype)
-        h = h + _linear(attend(q, full, kv.past_lens, lens), w.wo, None)
+        h = h + _linear(self.attention.attend(q, full, kv.past_lens, lens), w.wo, None)
         x = self._norm(h, w.mlp_norm)
         gate = torch.nn.functional.silu(_linear(x, w.w_gate, w.b_gate))
         return h + _linear(gate * _linear(x, w.w_up, w.b_up), w.w_down, w.b_down)

@@ -21,7 +21,8 @@ from dualpath.config import ModelConfig
 from dualpath.models.calibrate import DecodeSample, PrefillSample
 from dualpath.runtime.decode_kv import DecodeKV
 from dualpath.runtime.hbm import HbmPool, PagedKV
-from dualpath.runtime.model import CacheBatch, KVCache, TinyTransformer
+from dualpath.runtime.model import CacheBatch, KVCache
+from dualpath.runtime.tiny import TinyTransformer
 
 # (cached, new, batch): single chunks over the sizes the bench's turns have, and batches
 PREFILL_GRID = (
