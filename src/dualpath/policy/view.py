@@ -1,7 +1,7 @@
 """What the scheduler sees: requests, engine and node states reported at a pull.
 
 A view's states are plain data: they are checked once, where the view enters the policy
-(``policy.state.ViewIndex.refresh``), not when a shell builds them.
+(``policy.state.ViewIndex.refresh`` with ``policy.view_checks``), not when a shell builds them.
 """
 
 from __future__ import annotations
