@@ -29,7 +29,10 @@ import json, os, shutil, sys, tempfile, time
 from dataclasses import replace
 from dualpath.config import preset
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.session import LocalRuntime
+try:  # a tree before issue 43 (--before) calls it LocalRuntime
+    from dualpath.runtime.session import Runtime
+except ImportError:
+    from dualpath.runtime.session import LocalRuntime as Runtime
 try:  # the tree after issue 28
     from dualpath.workload.scripts import agent_scripts, small_trajectories
 except ImportError:  # an older tree (--before)
@@ -52,7 +55,7 @@ if __name__ == "__main__":
     if a["gpu_time"]:
         kw["gpu_time"] = a["gpu_time"]
     try:
-        with LocalRuntime(cfg, RuntimeOptions(**kw)) as rt:
+        with Runtime(cfg, RuntimeOptions(**kw)) as rt:
             procs = {n: p.pid for n, p in rt.launcher.procs.items()}
             before = {n: cpu_s(pid) for n, pid in procs.items()}
             t0, c0 = time.monotonic(), time.process_time()

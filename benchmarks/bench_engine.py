@@ -11,7 +11,7 @@ Run: .venv/bin/python benchmarks/bench_engine.py [--parts throughput,ready,rss] 
   every request submitted at once; tokens/s = generated tokens / (last finish − first
   submission), start-up excluded; once with KV traffic paced by the preset's emulated NICs
   (``dualpath``) and once unpaced (``oracle``: the engines' own speed).
-- ``ready``: seconds from ``LocalRuntime`` entry to every process acked, for the tiny model and
+- ``ready``: seconds from ``Runtime`` entry to every process acked, for the tiny model and
   the checkpoint, on this tree and (``--before SRC``) another tree in the same run, each in a
   fresh interpreter, alternating, best of ``--repeats``.
 - ``rss``: each engine process's resident memory once ready: anonymous (private) and
@@ -102,7 +102,7 @@ def engine_tokens_per_s(
     from dualpath.config import preset
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.runtime.requests import AgentState
-    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.session import Runtime
 
     cfg = preset("tiny-1p1d")
     root = tempfile.mkdtemp(prefix="bench-engine-")
@@ -116,7 +116,7 @@ def engine_tokens_per_s(
             threads=int(os.environ.get("BENCH_THREADS", "0")),
         )
         best = float("inf")
-        with LocalRuntime(cfg, opts) as rt:
+        with Runtime(cfg, opts) as rt:
             for rep in range(2):  # the second batch differs by its first token: no hits
                 agents = [
                     AgentState(rep * len(batch) + i, ((rep, *p[1:]),), (new,))
@@ -138,11 +138,11 @@ def main():
     t0 = time.monotonic()
     from dualpath.config import preset
     from dualpath.runtime.options import RuntimeOptions
-    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.session import Runtime
     kw = json.loads(sys.argv[1])
     root = tempfile.mkdtemp(prefix="bench-ready-")
     rss = {}
-    with LocalRuntime(preset("tiny-1p1d"), RuntimeOptions(kv_root=root, **kw)) as rt:
+    with Runtime(preset("tiny-1p1d"), RuntimeOptions(kv_root=root, **kw)) as rt:
         ready = time.monotonic() - t0
         for name, proc in rt.launcher.procs.items():
             if name.startswith(("pe", "de")):

@@ -34,7 +34,8 @@ from typing import Any
 import httpx
 import torch
 
-from dualpath.runtime.decoding import (
+from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.token_choice import (
     Chooser,
     GrammarCache,
     VocabSpec,
@@ -42,7 +43,6 @@ from dualpath.runtime.decoding import (
     build_tokenizer,
     fill_masks,
 )
-from dualpath.runtime.sampling import SamplingParams
 from dualpath.serve.tokenizer import TinyTokenizer
 from dualpath.serve.tools import json_grammar
 

@@ -41,14 +41,14 @@ from dualpath.runtime.env import HEARTBEAT_S
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.result import RunResult
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 
 
 def _run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState], kv_root: str) -> RunResult:
     Path(kv_root).mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
     try:
-        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+        with Runtime(cfg, replace(opts, kv_root=root)) as rt:
             return rt.run(agents)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -63,7 +63,7 @@ def _run_cpu(
     Path(kv_root).mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
     try:
-        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+        with Runtime(cfg, replace(opts, kv_root=root)) as rt:
             topo = rt.scheduler.topo
             pids = {
                 rt.launcher.procs[topo.engine_name(e)].pid: topo.is_pe(e) for e in topo.engine_ids
@@ -84,7 +84,7 @@ def _run_logged(
     Path(kv_root).mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=kv_root)
     try:
-        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+        with Runtime(cfg, replace(opts, kv_root=root)) as rt:
             journal: list[Any] = []
             rt.scheduler.core.start_journal(journal.append)
             return rt.run(agents), journal
@@ -201,7 +201,7 @@ def _jct_run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState]) -> dic
     Path(opts.kv_root).mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp(prefix=f"bench-{opts.system}-", dir=opts.kv_root)
     try:
-        with LocalRuntime(cfg, replace(opts, kv_root=root)) as rt:
+        with Runtime(cfg, replace(opts, kv_root=root)) as rt:
             res = rt.run(agents)
             time.sleep(2 * HEARTBEAT_S)  # the pacers' busy time is published every heartbeat
             busy = rt.launcher.nic_busy_s()

@@ -26,9 +26,10 @@ import time
 from concurrent.futures import as_completed
 from pathlib import Path
 
+from dualpath.cli.common import add_ray_arg
 from dualpath.config import apply_overrides, preset
 from dualpath.config.sim import SimConfig
-from dualpath.sim.fanout import add_ray_arg, study_pool
+from dualpath.sim.fanout import study_pool
 from dualpath.sim.runner import simulate
 
 SYSTEMS = ("basic", "dualpath", "oracle")

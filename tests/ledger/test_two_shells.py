@@ -58,13 +58,13 @@ def _trajectories(cfg: Config) -> list[Trajectory]:
 def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[list[Any], Config]:
     pytest.importorskip("torch")  # the runtime's engines (the simulator's tests need none)
     from dualpath.runtime.options import RuntimeOptions
-    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.session import Runtime
     from dualpath.workload.scripts import agent_scripts
 
     log = tmp / "ledger.jsonl"
     opts = RuntimeOptions(system=SYSTEM, kv_root=str(tmp / "kv"))
     seen: dict[type, list[Any]] = defaultdict(list)
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         rt.scheduler.record_ledger(str(log))
         for kind in (TurnDone, ForwardStarted, ForwardDone):  # as observers do in the simulator
             rt.scheduler.events.subscribe(kind, seen[kind].append)

@@ -13,7 +13,7 @@ import dualpath.runtime.kvstore as kvs
 from dualpath.runtime.env import kv_namespace
 from dualpath.runtime.kvstore import BlockLayout, KVStore, KVStoreError
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
 
 from .conftest import reference_outputs, small_config
@@ -75,7 +75,7 @@ def test_changed_dependency_on_one_store_gives_reference_tokens(
     cfg = small_config()
     agents = _agents(1, 2)
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path))
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         assert rt.run(agents).outputs == reference_outputs(cfg, agents)
     seed = 0
     if change == "ffn_hidden_size":  # the case that once reused the old model's KV
@@ -87,7 +87,7 @@ def test_changed_dependency_on_one_store_gives_reference_tokens(
         cfg = replace(cfg, scheduler=replace(cfg.scheduler, block_tokens=32))
     else:
         opts = replace(opts, tenant="tenant-b")
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         again = rt.run(agents)
     assert again.outputs == reference_outputs(cfg, agents, seed=seed)
     assert all(r.hit_tokens == 0 for r in again.records if r.turn_index == 0)
@@ -216,7 +216,7 @@ def test_over_long_turn_is_rejected_alone(tmp_path: Path) -> None:
     ok = _agents(1, 2)[0]
     limit = cfg.model.max_context_tokens
     bad = AgentScript(1, (ok.appends[0], (5,) * limit), (2, 2))  # second turn past the limit
-    with LocalRuntime(cfg, RuntimeOptions(system="basic", kv_root=str(tmp_path))) as rt:
+    with Runtime(cfg, RuntimeOptions(system="basic", kv_root=str(tmp_path))) as rt:
         result = rt.run([ok, bad])
         rejected = rt.scheduler.rejected
     assert result.outputs[0] == reference_outputs(cfg, [ok])[0]  # the run went on
@@ -228,10 +228,10 @@ def test_over_long_turn_is_rejected_alone(tmp_path: Path) -> None:
 _NO_GUARD = """
 from dualpath.config import preset
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 
 cfg = preset("tiny-1p1d")  # no __main__ guard: every spawned child dies importing this file
-with LocalRuntime(cfg, RuntimeOptions(kv_root={root!r}, ready_timeout_s=600.0)) as rt:
+with Runtime(cfg, RuntimeOptions(kv_root={root!r}, ready_timeout_s=600.0)) as rt:
     pass
 """
 
@@ -316,7 +316,7 @@ def test_full_disk_serves_tokens_and_caches_nothing(tmp_path: Path) -> None:
     cfg = small_config()
     agents = _agents(1, 2)
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), faults=FaultPlan(fail_writes=-1))
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)  # the tokens are still returned
     assert all(r.hit_tokens == 0 for r in result.records)  # nothing was cached
@@ -334,7 +334,7 @@ def test_stalled_engine_is_declared_dead_and_its_requests_requeued(tmp_path: Pat
     opts = RuntimeOptions(
         kv_root=str(tmp_path), faults=faults, liveness_timeout_s=2.0, request_timeout_s=60.0
     )
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.requeued >= 1
     assert result.outputs == reference_outputs(cfg, agents)
@@ -398,7 +398,7 @@ def test_dead_storage_worker_is_respawned_and_its_reads_retried(tmp_path: Path) 
     agents = _agents(2, 2)
     faults = FaultPlan(crash_storage=0)  # the PE node's worker dies at its first read
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), faults=faults)
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.requeued >= 1  # the lost read was issued again
     assert result.outputs == reference_outputs(cfg, agents)
@@ -429,7 +429,7 @@ def test_failed_write_acked_before_decode_ends_does_not_stall_the_turn(tmp_path:
         system="basic", kv_root=str(tmp_path), faults=FaultPlan(fail_writes=-1),
         request_timeout_s=20.0,
     )  # fmt: skip
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4
@@ -449,7 +449,7 @@ def test_every_storage_worker_lost_at_once_with_writes_taken(tmp_path: Path) -> 
     agents = _long_decode_agents(2)
     opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), request_timeout_s=60.0,
                           faults=FaultPlan(crash_storage_writes=True))  # fmt: skip
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)
     assert len(result.records) == 4

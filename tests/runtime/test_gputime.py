@@ -12,7 +12,7 @@ from dualpath.models import calibrate, cost
 from dualpath.runtime.gputime import GpuTime, GpuUse, LayerFloor
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 from dualpath.workload.scripts import agent_scripts, small_trajectories
 
 from .conftest import assert_no_processes, reference_outputs, small_config
@@ -114,7 +114,7 @@ def test_passes_end_no_earlier_than_emulated_and_tokens_match_host_time(tmp_path
         opts = RuntimeOptions(system="basic", kv_root=str(tmp_path / mode), batching=False,
                               gpu_time=mode)  # fmt: skip
         fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
-        with LocalRuntime(cfg, opts) as rt:
+        with Runtime(cfg, opts) as rt:
             results[mode] = rt.run(fresh)
             pids = rt.pids()
         assert_no_processes(pids)

@@ -17,7 +17,7 @@ from tests.procs import two_raylets
 
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.ray_launcher import LOCAL_TEMP_PARENT, LOCAL_TEMP_PREFIX, ray_session
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
 
 from .conftest import reference_outputs, small_config
@@ -43,7 +43,7 @@ def _agents(num_agents: int, num_turns: int, seed: int) -> list[AgentScript]:
     return agent_scripts(trajs, cfg.model.vocab_size, seed)
 
 
-def _nodes_of(rt: LocalRuntime) -> dict[str, str]:
+def _nodes_of(rt: Runtime) -> dict[str, str]:
     """Ray node id of every actor, by process name."""
     out = {}
     for name, actor in rt.launcher.procs.items():
@@ -87,7 +87,7 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
     faults = FaultPlan(crash_engine=1, crash_at_message=3)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="tcp", runtime="ray",
                           faults=faults)  # fmt: skip
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         launcher = rt.launcher
         first_de = launcher.procs["de1@node1"]
         before = _nodes_of(rt)

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 from dualpath.serve.tokenizer import TinyTokenizer
 from dualpath.serve.tools import json_grammar
 
@@ -62,7 +62,7 @@ def _serve(
     done = threading.Event()
     left = [NUM]
     killed: list[int] = []
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         sched = rt.scheduler
         cfg_topo = sched.topo
 

@@ -12,7 +12,7 @@ from dualpath.runtime.kvstore import BlockLayout, KVStore, block_keys
 from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
-from dualpath.runtime.session import LocalRuntime
+from dualpath.runtime.session import Runtime
 from dualpath.types import TrafficClass
 from dualpath.workload import persisted_tokens
 from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
@@ -34,7 +34,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     agents = _agents(3, 3)
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path))  # alternates PE / DE reads
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         first = rt.run(agents)
         pids = rt.pids()
         sched = rt.scheduler
@@ -70,7 +70,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     raw[-1] ^= 0xFF
     store.path(corrupt).write_bytes(bytes(raw))
     store.path(missing).unlink()
-    with LocalRuntime(cfg, replace(opts, system="basic")) as rt:  # restart: store persisted
+    with Runtime(cfg, replace(opts, system="basic")) as rt:  # restart: store persisted
         again = rt.run(agents)
     assert again.outputs == want  # damaged blocks were recomputed, never used
     by_turn = {(r.agent_id, r.turn_index): r for r in again.records}
@@ -92,7 +92,7 @@ def test_dead_engine_requests_are_requeued_and_complete(tmp_path: Path, crash_en
     faults = FaultPlan(crash_engine=crash_engine, crash_at_message=1)
     log = tmp_path / "ledger.jsonl"
     opts = RuntimeOptions(kv_root=str(tmp_path), faults=faults, pe_hbm_tokens=1024)  # paged
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         assert rt.scheduler.topo.kind_of(crash_engine).value == ("pe" if crash_engine < 2 else "de")
         rt.scheduler.record_ledger(str(log))
         result = rt.run(agents)
@@ -115,7 +115,7 @@ def test_batched_chunked_paged_passes_give_recompute_tokens(tmp_path: Path, syst
     hbm_tokens = 2048  # a small paged HBM: Basic's batches are capped by it
     log = tmp_path / "ledger.jsonl"
     opts = RuntimeOptions(system=system, kv_root=str(tmp_path), hbm_tokens=hbm_tokens)
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         rt.scheduler.record_ledger(str(log))
         result = rt.run(agents)
         resolved = rt.config
@@ -138,7 +138,7 @@ def test_turns_submitted_from_another_thread_stream_their_tokens(tmp_path: Path)
     script = _agents(2, 1, seed=5)
     want = reference_outputs(cfg, script)
     seen: dict[int, list[tuple[tuple[int, ...], bool]]] = {}
-    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
+    with Runtime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
         sched = rt.scheduler
         futures = []
 
@@ -170,7 +170,7 @@ def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> Non
     longest = max(len(a.appends[0]) + len(a.appends[1]) + a.outputs[0] for a in agents)
     slots = -(-longest // 64) + 1  # room for one request at a time plus one persist slot
     opts = RuntimeOptions(kv_root=str(tmp_path), buffer_slots=slots, hbm_tokens=2048)  # paged
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.outputs == want  # chunked and paged under backpressure: recompute's tokens
     assert result.chunked > 0
@@ -181,7 +181,7 @@ def test_full_de_buffer_applies_backpressure_without_loss(tmp_path: Path) -> Non
 def test_failure_inside_the_run_stops_every_process(tmp_path: Path) -> None:
     with (
         pytest.raises(KeyboardInterrupt),
-        LocalRuntime(small_config(), RuntimeOptions(kv_root=str(tmp_path))) as rt,
+        Runtime(small_config(), RuntimeOptions(kv_root=str(tmp_path))) as rt,
     ):
         pids = rt.pids()
         raise KeyboardInterrupt
@@ -191,7 +191,7 @@ def test_failure_inside_the_run_stops_every_process(tmp_path: Path) -> None:
 def test_an_unwritable_kv_root_fails_before_any_process_starts(tmp_path: Path) -> None:
     root = tmp_path / "not-a-directory"
     root.write_text("x")  # the KV root cannot be written: the run fails before it starts
-    rt = LocalRuntime(small_config(), RuntimeOptions(kv_root=str(root)))
+    rt = Runtime(small_config(), RuntimeOptions(kv_root=str(root)))
     with pytest.raises(RuntimeFailure, match="not a writable directory"):
         rt.__enter__()
     assert rt.pids() == []  # no process was started
@@ -207,7 +207,7 @@ def test_bad_options_are_clear_errors() -> None:
     cfg = small_config()
     split = replace(cfg, scheduler=replace(cfg.scheduler, split_reads=True))
     with pytest.raises(ValueError, match="split_reads=true is not supported by the runtime"):
-        LocalRuntime(split, RuntimeOptions())
+        Runtime(split, RuntimeOptions())
 
 
 @pytest.mark.mooncake
@@ -222,7 +222,7 @@ def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
     agents = _agents(2, 2, seed=3)
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="mooncake")
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
         pids = rt.pids()
     assert_no_processes(pids)
@@ -249,7 +249,7 @@ def test_server_mode_streams_each_step_samples_on_the_engines_and_cancels(
 
     opts = RuntimeOptions(kv_root=str(tmp_path), hbm_tokens=4096)
     stop = threading.Event()
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         sched = rt.scheduler
         loop = threading.Thread(target=sched.run, args=(stop,))
         loop.start()
@@ -298,7 +298,7 @@ def test_group_pes_exchange_states_and_transfers_charge_both_cnics(tmp_path: Pat
     agents = _agents(4, 2, seed=5)
     want = reference_outputs(cfg, agents)
     opts = RuntimeOptions(kv_root=str(tmp_path), transfer_window=2, pe_hbm_tokens=1024)
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
         links = rt.launcher.link_stats()
         free = dict(rt.scheduler.free_pages)
@@ -358,7 +358,7 @@ def test_a_prompt_of_whole_blocks_sent_again_recomputes_its_last_block(tmp_path:
             done[rid] = toks
 
     stop = threading.Event()
-    with LocalRuntime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
+    with Runtime(cfg, RuntimeOptions(kv_root=str(tmp_path))) as rt:
         sched = rt.scheduler
         loop = threading.Thread(target=sched.run, args=(stop,))
         loop.start()

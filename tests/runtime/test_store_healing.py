@@ -79,7 +79,7 @@ def test_a_directory_at_a_block_path_heals_in_a_real_run(tmp_path: Path) -> None
     from dualpath.runtime.env import kv_namespace
     from dualpath.runtime.kvstore import block_keys
     from dualpath.runtime.options import RuntimeOptions
-    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.session import Runtime
     from dualpath.workload.scripts import AgentScript
 
     from .conftest import reference_outputs, small_config
@@ -93,10 +93,10 @@ def test_a_directory_at_a_block_path_heals_in_a_real_run(tmp_path: Path) -> None
     first = KVStore(tmp_path, LAYOUT).path(key)
     first.mkdir(parents=True)
     (first / "junk").write_text("x")
-    with LocalRuntime(cfg, opts) as rt:
+    with Runtime(cfg, opts) as rt:
         assert rt.run(agents).outputs == reference_outputs(cfg, agents)
     assert first.is_file()  # healed: the block is on disk
-    with LocalRuntime(cfg, replace(opts)) as rt:
+    with Runtime(cfg, replace(opts)) as rt:
         again = rt.run(agents)
     assert again.outputs == reference_outputs(cfg, agents)
     assert again.records[0].hit_tokens >= block

@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dualpath.serve.generation import TextStream, sample  # noqa: E402
+from dualpath.runtime.sampling import sample  # noqa: E402
+from dualpath.serve.generation import TextStream  # noqa: E402
 from dualpath.serve.tokenizer import HFTokenizer, TinyTokenizer  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dualpath.runtime.decoding import VocabSpec, build_tokenizer
+from dualpath.runtime.token_choice import VocabSpec, build_tokenizer
 from dualpath.serve.strict import StrictSchema
 from dualpath.serve.tool_families import Hermes
 from dualpath.serve.tools import Tool, json_grammar

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from dualpath.config import DEFAULT_PRESET, Config, apply_overrides, load_toml, preset
 
-if TYPE_CHECKING:  # importing the simulator picks its core: only where a command needs it
+if TYPE_CHECKING:  # the simulator is imported only where a command needs it
     from dualpath.sim.cache import ResultCache
 
 
@@ -26,6 +26,16 @@ def add_config_args(parser: argparse.ArgumentParser, default_preset: str = DEFAU
         metavar="KEY=VALUE",
         help="override one field, e.g. --set hardware.snic_per_node=2 (repeatable; "
         "--set model=qwen32b swaps a whole model preset)",
+    )
+
+
+def add_ray_arg(parser: argparse.ArgumentParser) -> None:
+    """``--ray-address`` of a study command (default: the local process pool; ``sim.fanout.study_pool``)."""
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="run the simulations as Ray tasks: 'local' (a new Ray instance here, --workers"
+        " CPUs) or a cluster's GCS HOST:PORT (default: a local process pool)",
     )
 
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dualpath.cli.common import add_cache_args, cache_from_args
+from dualpath.cli.common import add_cache_args, add_ray_arg, cache_from_args
 from dualpath.metrics import plots
 from dualpath.metrics.breakdown import series_stats
-from dualpath.sim.fanout import add_ray_arg
 
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 

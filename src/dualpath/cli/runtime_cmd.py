@@ -90,13 +90,13 @@ def _run_system(
 ) -> Any:
     """One system's run (its own KV root in ``options``): the ``RunResult``."""
     from dualpath.progress import bar as progress_bar
-    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.session import Runtime
     from dualpath.workload.scripts import agent_scripts
 
     agents = agent_scripts(trajs, config.model.vocab_size, config.workload.seed)
     with (
         progress_bar(num_turns_total, options.system, "turn", disable=not progress) as bar,
-        LocalRuntime(config, options) as rt,
+        Runtime(config, options) as rt,
     ):
         return rt.run(agents, on_turn=lambda _: bar.update(1))
 

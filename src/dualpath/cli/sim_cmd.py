@@ -19,14 +19,13 @@ from typing import Any
 
 from dualpath.api import Axis, Choice, Simulation, setting_title, sweep
 from dualpath.api.grid import parse_set
-from dualpath.cli.common import add_cache_args, add_config_args, cache_from_args
+from dualpath.cli.common import add_cache_args, add_config_args, add_ray_arg, cache_from_args
 from dualpath.config import Config, apply_overrides, config_for, load_toml, preset
 from dualpath.config.loader import model_swap_note
 from dualpath.config.sim import SimConfig, parse_systems
 from dualpath.config.systems import system_spec
 from dualpath.progress import bar
 from dualpath.sim.cache import ResultCache
-from dualpath.sim.fanout import add_ray_arg
 from dualpath.sim.jobs import offline_job
 from dualpath.sim.report import format_table, order_systems
 from dualpath.sim.results import SimResult

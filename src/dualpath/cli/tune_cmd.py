@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dualpath.cli.common import add_cache_args, add_config_args, cache_from_args
+from dualpath.cli.common import add_cache_args, add_config_args, add_ray_arg, cache_from_args
 from dualpath.cli.sim_cmd import build_inputs
 from dualpath.config import Config, apply_overrides
 from dualpath.config.sim import SimConfig
 from dualpath.metrics.slo import SLO
 from dualpath.models.planner import as_fraction, plan
 from dualpath.sim.cache import ResultCache, run_meta
-from dualpath.sim.fanout import add_ray_arg
 from dualpath.sim.jobs import Job, offline_job, online_job, run_jobs
 from dualpath.sim.online import OnlineResult, OnlineSettings
 from dualpath.sim.results import SimResult

@@ -2,5 +2,5 @@
 a persistent KV store, shared-memory buffers, emulated NICs, both load paths.
 
 Imports torch / numpy only inside its modules; ``dualpath`` itself imports without them.
-Entry point: ``dualpath.runtime.session.LocalRuntime``.
+Entry point: ``dualpath.runtime.session.Runtime``.
 """

@@ -84,7 +84,7 @@ def startup_warning(options: RuntimeOptions) -> str | None:
 
 
 # imported once by the fork server, before any child forks from it
-PRELOAD = ("dualpath.runtime.prefill", "dualpath.runtime.decode", "dualpath.runtime.hf_model")
+PRELOAD = ("dualpath.runtime.pe_engine", "dualpath.runtime.de_engine", "dualpath.runtime.hf_model")
 
 
 class Launcher:
@@ -383,11 +383,11 @@ def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None
     env.start_heartbeat(name)
     try:
         if env.topology.is_pe(engine_id):
-            from dualpath.runtime.prefill import PrefillEngine
+            from dualpath.runtime.pe_engine import PrefillEngine
 
             engine: Any = PrefillEngine(env, engine_id, crash_at)
         else:
-            from dualpath.runtime.decode import DecodeEngine
+            from dualpath.runtime.de_engine import DecodeEngine
 
             engine = DecodeEngine(env, engine_id, crash_at)
         engine.serve(inbox)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.runtime.transport.base import RegionHandle
 
 

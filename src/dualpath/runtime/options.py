@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dualpath.config.systems import SystemSpec, system_spec
-from dualpath.runtime.decoding import VocabSpec
 from dualpath.runtime.gputime import GPU_TIMES
+from dualpath.runtime.token_choice import VocabSpec
 
 TRANSPORTS = ("shm", "tcp", "mooncake")
 RUNTIMES = ("local", "ray")

@@ -197,11 +197,11 @@ class EngineActor:
         env = _actor_env(env)
         self.env, self.engine_id = env, engine_id
         if env.topology.is_pe(engine_id):
-            from dualpath.runtime.prefill import PrefillEngine
+            from dualpath.runtime.pe_engine import PrefillEngine
 
             self.engine: Any = PrefillEngine(env, engine_id, crash_at)
         else:
-            from dualpath.runtime.decode import DecodeEngine
+            from dualpath.runtime.de_engine import DecodeEngine
 
             self.engine = DecodeEngine(env, engine_id, crash_at)
         self.inbox: queue.Queue[Any] = queue.Queue()

@@ -6,7 +6,7 @@ group with one bundle per emulated node spreads them over the Ray nodes. Control
 travel as actor calls (``ray_actors``), KV bytes over the transport (tcp or mooncake), slot
 allocation through each node's storage actor, and time on the shared wall clock. A dead
 engine actor is replaced like a dead engine process (``Scheduler.recover`` re-queues its
-requests). Same interface as ``Launcher``, so the scheduler and ``LocalRuntime`` run on it.
+requests). Same interface as ``Launcher``, so the scheduler and ``Runtime`` run on it.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dualpath.ledger import Turn
-from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.workload.scripts import AgentScript
 
 

@@ -1,4 +1,4 @@
-"""Token sampling shared by the engines and the in-process server: greedy, or temperature /
+"""Token sampling on the engines (PE for token 1, DE for the rest): greedy, or temperature /
 top-p with a per-request seeded ``torch.Generator``. Pure functions; no I/O, no clock.
 torch is imported where it is used: the scheduler and storage processes carry
 ``SamplingParams`` in messages without importing it (start-up time).
@@ -33,7 +33,7 @@ class SamplingParams:
     for a turn resumed after an engine fault, whose earlier tokens the client already has;
     ``history`` holds them when penalties or a grammar depend on them). Penalties and bias
     follow OpenAI: ``logit - count·frequency - [count > 0]·presence + bias``, counts over the
-    turn's output. ``grammar``: llguidance's grammar text (``decoding.py`` applies it).
+    turn's output. ``grammar``: llguidance's grammar text (``token_choice.py`` applies it).
 
     Draws are counter-based: output token i is drawn with a generator seeded from
     ``(seed, i)`` alone, so whichever engine draws it (the PE's first token, the DE's, a

@@ -1,6 +1,6 @@
 """The runtime's entry point: start the processes, run agents to completion, shut down.
 
-    with LocalRuntime(config, RuntimeOptions(system="dualpath")) as rt:
+    with Runtime(config, RuntimeOptions(system="dualpath")) as rt:
         result = rt.run(agent_scripts(...))   # dualpath.workload.scripts
 
 Ctrl-C or any failure stops every process and removes the shared-memory buffers.
@@ -32,7 +32,7 @@ def make_launcher(config: Config, options: RuntimeOptions) -> Launcher:
     return Launcher(config, options)
 
 
-class LocalRuntime:
+class Runtime:
     """Processes emulating the cluster of ``config`` (SPEC §2): on this host, or as Ray
     actors over a Ray cluster's nodes (``RuntimeOptions.runtime``)."""
 
@@ -51,7 +51,7 @@ class LocalRuntime:
         self.launcher = make_launcher(self.config, options)
         self._scheduler: Scheduler | None = None
 
-    def __enter__(self) -> LocalRuntime:
+    def __enter__(self) -> Runtime:
         try:
             env = self.launcher.start()
         except BaseException:
@@ -71,7 +71,7 @@ class LocalRuntime:
     @property
     def scheduler(self) -> Scheduler:
         if self._scheduler is None:
-            raise RuntimeError("LocalRuntime is not started: use it as a context manager")
+            raise RuntimeError("Runtime is not started: use it as a context manager")
         return self._scheduler
 
     def run(

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.hops import hop
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
 from dualpath.serve.chat import (
     ChatPlan,

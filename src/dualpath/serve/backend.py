@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.serve.tokenizer import TextTokenizer
 
 FINISH_REASONS = ("stop", "length", "abort")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.serve.reasoning import (
     REASONING_PARSERS,
     prompt_opens_reasoning,

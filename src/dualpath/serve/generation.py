@@ -1,14 +1,12 @@
-"""Per-request generation state: sampling (temperature, top-p, seeded generator), incremental
-detokenisation and stop strings. Pure functions and small classes; no I/O, no clock."""
+"""The server's side of a request's output: incremental detokenisation and stop strings
+(``TextStream``); tokens are chosen on the engines (``runtime.sampling``, ``runtime.token_choice``).
+No I/O, no clock."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dualpath.runtime.sampling import sample
 from dualpath.serve.tokenizer import TextTokenizer
-
-__all__ = ["TextStream", "sample"]
 
 
 class TextStream:

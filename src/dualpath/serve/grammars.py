@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from dualpath.runtime.decoding import grammar_key
+from dualpath.runtime.token_choice import grammar_key
 from dualpath.serve.schema import ApiError
 from dualpath.serve.tools import grammar_error
 

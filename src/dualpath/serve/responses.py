@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dualpath.runtime.decoding import TokenLogprob
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.serve.backend import BackendFailure, TokenEvent
 from dualpath.serve.chat import ReplyReader, chat_logprobs, plan_chat
 from dualpath.serve.response_input import messages_of

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dualpath.config import Config
-from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.hops import hop
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.token_choice import TokenLogprob
 from dualpath.serve.backend import BackendFailure, BackendStats, GenerateRequest, TokenEvent
 from dualpath.serve.generation import TextStream
 from dualpath.serve.runtime_host import (
@@ -57,7 +57,7 @@ class _Stream:
 
 
 class RuntimeBackend:
-    """``Backend`` over ``LocalRuntime`` (see the module docstring)."""
+    """``Backend`` over ``Runtime`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -101,7 +101,7 @@ class RuntimeBackend:
     def grammar_tokenizer(self) -> Any:
         """The llguidance tokenizer the engines compile grammars with (``serve/grammars.py``
         compiles each new grammar with it first, to check it and bound its cost)."""
-        from dualpath.runtime.decoding import build_tokenizer
+        from dualpath.runtime.token_choice import build_tokenizer
 
         if self.options.vocab is None:
             raise ValueError("this backend has no vocabulary for grammars")

@@ -1,4 +1,4 @@
-"""The scheduler process behind ``RuntimeBackend``: it owns a ``LocalRuntime`` (storage workers
+"""The scheduler process behind ``RuntimeBackend``: it owns a ``Runtime`` (storage workers
 and engines are its children) and serves the HTTP process's commands until told to stop.
 
 The HTTP process sends ``SubmitCmd`` / ``CancelCmd`` / ``StopCmd`` on one queue; this process
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath.config import Config
-from dualpath.runtime.decoding import TokenLogprob
 from dualpath.runtime.hops import hop
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.token_choice import TokenLogprob
 
 STATS_PERIOD_S = 0.5
 POLL_S = 0.2  # command poll: lets an orphaned host notice that its server is gone
@@ -204,7 +204,7 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
               parent_pid: int) -> None:  # fmt: skip
     """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
     from dualpath.runtime.env import set_process_name
-    from dualpath.runtime.session import LocalRuntime
+    from dualpath.runtime.session import Runtime
 
     set_process_name("dp-scheduler")
     # the server decides when to stop: a Ctrl-C or a SIGTERM sent to the whole process group
@@ -216,7 +216,7 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     error = ""
     try:
-        with LocalRuntime(config, options) as rt:
+        with Runtime(config, options) as rt:
             host = _Host(rt, outbox)
             launcher = rt.launcher
             shm: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dualpath.runtime.decoding import VocabSpec
+from dualpath.runtime.token_choice import VocabSpec
 from dualpath.serve.tiny_vocab import (
     CHARS,
     MIN_VOCAB_SIZE,

@@ -13,7 +13,6 @@ a simulation is a pure function of its arguments.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import os
@@ -27,16 +26,6 @@ from dualpath.deploy.ray_address import check_gcs_address
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # results only: a few MB per simulation
 LOCAL_TEMP_PREFIX = "dpstudy-"  # short, under /tmp: Ray's Unix socket paths live in it
-
-
-def add_ray_arg(parser: argparse.ArgumentParser) -> None:
-    """``--ray-address`` of a study command (default: the local process pool)."""
-    parser.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="run the simulations as Ray tasks: 'local' (a new Ray instance here, --workers"
-        " CPUs) or a cluster's GCS HOST:PORT (default: a local process pool)",
-    )
 
 
 class StudyPool(Protocol):

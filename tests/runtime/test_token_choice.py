@@ -13,7 +13,8 @@ llguidance = pytest.importorskip("llguidance")
 
 from tests.serve.schemas import WEATHER  # noqa: E402
 
-from dualpath.runtime.decoding import (  # noqa: E402
+from dualpath.runtime.sampling import SamplingParams  # noqa: E402
+from dualpath.runtime.token_choice import (  # noqa: E402
     Chooser,
     GrammarCache,
     VocabSpec,
@@ -22,7 +23,6 @@ from dualpath.runtime.decoding import (  # noqa: E402
     choose_batch,
     fill_masks,
 )
-from dualpath.runtime.sampling import SamplingParams  # noqa: E402
 from dualpath.serve.tokenizer import TinyTokenizer  # noqa: E402
 from dualpath.serve.tools import json_grammar  # noqa: E402
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from dualpath.runtime.decoding import choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange
@@ -32,6 +31,7 @@ from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
 from dualpath.runtime.sampling import SamplingParams
+from dualpath.runtime.token_choice import choose_batch
 from dualpath.runtime.transport.base import Transfer
 from dualpath.types import TrafficClass
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.decode_kv import DecodeKV
-from dualpath.runtime.decoding import Chooser, choose_batch
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import hold_until
@@ -32,6 +31,7 @@ from dualpath.runtime.messages import (
     PersistMsg,
     TokensMsg,
 )
+from dualpath.runtime.token_choice import Chooser, choose_batch
 
 
 @dataclass(slots=True)
