@@ -77,20 +77,39 @@ class Journal:
 
     def on_submitted(self, ev: Submitted) -> None:
         turn = ev.turn
-        self.sink({"op": "submit", "t": ev.now, "id": turn.request_id, "agent": turn.agent_id,
-                   "turn": turn.turn_index, "prompt": turn.prompt_tokens,
-                   "hit": turn.hit_tokens, "output": turn.output_tokens,
-                   "arrival": turn.arrival_s})  # fmt: skip
+        self.sink(
+            {
+                "op": "submit",
+                "t": ev.now,
+                "id": turn.request_id,
+                "agent": turn.agent_id,
+                "turn": turn.turn_index,
+                "prompt": turn.prompt_tokens,
+                "hit": turn.hit_tokens,
+                "output": turn.output_tokens,
+                "arrival": turn.arrival_s,
+            }
+        )
 
     def on_pulled(self, ev: Pulled) -> None:
-        self.sink({"op": "pull", "t": ev.now, "view": encode_view(ev.view),
-                   "assigns": [encode_assign(a) for a in ev.assigns]})  # fmt: skip
+        self.sink(
+            {
+                "op": "pull",
+                "t": ev.now,
+                "view": encode_view(ev.view),
+                "assigns": [encode_assign(a) for a in ev.assigns],
+            }
+        )
 
     def on_planned(self, ev: Planned) -> None:
-        rec: dict[str, Any] = {"op": "plan", "t": ev.now, "pe": ev.pe, "budget": ev.budget,
-                               "pending": [[p.request_id, p.cached, p.new] for p in ev.pending],
-                               "chunks": [[c.request_id, c.cached, c.new, c.is_last]
-                                          for c in ev.batch.chunks]}  # fmt: skip
+        rec: dict[str, Any] = {
+            "op": "plan",
+            "t": ev.now,
+            "pe": ev.pe,
+            "budget": ev.budget,
+            "pending": [[p.request_id, p.cached, p.new] for p in ev.pending],
+            "chunks": [[c.request_id, c.cached, c.new, c.is_last] for c in ev.batch.chunks],
+        }
         if ev.cap_s is not None:
             rec["cap"] = ev.cap_s
         self.sink(rec)
@@ -99,8 +118,15 @@ class Journal:
         self.sink({"op": "assign", "t": ev.now, "a": encode_assign(ev.assign), "read": ev.read})
 
     def on_read_started(self, ev: ReadStarted) -> None:
-        self.sink({"op": "read_started", "t": ev.now, "id": ev.turn.request_id,
-                   "node": ev.node, "bytes": ev.num_bytes})  # fmt: skip
+        self.sink(
+            {
+                "op": "read_started",
+                "t": ev.now,
+                "id": ev.turn.request_id,
+                "node": ev.node,
+                "bytes": ev.num_bytes,
+            }
+        )
 
     def on_node_read_done(self, ev: NodeReadDone) -> None:
         self.sink({"op": "read_done", "t": ev.now, "id": ev.turn.request_id, "node": ev.node})
@@ -109,8 +135,7 @@ class Journal:
         self.sink({"op": "pass_started", "t": ev.now, "id": ev.turn.request_id})
 
     def on_chunk_done(self, ev: ChunkDone) -> None:
-        self.sink({"op": "chunk_done", "t": ev.now, "id": ev.turn.request_id,
-                   "new": ev.new_tokens})  # fmt: skip
+        self.sink({"op": "chunk_done", "t": ev.now, "id": ev.turn.request_id, "new": ev.new_tokens})
 
     def on_first_token(self, ev: FirstToken) -> None:
         self.sink({"op": "first_token", "t": ev.now, "id": ev.turn.request_id})
@@ -120,9 +145,15 @@ class Journal:
 
     def on_turn_done(self, ev: TurnDone) -> None:
         turn = ev.turn
-        self.sink({"op": "finish", "t": ev.now, "id": turn.request_id,
-                   "times": [turn.prefill_start_s, turn.second_token_s, turn.finish_s],
-                   "hit": turn.hit_tokens})  # fmt: skip
+        self.sink(
+            {
+                "op": "finish",
+                "t": ev.now,
+                "id": turn.request_id,
+                "times": [turn.prefill_start_s, turn.second_token_s, turn.finish_s],
+                "hit": turn.hit_tokens,
+            }
+        )
 
     def on_aborted(self, ev: Aborted) -> None:
         self.sink({"op": "abort", "t": ev.now, "id": ev.turn.request_id})

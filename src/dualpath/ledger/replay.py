@@ -23,8 +23,18 @@ from dualpath.policy.base import PendingPrefill, Policy
 from dualpath.types import ReadSide
 
 # the ledger inputs a replay feeds back, in the order a shell reports them
-TURN_OPS = ("submit", "assign", "read_started", "read_done", "pass_started", "chunk_done",
-            "first_token", "loaded", "finish", "abort")  # fmt: skip
+TURN_OPS = (
+    "submit",
+    "assign",
+    "read_started",
+    "read_done",
+    "pass_started",
+    "chunk_done",
+    "first_token",
+    "loaded",
+    "finish",
+    "abort",
+)
 
 
 class ReplayMismatch(AssertionError):
@@ -69,8 +79,15 @@ def replay(records: Iterable[Mapping[str, Any]], topology: Topology, policy: Pol
         op, t = rec["op"], rec.get("t", 0.0)
         where = f"journal record {n} ({op} at t={t})"
         if op == "submit":
-            turn = Turn(rec["id"], rec["agent"], rec["turn"], rec["prompt"], rec["hit"],
-                        rec["output"], rec["arrival"])  # fmt: skip
+            turn = Turn(
+                rec["id"],
+                rec["agent"],
+                rec["turn"],
+                rec["prompt"],
+                rec["hit"],
+                rec["output"],
+                rec["arrival"],
+            )
             turns[turn.request_id] = turn
             policy.submit(ledger.submit(turn, t), t)
         elif op == "pull":

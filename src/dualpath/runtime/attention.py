@@ -62,8 +62,9 @@ def backend(name: str = "sdpa") -> AttentionBackend:
     return make()
 
 
-def _attend(q: Tensor, kv: Tensor | HeadMajorKV, past_lens: Sequence[int],
-            lens: Sequence[int]) -> Tensor:  # fmt: skip
+def _attend(
+    q: Tensor, kv: Tensor | HeadMajorKV, past_lens: Sequence[int], lens: Sequence[int]
+) -> Tensor:
     """Causal GQA attention of the new queries ``q`` [Σ lens, H, hd] over each sequence's
     padded KV ``kv`` [B, L, 2, kvh, hd] → ``[Σ lens, H·hd]``. One SDPA call for the batch: a
     query at position p sees keys 0..p of its own sequence; padded query rows are dropped."""
@@ -102,7 +103,8 @@ def _attend_decode(q: Tensor, kv: HeadMajorKV, past_lens: Sequence[int]) -> Tens
     if min(past_lens) != max(past_lens):
         keys = torch.arange(kv.k.shape[2], device=q.device)
         mask = keys.view(1, 1, 1, -1) <= torch.tensor(list(past_lens), device=q.device).view(
-            -1, 1, 1, 1)  # fmt: skip
+            -1, 1, 1, 1
+        )
     out = torch.nn.functional.scaled_dot_product_attention(
         q.view(b, kvh, heads // kvh, hd), kv.k, kv.v, attn_mask=mask
     )  # [B, kvh, G, hd]

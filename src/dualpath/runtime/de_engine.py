@@ -60,8 +60,9 @@ class DecodeEngine(Engine):
         self.waiting: deque[DecodeMsg] = deque()
         self.running: list[_Running] = []
         # the decode batch's KV kept in attention's layout between steps (decode_kv.py)
-        self.batch_kv = DecodeKV(self.pool, self.model.num_layers, self.model.device,
-                                 self.model.dtype)  # fmt: skip
+        self.batch_kv = DecodeKV(
+            self.pool, self.model.num_layers, self.model.device, self.model.dtype
+        )
 
     def close(self) -> None:
         super().close()
@@ -143,8 +144,9 @@ class DecodeEngine(Engine):
         active = [r for r in self.running if not r.done]
         if active:
             start = self.clock.now()
-            order = self.batch_kv.arrange(active, [r.tables for r in active],
-                                          [len(r.tokens) for r in active])  # fmt: skip
+            order = self.batch_kv.arrange(
+                active, [r.tables for r in active], [len(r.tokens) for r in active]
+            )
             active = [active[i] for i in order]  # slot order: the KV lies in that order
             kv = self.batch_kv.batch([r.tables for r in active], [len(r.tokens) for r in active])
             logits = self.model.forward_batch([r.out[-1:] for r in active], kv)

@@ -27,8 +27,9 @@ CAPACITY_STEP = 256  # rows added at a time when a request outgrows the capacity
 class DecodeKV:
     """See the module docstring. ``arrange`` before each step: the batch in slot order."""
 
-    def __init__(self, pool: HbmPool, num_layers: int, device: torch.device,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+    def __init__(
+        self, pool: HbmPool, num_layers: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.pool = pool
         self.num_layers = num_layers
         self.device, self.dtype = device, dtype
@@ -55,8 +56,9 @@ class DecodeKV:
                     t[:s, :, :c] = old[layer]
                 store.append(t)
 
-    def arrange(self, reqs: Sequence[Any], tables: Sequence[Sequence[list[int]]],
-                lens: Sequence[int]) -> list[int]:  # fmt: skip
+    def arrange(
+        self, reqs: Sequence[Any], tables: Sequence[Sequence[list[int]]], lens: Sequence[int]
+    ) -> list[int]:
         """Make the slots hold exactly ``reqs`` (``tables[i]``: request i's block table per
         layer, ``lens[i]`` its KV rows now); the order to run them in (indices into
         ``reqs``, slot order)."""
@@ -103,8 +105,9 @@ class StepKV:
     """``model.BatchKV`` of one decode step: each new row to its pages and its slot; returns
     the slots' K and V as they lie (``HeadMajorKV``)."""
 
-    def __init__(self, owner: DecodeKV, tables: Sequence[Sequence[list[int]]],
-                 past_lens: Sequence[int]) -> None:  # fmt: skip
+    def __init__(
+        self, owner: DecodeKV, tables: Sequence[Sequence[list[int]]], past_lens: Sequence[int]
+    ) -> None:
         self.owner = owner
         self.tables = tables
         self.past_lens = list(past_lens)

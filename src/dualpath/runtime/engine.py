@@ -97,9 +97,12 @@ class Engine:
         # emulated GPU time: the cost model on the run's hardware (None: host time)
         self.gpu_time: GpuTime | None = None
         if env.options.gpu_time == "emulated":
-            self.gpu_time = GpuTime(env.config.model, env.config.hardware,
-                                    len(env.group_members(engine_id)),
-                                    env.topology.decode_ep_gpus)  # fmt: skip
+            self.gpu_time = GpuTime(
+                env.config.model,
+                env.config.hardware,
+                len(env.group_members(engine_id)),
+                env.topology.decode_ep_gpus,
+            )
 
     def chooser(self, sampling: SamplingParams | None, prefix: Sequence[int] = ()) -> Chooser:
         """A request's token chooser; the grammar library's tokenizer is built on the first

@@ -165,9 +165,15 @@ class KVStore:
     def _header(self, crc: int) -> bytes:
         lay = self.layout
         head = _HEADER.pack(
-            MAGIC, VERSION, lay.num_layers, lay.block_tokens, lay.row_bytes,
-            lay.full_block_bytes, crc, self.fingerprint,
-        )  # fmt: skip
+            MAGIC,
+            VERSION,
+            lay.num_layers,
+            lay.block_tokens,
+            lay.row_bytes,
+            lay.full_block_bytes,
+            crc,
+            self.fingerprint,
+        )
         return head.ljust(HEADER_BYTES, b"\0")
 
     def write_block(self, key: str, payload: memoryview | bytes) -> bool:

@@ -117,8 +117,9 @@ class Launcher:
         warning = startup_warning(self.options)
         if warning:
             print(warning, file=sys.stderr)  # one line, once per run
-        layout = BlockLayout(cfg.model.num_layers, cfg.scheduler.block_tokens,
-                             cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
+        layout = BlockLayout(
+            cfg.model.num_layers, cfg.scheduler.block_tokens, cfg.model.kv_bytes_per_token_per_layer
+        )
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # lock files: the links', the node buffers' and the shared queues' writer locks (flock:
         # the kernel releases a lock whose holder is killed, where a semaphore stays taken)
@@ -135,20 +136,41 @@ class Launcher:
         self.results = self._queue("results")
         self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         self.nic_busy = self.ctx.RawArray("d", 2 * (len(topo.engine_ids) + topo.num_nodes))
-        links = tuple(SharedLink.create(self.ctx, os.path.join(self.link_dir, f"link{i}.lock"))
-                      for i in range(2 * len(topo.engine_ids) + topo.num_nodes))  # fmt: skip
-        env = ProcEnv(cfg, self.options, topo, tuple(specs), tuple(locks), self.results,
-                      storage_inboxes, time.monotonic(), os.getpid(),
-                      heartbeats=self.heartbeats, nic_busy=self.nic_busy, links=links,
-                      exchange_names=self._create_exchanges(tag, topo),
-                      weights=weights_digest(cfg, self.options.weight_seed, self.options.model_dir))  # fmt: skip
+        links = tuple(
+            SharedLink.create(self.ctx, os.path.join(self.link_dir, f"link{i}.lock"))
+            for i in range(2 * len(topo.engine_ids) + topo.num_nodes)
+        )
+        env = ProcEnv(
+            cfg,
+            self.options,
+            topo,
+            tuple(specs),
+            tuple(locks),
+            self.results,
+            storage_inboxes,
+            time.monotonic(),
+            os.getpid(),
+            heartbeats=self.heartbeats,
+            nic_busy=self.nic_busy,
+            links=links,
+            exchange_names=self._create_exchanges(tag, topo),
+            weights=weights_digest(cfg, self.options.weight_seed, self.options.model_dir),
+        )
         self.env = env
         crash = self.options.faults.crash_storage
         storage = [f"storage@node{n}" for n in range(topo.num_nodes)]
         for node in range(topo.num_nodes):
-            self._spawn(storage[node], storage_main,
-                        (env, node, storage_inboxes[node], node == crash,
-                         self.options.faults.crash_storage_writes))  # fmt: skip
+            self._spawn(
+                storage[node],
+                storage_main,
+                (
+                    env,
+                    node,
+                    storage_inboxes[node],
+                    node == crash,
+                    self.options.faults.crash_storage_writes,
+                ),
+            )
         for e in topo.engine_ids:  # in parallel: imports and model loading dominate start-up
             self._spawn_engine(e, first=True)
         regions = self._await_ready(set(storage), also=set(self.procs) - set(storage))

@@ -130,8 +130,10 @@ class CacheBatch:
                 raise ValueError(f"{p} + {t} tokens exceed the KV cache's capacity {c.capacity}")
             c.layers[layer][p : p + t] = new_kv[start : start + t]
             start += t
-        rows = [c.layers[layer][: p + t] for c, p, t in zip(self.caches, self.past_lens, lens,
-                                                              strict=True)]  # fmt: skip
+        rows = [
+            c.layers[layer][: p + t]
+            for c, p, t in zip(self.caches, self.past_lens, lens, strict=True)
+        ]
         out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
         if layer == len(self.caches[0].layers) - 1:
             for c, p, t in zip(self.caches, self.past_lens, lens, strict=True):

@@ -48,10 +48,15 @@ class PrefillEngine(Engine):
             self._exchange_shm = shm
             self.ready_region = self.transport.register(name, shm.buf)
             self.exchange = HiddenExchange(
-                engine_id, self.transport, self.ready_region, shm.buf,
-                env.group_members(engine_id), self._charge_collective,
-                env.options.request_timeout_s, lambda: not env.parent_alive(),
-            )  # fmt: skip
+                engine_id,
+                self.transport,
+                self.ready_region,
+                shm.buf,
+                env.group_members(engine_id),
+                self._charge_collective,
+                env.options.request_timeout_s,
+                lambda: not env.parent_alive(),
+            )
 
     def _charge_collective(self, peer: int, nbytes: int) -> None:
         """HIGH on this CNIC's tx and the peer's rx (collectives are paced in every system)."""
@@ -207,8 +212,13 @@ class PrefillEngine(Engine):
                 floor.restart()
 
         new_tokens = [c.tokens[c.cached : c.cached + c.new] for c in chunks]
-        kv = PagedKV(pool, lambda layer: tables[layer], [c.cached for c in chunks],
-                     before=wait_loaded, after=sends.put)  # fmt: skip
+        kv = PagedKV(
+            pool,
+            lambda layer: tables[layer],
+            [c.cached for c in chunks],
+            before=wait_loaded,
+            after=sends.put,
+        )
         try:
             logits = self.model.forward_batch(new_tokens, kv, on_hidden)
         finally:

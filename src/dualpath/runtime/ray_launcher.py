@@ -202,14 +202,18 @@ class RayLauncher(Launcher):
         mailbox = self._actor(ray, Mailbox, None).remote()
         self._mailbox = mailbox
         self.results = MailboxInbox(mailbox)
-        layout = BlockLayout(cfg.model.num_layers, cfg.scheduler.block_tokens,
-                             cfg.model.kv_bytes_per_token_per_layer)  # fmt: skip
+        layout = BlockLayout(
+            cfg.model.num_layers, cfg.scheduler.block_tokens, cfg.model.kv_bytes_per_token_per_layer
+        )
         tag = f"dp{os.getpid()}-{uuid.uuid4().hex[:6]}"
         specs = tuple(
-            BufferSpec(f"{tag}-n{n}", buffer_slots(cfg, opts, topo.kind_of_node(n) is EngineKind.PE),
-                       layout.full_block_bytes)
+            BufferSpec(
+                f"{tag}-n{n}",
+                buffer_slots(cfg, opts, topo.kind_of_node(n) is EngineKind.PE),
+                layout.full_block_bytes,
+            )
             for n in range(topo.num_nodes)
-        )  # fmt: skip
+        )
         storage = [
             self._actor(ray, StorageActor, n).remote(self._base_env(specs, ()), n)
             for n in range(topo.num_nodes)
@@ -234,9 +238,19 @@ class RayLauncher(Launcher):
 
     def _base_env(self, specs: tuple[BufferSpec, ...], inboxes: tuple[Any, ...]) -> ProcEnv:
         n = self.topology.num_nodes
-        return ProcEnv(self.config, self.options, self.topology, specs, (None,) * n,
-                       self.results, inboxes, self._epoch_s, os.getpid(), wall_clock=True,
-                       weights=self._weights)  # fmt: skip
+        return ProcEnv(
+            self.config,
+            self.options,
+            self.topology,
+            specs,
+            (None,) * n,
+            self.results,
+            inboxes,
+            self._epoch_s,
+            os.getpid(),
+            wall_clock=True,
+            weights=self._weights,
+        )
 
     def _started(self, name: str, actor: Any) -> None:
         self.procs[name] = actor
@@ -317,8 +331,7 @@ class RayLauncher(Launcher):
 
             for actor in self.procs.values():
                 deliver(actor, StopMsg())
-            ray.wait(list(self._runs.values()), num_returns=len(self._runs),
-                     timeout=JOIN_TIMEOUT_S)  # fmt: skip
+            ray.wait(list(self._runs.values()), num_returns=len(self._runs), timeout=JOIN_TIMEOUT_S)
             for actor in [*self.procs.values(), self._mailbox]:
                 if actor is not None:
                     ray.kill(actor, no_restart=True)

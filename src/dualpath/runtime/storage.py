@@ -48,8 +48,9 @@ PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then i
 # a full disk (or quota), a path in the way, no permission, a read-only store: not retried
 # (waiting 0.25 s changes none of them, and every block behind it in the write queue, and
 # every turn waiting for its writes' acks, would wait too)
-PATH_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM,
-                         errno.EROFS})  # fmt: skip
+PATH_ERRNOS = frozenset(
+    {errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS}
+)
 NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, *PATH_ERRNOS})
 UNWRITABLE_KEYS = 4096  # blocks a worker remembers it could not write (never tried again)
 FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
@@ -132,13 +133,14 @@ class StorageWorker:
         # the SNIC carries LOW only (reads, persists): one FIFO, so the quantum changes no
         # grant and no completion time, only how often a waiter wakes (``SNIC_QUANTUM_S``)
         self.snic_read = Pacer(rate, f"node{node}.snic.read", quantum_s=SNIC_QUANTUM_S, clock=now)
-        self.snic_write = Pacer(rate, f"node{node}.snic.write", quantum_s=SNIC_QUANTUM_S,
-                                clock=now)  # fmt: skip
+        self.snic_write = Pacer(rate, f"node{node}.snic.write", quantum_s=SNIC_QUANTUM_S, clock=now)
         # the node's DRAM (shared with its engines): a read lands in it, a persist leaves it
         link = env.dram_link(node)
-        dram = [] if link is None else [
-            Pacer(env.config.hardware.dram_bytes_per_s, f"dram{node}", clock=now, link=link)
-        ]  # fmt: skip
+        dram = (
+            []
+            if link is None
+            else [Pacer(env.config.hardware.dram_bytes_per_s, f"dram{node}", clock=now, link=link)]
+        )
         self.read_route = [self.snic_read, *dram]
         self.write_route = [self.snic_write, *dram]
         env.publish_nic_busy(f"snic_node{node}_read", [self.snic_read, self.snic_write])
@@ -212,8 +214,11 @@ class StorageWorker:
         now = time.monotonic()
         if self.num_failed == 1 or now - self.failed_reported_s >= FAILED_REPORT_S:
             self.failed_reported_s = now
-            print(f"dualpath: {self.name}: block not cached: {err} "
-                  f"({self.num_failed} dropped so far)", file=sys.stderr)  # fmt: skip
+            print(
+                f"dualpath: {self.name}: block not cached: {err} "
+                f"({self.num_failed} dropped so far)",
+                file=sys.stderr,
+            )
 
     def serve(self, inbox: Any) -> None:
         reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
@@ -252,8 +257,9 @@ class StorageWorker:
             self.buffer.close()
 
 
-def storage_main(env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False,
-                 crash_on_write: bool = False) -> None:  # fmt: skip
+def storage_main(
+    env: ProcEnv, node: int, inbox: Any, crash_on_read: bool = False, crash_on_write: bool = False
+) -> None:
     """Process entry point of node ``node``'s storage worker (``crash_on_*``: fault
     injection, ``FaultPlan``)."""
     child_setup(env.parent_pid, f"storage@node{node}")

@@ -144,8 +144,12 @@ class Chooser:
     """One request's token choice on one engine (see the module docstring). ``grammars``:
     the engine's compiled grammars (needed only when ``params.grammar`` is set)."""
 
-    def __init__(self, params: SamplingParams | None, prefix: Sequence[int] = (),
-                 grammars: GrammarCache | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: SamplingParams | None,
+        prefix: Sequence[int] = (),
+        grammars: GrammarCache | None = None,
+    ) -> None:
         self.params = params
         self.counts: dict[int, int] = {}
         self.matcher: Any = None
@@ -226,8 +230,9 @@ def fill_masks(choosers: Sequence[Chooser], masks: Tensor) -> None:
         # module: its torch.compile kernel imports dynamo (3 s on an engine's first batch)
         if not masks.is_contiguous() or masks.dtype != torch.int32:
             raise ValueError("fill_masks: masks must be contiguous int32 rows")
-        grammars.executor.unsafe_compute_mask_ptr(par, masks.data_ptr(), masks.shape[1] * 4,
-                                                  masks.shape[0])  # fmt: skip
+        grammars.executor.unsafe_compute_mask_ptr(
+            par, masks.data_ptr(), masks.shape[1] * 4, masks.shape[0]
+        )
 
 
 def apply_masks(logits: Tensor, rows: Sequence[int], masks: Tensor) -> None:
@@ -252,8 +257,9 @@ def apply_masks(logits: Tensor, rows: Sequence[int], masks: Tensor) -> None:
     logits.index_copy_(0, index, sub)
 
 
-def choose_batch(choosers: Sequence[Chooser], logits: Tensor,
-                 generators: Sequence[Any]) -> list[tuple[int, TokenLogprob | None]]:  # fmt: skip
+def choose_batch(
+    choosers: Sequence[Chooser], logits: Tensor, generators: Sequence[Any]
+) -> list[tuple[int, TokenLogprob | None]]:
     """One token for each row of ``logits`` [batch, vocab]: bias and penalties, the batch's
     grammar masks in one pass, then greedy / nucleus sampling with each row's generator.
     Each chooser has taken its token when this returns. Runs on the host (a GPU's logits are

@@ -62,9 +62,14 @@ class Cluster:
         # the one door to the policy, the ledger (and its records), the run's counters (bytes
         # per load path, counted by the transfers) and the agent driver
         self.core: Core[_Agent, Req] = Core(
-            topo, make_policy(config), self.hbm_capacity_tokens, self.block_tokens,
-            self._submit, self.events, SIM_PATHS,
-        )  # fmt: skip
+            topo,
+            make_policy(config),
+            self.hbm_capacity_tokens,
+            self.block_tokens,
+            self._submit,
+            self.events,
+            SIM_PATHS,
+        )
         self.reqs = self.core.turns
         self.records: list[TurnRecord] = self.core.records
         self.transfers = Transfers(

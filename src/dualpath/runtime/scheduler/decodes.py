@@ -45,10 +45,19 @@ class Decodes:
         """Free its PE-buffer slots and hand it to its DE."""
         self.slots.free_pe(req)
         hop("sched.decode_sent", req.request_id)
-        self.ports.send(req.de, DecodeMsg(
-            req.request_id, req.tokens, req.first_token, req.output_tokens, tuple(req.de_slots),
-            req.cached // self.block, req.sampling, req.namespace,
-        ))  # fmt: skip
+        self.ports.send(
+            req.de,
+            DecodeMsg(
+                req.request_id,
+                req.tokens,
+                req.first_token,
+                req.output_tokens,
+                tuple(req.de_slots),
+                req.cached // self.block,
+                req.sampling,
+                req.namespace,
+            ),
+        )
 
     def loaded(self, req: Req, now: float) -> None:
         """Its DE admitted it: its DE-buffer slots are free, the DE's free pages count it."""

@@ -81,8 +81,18 @@ class Intake:
         keys = block_keys(tokens, self.block, namespace)
         hit = usable_hit_tokens(self.store.lookup(keys), len(tokens), self.block)
         arrival = self.now() if arrival_s is None else arrival_s
-        req = Req(self.next_rid, agent_id, agent.turn, tokens, output_tokens, tuple(keys), hit,
-                  arrival, sampling=sampling, namespace=namespace)  # fmt: skip
+        req = Req(
+            self.next_rid,
+            agent_id,
+            agent.turn,
+            tokens,
+            output_tokens,
+            tuple(keys),
+            hit,
+            arrival,
+            sampling=sampling,
+            namespace=namespace,
+        )
         self.next_rid += 1
         hop("sched.submit", req.request_id)
         self.core.submit(req, arrival)

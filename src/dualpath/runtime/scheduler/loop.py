@@ -90,10 +90,18 @@ class Scheduler:
         self.intake = Intake(env, self.core, self.slots, self.counters, pages, self.now)
         self.reqs: dict[int, Req] = self.core.turns
         self.passes = Passes(
-            topo, self.core, launcher, self.slots, self.reqs, self.counters, self.events,
+            topo,
+            self.core,
+            launcher,
+            self.slots,
+            self.reqs,
+            self.counters,
+            self.events,
             lambda p: kv_budget_tokens(p, pe_pages, num_layers, block, layerwise),
-            layerwise, env.options.batching, self.now,
-        )  # fmt: skip
+            layerwise,
+            env.options.batching,
+            self.now,
+        )
         full = env.layout.full_block_bytes
         self.decodes = Decodes(self.core, topo, self.slots, launcher, self.reqs, block, full)
         self.durability = Durability()
@@ -166,10 +174,19 @@ class Scheduler:
 
     def _publish(self) -> None:
         now = self.now()
-        self.publisher.publish(snapshot(
-            now, self.counters, self.core.read_q, self.passes.pe_queue, self.core.waiting,
-            len(self.intake.alloc_wait), self.num_cancelled, self.gpu, self.topo,
-        ))  # fmt: skip
+        self.publisher.publish(
+            snapshot(
+                now,
+                self.counters,
+                self.core.read_q,
+                self.passes.pe_queue,
+                self.core.waiting,
+                len(self.intake.alloc_wait),
+                self.num_cancelled,
+                self.gpu,
+                self.topo,
+            )
+        )
 
     # ------------------------------------------------------------------ agents and turns
     def add_agent(self, agent: AgentState) -> None:
@@ -260,8 +277,9 @@ class Scheduler:
         if item.agent.agent_id not in self.core.agents:
             self.core.agents.add(item.agent)
         try:
-            req = self.submit_turn(item.agent.agent_id, item.append, item.output_tokens,
-                                   sampling=item.sampling)  # fmt: skip
+            req = self.submit_turn(
+                item.agent.agent_id, item.append, item.output_tokens, sampling=item.sampling
+            )
         except ValueError as err:
             item.future.set_exception(err)
             return
@@ -308,8 +326,9 @@ class Scheduler:
             if cb is not None:
                 cb(req.request_id, plan.resumed, True)
             return
-        again = self.submit_turn(req.agent_id, plan.append, plan.output_tokens,
-                                 sampling=plan.sampling)  # fmt: skip
+        again = self.submit_turn(
+            req.agent_id, plan.append, plan.output_tokens, sampling=plan.sampling
+        )
         again.resumed = plan.resumed
         again.logprobs = req.logprobs[: len(plan.resumed)]
         if cb is not None:

@@ -179,10 +179,19 @@ class Passes:
         hit_node = self.topo.node_of(req.pe if on_pe else req.de)
         first_on_pe = on_pe and c.cached == req.cached
         return ChunkWork(
-            req.request_id, req.tokens[: c.cached + c.new], c.cached, c.new, req.cached, hit_node,
-            tuple(req.pe_slots if on_pe else req.de_slots), self.topo.node_of(req.de),
-            tuple(req.de_slots), 0 if first_on_pe else c.cached, c.is_last, req.sampling,
-        )  # fmt: skip
+            req.request_id,
+            req.tokens[: c.cached + c.new],
+            c.cached,
+            c.new,
+            req.cached,
+            hit_node,
+            tuple(req.pe_slots if on_pe else req.de_slots),
+            self.topo.node_of(req.de),
+            tuple(req.de_slots),
+            0 if first_on_pe else c.cached,
+            c.is_last,
+            req.sampling,
+        )
 
     def forward_done(self, msg: ForwardDoneMsg) -> list[tuple[Req, int]] | None:
         """A PE's pass came back: the turns whose last chunk it was, with their first token
