@@ -11,10 +11,10 @@ import pytest
 
 from dualpath.config import apply_overrides, preset
 from dualpath.config.sim import SimConfig
-from dualpath.sim import rates
 from dualpath.sim.events import EventLoop
 from dualpath.sim.flowreplay import record_window, replay_window
 from dualpath.sim.network import FluidNetwork
+from dualpath.sim.rates import solver as rates
 from dualpath.sim.runner import build_cluster
 from dualpath.types import TrafficClass
 

@@ -2,7 +2,7 @@
 
 A plain table, no behaviour beyond growing and time accounting: ``FluidNetwork``
 (``network.py``) adds resources and flows and owns their timing (remaining bytes, finish
-times, completions); ``RateSolver`` (``rates.py``) reads paths, classes and caps and writes
+times, completions); ``RateSolver`` (``rates/``) reads paths, classes and caps and writes
 the rates. Resources are indexed by resource id, flows by slot (slots are reused, flow ids
 are not). Who writes what:
 
