@@ -66,7 +66,7 @@ class FlowTable:
         self.f_rate: list[float] = []  # -1.0: not yet rated
         self.f_cap: list[float] = []
         # (rate cap, flow id, slot) of a live capped flow, None otherwise: its place in the
-        # order capped flows freeze in (``RateSolver._capped``), built once per flow
+        # order capped flows freeze in (``rates/capped.py``), built once per flow
         self.f_key: list[tuple[float, int, int] | None] = []
         self.capped: list[tuple[float, int, int]] = []  # every live capped flow's key, sorted
         self.f_done: list[Callable[[], object] | None] = []

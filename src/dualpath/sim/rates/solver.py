@@ -16,6 +16,7 @@ from operator import truediv
 from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.flowtable import FlowTable
 from dualpath.sim.maxmin import fill_max_min
+from dualpath.sim.rates.capped import CappedKeys
 
 SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
 MAX_RETRIES = 4  # local refills with more resources walked through before a whole-component one
@@ -76,8 +77,7 @@ class RateSolver:
         self._shared: list[bool] = []
         # per flow slot: walk marks and the new rates of the flows re-rated
         self._f_mark: list[int] = []
-        self._capped_mark: list[int] = []  # per flow slot: picked by ``_capped`` (its epoch)
-        self._capped_epoch = 0
+        self._capped = CappedKeys(table)  # the freezing order of the capped flows of a filling
         self.new: list[float] = []
         # since the last settle: dirty resources, flows started (slots), rate left by ended
         # flows per resource, resources any recomputation must pass through (_component)
@@ -136,7 +136,7 @@ class RateSolver:
 
     def add_slot(self) -> None:
         self._f_mark.append(-1)
-        self._capped_mark.append(-1)
+        self._capped.add_slot()
         self.new.append(0.0)
 
     def started(self, slot: int, path: tuple[int, ...], high: bool) -> None:
@@ -344,7 +344,7 @@ class RateSolver:
         for r in res:
             avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
             cnt[r] = t0[r]
-        fill_max_min(flows, self._capped(flows), m0, res, paths, self.new, avail, cnt)
+        fill_max_min(flows, self._capped.among(flows), m0, res, paths, self.new, avail, cnt)
         in_dirty = set(dirty)
         for r in res:
             both = bool(t0[r] and t1[r])
@@ -609,6 +609,7 @@ class RateSolver:
         t0, t1 = self.t.tot
         paths, cls = self.t.f_path, self.t.f_cls
         inf = math.inf
+        capped = self._capped.among
         for r in edge:  # never a bottleneck here: filling only passes through
             avail[r] = inf
         high_share = 1.0 - self._floor
@@ -625,7 +626,7 @@ class RateSolver:
             self._pin(pinned)
             fill_max_min(
                 flows,
-                self._capped(flows),
+                capped(flows),
                 self._sub,  # the flows above the cuts, per resource
                 res,
                 paths,
@@ -642,20 +643,20 @@ class RateSolver:
             if pinned:
                 self._pin(pinned)
             if flows:
-                fill_max_min(flows, self._capped(flows), m1, res, paths, new, avail, cnt, order)
+                fill_max_min(flows, capped(flows), m1, res, paths, new, avail, cnt, order)
         elif not self._tm:  # one class
             for r in res:
                 avail[r] = base[r] = cap[r]
                 cnt[r] = t0[r]
             self._pin(pinned)
-            fill_max_min(flows, self._capped(flows), m0, res, paths, new, avail, cnt, order)
+            fill_max_min(flows, capped(flows), m0, res, paths, new, avail, cnt, order)
         else:
             high = [s for s in flows if not cls[s]]
             for r in res:
                 avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
                 cnt[r] = t0[r]
             self._pin([s for s in pinned if not cls[s]])
-            fill_max_min(high, self._capped(high), m0, res, paths, new, avail, cnt)
+            fill_max_min(high, capped(high), m0, res, paths, new, avail, cnt)
             for r in res:  # LOW: what HIGH left, plus the floor HIGH could not take
                 both = bool(t0[r] and t1[r])
                 high_left[r] = avail[r]
@@ -665,7 +666,7 @@ class RateSolver:
                 cnt[r] = t1[r]
             self._pin([s for s in pinned if cls[s]])
             low_flows = [s for s in flows if cls[s]]
-            fill_max_min(low_flows, self._capped(low_flows), m1, res, paths, new, avail, cnt, order)
+            fill_max_min(low_flows, capped(low_flows), m1, res, paths, new, avail, cnt, order)
         limit = self._limit
         edge_rate: dict[int, float] = {}
         if edge:
@@ -753,21 +754,6 @@ class RateSolver:
                     q_slot[r].append(s)  # type: ignore[union-attr]  # set above
         for r in edge:
             q_slot[r] = None
-
-    def _capped(self, flows: list[int]) -> list[tuple[float, int, int]]:
-        """``(rate cap, flow id, slot)`` of the capped ones among ``flows``, sorted."""
-        if not (flows and self.t.num_capped):
-            return []
-        every = self.t.capped
-        if 4 * len(flows) < len(every):  # a few flows: sort their keys
-            return sorted(filter(None, map(self.t.f_key.__getitem__, flows)))
-        # most of the network (a settle over a component that spans the cluster): pick them
-        # out of the sorted list of every capped flow, O(flows + capped), no sort
-        self._capped_epoch += 1
-        epoch, mark = self._capped_epoch, self._capped_mark
-        for s in flows:
-            mark[s] = epoch
-        return [k for k in every if mark[k[2]] == epoch]
 
     def _pin(self, pinned: list[int]) -> None:
         """Freeze pinned flows at their rate (so no bottleneck re-freezes them) and take
