@@ -17,6 +17,7 @@ from dualpath.sim.events import Event, EventLoop, Priority
 from dualpath.sim.flowtable import FlowTable
 from dualpath.sim.maxmin import fill_max_min
 from dualpath.sim.rates.capped import CappedKeys
+from dualpath.sim.rates.high import HighShares
 
 SLACK_REL = 1e-6  # a resource below (1 - SLACK_REL) of its HIGH share is clearly unsaturated
 MAX_RETRIES = 4  # local refills with more resources walked through before a whole-component one
@@ -31,7 +32,7 @@ class RateSolver:
     A change (start, end, cancel) marks the resources of its path dirty (``started``,
     ``ended``). At the settle (a loop event at ``Priority.SETTLE``, or earlier on any query
     through ``settle``): HIGH (traffic manager) is refilled apart where a HIGH flow changed
-    or a resource's shared status flipped (``_settle_high``); LOW (or the single class) is
+    or a resource's shared status flipped (``HighShares.refill``); LOW (or the single class) is
     refilled over the flows reachable from the dirty resources through resources that can be
     bottlenecks (``_component``); capped flows at their cap on clearly unsaturated resources
     are held. Guesses are checked after filling; a failed one is filled again locally with
@@ -65,20 +66,19 @@ class RateSolver:
         self._reschedule = reschedule
         self._arm = arm
         self._local = local  # False: every settle refills whole components (the reference)
-        # per resource: scratch for filling, walk marks, and what the last HIGH filling left
-        # (``_high_left``) and whether both classes were there (``_shared``), which is what
-        # LOW fills on. HIGH is refilled only where a HIGH flow started or ended
-        # (``_dirty_high``) or a resource's ``_shared`` flipped.
+        # per resource: scratch for filling and walk marks. What HIGH left (``_high_left``,
+        # ``_shared``, LOW's base) is the HIGH part's; it is refilled only where a HIGH flow
+        # started or ended (``_dirty_high``) or a resource's ``_shared`` flipped.
         self._cnt: list[int] = []
         self._limit: list[float] = []  # capacity × _slack_limit: "clearly unsaturated" below
         self._scratch: list[float] = []
         self._rmark: list[int] = []
-        self._high_left: list[float] = []
-        self._shared: list[bool] = []
         # per flow slot: walk marks and the new rates of the flows re-rated
         self._f_mark: list[int] = []
         self._capped = CappedKeys(table)  # the freezing order of the capped flows of a filling
         self.new: list[float] = []
+        self._high = HighShares(table, low_floor=low_floor, new=self.new)
+        self._high_left, self._shared = self._high.left, self._high.shared
         # since the last settle: dirty resources, flows started (slots), rate left by ended
         # flows per resource, resources any recomputation must pass through (_component)
         self._dirty: dict[int, None] = {}
@@ -126,18 +126,18 @@ class RateSolver:
         self._cnt.append(0)
         self._scratch.append(0.0)
         self._rmark.append(-1)
-        self._high_left.append(capacity)
-        self._shared.append(False)
         self._q_slot.append(None)
         self._q_cmax.append([])
         self._q_left.append([])
         self._q_base.append(0.0)
         self._k_mark.append(0)
+        self._high.add_resource(capacity)
 
     def add_slot(self) -> None:
         self._f_mark.append(-1)
         self._capped.add_slot()
         self.new.append(0.0)
+        self._high.add_slot()
 
     def started(self, slot: int, path: tuple[int, ...], high: bool) -> None:
         """A flow started that needs a recomputation (``high``: a HIGH flow, under the traffic
@@ -180,7 +180,7 @@ class RateSolver:
         starts or ends: every other flow's progressive filling runs the same operations on
         its bottlenecks, so its rate is exactly what a recomputation would give. With the
         traffic manager, only for a LOW flow that leaves every resource's ``_shared`` as it
-        was (HIGH fills on shares that depend on it; ``_settle_high``)."""
+        was (HIGH fills on shares that depend on it; ``HighShares.refill``)."""
         if not self._local:
             return False
         rate, limit = self.t.rate, self._limit
@@ -269,7 +269,11 @@ class RateSolver:
         self._forced = {}
         high_flows: list[int] = []
         if self._local and self._tm:
-            high_flows = self._settle_high(dirty, forced)  # may add to dirty and forced
+            dirty_high = self._dirty_high
+            if dirty_high:
+                self._dirty_high = {}
+            # may add to dirty and forced
+            high_flows = self._high.refill(dirty, forced, dirty_high)
         # resources to walk through (forced, and those of failed guesses below) pin no flow
         # either: their limit is -1 during this settle (any choice of them is exact)
         limit = self._limit
@@ -309,53 +313,6 @@ class RateSolver:
         self._reschedule(flows, now)
         self._arm()
         return True
-
-    def _settle_high(self, dirty: list[int], forced: dict[int, None]) -> list[int]:
-        """Traffic manager: refill HIGH over the HIGH flows connected to resources where a
-        HIGH flow started or ended or ``_shared`` flipped (HIGH rates depend on nothing
-        else). Resources where what HIGH leaves changed are added to ``dirty`` and
-        ``forced`` (LOW refills there). Returns the HIGH flows re-rated (rates in
-        ``_f_new``)."""
-        t0, t1 = self.t.tot
-        shared, dirty_high = self._shared, self._dirty_high
-        start = [r for r in dirty if r in dirty_high or bool(t0[r] and t1[r]) is not shared[r]]
-        if dirty_high:
-            self._dirty_high = {}
-        if not start:
-            return []
-        self._epoch += 1
-        epoch = self._epoch
-        rmark, fmark, paths, m0 = self._rmark, self._f_mark, self.t.f_path, self.t.members[0]
-        for r in start:
-            rmark[r] = epoch
-        res = start
-        flows: list[int] = []
-        for r in res:  # grows while iterated
-            for s in m0[r]:
-                if fmark[s] != epoch:
-                    fmark[s] = epoch
-                    flows.append(s)
-                    for r2 in paths[s]:
-                        if rmark[r2] != epoch:
-                            rmark[r2] = epoch
-                            res.append(r2)
-        cap, avail, cnt, left = self.t.cap, self._scratch, self._cnt, self._high_left
-        high_share = 1.0 - self._floor
-        for r in res:
-            avail[r] = cap[r] * high_share if t0[r] and t1[r] else cap[r]
-            cnt[r] = t0[r]
-        fill_max_min(flows, self._capped.among(flows), m0, res, paths, self.new, avail, cnt)
-        in_dirty = set(dirty)
-        for r in res:
-            both = bool(t0[r] and t1[r])
-            a = avail[r]
-            if a != left[r] or both is not shared[r]:
-                left[r] = a
-                shared[r] = both
-                forced[r] = None
-                if r not in in_dirty:
-                    dirty.append(r)
-        return flows
 
     def _component(
         self, dirty: list[int], local: bool, forced: dict[int, None]
@@ -599,7 +556,7 @@ class RateSolver:
     ) -> bool:
         """New rates into ``_f_new``; resource rate sums = capacity minus what is left (for
         ``edge`` resources: old sum plus the changes). Pinned flows keep their rate. ``low``
-        (traffic manager): ``flows`` are LOW, filled on what HIGH left (``_settle_high``);
+        (traffic manager): ``flows`` are LOW, filled on what HIGH left (``HighShares.refill``);
         else both classes, HIGH first. False, changing no settled rate, if an edge resource
         or a pinned flow's resource is no longer clearly unsaturated at the new rates (those
         resources in ``_failed``; then redo walking through them, or over the whole
