@@ -737,4 +737,4 @@ def test_capped_flows_in_freezing_order_for_few_and_for_most_flows() -> None:
     slots = [t.slot_of[f] for f in live]
     for flows in (slots, rng.sample(slots, 200), rng.sample(slots, 5)):
         expected = sorted((t.f_cap[s], t.f_id[s], s) for s in flows if t.f_cap[s] < math.inf)
-        assert rates._capped.among(flows) == expected
+        assert rates._fill._capped.among(flows) == expected
