@@ -13,7 +13,7 @@ nothing), runs to ``--from`` + ``--seconds`` (default: the whole window), and pr
 seconds of the run, settles, flows re-rated, fallbacks, completions and a digest of every
 completion (time, flow) and of the bytes left in every live flow at the end: two trees that
 rate flows bit-identically print the same digest (and settles that kept a prefix, the exact
-incremental rule of ``sim/rates.py``; -1 on a tree without it). ``--before SRC`` replays on another tree too
+incremental rule of ``sim/rates/``; -1 on a tree without it). ``--before SRC`` replays on another tree too
 (``git archive`` under /tmp), alternating ``--repeat`` times, keeping each tree's fastest.
 
     nice -n 5 .venv/bin/python benchmarks/bench_replay.py --record /tmp/w48.json.gz \\

@@ -1,4 +1,4 @@
-"""The exact incremental rate solver (``RateSolver._walk_above``) against the whole-component
+"""The exact incremental rate solver (``Walk._walk_above``) against the whole-component
 one (``local_rates=False``, the oracle): bit for bit on a recorded window of a cluster run
 and on random networks."""
 
@@ -11,23 +11,23 @@ import pytest
 
 from dualpath.config import apply_overrides, preset
 from dualpath.config.sim import SimConfig
-from dualpath.sim import rates
 from dualpath.sim.events import EventLoop
 from dualpath.sim.flowreplay import record_window, replay_window
 from dualpath.sim.network import FluidNetwork
+from dualpath.sim.rates import fill, walk
 from dualpath.sim.runner import build_cluster
 from dualpath.types import TrafficClass
 
 HIGH, LOW = TrafficClass.HIGH, TrafficClass.LOW
-DEFAULT_KEEP = rates.KEEP_MIN_FLOWS
+DEFAULT_KEEP = fill.KEEP_MIN_FLOWS
 
 
 @pytest.fixture(autouse=True)
 def keep_every_filling(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the subtractions of every filling, however small (the default keeps them from
-    ``rates.KEEP_MIN_FLOWS`` flows: exact either way, cheaper on small ones), so that the
+    ``fill.KEEP_MIN_FLOWS`` flows: exact either way, cheaper on small ones), so that the
     rule runs as often as it can."""
-    monkeypatch.setattr(rates, "KEEP_MIN_FLOWS", 0)
+    monkeypatch.setattr(fill, "KEEP_MIN_FLOWS", 0)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_incremental_rates_with_the_default_threshold_equal_whole_components(
     nothing, and the settles after them refill from the bottom) the same digest, and no
     more settles keep a prefix than when every filling keeps its subtractions."""
     every = replay_window(window)
-    monkeypatch.setattr(rates, "KEEP_MIN_FLOWS", DEFAULT_KEEP)
+    monkeypatch.setattr(fill, "KEEP_MIN_FLOWS", DEFAULT_KEEP)
     fast = replay_window(window)
     assert fast["digest"] == replay_window(window, local_rates=False)["digest"]
     assert fast["incremental"] <= every["incremental"]
@@ -81,7 +81,7 @@ def test_incremental_rates_on_a_recorded_window_equal_the_local_solver(
     """The same window with the incremental rule off (the local solver before it): the same
     digest, more flows re-rated."""
     fast = replay_window(window)
-    monkeypatch.setattr(rates, "INCREMENTAL", False)
+    monkeypatch.setattr(walk, "INCREMENTAL", False)
     local = replay_window(window)
     assert local["incremental"] == 0
     assert fast["digest"] == local["digest"]
@@ -143,12 +143,12 @@ def test_incremental_rates_on_random_networks_equal_whole_components(tm: bool) -
         used += fast.rates.num_incremental
         fewer += fast.num_settled_flows
     assert used > 500
-    previous = rates.INCREMENTAL
+    previous = walk.INCREMENTAL
     try:
-        rates.INCREMENTAL = False
+        walk.INCREMENTAL = False
         more = sum(_random_network(seed, True, tm)[0].num_settled_flows for seed in range(60))
     finally:
-        rates.INCREMENTAL = previous
+        walk.INCREMENTAL = previous
     assert fewer < more
 
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dualpath.sim import rates
 from dualpath.sim.events import EventLoop
 from dualpath.sim.maxmin import fill_max_min
 from dualpath.sim.network import FluidNetwork
+from dualpath.sim.rates import solver
 from dualpath.types import TrafficClass
 
 HIGH, LOW = TrafficClass.HIGH, TrafficClass.LOW
@@ -568,7 +568,7 @@ def _rail_run(seed: int, local: bool) -> Harness:
     return h
 
 
-@pytest.mark.parametrize("retries", [rates.MAX_RETRIES, 0])
+@pytest.mark.parametrize("retries", [solver.MAX_RETRIES, 0])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_local_recomputation_on_rails_is_bit_identical(
     seed: int, retries: int, monkeypatch: pytest.MonkeyPatch
@@ -579,7 +579,7 @@ def test_local_recomputation_on_rails_is_bit_identical(
     resource saturates) are refilled locally, walking through the resources that failed
     (``retries``), and, when that fails too (or with no retries), over the whole component;
     this run exercises both."""
-    monkeypatch.setattr(rates, "MAX_RETRIES", retries)
+    monkeypatch.setattr(solver, "MAX_RETRIES", retries)
     fast, slow = _rail_run(seed, local=True), _rail_run(seed, local=False)
     assert len(fast.done) == 160
     assert fast.done == slow.done and fast.order == slow.order
@@ -698,7 +698,7 @@ def _churn_run(seed: int, local: bool, tm: bool) -> Harness:
     return h
 
 
-@pytest.mark.parametrize("retries", [rates.MAX_RETRIES, 0])
+@pytest.mark.parametrize("retries", [solver.MAX_RETRIES, 0])
 @pytest.mark.parametrize("tm", [True, False])
 def test_local_recomputation_survives_random_churn(
     tm: bool, retries: int, monkeypatch: pytest.MonkeyPatch
@@ -706,7 +706,7 @@ def test_local_recomputation_survives_random_churn(
     """60 random scenarios: completion times, order and event history of the local
     recomputation equal whole-component refills, bit for bit, with local retries of failed
     guesses and without."""
-    monkeypatch.setattr(rates, "MAX_RETRIES", retries)
+    monkeypatch.setattr(solver, "MAX_RETRIES", retries)
     fallbacks = retried = 0
     for seed in range(60):
         fast, slow = _churn_run(seed, True, tm), _churn_run(seed, False, tm)
@@ -732,9 +732,9 @@ def test_capped_flows_in_freezing_order_for_few_and_for_most_flows() -> None:
         live.append(fid)
         if i % 3 == 0:  # end some flows: their keys leave the sorted list
             h.net.cancel_flow(live.pop(rng.randrange(len(live))))
-    t, solver = h.net._t, h.net.rates
+    t, rates = h.net._t, h.net.rates
     assert t.capped == sorted(k for k in t.f_key if k is not None)
     slots = [t.slot_of[f] for f in live]
     for flows in (slots, rng.sample(slots, 200), rng.sample(slots, 5)):
         expected = sorted((t.f_cap[s], t.f_id[s], s) for s in flows if t.f_cap[s] < math.inf)
-        assert solver._capped(flows) == expected
+        assert rates._fill._capped.among(flows) == expected

@@ -2,7 +2,7 @@
 
 A plain table, no behaviour beyond growing and time accounting: ``FluidNetwork``
 (``network.py``) adds resources and flows and owns their timing (remaining bytes, finish
-times, completions); ``RateSolver`` (``rates.py``) reads paths, classes and caps and writes
+times, completions); ``RateSolver`` (``rates/``) reads paths, classes and caps and writes
 the rates. Resources are indexed by resource id, flows by slot (slots are reused, flow ids
 are not). Who writes what:
 
@@ -66,7 +66,7 @@ class FlowTable:
         self.f_rate: list[float] = []  # -1.0: not yet rated
         self.f_cap: list[float] = []
         # (rate cap, flow id, slot) of a live capped flow, None otherwise: its place in the
-        # order capped flows freeze in (``RateSolver._capped``), built once per flow
+        # order capped flows freeze in (``rates/capped.py``), built once per flow
         self.f_key: list[tuple[float, int, int] | None] = []
         self.capped: list[tuple[float, int, int]] = []  # every live capped flow's key, sorted
         self.f_done: list[Callable[[], object] | None] = []

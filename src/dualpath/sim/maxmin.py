@@ -33,7 +33,7 @@ def fill_max_min(
     yields bottlenecks in order. Cost: O(I) for I (flow, resource) incidences plus the heap
     refreshes. A rate cap freezes its flow at the cap (ties: by flow id). ``order``, when
     given, receives the slots in the order they freeze (the order of the subtractions from
-    each resource's ``avail``; ``RateSolver`` keeps it per resource).
+    each resource's ``avail``; ``IncrementalFill`` keeps it per resource).
     """
     if not flows:
         return

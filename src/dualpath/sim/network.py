@@ -2,7 +2,7 @@
 
 The public face of the network: resources (capacity, bytes carried, busy time) and flows
 (start, cancel, remaining bytes, completion). Rates change only when a flow starts or ends
-and are recomputed by the rate component (``rates.py``) only where they can change; the
+and are recomputed by the rate component (``rates/``) only where they can change; the
 shared table of resources and flows is ``flowtable.py``. Knows nothing of engines, KV
 blocks or policies.
 """
