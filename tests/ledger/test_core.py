@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from dualpath.ledger import AgentDriver, Core, RunCounters, Topology, Turn
+from dualpath.config import preset
+from dualpath.ledger import AgentDriver, Core, Phase, RunCounters, Topology, Turn
 from dualpath.ledger.counters import RUNTIME_PATHS, SIM_PATHS
-from dualpath.policy import Assign
+from dualpath.policy import Assign, make_policy
 from dualpath.types import KVPath, ReadSide
 
 TOPO = Topology(2, 1, 1, True, True)  # PEs 0, 1 on node 0; DEs 2, 3 on node 1
@@ -137,3 +138,26 @@ def test_core_counts_generated_tokens_into_the_view_and_keeps_records() -> None:
     assert [r.request_id for r in core.records] == [1]
     with pytest.raises(KeyError):
         core.generated_tokens(0, 1)  # a PE generates nothing
+
+
+def test_a_turn_cancelled_while_queued_is_aborted_and_dropped_at_the_pull() -> None:
+    """The policy holds a queued turn: the core marks it, aborts it when the policy assigns
+    it (it leaves every counter) and drops it from the table; the other turn goes on."""
+    cfg = preset("tiny-1p1d")
+    topo = Topology.from_config(cfg)
+    core: Core[Script, Turn] = Core(topo, make_policy(cfg), 10_000, 64, lambda a, t: None)
+    gone = Turn(0, 0, 0, prompt_tokens=300, hit_tokens=128, output_tokens=5, arrival_s=0.0)
+    kept = Turn(1, 1, 0, prompt_tokens=100, hit_tokens=0, output_tokens=3, arrival_s=0.0)
+    core.submit(gone, 0.0)
+    core.submit(kept, 0.0)
+    assert core.cancel(gone, 0.5) is False  # queued: nothing to free now
+    assert gone.cancelled and gone.phase is Phase.QUEUED
+    assert [t.request_id for t, _ in core.pull(1.0)] == [1]
+    assert gone.phase is Phase.ABORTED and set(core.turns) == {1}
+    view = core.view()
+    assert view.nodes[0].read_queue_tokens == 0  # its read never counted
+    assert sum(e.seq for e in view.engines) == 2  # only the kept turn, on its PE and DE
+    assert core.cancel(kept, 1.5) is True  # assigned: the shell frees what it holds, aborts
+    core.abort(kept, 1.5)
+    assert core.forget(1) is kept and not core.turns
+    assert not any(e.seq or e.tokens for e in core.view().engines)

@@ -92,8 +92,8 @@ class Core(Generic[A, T]):
     def pull(self, now: float, read: bool = True) -> list[tuple[T, list[Read]]]:
         """A pull (SPEC §7.1): each turn the policy assigned (SCHEDULED, or READY when it has
         nothing to read), in decision order, with the storage reads the shell is to start
-        (``read=False``, the Oracle: none). A turn cancelled while queued is aborted here and
-        not returned."""
+        (``read=False``, the Oracle: none). A turn cancelled while queued is aborted here,
+        dropped from ``turns`` (it holds nothing; no process reports on it) and not returned."""
         if not self._policy.num_waiting:
             return []
         ledger, turns = self._ledger, self.turns
@@ -103,6 +103,7 @@ class Core(Generic[A, T]):
             reads = ledger.assign(turn, a, now, read)
             if turn.cancelled:
                 ledger.abort(turn, now)
+                del turns[a.request_id]
                 continue
             out.append((turn, reads))
         return out

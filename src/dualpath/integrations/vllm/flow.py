@@ -1,8 +1,9 @@
 """The DualPath shell over vLLM instances: one request's way from the router to its answer.
 
 The third shell around the policy core (after the simulator and our runtime): it reports to the
-shared ``ledger.Ledger`` what happened and carries out what ``PolicyCore`` decided, nothing
-more. Per request (SPEC §4):
+shared ``ledger.Core`` what happened to each turn, as the other two do (its lifecycle: submit,
+pull, read, pass, first token, finish or abort), and carries out what ``PolicyCore`` decided,
+nothing more. Per request (SPEC §4):
 
 1. tokens (the prefill instance's ``/tokenize``, so they are exactly vLLM's) → the store's hit
    prefix (Full Blocks, per-tenant namespace) → a turn submitted; the policy picks PE, DE and
@@ -28,18 +29,18 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath.integrations.vllm.node import attach_buffer, call
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
-from dualpath.ledger import Topology
-from dualpath.ledger.ledger import Ledger
-from dualpath.ledger.lifecycle import Phase
+from dualpath.ledger import Core, Phase, Topology
 from dualpath.ledger.turn import Turn, usable_hit_tokens
 from dualpath.policy import Assign
+from dualpath.policy.base import Policy
 from dualpath.policy.core import PolicyCore
+from dualpath.policy.forced import ForcedSide
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.types import KVPath, ReadSide
@@ -90,26 +91,32 @@ class FlowStats:
         self.bytes_by_path[path.value] = self.bytes_by_path.get(path.value, 0.0) + nbytes
 
 
+def _no_agents(agent: object, arrival_s: float) -> None:
+    raise AssertionError("the vLLM shell submits each request itself: it drives no agents")
+
+
 class TurnFlow:
-    """The ledger, the policy, the node buffers and side-cars of one deployment."""
+    """The core (ledger, policy, turn table), the node buffers and side-cars of one
+    deployment."""
 
     def __init__(self, dep: Deployment, policy: PolicyCore, kv_root: str,
                  sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] = call,
                  force_side: ReadSide | None = None) -> None:  # fmt: skip
-        """``force_side``: every read from that side, whatever the policy chose (a test and
-        diagnosis knob, ``--read-side``; the policy still picks PE and DE)."""
+        """``force_side``: every read from that side, whatever the policy chose
+        (``ForcedSide``)."""
         self.dep = dep
-        self.force_side = force_side
-        self.policy = policy
+        self.policy = policy  # for its decision trace (the router's /v1/dualpath/decisions)
         self.topology = Topology(1, dep.num_prefill, dep.num_decode)
-        self.ledger = Ledger(self.topology, dep.hbm_tokens, dep.block_tokens)
+        decide: Policy = policy if force_side is None else ForcedSide(policy, force_side)
+        self.core: Core[Any, Turn] = Core(
+            self.topology, decide, dep.hbm_tokens, dep.block_tokens, _no_agents
+        )
         spec0 = dep.nodes[0]
         self.store = KVStore(kv_root, spec0.layout, namespace=dep.namespace(""))
         self.buffers: dict[int, SlotBuffer] = {n.node: attach_buffer(n) for n in dep.nodes}
         self.full_block_bytes = spec0.layout.full_block_bytes
         self._sidecar = sidecar
         self._ids = itertools.count()
-        self._turns: dict[int, Turn] = {}
         self._placed: dict[int, asyncio.Future[Assign]] = {}
         self._epoch = time.monotonic()
         self.stats = FlowStats()
@@ -125,12 +132,16 @@ class TurnFlow:
         hit_tokens = usable_hit_tokens(stored * bs, len(tokens), bs)
         rid = next(self._ids)
         turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
-        self._turns[rid] = turn
         placed: asyncio.Future[Assign] = asyncio.get_running_loop().create_future()
         self._placed[rid] = placed
-        self.policy.submit(self.ledger.submit(turn, self.now()), self.now())
+        self.core.submit(turn, self.now())
         self._pull()
-        assign = await placed  # a client that leaves cancels it: ``_pull`` then drops the turn
+        try:
+            assign = await placed
+        except BaseException:  # its client left: aborted now, or (queued) at the next pull
+            self._placed.pop(rid, None)
+            self.abort(turn)
+            raise
         hit_blocks = hit_tokens // bs
         try:
             de_slots = await self._alloc(self.topology.node_of(assign.de), -(-len(tokens) // bs))
@@ -147,23 +158,12 @@ class TurnFlow:
 
     def _pull(self) -> None:
         """A pull (SPEC §7.1): the policy places what it can; each waiter learns its place."""
-        now = self.now()
-        for a in self.ledger.pull(self.policy, now):
-            a = self._forced(a)
-            turn = self._turns[a.request_id]
-            self.ledger.assign(turn, a, now)
-            waiter = self._placed.pop(a.request_id)
-            if waiter.done():  # its client left while it waited: out of every count again
-                self.abort(turn, pull=False)
-            else:
+        for turn, _ in self.core.pull(self.now()):  # the reads: ``_read`` (one side, one node)
+            a = Assign(turn.request_id, turn.pe, turn.de, turn.read_side, turn.pe_read_tokens,
+                       turn.de_read_tokens)  # fmt: skip
+            waiter = self._placed.pop(turn.request_id)
+            if not waiter.done():  # else its client just left: ``place`` aborts the turn
                 waiter.set_result(a)
-
-    def _forced(self, a: Assign) -> Assign:
-        hit = a.pe_read_tokens + a.de_read_tokens
-        if self.force_side is None or not hit or a.read_side is self.force_side:
-            return a
-        pe = hit if self.force_side is ReadSide.PE else 0
-        return replace(a, read_side=self.force_side, pe_read_tokens=pe, de_read_tokens=hit - pe)
 
     async def _alloc(self, node: int, num_slots: int) -> list[int]:
         buf = self.buffers[node]
@@ -186,7 +186,7 @@ class TurnFlow:
         else:
             slots = prep.de_slots[: len(keys)]
         nbytes = len(keys) * self.full_block_bytes
-        self.ledger.read_started(turn, node, nbytes, self.now())
+        self.core.read_started(turn, node, nbytes, self.now())
         spec = self.dep.nodes[node]
         try:
             answer = await asyncio.to_thread(
@@ -196,7 +196,7 @@ class TurnFlow:
             raise FlowError(503, f"storage read on node {node} failed: {err}") from None
         finally:
             if turn.phase is Phase.READING:
-                self.ledger.read_done(turn, node, self.now())
+                self.core.read_done(turn, node, self.now())
         got = int(answer["num_ok"])
         path = KVPath.STORAGE_TO_PE_BUFFER if side is ReadSide.PE else KVPath.STORAGE_TO_DE_BUFFER
         self.stats.add(path, got * self.full_block_bytes)
@@ -224,7 +224,7 @@ class TurnFlow:
         """The request is on its way to the prefill instance (its pass, as the ledger sees
         it: vLLM chunks the prompt itself)."""
         now = prep.turn.prefill_start_s = self.now()
-        self.ledger.pass_started(prep.turn, now)
+        self.core.pass_started(prep.turn, now)
 
     def prefilled(self, prep: Prepared) -> None:
         """The prefill answered: its KV is in the DE buffer; the PE buffer's slots are free."""
@@ -238,7 +238,7 @@ class TurnFlow:
             self.stats.add(KVPath.DE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
             saved = len(prep.de_slots) - prep.hit_blocks
         self.stats.add(KVPath.PE_HBM_TO_DE_BUFFER, saved * bs_bytes)
-        self.ledger.first_token(prep.turn, self.now())
+        self.core.first_token(prep.turn, self.now())
         self._pull()
 
     def decode_params(self, prep: Prepared, tenant: str) -> dict[str, Any]:
@@ -260,8 +260,8 @@ class TurnFlow:
     def finish(self, prep: Prepared) -> None:
         turn = prep.turn
         now = turn.finish_s = self.now()
-        self.ledger.finish(turn, now)
-        self._turns.pop(turn.request_id, None)
+        self.core.finish(turn, now)
+        self.core.forget(turn.request_id)
         self.stats.num_done += 1
         self._pull()
 
@@ -275,13 +275,16 @@ class TurnFlow:
             prep.de_slots = []
         self.abort(prep.turn)
 
-    def abort(self, turn: Turn, pull: bool = True) -> None:
-        if turn.phase not in (Phase.QUEUED, Phase.DONE, Phase.ABORTED):
-            self.ledger.abort(turn, self.now())
-        self._turns.pop(turn.request_id, None)
+    def abort(self, turn: Turn) -> None:
+        """The turn failed or its client left: out of every count now, or (queued) at the
+        next pull, which the core drops it at."""
+        if turn.phase.over:
+            return
+        if self.core.cancel(turn, self.now()):
+            self.core.abort(turn, self.now())
+            self.core.forget(turn.request_id)
         self.stats.num_failed += 1
-        if pull:
-            self._pull()
+        self._pull()
 
     def node_stats(self) -> list[dict[str, Any]]:
         out = []
