@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,24 @@ def _vllm_python() -> str:
         if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
             pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
         raise
+
+
+def _unmapped_segments(names: set[str]) -> list[Path]:
+    """Which of ``/dev/shm``'s entries called ``names`` no live process maps: what a
+    SIGKILLed vLLM instance leaves behind (its engine's message queues and a semaphore; it
+    cannot unlink its own)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(re.findall(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+)", maps.read_text()))
+        except OSError:  # a process that ended meanwhile
+            continue
+    return [Path("/dev/shm", n) for n in sorted(names - mapped)]
+
+
+def _vllm_segments() -> list[str]:
+    """The names of ``/dev/shm``'s anonymous Python shared memory and semaphores."""
+    return [p.name for pat in ("psm_*", "sem.mp-*") for p in Path("/dev/shm").glob(pat)]
 
 
 def _free_port() -> int:
@@ -187,6 +206,7 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def test_answers_equal_plain_vllm_on_both_read_paths(
     reference: dict[str, Any], served: Any
 ) -> None:
+    segments_before = set(_vllm_segments())
     pe = served("pe")
     got = _turns(pe.client, MODEL)
     assert got == reference
@@ -221,3 +241,7 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     assert not [p for p in Path("/dev/shm").glob(f"dpv{de.proc.pid}x*")], (
         "a buffer outlived its run"
     )
+    # the killed prefill instance's own segments: created during this test, mapped by nobody
+    new = set(_vllm_segments()) - segments_before
+    for orphan in _unmapped_segments(new):
+        orphan.unlink(missing_ok=True)
