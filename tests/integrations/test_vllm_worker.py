@@ -22,7 +22,7 @@ from dualpath.integrations.vllm.params import (  # noqa: E402
 )
 from dualpath.integrations.vllm.plan import StepPlanner  # noqa: E402
 from dualpath.integrations.vllm.worker import WorkerSide  # noqa: E402
-from dualpath.runtime.kvstore import block_keys  # noqa: E402
+from dualpath.runtime.kvstore import KVStore, block_keys  # noqa: E402
 
 BS, LAYERS, HEADS, C = 32, 3, 2, 16  # vLLM CPU: kv_layer is [blocks, kv heads, block, 2·head_dim]
 ROW = 2 * HEADS * (C // 2) * 2  # K and V of every head, bfloat16
@@ -168,3 +168,36 @@ def test_sidecar_answers_a_bad_op_with_an_error(nodes: dict[int, NodeSpec]) -> N
         call(nodes[0].socket_path, {"op": "nope"})
     with pytest.raises(ValueError, match="2 keys for 1 slots"):
         call(nodes[0].socket_path, {"op": "read", "keys": ["a", "b"], "slots": [0]})
+
+
+def test_settle_waits_for_the_writes_of_its_keys(tmp_path: Path) -> None:
+    """Four writes through a slow SNIC (6 KiB blocks at 40 KB/s: ~0.6 s): ``settle`` on the
+    last key returns once it is durable (the store then holds all four), at once for a key
+    nobody writes; a bad timeout is an error naming it."""
+    spec = NodeSpec(1, "de", f"dps{tmp_path.name[-12:]}", 8, str(tmp_path / "1.lock"),
+                    str(tmp_path / "1.sock"), str(tmp_path / "kv"), LAYERS, BS, ROW, "ns0",
+                    snic_bytes_per_s=40e3)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar",
+                             spec.to_json()])  # fmt: skip
+    try:
+        wait_ready(spec.socket_path, timeout_s=30)
+        de = attach_buffer(spec)
+        keys = block_keys(list(range(4 * BS)), BS, "ns-settle")
+        slots = de.alloc(len(keys))
+        assert slots is not None
+        sock = spec.socket_path
+        assert call(sock, {"op": "write", "keys": keys, "slots": slots}) == {"queued": 4}
+        store = KVStore(spec.kv_root, spec.layout, namespace="ns0")
+        assert store.lookup(keys) < 4 * BS  # still on their way
+        assert call(sock, {"op": "settle", "keys": keys[-1:], "timeout_s": 30}) == {
+            "waited": True, "pending": 0}  # fmt: skip
+        assert store.lookup(keys) == 4 * BS
+        assert de.num_free == 8  # each slot freed once its block was durable
+        idle = call(sock, {"op": "settle", "keys": ["ab" * 16], "timeout_s": 30})
+        assert idle == {"waited": False, "pending": 0}
+        with pytest.raises(ValueError, match="timeout_s=-1 is invalid"):
+            call(sock, {"op": "settle", "keys": keys, "timeout_s": -1})
+        de.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0

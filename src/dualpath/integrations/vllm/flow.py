@@ -6,7 +6,9 @@ pull, read, pass, first token, finish or abort), and carries out what ``PolicyCo
 nothing more. Per request (SPEC §4):
 
 1. tokens (the prefill instance's ``/tokenize``, so they are exactly vLLM's) → the store's hit
-   prefix (Full Blocks, per-tenant namespace) → a turn submitted; the policy picks PE, DE and
+   prefix (Full Blocks, per-tenant namespace; blocks of the prefix still queued for a write at
+   a DE node's side-car are waited for first, as the runtime's ``Durability`` does: the turn
+   before wrote them behind its answer) → a turn submitted; the policy picks PE, DE and
    the read side from the same view as in the runtime (seq_e, tok_e, free HBM, read_q per SNIC);
 2. slots in the DE buffer for the whole prompt; the hit blocks read from storage into the PE
    buffer (PE read path) or straight into the first of those DE slots (DE read path), by that
@@ -32,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualpath.integrations.vllm.node import attach_buffer, call
+from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.ledger import Core, Phase, Topology
@@ -43,9 +45,12 @@ from dualpath.policy.core import PolicyCore
 from dualpath.policy.forced import ForcedSide
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.kvstore import KVStore, block_keys
-from dualpath.types import KVPath, ReadSide
+from dualpath.types import EngineKind, KVPath, ReadSide
 
 SLOT_WAIT_S = 0.005  # a full buffer is retried this often (backpressure, nothing dropped)
+# A new turn waits at most this long for writes of its prefix still queued at a DE node's
+# side-car (a fault, or a SNIC far behind: then it goes with what is durable and recomputes)
+SETTLE_WAIT_S = 10.0
 
 
 class FlowError(Exception):
@@ -129,6 +134,9 @@ class TurnFlow:
         bs = self.dep.block_tokens
         keys = block_keys(tokens, bs, self.dep.namespace(tenant))
         stored = self.store.lookup(keys) // bs
+        usable = (len(tokens) - 1) // bs  # usable_hit_tokens' cap
+        if stored < usable and await self._settle(keys[stored:usable]):
+            stored = self.store.lookup(keys) // bs
         hit_tokens = usable_hit_tokens(stored * bs, len(tokens), bs)
         rid = next(self._ids)
         turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
@@ -155,6 +163,23 @@ class TurnFlow:
             self.release(prep)
             raise
         return prep
+
+    async def _settle(self, keys: list[str]) -> bool:
+        """Wait until no DE node's side-car has ``keys`` queued for a write; whether one had
+        (then look the hits up again). A side-car that does not answer holds nothing back: its
+        node's reads fail on their own."""
+
+        def ask(spec: NodeSpec) -> bool:
+            op = {"op": "settle", "keys": keys, "timeout_s": SETTLE_WAIT_S}
+            try:
+                return bool(self._sidecar(spec.socket_path, op)["waited"])
+            except (OSError, ValueError, KeyError):
+                return False
+
+        with self.stats.time_stage("settle"):
+            des = [n for n in self.dep.nodes if n.kind == EngineKind.DE.value]
+            waited = await asyncio.gather(*(asyncio.to_thread(ask, n) for n in des))
+        return any(waited)
 
     def _pull(self) -> None:
         """A pull (SPEC §7.1): the policy places what it can; each waiter learns its place."""

@@ -11,6 +11,10 @@ by name and allocates), and serves a few operations as JSON lines on a Unix sock
   removed so that the recomputed block gets persisted again);
 - ``write``: slots written to the store through the SNIC's write direction, in order, each
   slot freed once its block is durable (``KVStore.write_block``: temp file, fsync, rename);
+- ``settle``: waits (bounded) until none of given keys is queued for a write any more (written,
+  skipped or failed): the router asks it before it looks up a new turn's hits, so that a turn
+  sent right after the one that wrote its prefix hits that prefix (the store advertises only
+  durable blocks, and the writes run behind the answer);
 - ``stats``: bytes read and written, SNIC busy seconds.
 
 The SNIC is emulated by ``runtime.pacer.Pacer`` (both directions LOW: KV traffic), or unpaced
@@ -20,12 +24,14 @@ The SNIC is emulated by ``runtime.pacer.Pacer`` (both directions LOW: KV traffic
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
 import socketserver
 import sys
 import threading
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -58,6 +64,8 @@ class NodeSidecar:
         self.num_failed_writes = 0
         self.num_skipped_writes = 0  # blocks another turn had persisted already
         self._lock = threading.Lock()
+        self._queued: Counter[str] = Counter()  # keys handed to ``persist``, not done yet
+        self._write_done = threading.Condition(self._lock)
 
     # ---------------------------------------------------------------- reads
     def _read_one(self, key: str, slot: int) -> bool:
@@ -88,34 +96,58 @@ class NodeSidecar:
 
     # ---------------------------------------------------------------- writes
     def _write_loop(self) -> None:
-        nbytes = self.spec.layout.full_block_bytes
         while (job := self.writes.get()) is not None:
             key, slot = job
-            if self.store.has(key):  # content-addressed: a block already stored is not resent
-                self.buffer.free([slot])
-                with self._lock:
-                    self.num_skipped_writes += 1
-                continue
-            if self.snic_write is not None:
-                self.snic_write.transfer(nbytes, TrafficClass.LOW)
             try:
-                err = persist_with_retry(self.store, key, self.buffer.slot(slot))
+                self._write_one(key, slot)
             finally:
-                self.buffer.free([slot])
+                with self._write_done:
+                    self._queued[key] -= 1
+                    if self._queued[key] <= 0:
+                        del self._queued[key]
+                    self._write_done.notify_all()
+
+    def _write_one(self, key: str, slot: int) -> None:
+        nbytes = self.spec.layout.full_block_bytes
+        if self.store.has(key):  # content-addressed: a block already stored is not resent
+            self.buffer.free([slot])
             with self._lock:
-                if err is None:
-                    self.bytes_written += nbytes
-                else:  # e.g. a full disk: the tokens were served, the block is not cached
-                    self.num_failed_writes += 1
-            if err is not None and self.num_failed_writes == 1:
-                print(f"dualpath: node{self.spec.node}: block not cached: {err}", file=sys.stderr)
+                self.num_skipped_writes += 1
+            return
+        if self.snic_write is not None:
+            self.snic_write.transfer(nbytes, TrafficClass.LOW)
+        try:
+            err = persist_with_retry(self.store, key, self.buffer.slot(slot))
+        finally:
+            self.buffer.free([slot])
+        with self._lock:
+            if err is None:
+                self.bytes_written += nbytes
+            else:  # e.g. a full disk: the tokens were served, the block is not cached
+                self.num_failed_writes += 1
+        if err is not None and self.num_failed_writes == 1:
+            print(f"dualpath: node{self.spec.node}: block not cached: {err}", file=sys.stderr)
 
     def persist(self, keys: list[str], slots: list[int]) -> int:
         if len(keys) != len(slots):
             raise ValueError(f"persist: {len(keys)} keys for {len(slots)} slots")
+        with self._lock:
+            self._queued.update(keys)
         for key, slot in zip(keys, slots, strict=True):
             self.writes.put((key, slot))
         return len(keys)
+
+    def settle(self, keys: list[str], timeout_s: float) -> dict[str, Any]:
+        """Wait until none of ``keys`` is queued for a write (at most ``timeout_s``): how
+        many still are, and whether any was (then the store may hold more than before)."""
+        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s >= 0):
+            raise ValueError(f"settle: timeout_s={timeout_s!r} is invalid: must be a number >= 0")
+        with self._write_done:
+            waited = any(k in self._queued for k in keys)
+            if waited:
+                self._write_done.wait_for(lambda: not any(k in self._queued for k in keys),
+                                          timeout=timeout_s)  # fmt: skip
+            return {"waited": waited, "pending": sum(k in self._queued for k in keys)}
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -139,11 +171,13 @@ class NodeSidecar:
             return {"num_ok": self.read(list(op["keys"]), list(op["slots"]))}
         if kind == "write":
             return {"queued": self.persist(list(op["keys"]), list(op["slots"]))}
+        if kind == "settle":
+            return self.settle(list(op["keys"]), op["timeout_s"])
         if kind == "stats":
             return self.stats()
         if kind == "ping":
             return {"pid": os.getpid()}
-        return {"error": f"op={kind!r} is invalid: must be read, write, stats or ping"}
+        return {"error": f"op={kind!r} is invalid: must be read, write, settle, stats or ping"}
 
     # ---------------------------------------------------------------- serving
     def serve_forever(self) -> None:
