@@ -49,3 +49,20 @@ def test_plan_sizes_slots_from_the_checkpoint(tmp_path: Path) -> None:
     assert ns == {dep.namespace("")} and dep.namespace("acme") != dep.namespace("")
     with pytest.raises(ValueError, match="dtype='int8'"):
         ModelShape.from_checkpoint(tmp_path, "int8")
+
+
+def test_split_reads_are_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A setting the vLLM shell cannot honour is a one-line start-up error, not a 500 on
+    every request with hits; no side-car or instance is started (no vLLM Python is needed)."""
+    from dualpath.cli.main import main
+
+    rc = main(["serve", "--engine", "vllm", "--model-dir", str(tmp_path), "--vllm-python",
+               str(tmp_path / "no-python"), "--kv-root", str(tmp_path / "kv"),
+               "--set", "scheduler.split_reads=true"])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "split_reads=true is not supported by --engine vllm" in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "kv").exists()

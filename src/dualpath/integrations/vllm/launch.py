@@ -310,6 +310,9 @@ def serve_vllm(opts: VllmOptions, config: Any, system: str, log_level: str = "wa
     from dualpath.serve.server import http_server
     from dualpath.types import ReadSide
 
+    if config.scheduler.split_reads:  # refused before anything starts, never a 500 a request
+        raise ValueError("scheduler.split_reads=true is not supported by --engine vllm (each "
+                         "request reads its hit KV through one node): set it to false")  # fmt: skip
     python = find_vllm_python(opts.vllm_python)
     engine = engine_name(python)
     opts = VllmOptions(**{**_fields(opts), "vllm_python": python})
