@@ -38,6 +38,7 @@ from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.ledger import Core, Phase, Topology
+from dualpath.ledger.core import Read
 from dualpath.ledger.turn import Turn, usable_hit_tokens
 from dualpath.policy import Assign
 from dualpath.policy.base import Policy
@@ -122,7 +123,7 @@ class TurnFlow:
         self.full_block_bytes = spec0.layout.full_block_bytes
         self._sidecar = sidecar
         self._ids = itertools.count()
-        self._placed: dict[int, asyncio.Future[Assign]] = {}
+        self._placed: dict[int, asyncio.Future[tuple[Assign, list[Read]]]] = {}
         self._epoch = time.monotonic()
         self.stats = FlowStats()
 
@@ -140,12 +141,14 @@ class TurnFlow:
         hit_tokens = usable_hit_tokens(stored * bs, len(tokens), bs)
         rid = next(self._ids)
         turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
-        placed: asyncio.Future[Assign] = asyncio.get_running_loop().create_future()
+        placed: asyncio.Future[tuple[Assign, list[Read]]] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._placed[rid] = placed
         self.core.submit(turn, self.now())
         self._pull()
         try:
-            assign = await placed
+            assign, reads = await placed
         except BaseException:  # its client left: aborted now, or (queued) at the next pull
             self._placed.pop(rid, None)
             self.abort(turn)
@@ -158,7 +161,7 @@ class TurnFlow:
             raise
         prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots)
         try:
-            await self._read(prep, keys[:hit_blocks])
+            await self._read(prep, keys[:hit_blocks], reads)
         except BaseException:
             self.release(prep)
             raise
@@ -183,12 +186,12 @@ class TurnFlow:
 
     def _pull(self) -> None:
         """A pull (SPEC §7.1): the policy places what it can; each waiter learns its place."""
-        for turn, _ in self.core.pull(self.now()):  # the reads: ``_read`` (one side, one node)
+        for turn, reads in self.core.pull(self.now()):
             a = Assign(turn.request_id, turn.pe, turn.de, turn.read_side, turn.pe_read_tokens,
                        turn.de_read_tokens)  # fmt: skip
             waiter = self._placed.pop(turn.request_id)
             if not waiter.done():  # else its client just left: ``place`` aborts the turn
-                waiter.set_result(a)
+                waiter.set_result((a, reads))
 
     async def _alloc(self, node: int, num_slots: int) -> list[int]:
         buf = self.buffers[node]
@@ -197,14 +200,17 @@ class TurnFlow:
         return slots
 
     # ------------------------------------------------------------ 2. read
-    async def _read(self, prep: Prepared, keys: list[str]) -> None:
+    async def _read(self, prep: Prepared, keys: list[str], reads: list[Read]) -> None:
+        """The storage read the core gave the turn (``Core.pull``: node, tokens): its blocks
+        into the PE buffer (PE read path) or the first of its DE slots (DE read path)."""
         turn, a = prep.turn, prep.assign
-        if a.pe_read_tokens and a.de_read_tokens:
-            raise FlowError(500, "split reads are not supported by the vLLM engine")
-        if not keys:
+        if not reads:
             return
+        if len(reads) > 1:  # serve_vllm refuses split_reads at start
+            raise FlowError(500, "split reads are not supported by the vLLM engine")
+        ((node, tokens),) = reads
+        keys = keys[: tokens // self.dep.block_tokens]
         side = a.read_side
-        node = self.topology.node_of(a.pe if side is ReadSide.PE else a.de)
         if side is ReadSide.PE:
             prep.pe_slots = await self._alloc(node, len(keys))
             slots = prep.pe_slots
