@@ -35,7 +35,7 @@ $(STAMP_VLLM):
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3)"; exit 2; }
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_PIN)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_PIN) pytest
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null
 	@touch $@

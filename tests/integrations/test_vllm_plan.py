@@ -94,7 +94,7 @@ def test_decode_loads_everything_persists_new_prompt_blocks_then_generated_ones(
     meta = plan.step([], [("r", None, False, 11, 1)])
     (bp,) = meta.block_persists
     assert (bp.block_ids, bp.keys) == ((202,), (block_keys(tokens, BS, "ns")[2],))
-    plan.finished("r")
+    plan.finished("r", None)
     assert not plan.knows("r")
 
 

@@ -3,6 +3,12 @@
 Any process of the node (storage worker, engines, the scheduler on this host) attaches by
 name and allocates under one lock. Full ⇒ ``alloc`` returns None and the caller retries
 later (backpressure, nothing is dropped); ``alloc_wait`` waits with a sleeping backoff.
+
+Each used slot carries an owner tag (an int64, 0: anonymous). Processes that hand slots to
+each other without a message in between (the vLLM router leases a request's slots, the
+decode instance claims them when it loads) move them with ``transfer``, all or nothing, and
+give back only what they still hold with ``release``: a slot can never be freed under its
+current holder, nor claimed by a request it was not leased to.
 """
 
 from __future__ import annotations
@@ -39,8 +45,12 @@ class BufferSpec:
         return self.num_slots * self.stride_bytes
 
 
+ANONYMOUS = 0  # the owner tag of slots allocated without one
+
+
 class SlotBuffer:
-    """A shared-memory buffer of ``num_slots`` slots; the bitmap lives after the data."""
+    """A shared-memory buffer of ``num_slots`` slots; after the data, each slot's owner tag
+    (int64), then the used-bitmap (one byte a slot)."""
 
     def __init__(self, spec: BufferSpec, lock: Any, shm: SharedMemory, owner: bool) -> None:
         self.spec = spec
@@ -50,11 +60,17 @@ class SlotBuffer:
         buf = shm.buf
         assert buf is not None
         self.data = buf[: spec.data_bytes]
-        self._used = buf[spec.data_bytes : spec.data_bytes + spec.num_slots]
+        tags_end = spec.data_bytes + 8 * spec.num_slots
+        self._owners = buf[spec.data_bytes : tags_end].cast("q")
+        self._used = buf[tags_end : tags_end + spec.num_slots]
+
+    @staticmethod
+    def region_bytes(spec: BufferSpec) -> int:
+        return spec.data_bytes + 9 * spec.num_slots
 
     @classmethod
     def create(cls, spec: BufferSpec, lock: Any) -> SlotBuffer:
-        shm = SharedMemory(name=spec.name, create=True, size=spec.data_bytes + spec.num_slots)
+        shm = SharedMemory(name=spec.name, create=True, size=cls.region_bytes(spec))
         return cls(spec, lock, shm, owner=True)
 
     @classmethod
@@ -74,8 +90,9 @@ class SlotBuffer:
         """Byte offset of slot ``index`` inside the region (for transports)."""
         return index * self.spec.stride_bytes
 
-    def alloc(self, num_slots: int) -> list[int] | None:
-        """Reserve ``num_slots`` slots (lowest free first) or None if they do not all fit."""
+    def alloc(self, num_slots: int, owner: int = ANONYMOUS) -> list[int] | None:
+        """Reserve ``num_slots`` slots (lowest free first) for ``owner``, or None if they do
+        not all fit."""
         if num_slots > self.spec.num_slots:
             raise ValueError(
                 f"buffer {self.spec.name}: {num_slots} slots requested, capacity is "
@@ -90,6 +107,7 @@ class SlotBuffer:
             got = free[:num_slots]
             for i in got:
                 self._used[i] = 1
+                self._owners[i] = owner
         return got
 
     def alloc_wait(self, num_slots: int, timeout_s: float, poll_s: float = 0.002) -> list[int]:
@@ -109,6 +127,51 @@ class SlotBuffer:
                 if not self._used[i]:
                     raise ValueError(f"buffer {self.spec.name}: slot {i} freed twice")
                 self._used[i] = 0
+                self._owners[i] = ANONYMOUS
+
+    def transfer(self, slots: list[int], from_owner: int, to_owner: int) -> bool:
+        """Hand ``slots`` from ``from_owner`` to ``to_owner``, all or none: False (nothing
+        changed) unless every slot is in use and held by ``from_owner``."""
+        with self._lock:
+            if not all(self._used[i] and self._owners[i] == from_owner for i in slots):
+                return False
+            for i in slots:
+                self._owners[i] = to_owner
+        return True
+
+    def adopt(self, slots: list[int], owner: int) -> list[int]:
+        """``owner`` takes over those of ``slots`` in use, whoever held them (a storage
+        worker accepting slots to persist); the ones taken."""
+        with self._lock:
+            got = [i for i in slots if self._used[i]]
+            for i in got:
+                self._owners[i] = owner
+        return got
+
+    def release(self, slots: list[int], owner: int) -> int:
+        """Free those of ``slots`` that ``owner`` still holds (the others were handed on or
+        freed already); how many were freed."""
+        with self._lock:
+            mine = [i for i in slots if self._used[i] and self._owners[i] == owner]
+            for i in mine:
+                self._used[i] = 0
+                self._owners[i] = ANONYMOUS
+        return len(mine)
+
+    def release_owner(self, owner: int) -> int:
+        """Free every slot ``owner`` holds (its process died); how many."""
+        with self._lock:
+            mine = [i for i in range(self.spec.num_slots)
+                    if self._used[i] and self._owners[i] == owner]  # fmt: skip
+            for i in mine:
+                self._used[i] = 0
+                self._owners[i] = ANONYMOUS
+        return len(mine)
+
+    def owner_of(self, slot: int) -> int | None:
+        """The owner tag of ``slot``, or None when it is free."""
+        with self._lock:
+            return int(self._owners[slot]) if self._used[slot] else None
 
     @property
     def num_free(self) -> int:
@@ -118,6 +181,7 @@ class SlotBuffer:
     def close(self) -> None:
         """Detach; the creator also unlinks the segment."""
         self.data.release()
+        self._owners.release()
         self._used.release()
         self._shm.close()
         if self._owner:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -104,6 +104,18 @@ def usage(lasts: list[TokenEvent | None]) -> dict[str, Any]:
     }
 
 
+def tenant_of(api_keys: Mapping[str, str], request: Request) -> str:
+    """The tenant of ``request``'s ``Authorization: Bearer KEY`` ('' when ``api_keys``, key →
+    tenant, is empty); ``ApiError`` 401 for a missing or unknown key. Every server of
+    ``dualpath serve`` checks keys here (the runtime's API, the vLLM router)."""
+    if not api_keys:
+        return ""
+    key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if key not in api_keys:
+        raise ApiError(401, "invalid or missing API key")
+    return api_keys[key]
+
+
 class Service:
     """What every generating route shares: the caller's key, the body, the
     ``GenerateRequest``, and the backend's token stream (timed, and counted in the metrics
@@ -121,12 +133,7 @@ class Service:
 
     def authorise(self, request: Request) -> str:
         """The caller's tenant ('' without API keys); 401 for a missing or unknown key."""
-        if not self.opts.api_keys:
-            return ""
-        key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if key not in self.opts.api_keys:
-            raise ApiError(401, "invalid or missing API key")
-        return self.opts.api_keys[key]
+        return tenant_of(self.opts.api_keys, request)
 
     async def parse(self, request: Request, model: type[BaseModel]) -> Any:
         length = request.headers.get("content-length")

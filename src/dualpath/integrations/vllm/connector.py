@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from dualpath.integrations.vllm.node import NodeSpec
+from dualpath.integrations.vllm.node import BufferOwners, NodeSpec, instance_owner
 from dualpath.integrations.vllm.params import KEY, TransferParams
 from dualpath.integrations.vllm.plan import StepMeta, StepPlanner
 from dualpath.integrations.vllm.worker import WorkerSide
@@ -73,7 +73,8 @@ class DualPathConnector(KVConnectorBase_V1):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._node, self._nodes = _node_specs(extra)
         self._block_tokens = vllm_config.cache_config.block_size
-        self._planner = StepPlanner(self._block_tokens)
+        self._owners = BufferOwners(self._nodes, instance_owner(self._node))
+        self._planner = StepPlanner(self._block_tokens, self._owners)
         self._worker: WorkerSide | None = None
         self._bound: KVConnectorMetadata | None = None  # the step metadata the worker has
         if role == KVConnectorRole.WORKER:
@@ -129,7 +130,10 @@ class DualPathConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._planner.finished(request.request_id)
+        params = None
+        if request.kv_transfer_params and KEY in request.kv_transfer_params:
+            params = self._params(request)
+        self._planner.finished(request.request_id, params)
         return False, None  # saves and persists finish inside their step: free at once
 
     # ------------------------------------------------------------ worker side
@@ -172,5 +176,6 @@ class DualPathConnector(KVConnectorBase_V1):
         return self._worker.take_load_errors() if self._worker is not None else set()
 
     def shutdown(self) -> None:
+        self._owners.close()
         if self._worker is not None:
             self._worker.close()

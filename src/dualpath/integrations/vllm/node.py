@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing import resource_tracker
 from typing import Any
@@ -61,6 +62,13 @@ class NodeSpec:
         return cls(**json.loads(text))
 
 
+def instance_owner(node: int) -> int:
+    """The owner tag (``SlotBuffer``) of the slots node ``node``'s vLLM instance holds: its
+    scheduler claims a decode's leased slots under it, its workers allocate under it; when
+    the instance dies, what it held is freed by this tag. Router leases are > 0."""
+    return -(node + 1)
+
+
 def attach_buffer(spec: NodeSpec) -> SlotBuffer:
     """Attach to node ``spec``'s buffer from any process of the host. The segment is the
     side-car's: it is taken off this process's resource tracker, which would otherwise unlink
@@ -68,6 +76,39 @@ def attach_buffer(spec: NodeSpec) -> SlotBuffer:
     buf = SlotBuffer.attach(spec.buffer, LinkLock(spec.lock_path))
     resource_tracker.unregister("/" + spec.buffer_name, "shared_memory")
     return buf
+
+
+class BufferOwners:
+    """``plan.SlotOwners`` over the node buffers, for instance ``owner`` (its tag): claims a
+    decode's leased slots, gives back a lease never claimed. Attaches each buffer at first use."""
+
+    def __init__(self, nodes: dict[int, NodeSpec], owner: int) -> None:
+        self.nodes = nodes
+        self.owner = owner
+        self._buffers: dict[int, SlotBuffer] = {}
+
+    def buffer(self, node: int) -> SlotBuffer:
+        buf = self._buffers.get(node)
+        if buf is None:
+            buf = self._buffers[node] = attach_buffer(self.nodes[node])
+        return buf
+
+    def claim(self, node: int, slots: Sequence[int], lease: int) -> bool:
+        try:
+            return self.buffer(node).transfer(list(slots), lease, self.owner)
+        except (OSError, KeyError, IndexError):  # no such node or buffer: a lost load
+            return False
+
+    def release(self, node: int, slots: Sequence[int], lease: int) -> int:
+        try:
+            return self.buffer(node).release(list(slots), lease)
+        except (OSError, KeyError, IndexError):
+            return 0
+
+    def close(self) -> None:
+        for buf in self._buffers.values():
+            buf.close()
+        self._buffers.clear()
 
 
 def call(socket_path: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:

@@ -42,19 +42,29 @@ def _int(name: str, value: Any) -> int:
 @dataclass(frozen=True, slots=True)
 class BlockLoad:
     """Copy ``num_tokens`` tokens of KV (``ceil(num_tokens / block)`` blocks) from node
-    ``node``'s buffer slots ``slots`` into the request's first paged blocks."""
+    ``node``'s buffer slots ``slots`` into the request's first paged blocks.
+
+    ``lease``: non-zero when the slots are handed over with the load (a decode): the router
+    leased them under this tag and the instance claims them when it loads
+    (``SlotBuffer.transfer``); a request that ends before its load gives them back. 0: the
+    router keeps them (a prefill: it frees them once the prefill answered)."""
 
     node: int
     slots: tuple[int, ...]
     num_tokens: int
+    lease: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "slots": list(self.slots), "num_tokens": self.num_tokens}
+        return {"node": self.node, "slots": list(self.slots), "num_tokens": self.num_tokens,
+                "lease": self.lease}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockLoad:
+        lease = d.get("lease", 0)
+        if not isinstance(lease, int) or isinstance(lease, bool) or lease < 0:
+            raise ValueError(f"dualpath.load.lease={lease!r} is invalid: must be an integer >= 0")
         return cls(_int("load.node", d.get("node")), _ints("load.slots", d.get("slots")),
-                   _int("load.num_tokens", d.get("num_tokens")))  # fmt: skip
+                   _int("load.num_tokens", d.get("num_tokens")), lease)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,25 @@ for the metadata the worker half acts on (``step``). This module keeps that stat
 - after a decode's load: its new prompt blocks (``persist.first_block`` on) are persisted from
   the slots they arrived in, and its other slots freed; then every block its generation fills is
   persisted in the step that fills it (SPEC §4), copied from the paged KV to a fresh slot.
+
+The request lifecycle, as vLLM drives it (``tests/integrations/test_vllm_scheduler.py`` runs
+a real vLLM ``Scheduler`` through each case):
+
+- a request's load is planned once, in the first step that schedules it. A decode's slots
+  are leased to it by the router: the planner claims them then (``SlotOwners.claim``); a
+  lease that is gone (the client left and the router took the slots back) makes the load
+  ``lost``: the worker reports its blocks as load errors and vLLM recomputes them;
+- after a preemption vLLM asks for the matched tokens again: a request that loaded reports
+  none (its slots were persisted or freed), so vLLM recomputes, never reads stale pages;
+- a request that finishes or is aborted before its load gives its lease back
+  (``SlotOwners.release``), so no slot outlives its request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dualpath.integrations.vllm.params import TransferParams
 from dualpath.runtime.kvstore import block_keys
@@ -47,7 +60,7 @@ class SlotPersist:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockPersist:
+class PagedPersist:
     """Paged blocks ``block_ids`` (every layer) to copy into fresh slots of node ``node``'s
     buffer and persist as ``keys``."""
 
@@ -62,12 +75,26 @@ class StepMeta:
     """What the worker half does in one engine step (vLLM's ``KVConnectorMetadata``)."""
 
     loads: list[BlockCopy] = field(default_factory=list)
+    lost: list[BlockCopy] = field(default_factory=list)  # loads whose lease was gone
     saves: list[BlockCopy] = field(default_factory=list)
     slot_persists: list[SlotPersist] = field(default_factory=list)
-    block_persists: list[BlockPersist] = field(default_factory=list)
+    block_persists: list[PagedPersist] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.saves or self.slot_persists or self.block_persists)
+        return not (self.loads or self.lost or self.saves or self.slot_persists
+                    or self.block_persists)  # fmt: skip
+
+
+class SlotOwners(Protocol):
+    """Who holds a node buffer's slots (``SlotBuffer.transfer`` / ``release`` of the node)."""
+
+    def claim(self, node: int, slots: Sequence[int], lease: int) -> bool:
+        """Take ``slots`` of ``node`` out of lease ``lease`` for this instance, all or none."""
+        ...
+
+    def release(self, node: int, slots: Sequence[int], lease: int) -> int:
+        """Free the ``slots`` of ``node`` still leased under ``lease``; how many."""
+        ...
 
 
 @dataclass(slots=True)
@@ -91,10 +118,13 @@ class StepPlanner:
     """Scheduler-side state of one vLLM instance's DualPath connector (``block_tokens``: its
     paged block size, the store's Full Block)."""
 
-    def __init__(self, block_tokens: int) -> None:
+    def __init__(self, block_tokens: int, owners: SlotOwners | None = None) -> None:
+        """``owners``: claims leased slots; None: leases are not checked (the planner's own
+        tests of what it plans)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens={block_tokens} is invalid: must be >= 1")
         self.block_tokens = block_tokens
+        self._owners = owners
         self._reqs: dict[str, _Req] = {}
 
     def matched_tokens(
@@ -108,7 +138,7 @@ class StepPlanner:
         if req is None:
             req = self._reqs[request_id] = _Req(params, token_ids, prompt_tokens)
         req.local_tokens = num_computed
-        if params.load is None:
+        if params.load is None or req.loaded:  # loaded once: after a preemption, recompute
             return 0
         usable = min(params.load.num_tokens, prompt_tokens - 1)
         return max(0, usable - num_computed)
@@ -155,13 +185,18 @@ class StepPlanner:
     def _load(self, rid: str, req: _Req, meta: StepMeta) -> None:
         load = req.params.load
         assert load is not None
+        req.loaded = True
         first = req.local_tokens // self.block_tokens
         end = min(_ceil_div(req.load_tokens, self.block_tokens), len(load.slots),
                   len(req.block_ids))  # fmt: skip
+        copy = BlockCopy(rid, load.node, tuple(req.block_ids[first:end]),
+                         tuple(load.slots[first:end]))  # fmt: skip
+        if load.lease and self._owners is not None:
+            if not self._owners.claim(load.node, load.slots, load.lease):
+                meta.lost.append(copy)  # the router took them back: vLLM recomputes
+                return
         if end > first:
-            meta.loads.append(BlockCopy(rid, load.node, tuple(req.block_ids[first:end]),
-                                        tuple(load.slots[first:end])))  # fmt: skip
-        req.loaded = True
+            meta.loads.append(copy)
         persist = req.params.persist
         if persist is None:
             return
@@ -197,9 +232,16 @@ class StepPlanner:
             if full > first:
                 keys = block_keys(req.token_ids[: full * bs], bs, persist.namespace)[first:full]
                 meta.block_persists.append(
-                    BlockPersist(rid, persist.node, tuple(req.block_ids[first:full]), tuple(keys))
+                    PagedPersist(rid, persist.node, tuple(req.block_ids[first:full]), tuple(keys))
                 )
                 req.persisted_blocks = full
 
-    def finished(self, request_id: str) -> None:
-        self._reqs.pop(request_id, None)
+    def finished(self, request_id: str, params: TransferParams | None) -> None:
+        """The request left vLLM (finished, aborted; ``params``: its own, for one vLLM never
+        asked about): a lease it never claimed goes back."""
+        req = self._reqs.pop(request_id, None)
+        if req is not None and req.loaded or self._owners is None:
+            return
+        load = params.load if req is None else req.params.load
+        if load is not None and load.lease:
+            self._owners.release(load.node, load.slots, load.lease)

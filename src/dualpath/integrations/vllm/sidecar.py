@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.integrations.vllm.node import NodeSpec
-from dualpath.runtime.buffer import SlotBuffer
+from dualpath.runtime.buffer import ANONYMOUS, SlotBuffer
 from dualpath.runtime.kvstore import KVStore
 from dualpath.runtime.pacer import LinkLock, Pacer
 from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry, read_or_miss
@@ -131,11 +131,15 @@ class NodeSidecar:
     def persist(self, keys: list[str], slots: list[int]) -> int:
         if len(keys) != len(slots):
             raise ValueError(f"persist: {len(keys)} keys for {len(slots)} slots")
+        # the slots are the side-car's from now on: an instance that dies after handing them
+        # over does not take them along (its slots are freed by owner tag)
+        held = set(self.buffer.adopt(slots, ANONYMOUS))
+        pairs = [(k, s) for k, s in zip(keys, slots, strict=True) if s in held]
         with self._lock:
-            self._queued.update(keys)
-        for key, slot in zip(keys, slots, strict=True):
-            self.writes.put((key, slot))
-        return len(keys)
+            self._queued.update(k for k, _ in pairs)
+        for pair in pairs:
+            self.writes.put(pair)
+        return len(pairs)
 
     def settle(self, keys: list[str], timeout_s: float) -> dict[str, Any]:
         """Wait until none of ``keys`` is queued for a write (at most ``timeout_s``): how
@@ -158,6 +162,7 @@ class NodeSidecar:
                 "bytes_written": self.bytes_written,
                 "failed_writes": self.num_failed_writes,
                 "skipped_writes": self.num_skipped_writes,
+                "unfinished_writes": sum(self._queued.values()),  # queued or in hand
             }
         out["free_slots"] = self.buffer.num_free
         out["read_busy_s"] = self.snic_read.stats.busy_s if self.snic_read else 0.0

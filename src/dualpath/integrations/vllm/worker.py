@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dualpath.integrations.vllm.blocks import PagedLayout, SlotView, load_layer, save_layer
-from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call
+from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, instance_owner
 from dualpath.integrations.vllm.plan import BlockCopy, StepMeta
 from dualpath.runtime.buffer import SlotBuffer
 from dualpath.types import KVPath
@@ -90,6 +90,8 @@ class WorkerSide:
     def start_step(self, meta: StepMeta) -> None:
         self.meta = meta
         self._failed_loads = set()
+        for job in meta.lost:  # leased slots the router took back: nothing to load from
+            self._fail(job, ValueError("its slots were no longer leased to it"))
 
     def wait_for_layer(self, layer_name: str) -> None:
         """Layer ``layer_name``'s loads of this step, before its attention runs."""
@@ -151,7 +153,7 @@ class WorkerSide:
 
     def _persist_blocks(self, node: int, block_ids: list[int], keys: list[str]) -> None:
         buf, view = self._buffer(node), self._view(node)
-        slots = buf.alloc(len(block_ids))
+        slots = buf.alloc(len(block_ids), owner=instance_owner(self.node))
         if slots is None:  # the DE buffer is full: these blocks are recomputed next turn
             return
         assert self.layout is not None
