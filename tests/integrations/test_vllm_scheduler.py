@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dualpath.integrations.vllm.launch import find_vllm_python  # noqa: E402
+from dualpath.integrations.vllm.launch import find_vllm_python
 
 REPO = Path(__file__).resolve().parents[2]
 INSIDE = Path(__file__).parent / "vllm_inside"

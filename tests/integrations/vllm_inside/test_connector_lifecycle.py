@@ -288,9 +288,7 @@ def test_decodes_preempted_after_their_load_recompute_never_stale(
     assert free_slots(de) == start  # prompt slots persisted or freed, generated ones written
 
 
-def test_abort_before_the_load_returns_the_lease(
-    nodes: dict[int, NodeSpec], instance: Any
-) -> None:
+def test_abort_before_the_load_returns_the_lease(nodes: dict[int, NodeSpec], instance: Any) -> None:
     de = nodes[DE]
     start = free_slots(de)
     inst = instance(DE, num_blocks=64, max_seqs=1)  # one at a time: the second one waits

@@ -22,6 +22,13 @@ nothing more. Per request (SPEC §4):
 
 A failed step ends the request with a clean error (nothing half-written is ever a hit: blocks
 become hits only once durable); the turn leaves every counter it was in.
+
+Slots are leased, never handed over blindly: the request's PE and DE slots are allocated
+under its lease tag (``SlotBuffer`` owner tags); the decode instance claims its DE slots when
+it loads them (``plan.StepPlanner``), and the request's one exit (``finish`` or ``release``)
+frees whatever is still under its lease. A client that leaves before the decode loaded, a
+decode that never got scheduled, a timeout: the slots come back either way, and a claim that
+comes too late finds no lease and recomputes instead of reading reused slots.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from dualpath.runtime.kvstore import KVStore, block_keys
 from dualpath.types import EngineKind, KVPath, ReadSide
 
 SLOT_WAIT_S = 0.005  # a full buffer is retried this often (backpressure, nothing dropped)
+SLOT_DEADLINE_S = 300.0  # and at most this long (the router passes its request timeout)
 # A new turn waits at most this long for writes of its prefix still queued at a DE node's
 # side-car (a fault, or a SNIC far behind: then it goes with what is durable and recomputes)
 SETTLE_WAIT_S = 10.0
@@ -72,6 +80,7 @@ class Prepared:
     hit_blocks: int  # leading blocks loaded from a buffer (read from storage)
     stored_blocks: int  # leading blocks the store holds (the decode persists the rest)
     de_slots: list[int]
+    lease: int  # the owner tag of its slots until the decode claims the DE ones
     pe_slots: list[int] = field(default_factory=list)
 
 
@@ -83,6 +92,7 @@ class FlowStats:
     hit_tokens: int = 0
     num_done: int = 0
     num_failed: int = 0
+    slot_waiters: int = 0  # requests waiting for buffer slots now
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per router stage
 
     @contextlib.contextmanager
@@ -107,9 +117,11 @@ class TurnFlow:
 
     def __init__(self, dep: Deployment, policy: PolicyCore, kv_root: str,
                  sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] = call,
-                 force_side: ReadSide | None = None) -> None:  # fmt: skip
+                 force_side: ReadSide | None = None,
+                 slot_deadline_s: float = SLOT_DEADLINE_S) -> None:  # fmt: skip
         """``force_side``: every read from that side, whatever the policy chose
-        (``ForcedSide``)."""
+        (``ForcedSide``); ``slot_deadline_s``: how long a request waits for buffer slots
+        (then a 503 naming the node)."""
         self.dep = dep
         self.policy = policy  # for its decision trace (the router's /v1/dualpath/decisions)
         self.topology = Topology(1, dep.num_prefill, dep.num_decode)
@@ -125,6 +137,7 @@ class TurnFlow:
         self._ids = itertools.count()
         self._placed: dict[int, asyncio.Future[tuple[Assign, list[Read]]]] = {}
         self._epoch = time.monotonic()
+        self.slot_deadline_s = slot_deadline_s
         self.stats = FlowStats()
 
     def now(self) -> float:
@@ -133,6 +146,7 @@ class TurnFlow:
     # ------------------------------------------------------------ 1. place
     async def place(self, tokens: list[int], max_tokens: int, tenant: str) -> Prepared:
         bs = self.dep.block_tokens
+        self._check_fits(len(tokens))
         keys = block_keys(tokens, bs, self.dep.namespace(tenant))
         stored = self.store.lookup(keys) // bs
         usable = (len(tokens) - 1) // bs  # usable_hit_tokens' cap
@@ -154,12 +168,14 @@ class TurnFlow:
             self.abort(turn)
             raise
         hit_blocks = hit_tokens // bs
+        lease = rid + 1  # > 0: instances' tags are < 0, anonymous slots 0
         try:
-            de_slots = await self._alloc(self.topology.node_of(assign.de), -(-len(tokens) // bs))
+            de_slots = await self._alloc(self.topology.node_of(assign.de),
+                                         -(-len(tokens) // bs), lease)  # fmt: skip
         except BaseException:
             self.abort(turn)
             raise
-        prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots)
+        prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots, lease)
         try:
             await self._read(prep, keys[:hit_blocks], reads)
         except BaseException:
@@ -193,10 +209,31 @@ class TurnFlow:
             if not waiter.done():  # else its client just left: ``place`` aborts the turn
                 waiter.set_result((a, reads))
 
-    async def _alloc(self, node: int, num_slots: int) -> list[int]:
+    def _check_fits(self, num_tokens: int) -> None:
+        """A prompt that no node buffer can hold is refused at once (it would wait forever)."""
+        need = -(-num_tokens // self.dep.block_tokens)
+        cap = min(n.num_slots for n in self.dep.nodes)
+        if need > cap:
+            raise FlowError(400, f"the prompt has {num_tokens} tokens: a node buffer holds "
+                                 f"{cap * self.dep.block_tokens} (raise --vllm-buffer-mib)")  # fmt: skip
+
+    async def _alloc(self, node: int, num_slots: int, lease: int) -> list[int]:
+        """``num_slots`` slots of ``node``'s buffer under ``lease``, waiting while it is full
+        (at most ``slot_deadline_s``: then a 503 naming the buffer)."""
         buf = self.buffers[node]
-        while (slots := buf.alloc(num_slots)) is None:
-            await asyncio.sleep(SLOT_WAIT_S)
+        if (slots := buf.alloc(num_slots, owner=lease)) is not None:
+            return slots
+        deadline = time.monotonic() + self.slot_deadline_s
+        self.stats.slot_waiters += 1
+        try:
+            with self.stats.time_stage("slot_wait"):
+                while (slots := buf.alloc(num_slots, owner=lease)) is None:
+                    if time.monotonic() > deadline:
+                        raise FlowError(503, f"no {num_slots} free slots in node {node}'s "
+                                             f"buffer within {self.slot_deadline_s:g} s")  # fmt: skip
+                    await asyncio.sleep(SLOT_WAIT_S)
+        finally:
+            self.stats.slot_waiters -= 1
         return slots
 
     # ------------------------------------------------------------ 2. read
@@ -212,7 +249,7 @@ class TurnFlow:
         keys = keys[: tokens // self.dep.block_tokens]
         side = a.read_side
         if side is ReadSide.PE:
-            prep.pe_slots = await self._alloc(node, len(keys))
+            prep.pe_slots = await self._alloc(node, len(keys), prep.lease)
             slots = prep.pe_slots
         else:
             slots = prep.de_slots[: len(keys)]
@@ -261,7 +298,7 @@ class TurnFlow:
         """The prefill answered: its KV is in the DE buffer; the PE buffer's slots are free."""
         bs_bytes = self.full_block_bytes
         if prep.pe_slots:
-            self.buffers[self.topology.node_of(prep.assign.pe)].free(prep.pe_slots)
+            self._give_back(prep.assign.pe, prep.pe_slots, prep.lease)
             prep.pe_slots = []
             self.stats.add(KVPath.PE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
             saved = len(prep.de_slots)
@@ -274,21 +311,21 @@ class TurnFlow:
 
     def decode_params(self, prep: Prepared, tenant: str) -> dict[str, Any]:
         de_node = self.topology.node_of(prep.assign.de)
-        load = BlockLoad(de_node, tuple(prep.de_slots), len(prep.tokens))
+        load = BlockLoad(de_node, tuple(prep.de_slots), len(prep.tokens), prep.lease)
         persist = BlockPersist(de_node, prep.stored_blocks, self.dep.namespace(tenant))
         return {"dualpath": TransferParams(load=load, persist=persist).to_dict()}
 
     def decoding(self, prep: Prepared) -> None:
-        """The decode's first bytes arrived: it loaded its slots (they are its now)."""
+        """The decode answered (its headers): it claims the DE slots when it loads them."""
         if prep.de_slots:
             self.stats.add(KVPath.DE_BUFFER_TO_DE_HBM, len(prep.de_slots) * self.full_block_bytes)
-        prep.de_slots = []
         turn = prep.turn
         turn.second_token_s = turn.first_token_s if turn.output_tokens == 1 else self.now()
         self.stats.prompt_tokens += prep.turn.prompt_tokens
         self.stats.hit_tokens += prep.hit_blocks * self.dep.block_tokens
 
     def finish(self, prep: Prepared) -> None:
+        self._give_back_all(prep)
         turn = prep.turn
         now = turn.finish_s = self.now()
         self.core.finish(turn, now)
@@ -298,13 +335,30 @@ class TurnFlow:
 
     def release(self, prep: Prepared) -> None:
         """The request failed or its client left: its slots back, the turn out of every count."""
+        self._give_back_all(prep)
+        self.abort(prep.turn)
+
+    def _give_back_all(self, prep: Prepared) -> None:
+        """Every slot still under the request's lease (the decode's claimed ones are not)."""
         if prep.pe_slots:
-            self.buffers[self.topology.node_of(prep.assign.pe)].free(prep.pe_slots)
+            self._give_back(prep.assign.pe, prep.pe_slots, prep.lease)
             prep.pe_slots = []
         if prep.de_slots:
-            self.buffers[self.topology.node_of(prep.assign.de)].free(prep.de_slots)
+            self._give_back(prep.assign.de, prep.de_slots, prep.lease)
             prep.de_slots = []
-        self.abort(prep.turn)
+
+    def _give_back(self, engine: int, slots: list[int], lease: int) -> None:
+        self.buffers[self.topology.node_of(engine)].release(slots, lease)
+
+    def free_slots(self) -> dict[int, tuple[int, int]]:
+        """Per node: (free slots, slots) of its buffer."""
+        return {n: (b.num_free, b.spec.num_slots) for n, b in sorted(self.buffers.items())}
+
+    def reattach(self, node: int) -> None:
+        """Node ``node``'s side-car was restarted: its buffer is a new segment."""
+        old = self.buffers.pop(node)
+        old.close()
+        self.buffers[node] = attach_buffer(self.dep.nodes[node])
 
     def abort(self, turn: Turn) -> None:
         """The turn failed or its client left: out of every count now, or (queued) at the

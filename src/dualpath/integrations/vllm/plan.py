@@ -191,10 +191,11 @@ class StepPlanner:
                   len(req.block_ids))  # fmt: skip
         copy = BlockCopy(rid, load.node, tuple(req.block_ids[first:end]),
                          tuple(load.slots[first:end]))  # fmt: skip
-        if load.lease and self._owners is not None:
-            if not self._owners.claim(load.node, load.slots, load.lease):
-                meta.lost.append(copy)  # the router took them back: vLLM recomputes
-                return
+        owners = self._owners
+        if load.lease and owners is not None and not owners.claim(load.node, load.slots,
+                                                                  load.lease):  # fmt: skip
+            meta.lost.append(copy)  # the router took them back: vLLM recomputes
+            return
         if end > first:
             meta.loads.append(copy)
         persist = req.params.persist
@@ -240,8 +241,9 @@ class StepPlanner:
         """The request left vLLM (finished, aborted; ``params``: its own, for one vLLM never
         asked about): a lease it never claimed goes back."""
         req = self._reqs.pop(request_id, None)
-        if req is not None and req.loaded or self._owners is None:
+        if (req is not None and req.loaded) or self._owners is None:
             return
-        load = params.load if req is None else req.params.load
+        mine = req.params if req is not None else params
+        load = mine.load if mine is not None else None
         if load is not None and load.lease:
             self._owners.release(load.node, load.slots, load.lease)
