@@ -82,6 +82,7 @@ class Prepared:
     de_slots: list[int]
     lease: int  # the owner tag of its slots until the decode claims the DE ones
     pe_slots: list[int] = field(default_factory=list)
+    num_generated: int = 0  # tokens its decode reported so far (the core counts them per DE)
 
 
 @dataclass(slots=True)
@@ -129,6 +130,7 @@ class TurnFlow:
         self.core: Core[Any, Turn] = Core(
             self.topology, decide, dep.hbm_tokens, dep.block_tokens, _no_agents
         )
+        self.core.count_generated()  # tok_e per DE, as the other shells report it
         spec0 = dep.nodes[0]
         self.store = KVStore(kv_root, spec0.layout, namespace=dep.namespace(""))
         self.buffers: dict[int, SlotBuffer] = {n.node: attach_buffer(n) for n in dep.nodes}
@@ -324,8 +326,21 @@ class TurnFlow:
         self.stats.prompt_tokens += prep.turn.prompt_tokens
         self.stats.hit_tokens += prep.hit_blocks * self.dep.block_tokens
 
+    def generated(self, prep: Prepared, num_tokens: int) -> None:
+        """The decode sent ``num_tokens`` more tokens of the answer (the policy's tok_e)."""
+        if num_tokens > 0 and not prep.turn.phase.over:
+            prep.num_generated += num_tokens
+            self.core.generated_tokens(prep.turn.de, num_tokens)
+
+    def _ungenerate(self, prep: Prepared) -> None:
+        """The turn left its DE: its tokens leave the DE's count with it."""
+        if prep.num_generated:
+            self.core.generated_tokens(prep.turn.de, -prep.num_generated)
+            prep.num_generated = 0
+
     def finish(self, prep: Prepared) -> None:
         self._give_back_all(prep)
+        self._ungenerate(prep)
         turn = prep.turn
         now = turn.finish_s = self.now()
         self.core.finish(turn, now)
@@ -336,6 +351,7 @@ class TurnFlow:
     def release(self, prep: Prepared) -> None:
         """The request failed or its client left: its slots back, the turn out of every count."""
         self._give_back_all(prep)
+        self._ungenerate(prep)
         self.abort(prep.turn)
 
     def _give_back_all(self, prep: Prepared) -> None:
