@@ -13,7 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dualpath.integrations.vllm.blocks import PagedLayout  # noqa: E402
-from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, wait_ready  # noqa: E402
+from dualpath.integrations.vllm.node import (  # noqa: E402
+    BufferOwners,
+    NodeSpec,
+    attach_buffer,
+    call,
+    instance_owner,
+    wait_ready,
+)
 from dualpath.integrations.vllm.params import (  # noqa: E402
     BlockLoad,
     BlockPersist,
@@ -92,7 +99,7 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         dst = {k: torch.zeros_like(v) for k, v in _caches(8, seed=2).items()}
         decode = WorkerSide(nodes, 1, BS)
         decode.register(dst)
-        plan_d = StepPlanner(BS)
+        plan_d = StepPlanner(BS, BufferOwners(nodes, instance_owner(1)))  # as the connector
         dparams = TransferParams(load=BlockLoad(1, tuple(de_slots), len(tokens)),
                                  persist=BlockPersist(1, 0, "tenant-ns"))  # fmt: skip
         assert plan_d.matched_tokens("a", dparams, tokens, len(tokens), 0) == len(tokens) - 1

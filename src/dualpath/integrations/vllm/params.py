@@ -44,10 +44,10 @@ class BlockLoad:
     """Copy ``num_tokens`` tokens of KV (``ceil(num_tokens / block)`` blocks) from node
     ``node``'s buffer slots ``slots`` into the request's first paged blocks.
 
-    ``lease``: non-zero when the slots are handed over with the load (a decode): the router
-    leased them under this tag and the instance claims them when it loads
-    (``SlotBuffer.transfer``); a request that ends before its load gives them back. 0: the
-    router keeps them (a prefill: it frees them once the prefill answered)."""
+    ``lease``: the owner tag the router allocated the slots under (0: anonymous). A decode's
+    slots are handed over with its load: the instance claims them from that tag when it loads
+    (``SlotBuffer.transfer``), and a request that ends before its load gives them back. A
+    prefill's stay the router's (it frees them once the prefill answered)."""
 
     node: int
     slots: tuple[int, ...]

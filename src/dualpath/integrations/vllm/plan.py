@@ -23,7 +23,7 @@ a real vLLM ``Scheduler`` through each case):
   ``lost``: the worker reports its blocks as load errors and vLLM recomputes them;
 - after a preemption vLLM asks for the matched tokens again: a request that loaded reports
   none (its slots were persisted or freed), so vLLM recomputes, never reads stale pages;
-- a request that finishes or is aborted before its load gives its lease back
+- a decode that finishes or is aborted before its load gives its lease back
   (``SlotOwners.release``), so no slot outlives its request.
 """
 
@@ -191,14 +191,14 @@ class StepPlanner:
                   len(req.block_ids))  # fmt: skip
         copy = BlockCopy(rid, load.node, tuple(req.block_ids[first:end]),
                          tuple(load.slots[first:end]))  # fmt: skip
-        owners = self._owners
-        if load.lease and owners is not None and not owners.claim(load.node, load.slots,
-                                                                  load.lease):  # fmt: skip
+        owners, persist = self._owners, req.params.persist
+        handed = persist is not None  # a decode: its slots become the instance's
+        if handed and owners is not None and not owners.claim(load.node, load.slots,
+                                                              load.lease):  # fmt: skip
             meta.lost.append(copy)  # the router took them back: vLLM recomputes
             return
         if end > first:
             meta.loads.append(copy)
-        persist = req.params.persist
         if persist is None:
             return
         # a decode: the prompt's blocks the store lacks go from their slots to the store
@@ -244,6 +244,5 @@ class StepPlanner:
         if (req is not None and req.loaded) or self._owners is None:
             return
         mine = req.params if req is not None else params
-        load = mine.load if mine is not None else None
-        if load is not None and load.lease:
-            self._owners.release(load.node, load.slots, load.lease)
+        if mine is not None and mine.load is not None and mine.persist is not None:
+            self._owners.release(mine.load.node, mine.load.slots, mine.load.lease)

@@ -6,7 +6,8 @@ from its node buffer's slots into the paged blocks right before layer ``l``'s at
 the compute network, here a copy out of the DE node's shared memory). Saves run as each
 layer's attention has written its KV (``save_layer``). At the end of the step (``end_step``)
 the decode's loaded slots are handed to its side-car for persistence (or freed), and the blocks
-its generation filled are copied into fresh slots and persisted.
+its generation filled are copied into fresh slots and persisted; the hand-over to the side-car
+(one RPC) runs on a thread of its own, off the step.
 
 A load that fails (a buffer that cannot be attached, a slot out of range) marks the request's
 blocks as failed (``take_load_errors``): vLLM recomputes them (``kv_load_failure_policy``
@@ -15,7 +16,9 @@ blocks as failed (``take_load_errors``): vLLM recomputes them (``kv_load_failure
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +55,8 @@ class WorkerSide:
         self._failed_loads: set[str] = set()
         self._load_errors: set[int] = set()
         self.bytes_by_path: dict[str, int] = {}
+        self._outbox: queue.Queue[tuple[int, list[str], list[int]] | None] = queue.Queue()
+        self._sender: threading.Thread | None = None
 
     # ---------------------------------------------------------------- setup
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -75,7 +80,7 @@ class WorkerSide:
                 raise ValueError(f"node {node} is not in the connector's node list")
             buf = self._buffers[node] = attach_buffer(self.nodes[node])
             assert self.layout is not None
-            view = self._views[node] = SlotView(buf.data, buf.offset, self.layout)
+            view = self._views[node] = SlotView(buf.data, buf.spec.stride_bytes, self.layout)
         return view
 
     def _count(self, path: KVPath, nbytes: int) -> None:
@@ -127,12 +132,13 @@ class WorkerSide:
     def end_step(self) -> None:
         """After every layer ran: persistence of the decode's blocks, then the step is over."""
         meta = self.meta
+        mine = instance_owner(self.node)
         for sp in meta.slot_persists:
             if sp.request_id in self._failed_loads:  # what the slots hold is not trusted
-                self._buffer(sp.node).free([*sp.slots, *sp.free])
+                self._buffer(sp.node).release([*sp.slots, *sp.free], mine)
                 continue
             if sp.free:
-                self._buffer(sp.node).free(list(sp.free))
+                self._buffer(sp.node).release(list(sp.free), mine)
             if sp.keys:
                 self._persist(sp.node, list(sp.keys), list(sp.slots))
         for bp in meta.block_persists:
@@ -144,12 +150,31 @@ class WorkerSide:
         return self._buffers[node]
 
     def _persist(self, node: int, keys: list[str], slots: list[int]) -> None:
-        spec = self.nodes[node]
-        try:
-            self._sidecar(spec.socket_path, {"op": "write", "keys": keys, "slots": slots})
-        except (OSError, ValueError) as err:  # the side-car is gone: the blocks stay uncached
-            print(f"dualpath connector: persist on node {node} failed ({err})", file=sys.stderr)
-            self._buffer(node).free(slots)
+        """Hand the slots to the node's side-car, off the step (a thread sends them)."""
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_loop, name="dualpath-persist",
+                                            daemon=True)  # fmt: skip
+            self._sender.start()
+        self._outbox.put((node, keys, slots))
+
+    def _send_loop(self) -> None:
+        while (job := self._outbox.get()) is not None:
+            node, keys, slots = job
+            spec = self.nodes[node]
+            try:
+                self._sidecar(spec.socket_path, {"op": "write", "keys": keys, "slots": slots})
+            except (OSError, ValueError) as err:  # the side-car is gone: blocks stay uncached
+                print(f"dualpath connector: persist on node {node} failed ({err})",
+                      file=sys.stderr)  # fmt: skip
+                # what it did not take is still this instance's
+                self._buffer(node).release(slots, instance_owner(self.node))
+
+    def flush(self) -> None:
+        """Until every persist handed over so far reached its side-car."""
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join(timeout=30)
+            self._sender = None
 
     def _persist_blocks(self, node: int, block_ids: list[int], keys: list[str]) -> None:
         buf, view = self._buffer(node), self._view(node)
@@ -166,6 +191,7 @@ class WorkerSide:
         return errors
 
     def close(self) -> None:
+        self.flush()
         self._views.clear()
         for buf in self._buffers.values():
             buf.close()
