@@ -99,7 +99,8 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         dst = {k: torch.zeros_like(v) for k, v in _caches(8, seed=2).items()}
         decode = WorkerSide(nodes, 1, BS)
         decode.register(dst)
-        plan_d = StepPlanner(BS, BufferOwners(nodes, instance_owner(1)))  # as the connector
+        owners = BufferOwners(nodes, instance_owner(1))
+        plan_d = StepPlanner(BS, owners)  # as the connector's
         dparams = TransferParams(load=BlockLoad(1, tuple(de_slots), len(tokens)),
                                  persist=BlockPersist(1, 0, "tenant-ns"))  # fmt: skip
         assert plan_d.matched_tokens("a", dparams, tokens, len(tokens), 0) == len(tokens) - 1
@@ -148,6 +149,7 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         pe.free(pe_slots)
         for w in (prefill, decode, prefill2):
             w.close()
+        owners.close()
     finally:
         pe.close()
         de.close()
