@@ -32,16 +32,35 @@ def test_connector_lifecycle_under_a_real_vllm_scheduler(tmp_path: Path) -> None
             pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
         raise
     ckpt = tmp_path / "tiny"
-    write_tiny_checkpoint(ckpt, num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1,
-                          intermediate_size=256)  # fmt: skip
-    env = {**os.environ, "DUALPATH_TINY_CKPT": str(ckpt), "VLLM_LOGGING_LEVEL": "ERROR",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"),
-                                                     os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
+    write_tiny_checkpoint(
+        ckpt, num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256
+    )
+    env = {
+        **os.environ,
+        "DUALPATH_TINY_CKPT": str(ckpt),
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
     got = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
-         str(tmp_path / "inside"), str(INSIDE)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
-    )  # fmt: skip
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path / "inside"),
+            str(INSIDE),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     tail = (got.stdout + got.stderr)[-4000:]
     assert got.returncode == 0, tail
-    assert re.search(r"^4 passed", got.stdout, re.M), tail  # all ran, none skipped
+    assert re.search(r"^5 passed", got.stdout, re.M), tail  # all ran, none skipped

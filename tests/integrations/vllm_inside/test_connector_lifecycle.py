@@ -70,12 +70,25 @@ def kv_value(token: int, pos: int, layer: int) -> float:
 def nodes(tmp_path: Path) -> Iterator[dict[int, NodeSpec]]:
     tag = f"dps{os.getpid()}x{tmp_path.name[-10:]}"
     specs = {
-        n: NodeSpec(n, kind, f"{tag}{n}", 24, str(tmp_path / f"{n}.lock"),
-                    str(tmp_path / f"{n}.sock"), str(tmp_path / "kv"), LAYERS, BS, ROW, "ns")
+        n: NodeSpec(
+            n,
+            kind,
+            f"{tag}{n}",
+            24,
+            str(tmp_path / f"{n}.lock"),
+            str(tmp_path / f"{n}.sock"),
+            str(tmp_path / "kv"),
+            LAYERS,
+            BS,
+            ROW,
+            "ns",
+        )
         for n, kind in ((PE, "pe"), (DE, "de"))
-    }  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar",
-                               s.to_json()]) for s in specs.values()]  # fmt: skip
+    }
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()])
+        for s in specs.values()
+    ]
     try:
         for s in specs.values():
             wait_ready(s.socket_path, timeout_s=30)
@@ -99,30 +112,53 @@ class Instance:
     """A real vLLM scheduler with our connector (scheduler half and worker half) of node
     ``node``, over a paged KV cache of ``num_blocks`` blocks, and a stand-in model."""
 
-    def __init__(self, nodes: dict[int, NodeSpec], node: int, num_blocks: int,
-                 max_batched: int = 2048, max_seqs: int = 8) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nodes: dict[int, NodeSpec],
+        node: int,
+        num_blocks: int,
+        max_batched: int = 2048,
+        max_seqs: int = 8,
+        cache_dtype: str = "auto",
+    ) -> None:
         extra = {"node": node, "nodes": [json.loads(s.to_json()) for s in nodes.values()]}
         config = VllmConfig(
             model_config=ModelConfig(model=CKPT, dtype="float32", seed=0),
             scheduler_config=SchedulerConfig(
-                max_num_seqs=max_seqs, max_num_batched_tokens=max_batched, max_model_len=2048,
-                enable_chunked_prefill=True, is_encoder_decoder=False),
-            cache_config=CacheConfig(block_size=BS, enable_prefix_caching=False),
+                max_num_seqs=max_seqs,
+                max_num_batched_tokens=max_batched,
+                max_model_len=2048,
+                enable_chunked_prefill=True,
+                is_encoder_decoder=False,
+            ),
+            cache_config=CacheConfig(
+                block_size=BS, enable_prefix_caching=False, cache_dtype=cache_dtype
+            ),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="DualPathConnector",
                 kv_connector_module_path="dualpath.integrations.vllm.connector",
-                kv_role="kv_both", kv_load_failure_policy="recompute",
-                kv_connector_extra_config=extra),
+                kv_role="kv_both",
+                kv_load_failure_policy="recompute",
+                kv_connector_extra_config=extra,
+            ),
             device_config=DeviceConfig("cpu"),
-        )  # fmt: skip
+        )
         config.cache_config.num_gpu_blocks = num_blocks
-        spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=HEAD_DIM,
-                                 dtype=torch.float32)  # fmt: skip
-        kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                  kv_cache_groups=[KVCacheGroupSpec(NAMES, spec)])  # fmt: skip
-        self.sched = Scheduler(vllm_config=config, kv_cache_config=kv_config,
-                               structured_output_manager=StructuredOutputManager(config),
-                               block_size=BS, log_stats=True)  # fmt: skip
+        spec = FullAttentionSpec(
+            block_size=BS, num_kv_heads=1, head_size=HEAD_DIM, dtype=torch.float32
+        )
+        kv_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(NAMES, spec)],
+        )
+        self.sched = Scheduler(
+            vllm_config=config,
+            kv_cache_config=kv_config,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=BS,
+            log_stats=True,
+        )
         self.worker = WorkerSide(nodes, node, BS)
         self.kv = {n: torch.zeros(num_blocks, 1, BS, 2 * HEAD_DIM) for n in NAMES}
         self.worker.register(self.kv)
@@ -192,6 +228,7 @@ class Instance:
     def run(self, max_steps: int = 400) -> None:
         for _ in range(max_steps):
             if not self.sched.requests:
+                self.worker.flush()  # its persists reached the side-car
                 return
             self.step()
         raise AssertionError(f"not done after {max_steps} steps: {list(self.sched.requests)}")
@@ -248,8 +285,10 @@ def lease(spec: NodeSpec, tokens: list[int], tag: int) -> list[int]:
 
 
 def decode_params(spec: NodeSpec, tokens: list[int], slots: list[int], tag: int) -> TransferParams:
-    return TransferParams(load=BlockLoad(spec.node, tuple(slots), len(tokens), tag),
-                          persist=BlockPersist(spec.node, 0, "tenant"))  # fmt: skip
+    return TransferParams(
+        load=BlockLoad(spec.node, tuple(slots), len(tokens), tag),
+        persist=BlockPersist(spec.node, 0, "tenant"),
+    )
 
 
 def free_slots(spec: NodeSpec) -> int:
@@ -299,6 +338,7 @@ def test_abort_before_the_load_returns_the_lease(nodes: dict[int, NodeSpec], ins
     inst.step()  # "a" loads (its slots are the instance's now), "b" waits
     assert [r for r, _ in inst.loaded_blocks] == ["a"]
     assert router_release(de, s0, 200) == 0  # the router cannot take back what was claimed
+    inst.worker.flush()
     held = start - free_slots(de)
     inst.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)  # before its load
     assert start - free_slots(de) <= held - len(s1)  # "b"'s lease is back at once
@@ -338,8 +378,9 @@ def test_chunked_prefill_loads_once_and_saves_every_block(
             de_slots = de_buf.alloc(-(-n // BS))
             assert hit_slots is not None and de_slots is not None
             fill_slots(pe, toks, hit_slots)
-            params = TransferParams(load=BlockLoad(PE, tuple(hit_slots), hit),
-                                    save=BlockSave(DE, tuple(de_slots), 0))  # fmt: skip
+            params = TransferParams(
+                load=BlockLoad(PE, tuple(hit_slots), hit), save=BlockSave(DE, tuple(de_slots), 0)
+            )
             inst.add(f"p{i}", toks, 1, params)
             jobs.append((toks, de_slots))
         inst.run()
@@ -355,3 +396,10 @@ def test_chunked_prefill_loads_once_and_saves_every_block(
     finally:
         pe_buf.close()
         de_buf.close()
+
+
+def test_a_layout_the_connector_does_not_handle_is_refused_when_vllm_builds_it(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    with pytest.raises(ValueError, match=r"^DualPathConnector: kv_cache_dtype=fp8"):
+        Instance(nodes, DE, num_blocks=16, cache_dtype="fp8")

@@ -59,6 +59,27 @@ def _node_specs(extra: dict[str, Any]) -> tuple[int, dict[int, NodeSpec]]:
     return node, nodes
 
 
+def unsupported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) -> str | None:
+    """What of this instance's model or layout the connector does not handle, in one line
+    (None: nothing). Checked when vLLM builds the connector, before any request."""
+    par = vllm_config.parallel_config
+    if par.tensor_parallel_size > 1 or par.pipeline_parallel_size > 1:
+        return (f"tensor_parallel_size={par.tensor_parallel_size}, pipeline_parallel_size="
+                f"{par.pipeline_parallel_size}: the connector handles one worker per instance "
+                "(a KV head split across workers is not in its block layout)")  # fmt: skip
+    model = vllm_config.model_config
+    if model is not None and model.use_mla:
+        return (f"{model.model}: MLA attention (a latent KV cache) is not in the connector's "
+                "block layout")  # fmt: skip
+    dtype = vllm_config.cache_config.cache_dtype
+    if dtype != "auto":
+        return f"kv_cache_dtype={dtype}: the connector handles the model dtype's KV only"
+    if kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1:
+        return (f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (sliding-window or "
+                "hybrid layers): the connector handles one group of full attention")  # fmt: skip
+    return None
+
+
 class DualPathConnector(KVConnectorBase_V1):
     """Loads hit KV layer by layer from a node buffer (PE or DE read path), saves a prefill's
     KV per layer toward the decode node's buffer, persists a decode's blocks to the store."""
@@ -70,6 +91,9 @@ class DualPathConnector(KVConnectorBase_V1):
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        why = unsupported(vllm_config, kv_cache_config)
+        if why is not None:
+            raise ValueError(f"DualPathConnector: {why}")
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._node, self._nodes = _node_specs(extra)
         self._block_tokens = vllm_config.cache_config.block_size
