@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dualpath.cli.common import add_config_args, build_config
 
@@ -155,15 +155,65 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     v.add_argument(
         "--vllm-arg", action="append", default=[], help="one more argument for every instance"
     )
+    v.add_argument(
+        "--vllm-max-restarts",
+        type=int,
+        default=3,
+        help="restarts of each instance or side-car that dies (default 3); one death more: "
+        "the deployment exits non-zero (0: at the first death)",
+    )
     p.set_defaults(func=run_serve)
+
+
+# flags of our own engine (serve/server.py): with --engine vllm a value other than the default
+# is a start-up error naming the flag (the vLLM instances have their own: --vllm-block-tokens …)
+_RUNTIME_ONLY = (("runtime", "--runtime"), ("ray_address", "--ray-address"),
+                 ("transport", "--transport"), ("threads", "--threads"),
+                 ("gpu_time", "--gpu-time"), ("hbm_tokens", "--hbm-tokens"),
+                 ("block_tokens", "--block-tokens"), ("max_grammar_bytes", "--max-grammar-bytes"),
+                 ("grammar_budget_s", "--grammar-budget-s"))  # fmt: skip
+
+
+def _serve_defaults() -> dict[str, Any]:
+    root = argparse.ArgumentParser()
+    add_serve_parser(root.add_subparsers())
+    return vars(root.parse_args(["serve"]))
+
+
+def refuse_runtime_flags(args: argparse.Namespace) -> None:
+    """A ValueError naming the first flag set that only our own engine honours."""
+    defaults = _serve_defaults()
+    for dest, flag in _RUNTIME_ONLY:
+        value = getattr(args, dest)
+        if value != defaults[dest]:
+            raise ValueError(f"{flag} {value} has no meaning with --engine vllm (a flag of "
+                             "the runtime engine): leave it out")  # fmt: skip
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"--device {args.device}: --engine vllm takes cpu or cuda (the GPUs "
+                         "are chosen with CUDA_VISIBLE_DEVICES)")  # fmt: skip
 
 
 def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
     """``serve --engine vllm``: the preset's P and D as vLLM instances behind the router."""
-    from dualpath.integrations.vllm.launch import VllmOptions, serve_vllm
+    from pathlib import Path
+
+    from dualpath.integrations.vllm.launch import serve_vllm
+    from dualpath.integrations.vllm.router import RouterOptions
+    from dualpath.integrations.vllm.setup import VllmOptions
 
     if not args.model_dir:
         raise ValueError("--engine vllm needs --model-dir DIR (an HF checkpoint vLLM can load)")
+    refuse_runtime_flags(args)
+    if not args.request_timeout_s > 0:
+        raise ValueError(f"--request-timeout-s {args.request_timeout_s} is invalid: must be > 0")
+    if args.default_max_tokens < 1:
+        raise ValueError(f"--default-max-tokens {args.default_max_tokens} is invalid: must be >= 1")
+    router_opts = RouterOptions(
+        api_keys=_api_keys(args.api_key),
+        metrics_open=args.metrics_open,
+        request_timeout_s=args.request_timeout_s,
+        default_max_tokens=args.default_max_tokens,
+    )
     cluster = config.cluster  # type: ignore[attr-defined]
     opts = VllmOptions(
         model_dir=args.model_dir,
@@ -179,12 +229,35 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         buffer_mib=args.vllm_buffer_mib,
         snic_bytes_per_s=args.snic_mb_per_s * 1e6 if args.snic_mb_per_s else 0.0,
         vllm_python=args.vllm_python,
-        device="cuda" if args.device.startswith("cuda") else "cpu",
+        device=args.device,
         log_dir=args.vllm_log_dir,
         extra_vllm_args=tuple(args.vllm_arg),
         read_side=args.read_side,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
+        seed=args.seed,
+        max_restarts=args.vllm_max_restarts,
     )
-    return serve_vllm(opts, config, args.system, args.log_level, connection_limits(args))
+    if args.init_tiny_checkpoint and not (Path(args.model_dir) / "config.json").exists():
+        from dualpath.serve.checkpoint import write_tiny_checkpoint
+
+        # vLLM's CPU attention needs head_dim >= 32: 4 layers, hidden 256, 4 heads (2 KV)
+        write_tiny_checkpoint(args.model_dir, seed=args.seed, num_layers=4, hidden_size=256,
+                              num_heads=4, num_kv_heads=2, intermediate_size=512)  # fmt: skip
+        print(f"dualpath serve: wrote a tiny random checkpoint to {args.model_dir}", flush=True)
+    _warn_exposure(args.host, router_opts.metrics_open, bool(router_opts.api_keys))
+    return serve_vllm(opts, config, args.system, router_opts, args.log_level,
+                      connection_limits(args))  # fmt: skip
+
+
+def _warn_exposure(host: str, metrics_open: bool, has_keys: bool) -> None:
+    from dualpath.serve.server import ServeOptions
+
+    if not ServeOptions(host=host).is_loopback:
+        print(f"dualpath serve: warning: listening on {host}, not loopback", file=sys.stderr)
+        if metrics_open and has_keys:
+            print("dualpath serve: warning: --metrics-open: /metrics needs no key from any host",
+                  file=sys.stderr)  # fmt: skip
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
@@ -263,11 +336,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_runnable(config, opts.hbm_tokens, opts.dtype)
     check_kv_root(opts.kv_root)
     backend = build_backend(config, opts)
-    if not opts.is_loopback:
-        print(f"dualpath serve: warning: listening on {opts.host}, not loopback", file=sys.stderr)
-        if opts.metrics_open and opts.api_keys:
-            print("dualpath serve: warning: --metrics-open: /metrics needs no key from any host",
-                  file=sys.stderr)  # fmt: skip
+    _warn_exposure(opts.host, opts.metrics_open, bool(opts.api_keys))
     topo = f"{config.cluster.num_prefill_nodes}P{config.cluster.num_decode_nodes}D"
     print(
         f"dualpath serve: {backend.model_name} on http://{opts.host}:{opts.port}/v1 "

@@ -1,33 +1,38 @@
 """The DualPath router: an OpenAI API in front of vLLM prefill and decode instances.
 
 Clients talk to it as to vLLM (``/v1/chat/completions`` and ``/v1/completions``, whole or SSE,
-tools passed through; ``/v1/models``, ``/health``); each request goes through
-``flow.TurnFlow``: tokens, the policy's PE / DE / read side, the storage read, the prefill
-(``max_tokens`` 1) and the decode, whose answer is the client's, byte for byte as vLLM sent
-it. ``/metrics`` adds the DualPath counters in ``dualpath serve``'s names (bytes per
-``KVPath``, reads per side, SNIC busy seconds per node); ``/v1/dualpath/decisions`` is the
-policy's decision trace. A field the router cannot honour (``n`` > 1, a client's own
-``kv_transfer_params``) is a 400 naming it; an instance or side-car that fails is a 503.
+tools passed through; the routes and the key check are ``app.py``'s); each request goes
+through ``flow.TurnFlow``: tokens, the policy's PE / DE / read side, the storage read, the
+prefill (``max_tokens`` 1) and the decode, whose answer is the client's as vLLM sent it but
+for ``usage.prompt_tokens_details.cached_tokens``: the tokens the store served
+(``relay.py``). The caller's tenant namespaces the request's KV.
+
+A request lives in one ``_Held`` from arrival to its one exit (``_close``), which gives back
+what it still holds (``flow.release``) however it ends. Every wait is bounded by its deadline
+(``request_timeout_s``: a 504 naming what it waited for, or an error event in a stream) and
+ends at once when something it needs goes down (``lose``, from the supervisor: a 503 naming
+it). A field the router cannot honour (``n`` > 1, a client's own ``kv_transfer_params``) or a
+prompt no buffer can hold is a 400 naming it; an instance or side-car that fails is a 503.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import json
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from starlette.types import Receive, Scope, Send
 
 from dualpath.integrations.vllm.flow import FlowError, Prepared, TurnFlow
+from dualpath.integrations.vllm.relay import EventRelay, with_cached_tokens
 from dualpath.serve.schema import error_body
-from dualpath.types import KVPath
 
 # sampling-length and streaming fields the prefill does not take from the client
 _PREFILL_DROP = ("stream", "stream_options", "min_tokens", "max_completion_tokens", "logprobs",
@@ -36,66 +41,160 @@ _TOKENIZE_CHAT = ("messages", "tools", "add_generation_prompt", "continue_final_
                   "chat_template", "chat_template_kwargs", "add_special_tokens")  # fmt: skip
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+@dataclass(frozen=True, slots=True)
+class RouterOptions:
+    """``api_keys``: key → tenant (empty: no key needed); ``metrics_open``: ``/metrics`` needs
+    no key even with keys; ``request_timeout_s``: every request ends this long after it arrived
+    at the latest; ``default_max_tokens``: a request's ``max_tokens`` when it gives none."""
+
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    metrics_open: bool = False
+    request_timeout_s: float = 300.0
+    default_max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s={self.request_timeout_s} is invalid: must be > 0")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens={self.default_max_tokens} is invalid: must "
+                             "be >= 1")  # fmt: skip
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param), status_code=status)
 
 
-class _FlowCollector(Collector):
-    def __init__(self, flow: TurnFlow) -> None:
-        self._flow = flow
+def _sse_error(status: int, message: str) -> bytes:
+    return f"data: {json.dumps(error_body(status, message))}\n\n".encode()
 
-    def collect(self) -> Iterator[Metric]:
-        st = self._flow.stats
-        kv = CounterMetricFamily("dualpath:kv_bytes", "KV bytes moved per load path",
-                                 labels=["path"])  # fmt: skip
-        nodes = self._flow.node_stats()
-        by_path = dict(st.bytes_by_path)
-        de_written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == "de")
-        stored = KVPath.DE_TO_STORAGE.value
-        by_path[stored] = by_path.get(stored, 0.0) + de_written
-        for path, nbytes in sorted(by_path.items()):
-            kv.add_metric([path], nbytes)
-        yield kv
-        side = CounterMetricFamily("dualpath:reads", "Storage reads per read side",
-                                   labels=["side"])  # fmt: skip
-        for name in ("pe", "de"):
-            side.add_metric([name], st.reads_by_side.get(name, 0))
-        yield side
-        yield CounterMetricFamily(
-            "dualpath:prefix_cache_queries",
-            "Prompt tokens looked up in the store",
-            value=st.prompt_tokens,
-        )
-        yield CounterMetricFamily("dualpath:prefix_cache_hits", "Prompt tokens loaded from the store",
-                                  value=st.hit_tokens)  # fmt: skip
-        yield CounterMetricFamily("dualpath:requests_done", "Requests answered", value=st.num_done)
-        yield CounterMetricFamily("dualpath:requests_failed", "Requests that ended in an error",
-                                  value=st.num_failed)  # fmt: skip
-        busy = GaugeMetricFamily("dualpath:snic_busy_seconds", "Emulated SNIC busy time",
-                                 labels=["node", "direction"])  # fmt: skip
-        for n in nodes:
-            if n.get("down"):
-                continue
-            busy.add_metric([str(n["node"]), "read"], n["read_busy_s"])
-            busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
-        yield busy
-        stage = CounterMetricFamily("dualpath:router_stage_seconds",
-                                    "Seconds requests spent in each stage of the router",
-                                    labels=["stage"])  # fmt: skip
-        for name, seconds in sorted(st.stage_s.items()):
-            stage.add_metric([name], seconds)
-        yield stage
+
+class _Answered(Exception):
+    """An instance answered with an error: passed to the client as it is."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """One request in the router, from arrival to its one exit: its deadline (loop time), the
+    nodes it uses, the turn it holds, why it must end now ('' while nothing it needs is
+    down)."""
+
+    rid: int
+    deadline: float
+    nodes: frozenset[int] | None = None  # None: not placed yet (it may touch any node)
+    prep: Prepared | None = None
+    finished: bool = False  # the flow counted it answered: nothing to give back
+    ended: str = ""
+    timer: asyncio.Timeout | None = None
+    upstream: httpx.Response | None = None
+
+    def uses(self, nodes: Sequence[int]) -> bool:
+        return self.nodes is None or any(n in self.nodes for n in nodes)
+
+
+class _Relay(StreamingResponse):
+    """A stream whose request is closed however the response ends, started or not (a client
+    gone before the first byte never runs the body's ``finally``)."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Coroutine[Any, Any, None]]) -> None:  # fmt: skip
+        super().__init__(body, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
 
 
 class Router:
     """Routes OpenAI requests through a ``TurnFlow`` to the deployment's instances."""
 
-    def __init__(self, flow: TurnFlow, request_timeout_s: float = 300.0,
-                 default_max_tokens: int = 256) -> None:  # fmt: skip
+    def __init__(self, flow: TurnFlow, options: RouterOptions | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:  # fmt: skip
+        """``transport``: how the instances are reached (tests: in-process fake instances)."""
         self.flow = flow
         self.dep = flow.dep
-        self.default_max_tokens = default_max_tokens
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s, connect=5.0))
+        self.opts = options or RouterOptions()
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.opts.request_timeout_s, connect=5.0), transport=transport
+        )
+        self.down: dict[str, str] = {}  # process → why it is down (the supervisor's word)
+        self._held: dict[int, _Held] = {}
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------ availability
+    @property
+    def is_ready(self) -> bool:
+        return not self.down
+
+    def lose(self, component: str, nodes: Sequence[int], reason: str) -> None:
+        """``component`` (on ``nodes``) is down: requests that use them end now (503)."""
+        self.down[component] = reason
+        now = asyncio.get_running_loop().time()
+        for held in list(self._held.values()):
+            if held.ended or not held.uses(nodes):
+                continue
+            held.ended = reason
+            if held.timer is not None:
+                with contextlib.suppress(RuntimeError):  # already expiring
+                    held.timer.reschedule(now)
+
+    def restore(self, component: str) -> None:
+        self.down.pop(component, None)
+
+    def holds(self, node: int) -> bool:
+        """Whether a request in the router may still touch node ``node``."""
+        return any(h.uses([node]) for h in self._held.values())
+
+    def _not_ready(self) -> str:
+        return "the deployment is not ready: " + "; ".join(v for _, v in sorted(self.down.items()))
+
+    # ------------------------------------------------------------ one request's life
+    def _open(self) -> _Held:
+        loop = asyncio.get_running_loop()
+        held = _Held(next(self._ids), loop.time() + self.opts.request_timeout_s)
+        self._held[held.rid] = held
+        return held
+
+    async def _close(self, held: _Held) -> None:
+        """The request's one exit: whatever it holds goes back (once)."""
+        if self._held.pop(held.rid, None) is None:
+            return
+        if held.prep is not None and not held.finished:
+            self.flow.release(held.prep)
+        if held.upstream is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                await held.upstream.aclose()
+
+    def _finish(self, held: _Held) -> None:
+        if not held.finished and held.prep is not None:
+            held.finished = True
+            self.flow.finish(held.prep)
+
+    @asynccontextmanager
+    async def _bounded(self, held: _Held, what: str) -> AsyncIterator[None]:
+        """A wait that ends by the request's deadline (504 naming ``what``) or as soon as a
+        process it needs goes down (503 naming it)."""
+        if held.ended:
+            raise FlowError(503, held.ended)
+        timer = asyncio.timeout_at(held.deadline)
+        try:
+            async with timer:
+                held.timer = timer
+                yield
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            if held.ended:
+                raise FlowError(503, held.ended) from None
+            raise FlowError(504, f"the request did not finish within request_timeout_s="
+                                 f"{self.opts.request_timeout_s:g} s (it waited for {what})") from None  # fmt: skip
+        finally:
+            held.timer = None
 
     def _url(self, engine: int, path: str) -> str:
         return self.dep.instance(self.flow.topology.node_of(engine)).url + path
@@ -134,100 +233,135 @@ class Router:
 
     async def serve(self, kind: str, path: str, body: Any, tenant: str = "") -> Response:
         if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
-        for field, ok in (("n", body.get("n", 1) in (1, None)),
-                          ("kv_transfer_params", body.get("kv_transfer_params") is None)):  # fmt: skip
+            return error_response(400, "the request body must be a JSON object")
+        for name, ok in (("n", body.get("n", 1) in (1, None)),
+                         ("kv_transfer_params", body.get("kv_transfer_params") is None)):  # fmt: skip
             if not ok:
-                return _error(400, f"{field}: not supported through the DualPath router "
-                                   f"(got {body.get(field)!r})", field)  # fmt: skip
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        max_tokens = limit if isinstance(limit, int) and limit > 0 else self.default_max_tokens
-        stage = self.flow.stats.time_stage
+                return error_response(400, f"{name}: not supported through the DualPath router "
+                                   f"(got {body.get(name)!r})", name)  # fmt: skip
+        if self.down:
+            return error_response(503, self._not_ready())
+        held = self._open()
+        handed_over = False  # to the stream's response, which closes it
         try:
-            with stage("tokenize"):
-                tokens = await self.tokens(kind, body)
-            with stage("place_and_read"):
-                prep = await self.flow.place(tokens, max_tokens, tenant)
+            prep = await self._place(held, kind, body, tenant)
+            await self._prefill(held, path, body, prep)
+            limit = body.get("max_completion_tokens") or body.get("max_tokens")
+            dbody = dict(body, kv_transfer_params=self.flow.decode_params(prep, tenant))
+            if not (isinstance(limit, int) and limit > 0):
+                dbody["max_tokens"] = self.opts.default_max_tokens
+            if body.get("stream"):
+                response = await self._stream(held, path, dbody, prep)
+                handed_over = True
+                return response
+            return await self._whole(held, path, dbody, prep)
         except FlowError as err:
-            return _error(err.status, err.message)
-        try:
-            with stage("prefill"):
-                failed = await self._prefill(kind, path, body, prep)
-        except BaseException:
-            self.flow.release(prep)
-            raise
-        if failed is not None:
-            self.flow.release(prep)
-            return failed
-        dbody = dict(body, kv_transfer_params=self.flow.decode_params(prep, tenant))
-        if body.get("stream"):
-            return await self._stream(path, dbody, prep)
-        return await self._whole(path, dbody, prep)
+            return error_response(err.status, err.message)
+        except _Answered as err:
+            return err.response
+        finally:
+            if not handed_over:
+                await self._close(held)
 
-    async def _prefill(self, kind: str, path: str, body: dict[str, Any],
-                       prep: Prepared) -> Response | None:  # fmt: skip
+    async def _place(self, held: _Held, kind: str, body: dict[str, Any], tenant: str) -> Prepared:
+        stage = self.flow.stats.time_stage
+        with stage("tokenize"):
+            async with self._bounded(held, "the prompt's tokens (/tokenize on an instance)"):
+                tokens = await self.tokens(kind, body)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = limit if isinstance(limit, int) and limit > 0 else self.opts.default_max_tokens
+        what = "its placement: the policy's queue, DE buffer slots and the storage read"
+        with stage("place_and_read"):
+            async with self._bounded(held, what):
+                prep = held.prep = await self.flow.place(tokens, max_tokens, tenant)
+                topo = self.flow.topology
+                held.nodes = frozenset((topo.node_of(prep.assign.pe), topo.node_of(prep.assign.de)))
+        return prep
+
+    async def _prefill(self, held: _Held, path: str, body: dict[str, Any], prep: Prepared) -> None:
         pbody = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         pbody["max_tokens"] = 1
         pbody["kv_transfer_params"] = self.flow.prefill_params(prep)
+        node = self.flow.topology.node_of(prep.assign.pe)
         self.flow.prefilling(prep)
-        try:
-            r = await self.client.post(self._url(prep.assign.pe, path), json=pbody)
-        except httpx.HTTPError as err:
-            return _error(503, f"prefill instance failed: {type(err).__name__}: {err}")
+        with self.flow.stats.time_stage("prefill"):
+            async with self._bounded(held, f"the prefill instance on node {node}"):
+                try:
+                    r = await self.client.post(self._url(prep.assign.pe, path), json=pbody)
+                except httpx.HTTPError as err:
+                    raise FlowError(503, f"prefill instance failed: {type(err).__name__}: "
+                                         f"{err}") from None  # fmt: skip
         if r.status_code != 200:
-            return Response(r.content, r.status_code, media_type="application/json")
+            raise _Answered(Response(r.content, r.status_code, media_type="application/json"))
         self.flow.prefilled(prep)
-        return None
 
-    async def _whole(self, path: str, dbody: dict[str, Any], prep: Prepared) -> Response:
-        try:
-            with self.flow.stats.time_stage("decode"):
-                r = await self.client.post(self._url(prep.assign.de, path), json=dbody)
-        except httpx.HTTPError as err:
-            self.flow.release(prep)
-            return _error(503, f"decode instance failed: {type(err).__name__}: {err}")
+    def _cached_tokens(self, prep: Prepared) -> int:
+        return prep.hit_blocks * self.dep.block_tokens
+
+    async def _whole(self, held: _Held, path: str, dbody: dict[str, Any],
+                     prep: Prepared) -> Response:  # fmt: skip
+        node = self.flow.topology.node_of(prep.assign.de)
+        with self.flow.stats.time_stage("decode"):
+            async with self._bounded(held, f"the decode instance on node {node}"):
+                try:
+                    r = await self.client.post(self._url(prep.assign.de, path), json=dbody)
+                except httpx.HTTPError as err:
+                    raise FlowError(503, f"decode instance failed: {type(err).__name__}: "
+                                         f"{err}") from None  # fmt: skip
         if r.status_code != 200:
-            self.flow.release(prep)
-            return Response(r.content, r.status_code, media_type="application/json")
+            raise _Answered(Response(r.content, r.status_code, media_type="application/json"))
         self.flow.decoding(prep)
-        self.flow.finish(prep)
-        return Response(r.content, 200, media_type="application/json")
+        self._finish(held)
+        content = with_cached_tokens(r.content, self._cached_tokens(prep))
+        return Response(content, 200, media_type="application/json")
 
-    async def _stream(self, path: str, dbody: dict[str, Any], prep: Prepared) -> Response:
+    async def _stream(self, held: _Held, path: str, dbody: dict[str, Any],
+                      prep: Prepared) -> Response:  # fmt: skip
+        """The decode's answer as SSE, once its first bytes came (then the decode has loaded
+        its slots: ``flow.decoding``)."""
+        node = self.flow.topology.node_of(prep.assign.de)
         req = self.client.build_request("POST", self._url(prep.assign.de, path), json=dbody)
-        try:
-            with self.flow.stats.time_stage("decode_first_byte"):
-                r = await self.client.send(req, stream=True)
-        except httpx.HTTPError as err:
-            self.flow.release(prep)
-            return _error(503, f"decode instance failed: {type(err).__name__}: {err}")
-        if r.status_code != 200:
-            content = await r.aread()
-            await r.aclose()
-            self.flow.release(prep)
-            return Response(content, r.status_code, media_type="application/json")
+        with self.flow.stats.time_stage("decode_first_byte"):
+            async with self._bounded(held, f"the decode instance on node {node}"):
+                try:
+                    r = held.upstream = await self.client.send(req, stream=True)
+                    if r.status_code != 200:
+                        content = await r.aread()
+                        raise _Answered(Response(content, r.status_code,
+                                                 media_type="application/json"))  # fmt: skip
+                    chunks = r.aiter_raw()
+                    first = await anext(chunks, b"")
+                except httpx.HTTPError as err:
+                    raise FlowError(503, f"decode instance failed: {type(err).__name__}: "
+                                         f"{err}") from None  # fmt: skip
         self.flow.decoding(prep)
+        relay = EventRelay(self._cached_tokens(prep))
+        what = f"the decode instance on node {node}"
 
-        async def relay() -> AsyncIterator[bytes]:
-            done = False  # the turn is counted finished before the client sees its end
-            try:
-                async for chunk in r.aiter_raw():
-                    if not done and b"data: [DONE]" in chunk:
-                        done = True
-                        self.flow.finish(prep)
-                    yield chunk
-                if not done:
-                    done = True
-                    self.flow.finish(prep)
-            except httpx.HTTPError as err:  # the decode died mid-answer: a clean error event
-                event = error_body(503, f"decode instance failed: {type(err).__name__}")
-                yield f"data: {json.dumps(event)}\n\n".encode()
-            finally:
-                await r.aclose()
-                if not done:
-                    self.flow.abort(prep.turn)
+        async def events() -> AsyncIterator[bytes]:
+            chunk: bytes | None = first
+            while chunk is not None:
+                out = relay.feed(chunk)
+                self.flow.generated(prep, relay.take_tokens())  # the policy's tok_e
+                if relay.done:  # the turn is counted finished before the client sees its end
+                    self._finish(held)
+                if out:
+                    yield out
+                try:
+                    async with self._bounded(held, what):
+                        chunk = await anext(chunks, None)
+                except FlowError as err:  # its deadline, or the decode went down: an error event
+                    yield _sse_error(err.status, err.message)
+                    return
+                except httpx.HTTPError as err:  # the decode died mid-answer
+                    yield _sse_error(503, f"decode instance failed: {type(err).__name__}")
+                    return
+            rest = relay.flush()
+            self._finish(held)
+            if rest:
+                yield rest
 
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return _Relay(events(), lambda: self._close(held))
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -239,53 +373,3 @@ def _message(r: httpx.Response) -> str:
         return str(err.get("message") if isinstance(err, dict) else err) or r.text
     except (ValueError, AttributeError):
         return r.text[:200]
-
-
-def create_app(router: Router) -> FastAPI:
-    registry = CollectorRegistry()
-    registry.register(_FlowCollector(router.flow))
-    started = time.time()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await router.close()
-
-    app = FastAPI(title="dualpath router (vLLM)", lifespan=lifespan)
-
-    async def body_of(request: Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError:
-            return None
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await router.serve("chat", "/v1/chat/completions", await body_of(request))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await router.serve("completions", "/v1/completions", await body_of(request))
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": router.dep.model, "object": "model", "created": int(started),
-             "owned_by": "dualpath"}]})  # fmt: skip
-
-    @app.get("/health")
-    async def health() -> Response:
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/dualpath/decisions")
-    async def decisions() -> Response:
-        records = router.flow.policy.decisions()
-        note = "" if router.flow.policy.params.record_decisions else (
-            "off: start with --set scheduler.record_decisions=true")  # fmt: skip
-        return JSONResponse({"decisions": records, "note": note})
-
-    return app

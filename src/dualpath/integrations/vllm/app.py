@@ -1,0 +1,104 @@
+"""The router's ASGI app (FastAPI): the OpenAI routes, ``/health``, ``/metrics`` and
+``/v1/dualpath/decisions`` over a ``router.Router``, each behind the default engine's key
+check (``serve.service.tenant_of``) but ``/health``; its lifespan runs the background tasks
+(the supervisor) and stops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from dualpath.integrations.vllm.collector import FlowCollector, take_snapshot
+from dualpath.integrations.vllm.router import Router, error_response
+from dualpath.serve.schema import ApiError
+from dualpath.serve.service import tenant_of
+
+Background = Callable[[], Coroutine[Any, Any, None]]
+
+
+def create_app(router: Router, background: Sequence[Background] = (),
+               restarts: Mapping[str, int] | None = None) -> FastAPI:  # fmt: skip
+    """The router's ASGI app; ``background``: tasks run while it serves (the supervisor);
+    ``restarts``: the supervisor's restarts per process, for ``/metrics``."""
+    registry = CollectorRegistry()
+    collector = FlowCollector(router.flow, restarts)
+    registry.register(collector)
+    started = time.time()
+    keys = router.opts.api_keys
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(run()) for run in background]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await router.close()
+
+    app = FastAPI(title="dualpath router (vLLM)", lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # fmt: skip
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    async def body_of(request: Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError:
+            return None
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        tenant = tenant_of(keys, request)
+        return await router.serve("chat", "/v1/chat/completions", await body_of(request), tenant)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        tenant = tenant_of(keys, request)
+        return await router.serve("completions", "/v1/completions", await body_of(request),
+                                  tenant)  # fmt: skip
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        tenant_of(keys, request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": router.dep.model, "object": "model", "created": int(started),
+             "owned_by": "dualpath"}]})  # fmt: skip
+
+    @app.get("/health")
+    async def health() -> Response:  # open, as the default engine's: a probe has no key
+        if not router.is_ready:
+            return JSONResponse({"status": "not ready", "down": dict(sorted(router.down.items()))},
+                                status_code=503)  # fmt: skip
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        if not router.opts.metrics_open:
+            tenant_of(keys, request)  # the counters are global: they would leak across tenants
+        collector.snapshot = await asyncio.to_thread(take_snapshot, router.flow)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/dualpath/decisions")
+    async def decisions(request: Request) -> Response:
+        tenant_of(keys, request)
+        records = router.flow.policy.decisions()
+        note = "" if router.flow.policy.params.record_decisions else (
+            "off: start with --set scheduler.record_decisions=true")  # fmt: skip
+        return JSONResponse({"decisions": records, "note": note})
+
+    return app

@@ -1,0 +1,109 @@
+"""The router's ``/metrics``: the DualPath counters in ``dualpath serve``'s names, from the flow's
+stats and a ``NodeSnapshot`` of the side-cars and buffers.
+
+The snapshot is taken off the event loop (``take_snapshot``: a side-car RPC and a buffer lock
+per node) before each scrape; ``collect`` itself does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dualpath.integrations.vllm.flow import TurnFlow
+from dualpath.types import KVPath
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """What the side-cars said (``stats``; ``down`` for one that did not answer) and each
+    node buffer's free and total slots."""
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    free_slots: dict[int, int] = field(default_factory=dict)
+    slots: dict[int, int] = field(default_factory=dict)
+
+
+def take_snapshot(flow: TurnFlow) -> NodeSnapshot:
+    """Blocking (side-car RPCs, buffer locks): run it in a thread."""
+    free, total = {}, {}
+    for node, buf in sorted(flow.buffers.items()):
+        try:
+            free[node], total[node] = buf.num_free, buf.spec.num_slots
+        except (OSError, ValueError):  # being re-attached after its side-car's restart
+            continue
+    return NodeSnapshot(flow.node_stats(), free, total)
+
+
+class FlowCollector(Collector):
+    """``snapshot`` is set by the ``/metrics`` route before each ``generate_latest``;
+    ``restarts``: the supervisor's restarts per process."""
+
+    def __init__(self, flow: TurnFlow, restarts: Mapping[str, int] | None = None) -> None:
+        self._flow = flow
+        self.snapshot = NodeSnapshot()
+        self.restarts: Mapping[str, int] = restarts if restarts is not None else {}
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._flow.stats
+        nodes = self.snapshot.nodes
+        kv = CounterMetricFamily("dualpath:kv_bytes", "KV bytes moved per load path",
+                                 labels=["path"])  # fmt: skip
+        by_path = dict(st.bytes_by_path)
+        de_written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == "de")
+        stored = KVPath.DE_TO_STORAGE.value
+        by_path[stored] = by_path.get(stored, 0.0) + de_written
+        for path, nbytes in sorted(by_path.items()):
+            kv.add_metric([path], nbytes)
+        yield kv
+        side = CounterMetricFamily("dualpath:reads", "Storage reads per read side",
+                                   labels=["side"])  # fmt: skip
+        for name in ("pe", "de"):
+            side.add_metric([name], st.reads_by_side.get(name, 0))
+        yield side
+        yield CounterMetricFamily("dualpath:prefix_cache_queries",
+                                  "Prompt tokens looked up in the store", value=st.prompt_tokens)  # fmt: skip
+        yield CounterMetricFamily("dualpath:prefix_cache_hits", "Prompt tokens loaded from the store",
+                                  value=st.hit_tokens)  # fmt: skip
+        yield CounterMetricFamily("dualpath:requests_done", "Requests answered", value=st.num_done)
+        yield CounterMetricFamily("dualpath:requests_failed", "Requests that ended in an error",
+                                  value=st.num_failed)  # fmt: skip
+        busy = GaugeMetricFamily("dualpath:snic_busy_seconds", "Emulated SNIC busy time",
+                                 labels=["node", "direction"])  # fmt: skip
+        for n in nodes:
+            if n.get("down"):
+                continue
+            busy.add_metric([str(n["node"]), "read"], n["read_busy_s"])
+            busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
+        yield busy
+        yield from self._slots()
+        stage = CounterMetricFamily("dualpath:router_stage_seconds",
+                                    "Seconds requests spent in each stage of the router",
+                                    labels=["stage"])  # fmt: skip
+        for name, seconds in sorted(st.stage_s.items()):
+            stage.add_metric([name], seconds)
+        yield stage
+        restarts = CounterMetricFamily("dualpath:restarts", "Processes restarted by the supervisor",
+                                       labels=["process"])  # fmt: skip
+        for name, count in sorted(self.restarts.items()):
+            restarts.add_metric([name], count)
+        yield restarts
+
+    def _slots(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        free = GaugeMetricFamily("dualpath:buffer_free_slots", "Free slots of each node buffer",
+                                 labels=["node"])  # fmt: skip
+        total = GaugeMetricFamily("dualpath:buffer_slots", "Slots of each node buffer",
+                                  labels=["node"])  # fmt: skip
+        for node in sorted(snap.slots):
+            free.add_metric([str(node)], snap.free_slots[node])
+            total.add_metric([str(node)], snap.slots[node])
+        yield free
+        yield total
+        waiters = getattr(self._flow.stats, "slot_waiters", 0)
+        yield GaugeMetricFamily("dualpath:slot_waiters", "Requests waiting for buffer slots",
+                                value=waiters)  # fmt: skip

@@ -1,0 +1,172 @@
+"""The processes of one deployment over vLLM (``Launched``): side-cars and instances, each
+leading a process group of its own, started and restarted with their recorded commands,
+stopped by signalling their whole group (an instance's EngineCore and workers are in it),
+whether its leader is still there or not; and the shared memory a killed process leaves.
+Starts nothing by itself: ``launch.py`` and ``supervise.py`` call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+from typing import IO
+
+from dualpath.integrations.vllm.node import NodeSpec
+from dualpath.integrations.vllm.setup import Deployment
+
+GROUP_EXIT_S = 10.0  # a SIGKILLed group's members are gone within this (else: a warning)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group ``pgid``, from ``/proc``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(stat.parent.name))
+    return sorted(out)
+
+
+def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Signal ``proc``'s whole process group (its id is the leader's pid: every process here
+    starts a session of its own) even when the leader has exited, reap the leader, and, for
+    SIGKILL, wait until no member is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    if sig != signal.SIGKILL:
+        return
+    proc.wait()
+    deadline = time.monotonic() + GROUP_EXIT_S
+    while (left := group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        print(f"dualpath: process group {proc.pid}: {left} still there after SIGKILL",
+              file=sys.stderr)  # fmt: skip
+
+
+_SEGMENT = re.compile(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+)")  # Python's anonymous shm / semaphores
+
+
+def _mapped_segments(pids: list[int]) -> set[str]:
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out.update(_SEGMENT.findall(Path(f"/proc/{pid}/maps").read_text()))
+    return out
+
+
+def group_segments(pgid: int) -> set[str]:
+    """The ``/dev/shm`` segments of Python's multiprocessing that process group ``pgid``
+    maps (a vLLM instance's message queues and semaphores: a SIGKILLed instance cannot unlink
+    them)."""
+    return _mapped_segments(group_members(pgid))
+
+
+def unlink_unmapped(names: set[str]) -> list[str]:
+    """Unlink those ``/dev/shm`` segments of ``names`` that no live process maps; which."""
+    pids = [int(p.name) for p in Path("/proc").glob("[0-9]*")]
+    gone = sorted(names - _mapped_segments(pids))
+    for name in gone:
+        Path("/dev/shm", name).unlink(missing_ok=True)
+    return gone
+
+
+def unlink_buffer(spec: NodeSpec) -> None:
+    """Remove node ``spec``'s buffer segment if a side-car killed hard left it behind."""
+    with contextlib.suppress(FileNotFoundError):
+        shm = SharedMemory(spec.buffer_name)
+        shm.close()
+        shm.unlink()
+
+
+@dataclass(slots=True)
+class Launched:
+    """The processes of one deployment, how to start each again, and where their logs are.
+
+    ``start_*`` (re)start one process with its recorded command, after its group was killed
+    (``kill``); once ``stop`` began, nothing starts any more (a restart racing a SIGTERM
+    leaves no process behind)."""
+
+    deployment: Deployment
+    run_dir: Path
+    log_dir: Path
+    sidecar_commands: list[list[str]] = field(default_factory=list)
+    instance_commands: list[list[str]] = field(default_factory=list)
+    instance_envs: list[dict[str, str]] = field(default_factory=list)
+    sidecars: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    instances: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: dict[str, IO[bytes]] = field(default_factory=dict)
+    stopped: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def _popen(self, name: str, cmd: list[str], env: dict[str, str] | None,
+               procs: list[subprocess.Popen[bytes]], index: int) -> subprocess.Popen[bytes]:  # fmt: skip
+        with self._lock:
+            if self.stopped:
+                raise RuntimeError(f"not starting {name}: the deployment is stopping")
+            old = self.logs.pop(name, None)
+            if old is not None:
+                old.close()
+            log = self.logs[name] = self.log_path(name).open("ab")  # a restart appends
+            p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # fmt: skip
+            if index < len(procs):
+                procs[index] = p
+            else:
+                procs.append(p)
+            self._write_pids()
+        return p
+
+    def start_sidecar(self, index: int) -> subprocess.Popen[bytes]:
+        """Start node ``index``'s side-car (it creates the node's buffer: one a dead side-car
+        left behind is removed first)."""
+        unlink_buffer(self.deployment.nodes[index])
+        return self._popen(f"sidecar{index}", self.sidecar_commands[index], None,
+                           self.sidecars, index)  # fmt: skip
+
+    def start_instance(self, index: int) -> subprocess.Popen[bytes]:
+        inst = self.deployment.instances[index]
+        return self._popen(f"vllm{inst.node}-{inst.kind}", self.instance_commands[index],
+                           self.instance_envs[index], self.instances, index)  # fmt: skip
+
+    def _write_pids(self) -> None:
+        dep = self.deployment  # (during the launch, the later processes are not there yet)
+        pids = {"sidecars": {s.node: p.pid for s, p in zip(dep.nodes, self.sidecars, strict=False)},
+                "instances": {i.node: p.pid for i, p in zip(dep.instances, self.instances,
+                                                             strict=False)}}  # fmt: skip
+        (self.log_dir / "processes.json").write_text(json.dumps(pids))  # operators and tests
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Instances first (SIGTERM to each group, then SIGKILL to whatever of it is left after
+        ``grace_s``), then the side-cars; their buffers unlinked. No process is left."""
+        with self._lock:
+            self.stopped = True
+        for group in (self.instances, self.sidecars):
+            for p in group:
+                kill_group(p, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for p in group:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            for p in group:  # the leader is gone; its children may not be (vLLM's EngineCore)
+                kill_group(p, signal.SIGKILL)
+        for spec in self.deployment.nodes:  # a side-car killed hard left its buffer behind
+            unlink_buffer(spec)
+        for f in self.logs.values():
+            f.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
