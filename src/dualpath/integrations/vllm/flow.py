@@ -60,6 +60,10 @@ SLOT_DEADLINE_S = 300.0  # and at most this long (the router passes its request 
 # A new turn waits at most this long for writes of its prefix still queued at a DE node's
 # side-car (a fault, or a SNIC far behind: then it goes with what is durable and recomputes)
 SETTLE_WAIT_S = 10.0
+# A prefill cut off before it answered (a timeout, its client gone) may still be inside a step
+# that saves into the request's DE slots: they go back this much later (a step on the tiny
+# model takes milliseconds; a long prefill chunk on a real model, well under a second)
+PREFILL_GRACE_S = 5.0
 
 
 class FlowError(Exception):
@@ -83,6 +87,10 @@ class Prepared:
     lease: int  # the owner tag of its slots until the decode claims the DE ones
     pe_slots: list[int] = field(default_factory=list)
     num_generated: int = 0  # tokens its decode reported so far (the core counts them per DE)
+    # what may still write into its slots after the router gave up on it: a storage read's
+    # thread, a prefill not yet answered; its slots go back once that is over
+    reading: asyncio.Future[Any] | None = None
+    prefill_in_flight: bool = False
 
 
 @dataclass(slots=True)
@@ -259,10 +267,14 @@ class TurnFlow:
         self.core.read_started(turn, node, nbytes, self.now())
         spec = self.dep.nodes[node]
         try:
-            answer = await asyncio.to_thread(
-                self._sidecar, spec.socket_path, {"op": "read", "keys": keys, "slots": slots}
+            op = {"op": "read", "keys": keys, "slots": slots}
+            prep.reading = asyncio.ensure_future(
+                asyncio.to_thread(self._sidecar, spec.socket_path, op)
             )
+            answer = await asyncio.shield(prep.reading)  # cancelled: the read goes on
+            prep.reading = None
         except (OSError, ValueError) as err:
+            prep.reading = None
             raise FlowError(503, f"storage read on node {node} failed: {err}") from None
         finally:
             if turn.phase is Phase.READING:
@@ -293,11 +305,13 @@ class TurnFlow:
     def prefilling(self, prep: Prepared) -> None:
         """The request is on its way to the prefill instance (its pass, as the ledger sees
         it: vLLM chunks the prompt itself)."""
+        prep.prefill_in_flight = True
         now = prep.turn.prefill_start_s = self.now()
         self.core.pass_started(prep.turn, now)
 
     def prefilled(self, prep: Prepared) -> None:
         """The prefill answered: its KV is in the DE buffer; the PE buffer's slots are free."""
+        prep.prefill_in_flight = False
         bs_bytes = self.full_block_bytes
         if prep.pe_slots:
             self._give_back(prep.assign.pe, prep.pe_slots, prep.lease)
@@ -318,7 +332,7 @@ class TurnFlow:
         return {"dualpath": TransferParams(load=load, persist=persist).to_dict()}
 
     def decoding(self, prep: Prepared) -> None:
-        """The decode answered (its headers): it claims the DE slots when it loads them."""
+        """The decode's first bytes arrived: it claimed the DE slots when it loaded them."""
         if prep.de_slots:
             self.stats.add(KVPath.DE_BUFFER_TO_DE_HBM, len(prep.de_slots) * self.full_block_bytes)
         turn = prep.turn
@@ -355,13 +369,36 @@ class TurnFlow:
         self.abort(prep.turn)
 
     def _give_back_all(self, prep: Prepared) -> None:
-        """Every slot still under the request's lease (the decode's claimed ones are not)."""
+        """Every slot still under the request's lease (the decode's claimed ones are not),
+        now, or once what may still write into them is over (``Prepared.reading``,
+        ``prefill_in_flight``)."""
+        if prep.reading is not None and not prep.reading.done():
+            later = self._detach_slots(prep)
+            prep.reading.add_done_callback(lambda _: later())
+            return
+        if prep.prefill_in_flight:
+            prep.prefill_in_flight = False
+            with contextlib.suppress(RuntimeError):  # no loop (a plain call): at once
+                asyncio.get_running_loop().call_later(PREFILL_GRACE_S, self._detach_slots(prep))
+                return
         if prep.pe_slots:
             self._give_back(prep.assign.pe, prep.pe_slots, prep.lease)
             prep.pe_slots = []
         if prep.de_slots:
             self._give_back(prep.assign.de, prep.de_slots, prep.lease)
             prep.de_slots = []
+
+    def _detach_slots(self, prep: Prepared) -> Callable[[], None]:
+        """The request lets go of its slots now; the returned call gives them back."""
+        held = [(prep.assign.pe, prep.pe_slots), (prep.assign.de, prep.de_slots)]
+        prep.pe_slots, prep.de_slots = [], []
+
+        def give_back() -> None:
+            for engine, slots in held:
+                if slots:
+                    self._give_back(engine, slots, prep.lease)
+
+        return give_back
 
     def _give_back(self, engine: int, slots: list[int], lease: int) -> None:
         self.buffers[self.topology.node_of(engine)].release(slots, lease)
