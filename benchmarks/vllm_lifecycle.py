@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -91,15 +90,9 @@ def metric(url: str, name: str, label: str = "") -> float:
 
 
 def instance_urls(log_dir: Path) -> dict[str, str]:
-    """node → URL of each vLLM instance of a deployment (its pid's listening port)."""
-    pids = json.loads((log_dir / "processes.json").read_text())["instances"]
-    ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
-    out = {}
-    for node, pid in pids.items():
-        for line in ss.splitlines():
-            if f"pid={pid}," in line:
-                out[node] = "http://" + line.split()[3]
-    return out
+    """node → URL of each vLLM instance of a deployment (``processes.json``)."""
+    urls: dict[str, str] = json.loads((log_dir / "processes.json").read_text())["urls"]
+    return urls
 
 
 def preemptions(log_dir: Path) -> float:

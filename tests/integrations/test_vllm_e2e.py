@@ -7,10 +7,13 @@ instance on the same checkpoint, for a first turn and a second turn whose hit bl
 from the store: once with every read forced to the PE side, once to the DE side (then
 ``/metrics`` counts bytes on ``storage_to_de_buffer``). A killed side-car (the node's storage
 worker) and a killed prefill instance give clean errors, never a wrong answer, never a hang.
+With 64 KV blocks per instance, two long chats at once make vLLM preempt a decode that loaded
+its prompt: the answers still equal plain vLLM's; streams closed early give every slot back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -132,6 +135,21 @@ def _turns(client: Any, model: str) -> dict[str, Any]:
     return out
 
 
+def _two_long_chats(client: Any, model: str) -> list[str]:
+    """Two ~1,000-token prompts answered at once, 300 tokens each: on 64 KV blocks of 32
+    tokens (82 needed) vLLM preempts one of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> str:
+        prompt = f"Session {i}. " + (SYSTEM + PROMPT) * (3 + i)
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=300, temperature=0,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+        return str(r.choices[0].text)
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, range(2)))
+
+
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same turns through one plain vLLM instance (no connector, vLLM's defaults)."""
@@ -148,13 +166,14 @@ def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     try:
         _wait_health(f"http://127.0.0.1:{port}", proc, log, 300)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=120)
-        return _turns(client, MODEL)
+        return {"turns": _turns(client, MODEL), "two": _two_long_chats(client, MODEL)}
     finally:
         _stop(proc)
 
 
 class Served:
-    def __init__(self, checkpoint: Path, kv_root: Path, logs: Path, read_side: str) -> None:
+    def __init__(self, checkpoint: Path, kv_root: Path, logs: Path, read_side: str,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logs = logs
@@ -164,7 +183,7 @@ class Served:
                "--model-dir", str(checkpoint), "--port", str(self.port), "--kv-root",
                str(kv_root), "--dtype", "float32", "--vllm-max-model-len", "2048",
                "--read-side", read_side, "--vllm-log-dir", str(logs), "--device", DEVICE,
-               "--set", "scheduler.record_decisions=true"]  # fmt: skip
+               "--set", "scheduler.record_decisions=true", *extra]  # fmt: skip
         with out.open("wb") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
                                          start_new_session=True)  # fmt: skip
@@ -192,8 +211,9 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     started: list[Served] = []
     kv_root = tmp_path_factory.mktemp("kv")  # one store for every server of the test
 
-    def start(read_side: str) -> Served:
-        s = Served(checkpoint, kv_root, tmp_path_factory.mktemp(f"serve-{read_side}"), read_side)
+    def start(read_side: str, *extra: str) -> Served:
+        logs = tmp_path_factory.mktemp(f"serve-{read_side}")
+        s = Served(checkpoint, kv_root, logs, read_side, extra)
         started.append(s)
         return s
 
@@ -209,7 +229,7 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     segments_before = set(_vllm_segments())
     pe = served("pe")
     got = _turns(pe.client, MODEL)
-    assert got == reference
+    assert got == reference["turns"]
     assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') > 0
     assert pe.metric("dualpath:kv_bytes_total", 'path="pe_buffer_to_pe_hbm"') > 0
     assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"') == 0
@@ -218,7 +238,7 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     assert pe.stop() == 0
 
     de = served("de")  # the same store: now even the first turns hit, read on the DE side
-    assert _turns(de.client, MODEL) == reference
+    assert _turns(de.client, MODEL) == reference["turns"]
     assert de.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"') > 0
     assert de.metric("dualpath:kv_bytes_total", 'path="de_buffer_to_pe_hbm"') > 0
     assert de.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') == 0
@@ -245,3 +265,39 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     new = set(_vllm_segments()) - segments_before
     for orphan in _unmapped_segments(new):
         orphan.unlink(missing_ok=True)
+
+
+def test_preempted_and_aborted_requests_through_the_router(
+    reference: dict[str, Any], served: Any
+) -> None:
+    """vLLM preempts a decode that loaded from the DE buffer: the answer still equals plain
+    vLLM's (it recomputes, never reads stale pages); streams closed before and after their
+    first byte give every slot back and the next requests are all answered."""
+    srv = served("policy", "--vllm-arg=--num-gpu-blocks-override=64")
+    assert _two_long_chats(srv.client, MODEL) == reference["two"]
+    urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
+    preempted = 0.0
+    for line in httpx.get(urls["1"] + "/metrics").text.splitlines():
+        if line.startswith("vllm:num_preemptions_total"):
+            preempted += float(line.rsplit(" ", 1)[1])
+    assert preempted > 0
+
+    free = 'node="1"'
+    start = srv.metric("dualpath:buffer_free_slots", free)
+    body = {"model": MODEL, "prompt": SYSTEM + PROMPT, "max_tokens": 32, "stream": True,
+            "temperature": 0}  # fmt: skip
+    for i in range(8):
+        if i % 2:  # gone right after the first bytes
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+                next(r.iter_raw())
+        else:  # gone early: before any byte came back, as a rule (placement, prefill)
+            with contextlib.suppress(httpx.TimeoutException):
+                httpx.post(srv.url + "/v1/completions", json=body, timeout=0.02 + 0.02 * i)
+    deadline = time.monotonic() + 60
+    while srv.metric("dualpath:buffer_free_slots", free) != start:
+        assert time.monotonic() < deadline, "buffer slots leaked by aborted streams"
+        time.sleep(0.2)
+    for _ in range(4):
+        r = srv.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+        assert r.choices[0].text is not None
+    assert srv.stop() == 0

@@ -82,7 +82,7 @@ class Served:
 
     def current_groups(self) -> set[int]:
         pids = json.loads((self.logs / "processes.json").read_text())
-        return {int(p) for part in pids.values() for p in part.values()}
+        return {int(p) for kind in ("sidecars", "instances") for p in pids[kind].values()}
 
     def post(self, path: str, body: dict[str, Any], key: str = KEYS["acme"]) -> Any:
         return httpx.post(self.url + path, json=body, timeout=120,

@@ -178,7 +178,7 @@ def test_sigterm_while_starting_leaves_nothing(tmp_path: Path) -> None:
         _wait(lambda: (logs / "processes.json").exists()
               and len(json.loads((logs / "processes.json").read_text())["instances"]) == 2)  # fmt: skip
         pids = json.loads((logs / "processes.json").read_text())
-        groups = [int(p) for part in pids.values() for p in part.values()]
+        groups = [int(p) for kind in ("sidecars", "instances") for p in pids[kind].values()]
         assert all(group_members(g) for g in groups)
         serve.send_signal(signal.SIGTERM)
         out = serve.communicate(timeout=60)[0].decode()

@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.integrations.nodes import running_sidecars  # noqa: E402
+
 from dualpath.integrations.vllm.blocks import PagedLayout  # noqa: E402
 from dualpath.integrations.vllm.node import (  # noqa: E402
     BufferOwners,
@@ -43,22 +45,8 @@ def _caches(num_blocks: int, seed: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture()
 def nodes(tmp_path: Path) -> Iterator[dict[int, NodeSpec]]:
-    specs = {
-        n: NodeSpec(n, kind, f"dpt{tmp_path.name[-12:]}{n}", 16, str(tmp_path / f"{n}.lock"),
-                    str(tmp_path / f"{n}.sock"), str(tmp_path / "kv"), LAYERS, BS, ROW, "ns0")
-        for n, kind in ((0, "pe"), (1, "de"))
-    }  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar",
-                               s.to_json()]) for s in specs.values()]  # fmt: skip
-    try:
-        for s in specs.values():
-            wait_ready(s.socket_path, timeout_s=30)
+    with running_sidecars(tmp_path, 16, LAYERS, BS, ROW, "ns0") as specs:
         yield specs
-    finally:
-        for p in procs:
-            p.terminate()
-            assert p.wait(timeout=30) == 0
-    assert not any(Path(s.socket_path).exists() for s in specs.values())
 
 
 def _run_layers(worker: WorkerSide, caches: dict[str, torch.Tensor]) -> None:

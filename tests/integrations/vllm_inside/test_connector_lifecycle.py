@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from tests.integrations.nodes import running_sidecars  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
@@ -41,7 +40,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, wait_ready  # noqa: E402
+from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call  # noqa: E402
 from dualpath.integrations.vllm.params import (  # noqa: E402
     BlockLoad,
     BlockPersist,
@@ -68,35 +67,8 @@ def kv_value(token: int, pos: int, layer: int) -> float:
 # ---------------------------------------------------------------------- node side-cars
 @pytest.fixture()
 def nodes(tmp_path: Path) -> Iterator[dict[int, NodeSpec]]:
-    tag = f"dps{os.getpid()}x{tmp_path.name[-10:]}"
-    specs = {
-        n: NodeSpec(
-            n,
-            kind,
-            f"{tag}{n}",
-            24,
-            str(tmp_path / f"{n}.lock"),
-            str(tmp_path / f"{n}.sock"),
-            str(tmp_path / "kv"),
-            LAYERS,
-            BS,
-            ROW,
-            "ns",
-        )
-        for n, kind in ((PE, "pe"), (DE, "de"))
-    }
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()])
-        for s in specs.values()
-    ]
-    try:
-        for s in specs.values():
-            wait_ready(s.socket_path, timeout_s=30)
+    with running_sidecars(tmp_path, 24, LAYERS, BS, ROW, "ns") as specs:
         yield specs
-    finally:
-        for p in procs:
-            p.terminate()
-            assert p.wait(timeout=30) == 0
 
 
 def settle(spec: NodeSpec) -> None:

@@ -148,7 +148,8 @@ class Launched:
         dep = self.deployment  # (during the launch, the later processes are not there yet)
         pids = {"sidecars": {s.node: p.pid for s, p in zip(dep.nodes, self.sidecars, strict=False)},
                 "instances": {i.node: p.pid for i, p in zip(dep.instances, self.instances,
-                                                             strict=False)}}  # fmt: skip
+                                                             strict=False)},
+                "urls": {i.node: i.url for i in dep.instances}}  # fmt: skip
         (self.log_dir / "processes.json").write_text(json.dumps(pids))  # operators and tests
 
     def stop(self, grace_s: float = 10.0) -> None:

@@ -1,0 +1,42 @@
+"""Two nodes of a vLLM deployment for the connector's tests: a PE node 0 and a DE node 1,
+each with its side-car process (its buffer, the store under ``root / "kv"``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dualpath.integrations.vllm.node import NodeSpec, wait_ready
+
+
+@contextmanager
+def running_sidecars(root: Path, num_slots: int, num_layers: int, block_tokens: int,
+                     row_bytes: int, namespace: str) -> Iterator[dict[int, NodeSpec]]:  # fmt: skip
+    """The two nodes' specs while their side-cars serve; on exit both side-cars stopped
+    cleanly (exit 0), their sockets and buffers gone. Sockets and locks live in a short
+    temporary folder of their own: a Unix socket's path has at most 107 bytes."""
+    short = Path(tempfile.mkdtemp(prefix="dpn"))
+    specs = {
+        n: NodeSpec(n, kind, f"{short.name}n{n}", num_slots, str(short / f"{n}.lock"),
+                    str(short / f"{n}.sock"), str(root / "kv"), num_layers, block_tokens,
+                    row_bytes, namespace)
+        for n, kind in ((0, "pe"), (1, "de"))
+    }  # fmt: skip
+    module = "dualpath.integrations.vllm.sidecar"
+    procs = [subprocess.Popen([sys.executable, "-m", module, s.to_json()]) for s in specs.values()]
+    try:
+        for s in specs.values():
+            wait_ready(s.socket_path, timeout_s=30)
+        yield specs
+    finally:
+        for p in procs:
+            p.terminate()
+        codes = [p.wait(timeout=30) for p in procs]
+        shutil.rmtree(short, ignore_errors=True)
+    assert codes == [0, 0], f"side-cars exited with {codes}"
+    assert not any(Path(s.socket_path).exists() for s in specs.values())
