@@ -174,7 +174,7 @@ def main() -> int:
             srv, logs = serve(ckpt, work, "abort", 4096)
             with srv:
                 rng = random.Random(args.seed + 7)
-                start = free_de_slots(srv.url)
+                start = metric(srv.url, "dualpath:buffer_slots", 'node="1"')  # all free
                 for c in range(args.cycles):
                     asyncio.run(abort_cycle(srv.url, model, rng))
                     deadline = time.monotonic() + 120  # aborted requests drain

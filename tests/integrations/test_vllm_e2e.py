@@ -7,7 +7,7 @@ instance on the same checkpoint, for a first turn and a second turn whose hit bl
 from the store: once with every read forced to the PE side, once to the DE side (then
 ``/metrics`` counts bytes on ``storage_to_de_buffer``). A killed side-car (the node's storage
 worker) and a killed prefill instance give clean errors, never a wrong answer, never a hang.
-With 64 KV blocks per instance, two long chats at once make vLLM preempt a decode that loaded
+With 64 usable KV blocks per instance, two long chats at once make vLLM preempt a decode that loaded
 its prompt: the answers still equal plain vLLM's; streams closed early give every slot back.
 """
 
@@ -136,13 +136,14 @@ def _turns(client: Any, model: str) -> dict[str, Any]:
 
 
 def _two_long_chats(client: Any, model: str) -> list[str]:
-    """Two ~1,000-token prompts answered at once, 300 tokens each: on 64 KV blocks of 32
-    tokens (82 needed) vLLM preempts one of them."""
+    """Two ~550-token prompts answered at once, 1,400 tokens each, on 64 usable KV blocks of 32
+    tokens: both fit when they start (36 blocks; the second still fits after the first decoded
+    ~900 tokens), not as they grow (122): vLLM preempts one of them."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> str:
-        prompt = f"Session {i}. " + (SYSTEM + PROMPT) * (3 + i)
-        r = client.completions.create(model=model, prompt=prompt, max_tokens=300, temperature=0,
+        prompt = f"Session {i}. " + (SYSTEM + PROMPT) * 3
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=1400, temperature=0,
                                       extra_body={"ignore_eos": True})  # fmt: skip
         return str(r.choices[0].text)
 
@@ -273,17 +274,18 @@ def test_preempted_and_aborted_requests_through_the_router(
     """vLLM preempts a decode that loaded from the DE buffer: the answer still equals plain
     vLLM's (it recomputes, never reads stale pages); streams closed before and after their
     first byte give every slot back and the next requests are all answered."""
-    srv = served("policy", "--vllm-arg=--num-gpu-blocks-override=64")
+    srv = served("policy", "--vllm-arg=--num-gpu-blocks-override=65")
     assert _two_long_chats(srv.client, MODEL) == reference["two"]
     urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
     preempted = 0.0
-    for line in httpx.get(urls["1"] + "/metrics").text.splitlines():
-        if line.startswith("vllm:num_preemptions_total"):
-            preempted += float(line.rsplit(" ", 1)[1])
+    for url in urls.values():
+        for line in httpx.get(url + "/metrics").text.splitlines():
+            if line.startswith("vllm:num_preemptions_total"):
+                preempted += float(line.rsplit(" ", 1)[1])
     assert preempted > 0
 
-    free = 'node="1"'
-    start = srv.metric("dualpath:buffer_free_slots", free)
+    de = 'node="1"'
+    every = srv.metric("dualpath:buffer_slots", de)  # an idle deployment holds none
     body = {"model": MODEL, "prompt": SYSTEM + PROMPT, "max_tokens": 32, "stream": True,
             "temperature": 0}  # fmt: skip
     for i in range(8):
@@ -294,7 +296,7 @@ def test_preempted_and_aborted_requests_through_the_router(
             with contextlib.suppress(httpx.TimeoutException):
                 httpx.post(srv.url + "/v1/completions", json=body, timeout=0.02 + 0.02 * i)
     deadline = time.monotonic() + 60
-    while srv.metric("dualpath:buffer_free_slots", free) != start:
+    while srv.metric("dualpath:buffer_free_slots", de) != every:
         assert time.monotonic() < deadline, "buffer slots leaked by aborted streams"
         time.sleep(0.2)
     for _ in range(4):
