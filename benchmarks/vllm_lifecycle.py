@@ -6,7 +6,7 @@ Run: .venv/bin/python benchmarks/vllm_lifecycle.py [--sessions 24 --turns 3 --cy
 On 127.0.0.1, with a tiny random Llama (4 layers, hidden 256, head_dim 64), float32, greedy:
 
 1. preemption: ``--sessions`` chats of ``--turns`` turns each, all sessions at once, prompts
-   of about 1,000 to 2,800 tokens, 64 tokens an answer (``ignore_eos``), through
+   of about 1,150 to 2,750 tokens, 64 tokens an answer (``ignore_eos``), through
    ``dualpath serve --engine vllm`` whose instances have only ``--blocks`` KV blocks (vLLM
    preempts), and through plain vLLM: how many answers are equal, and the decode instance's
    ``vllm:num_preemptions_total``; then the minimal case (two concurrent ~2,400-token chats,
