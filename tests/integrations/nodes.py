@@ -1,8 +1,10 @@
-"""Two nodes of a vLLM deployment for the connector's tests: a PE node 0 and a DE node 1,
-each with its side-car process (its buffer, the store under ``root / "kv"``)."""
+"""Helpers of the vLLM integration's tests: vLLM's Python (or a skip where the run allows
+one), and two nodes of a deployment, a PE node 0 and a DE node 1, each with its side-car
+process (its buffer, the store under ``root / "kv"``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +13,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from dualpath.integrations.vllm.launch import find_vllm_python
 from dualpath.integrations.vllm.node import NodeSpec, wait_ready
+
+
+def vllm_python() -> str:
+    """The Python that runs vLLM (``make test`` installs it): a missing vLLM fails the test,
+    unless ``DUALPATH_SKIP_VLLM=1`` asks for a skip."""
+    try:
+        return find_vllm_python()
+    except ValueError as err:
+        if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
+            pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
+        raise
 
 
 @contextmanager

@@ -32,7 +32,7 @@ pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from dualpath.integrations.vllm.launch import find_vllm_python  # noqa: E402
+from tests.integrations.nodes import vllm_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # scripts/gpu_check.py runs this file with "cuda" where a GPU (and vLLM's CUDA build) is there
@@ -44,15 +44,6 @@ SYSTEM = "You are a helpful coding agent. Read the file, run the tests, fix the 
 PROMPT = ("The user asked for a summary of the repository layout and the failing test. "
           "def main(): print('hello world') return 0. Tool call: ls -la src/ && cat "
           "README.md | head -40. Observation: 3 passed, 1 failed in 0.52s. ") * 2  # fmt: skip
-
-
-def _vllm_python() -> str:
-    try:
-        return find_vllm_python()
-    except ValueError as err:
-        if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
-            pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
-        raise
 
 
 def _unmapped_segments(names: set[str]) -> list[Path]:
@@ -154,7 +145,7 @@ def _two_long_chats(client: Any, model: str) -> list[str]:
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same turns through one plain vLLM instance (no connector, vLLM's defaults)."""
-    python = _vllm_python()
+    python = vllm_python()
     port = _free_port()
     log = tmp_path_factory.mktemp("ref") / "vllm.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -4,10 +4,10 @@ instance's command line; the serve flags refused or translated before anything s
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from tests.integrations.nodes import vllm_python
 
 from dualpath.integrations.vllm.launch import find_vllm_python, vllm_parsers
 from dualpath.integrations.vllm.setup import (
@@ -168,12 +168,7 @@ def test_parsers_vllm_does_not_know_are_refused(
 
 def test_vllm_lists_the_parsers_we_translate_to() -> None:
     """The names ``--tool-parser`` auto picks are vLLM 0.32's (its own Python, no server)."""
-    try:
-        python = find_vllm_python()
-    except ValueError as err:
-        if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
-            pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
-        raise
+    python = vllm_python()
     tools, reasoning = vllm_parsers(python)
     assert {"hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder"} <= set(tools)
     assert {"qwen3", "deepseek_r1"} <= set(reasoning)

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dualpath.integrations.vllm.launch import find_vllm_python
+from tests.integrations.nodes import vllm_python
 
 REPO = Path(__file__).resolve().parents[2]
 INSIDE = Path(__file__).parent / "vllm_inside"
@@ -25,12 +25,7 @@ pytestmark = [pytest.mark.timeout(600)]
 def test_connector_lifecycle_under_a_real_vllm_scheduler(tmp_path: Path) -> None:
     from dualpath.serve.checkpoint import write_tiny_checkpoint
 
-    try:
-        python = find_vllm_python()
-    except ValueError as err:
-        if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
-            pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
-        raise
+    python = vllm_python()
     ckpt = tmp_path / "tiny"
     write_tiny_checkpoint(
         ckpt, num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256

@@ -27,7 +27,8 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("transformers")
 
-from dualpath.integrations.vllm.launch import find_vllm_python  # noqa: E402
+from tests.integrations.nodes import vllm_python  # noqa: E402
+
 from dualpath.integrations.vllm.processes import group_members  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,12 +107,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    try:
-        find_vllm_python()
-    except ValueError as err:
-        if os.environ.get("DUALPATH_SKIP_VLLM") == "1":
-            pytest.skip(f"DUALPATH_SKIP_VLLM=1: {err}")
-        raise
+    vllm_python()
     before = _segments()
     s = Served(tmp_path_factory.mktemp("serve"))
     try:

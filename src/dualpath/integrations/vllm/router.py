@@ -282,34 +282,33 @@ class Router:
         pbody = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         pbody["max_tokens"] = 1
         pbody["kv_transfer_params"] = self.flow.prefill_params(prep)
-        node = self.flow.topology.node_of(prep.assign.pe)
         self.flow.prefilling(prep)
         with self.flow.stats.time_stage("prefill"):
-            async with self._bounded(held, f"the prefill instance on node {node}"):
-                try:
-                    r = await self.client.post(self._url(prep.assign.pe, path), json=pbody)
-                except httpx.HTTPError as err:
-                    raise FlowError(503, f"prefill instance failed: {type(err).__name__}: "
-                                         f"{err}") from None  # fmt: skip
+            await self._post(held, prep.assign.pe, "prefill", path, pbody)
+        self.flow.prefilled(prep)
+
+    async def _post(self, held: _Held, engine: int, role: str, path: str,
+                    body: dict[str, Any]) -> httpx.Response:  # fmt: skip
+        """A whole answer of engine ``engine``'s instance, within the request's deadline; an
+        error status is passed on to the client as the instance gave it."""
+        node = self.flow.topology.node_of(engine)
+        async with self._bounded(held, f"the {role} instance on node {node}"):
+            try:
+                r = await self.client.post(self._url(engine, path), json=body)
+            except httpx.HTTPError as err:
+                raise FlowError(503, f"{role} instance failed: {type(err).__name__}: "
+                                     f"{err}") from None  # fmt: skip
         if r.status_code != 200:
             raise _Answered(Response(r.content, r.status_code, media_type="application/json"))
-        self.flow.prefilled(prep)
+        return r
 
     def _cached_tokens(self, prep: Prepared) -> int:
         return prep.hit_blocks * self.dep.block_tokens
 
     async def _whole(self, held: _Held, path: str, dbody: dict[str, Any],
                      prep: Prepared) -> Response:  # fmt: skip
-        node = self.flow.topology.node_of(prep.assign.de)
         with self.flow.stats.time_stage("decode"):
-            async with self._bounded(held, f"the decode instance on node {node}"):
-                try:
-                    r = await self.client.post(self._url(prep.assign.de, path), json=dbody)
-                except httpx.HTTPError as err:
-                    raise FlowError(503, f"decode instance failed: {type(err).__name__}: "
-                                         f"{err}") from None  # fmt: skip
-        if r.status_code != 200:
-            raise _Answered(Response(r.content, r.status_code, media_type="application/json"))
+            r = await self._post(held, prep.assign.de, "decode", path, dbody)
         self.flow.decoding(prep)
         self._finish(held)
         content = with_cached_tokens(r.content, self._cached_tokens(prep))
