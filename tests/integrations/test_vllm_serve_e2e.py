@@ -64,8 +64,12 @@ class Served:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
                                          start_new_session=True)  # fmt: skip
         self.groups: set[int] = set()  # every process group the deployment ever had
-        self.wait_health(300)
-        self.groups |= self.current_groups()
+        try:
+            self.wait_health(300)
+            self.groups |= self.current_groups()
+        except BaseException:  # a start that failed leaves nothing running
+            self.stop()
+            raise
 
     def wait_health(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
