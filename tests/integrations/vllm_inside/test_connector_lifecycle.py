@@ -200,7 +200,6 @@ class Instance:
     def run(self, max_steps: int = 400) -> None:
         for _ in range(max_steps):
             if not self.sched.requests:
-                self.worker.flush()  # its persists reached the side-car
                 return
             self.step()
         raise AssertionError(f"not done after {max_steps} steps: {list(self.sched.requests)}")
@@ -310,7 +309,6 @@ def test_abort_before_the_load_returns_the_lease(nodes: dict[int, NodeSpec], ins
     inst.step()  # "a" loads (its slots are the instance's now), "b" waits
     assert [r for r, _ in inst.loaded_blocks] == ["a"]
     assert router_release(de, s0, 200) == 0  # the router cannot take back what was claimed
-    inst.worker.flush()
     held = start - free_slots(de)
     inst.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)  # before its load
     assert start - free_slots(de) <= held - len(s1)  # "b"'s lease is back at once

@@ -6,8 +6,7 @@ from its node buffer's slots into the paged blocks right before layer ``l``'s at
 the compute network, here a copy out of the DE node's shared memory). Saves run as each
 layer's attention has written its KV (``save_layer``). At the end of the step (``end_step``)
 the decode's loaded slots are handed to its side-car for persistence (or freed), and the blocks
-its generation filled are copied into fresh slots and persisted; the hand-over to the side-car
-(one RPC) runs on a thread of its own, off the step.
+its generation filled are copied into fresh slots and persisted.
 
 A load that fails (a buffer that cannot be attached, a slot out of range) marks the request's
 blocks as failed (``take_load_errors``): vLLM recomputes them (``kv_load_failure_policy``
@@ -16,9 +15,7 @@ blocks as failed (``take_load_errors``): vLLM recomputes them (``kv_load_failure
 
 from __future__ import annotations
 
-import queue
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +52,6 @@ class WorkerSide:
         self._failed_loads: set[str] = set()
         self._load_errors: set[int] = set()
         self.bytes_by_path: dict[str, int] = {}
-        self._outbox: queue.Queue[tuple[int, list[str], list[int]] | None] = queue.Queue()
-        self._sender: threading.Thread | None = None
 
     # ---------------------------------------------------------------- setup
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -150,31 +145,16 @@ class WorkerSide:
         return self._buffers[node]
 
     def _persist(self, node: int, keys: list[str], slots: list[int]) -> None:
-        """Hand the slots to the node's side-car, off the step (a thread sends them)."""
-        if self._sender is None:
-            self._sender = threading.Thread(target=self._send_loop, name="dualpath-persist",
-                                            daemon=True)  # fmt: skip
-            self._sender.start()
-        self._outbox.put((node, keys, slots))
-
-    def _send_loop(self) -> None:
-        while (job := self._outbox.get()) is not None:
-            node, keys, slots = job
-            spec = self.nodes[node]
-            try:
-                self._sidecar(spec.socket_path, {"op": "write", "keys": keys, "slots": slots})
-            except (OSError, ValueError) as err:  # the side-car is gone: blocks stay uncached
-                print(f"dualpath connector: persist on node {node} failed ({err})",
-                      file=sys.stderr)  # fmt: skip
-                # what it did not take is still this instance's
-                self._buffer(node).release(slots, instance_owner(self.node))
-
-    def flush(self) -> None:
-        """Until every persist handed over so far reached its side-car."""
-        if self._sender is not None:
-            self._outbox.put(None)
-            self._sender.join(timeout=30)
-            self._sender = None
+        """Hand the slots to the node's side-car, inside the step: the write must be queued
+        there before the answer ends, so that the router's ``settle`` for the next turn sees
+        it (a hand-over on a thread of its own lost that race: the next turn missed its hits)."""
+        spec = self.nodes[node]
+        try:
+            self._sidecar(spec.socket_path, {"op": "write", "keys": keys, "slots": slots})
+        except (OSError, ValueError) as err:  # the side-car is gone: the blocks stay uncached
+            print(f"dualpath connector: persist on node {node} failed ({err})", file=sys.stderr)
+            # what it did not take is still this instance's
+            self._buffer(node).release(slots, instance_owner(self.node))
 
     def _persist_blocks(self, node: int, block_ids: list[int], keys: list[str]) -> None:
         buf, view = self._buffer(node), self._view(node)
@@ -191,7 +171,6 @@ class WorkerSide:
         return errors
 
     def close(self) -> None:
-        self.flush()
         self._views.clear()
         for buf in self._buffers.values():
             buf.close()
