@@ -29,6 +29,7 @@ _OPTIONAL = (
     ("dualpath.cli.qos_cmd", "add_qos_parser"),
     ("dualpath.cli.tune_cmd", "add_tune_parser"),
     ("dualpath.cli.validate_cmd", "add_validate_parser"),
+    ("dualpath.cli.cluster_cmd", "add_cluster_parser"),
 )
 
 
