@@ -73,6 +73,19 @@ def _name() -> str:
     return f"t{os.getpid() % 10000:04d}{time.monotonic_ns() % 10}"
 
 
+def _free_subnet() -> str:
+    """A /16 in 10.200-10.254 that no route of this host overlaps (other clusters may be up)."""
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    used = {int(w.split(".")[1]) for w in routes.split() if w.startswith("10.") and "." in w[3:]}
+    return f"10.{min(set(range(200, 255)) - used)}"
+
+
+def _spec(name: str, snic_mbit: float = 16) -> ClusterSpec:
+    return ClusterSpec.from_preset(
+        "tiny-1p1d", name=name, snic_mbit=snic_mbit, subnet=_free_subnet()
+    )
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(cluster.RUN_DIR_ENV, str(tmp_path))
@@ -83,7 +96,7 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def state(run_dir: Path) -> Iterator[ClusterState]:
     name = _name()
     try:
-        yield cluster.up(ClusterSpec.from_preset("tiny-1p1d", name=name, snic_mbit=40))
+        yield cluster.up(_spec(name, snic_mbit=40))
     finally:
         cluster.down(name)
 
@@ -143,9 +156,9 @@ def test_spec_refuses_bad_input(kwargs: dict[str, object], field: str) -> None:
 def test_up_status_down(run_dir: Path) -> None:
     name = _name()
     try:
-        state = cluster.up(ClusterSpec.from_preset("tiny-1p1d", name=name))
+        state = cluster.up(_spec(name))
         assert state == ClusterState.load(name)
-        with pytest.raises(cluster.ClusterError, match=f"cluster down {name}"):
+        with pytest.raises(cluster.ClusterError, match=f"cluster down --name {name}"):
             cluster.up(state.spec)
         info = cluster.status(name)
         assert [(n["node"], n["kind"], n["up"]) for n in info["nodes"]] == [
@@ -167,7 +180,7 @@ def test_up_status_down(run_dir: Path) -> None:
         assert _left(name) == [] and not cluster.state_path(name).exists()
         assert cluster.down(name) == []  # twice is fine
         # a crashed run: the cluster up, its state file gone; down still cleans
-        cluster.up(ClusterSpec.from_preset("tiny-1p1d", name=name))
+        cluster.up(_spec(name))
         cluster.state_path(name).unlink()
         assert f"netns dp-{name}-store" in cluster.down(name)
         assert _left(name) == []
@@ -176,28 +189,42 @@ def test_up_status_down(run_dir: Path) -> None:
     assert _left(name) == []
 
 
-@needs_ns
-def test_snic_rate_is_enforced(state: ClusterState) -> None:
-    rate = state.spec.rate_bytes_per_s("p0", "snic")
-    assert rate == pytest.approx(5e6)  # 40 Mbit/s
-    num_bytes = 2_500_000
-    store = state.address("store", "snic")
-    before = cluster.status(state.spec.name)["nodes"][0]["snic"]["tx_bytes"]
-    sink = cluster.popen(state, "store", [PY, "-c", SINK, store, "7000"], stdout=subprocess.PIPE,
-                         text=True)  # fmt: skip
+def _send(state: ClusterState, src: str, dst: str, num_bytes: int, port: int) -> float:
+    """Send ``num_bytes`` over TCP from node ``src`` to node ``dst``'s SNIC; the goodput, B/s."""
+    addr = state.address(dst, "snic")
+    sink = cluster.popen(
+        state, dst, [PY, "-c", SINK, addr, str(port)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
-        out = subprocess.run(cluster.node_argv(state, "p0", [PY, "-c", SOURCE, store, "7000",
-                             str(num_bytes)]), capture_output=True, text=True, timeout=10)  # fmt: skip
+        argv = [PY, "-c", SOURCE, addr, str(port), str(num_bytes)]
+        out = subprocess.run(
+            cluster.node_argv(state, src, argv), capture_output=True, text=True, timeout=10
+        )
         assert out.returncode == 0, out.stderr
         assert int(sink.stdout.readline()) == num_bytes
     finally:
         sink.kill()
         sink.wait()
-    goodput = num_bytes / float(out.stdout)
-    assert 0.6 * rate <= goodput <= 1.1 * rate, f"{goodput / 1e6:.2f} MB/s at {rate / 1e6} MB/s"
-    after = cluster.status(state.spec.name)["nodes"][0]["snic"]["tx_bytes"]
-    assert after - before >= num_bytes
+    return num_bytes / float(out.stdout)
+
+
+def _snic_tx_bytes(state: ClusterState, node: str) -> int:
+    nodes = cluster.status(state.spec.name)["nodes"]
+    return int(next(n for n in nodes if n["node"] == node)["snic"]["tx_bytes"])
+
+
+@needs_ns
+def test_snic_rate_is_enforced_both_ways(state: ClusterState) -> None:
+    rate = state.spec.rate_bytes_per_s("p0", "snic")
+    assert rate == pytest.approx(5e6)  # 40 Mbit/s
+    num_bytes = 2_500_000
+    before = _snic_tx_bytes(state, "p0")
+    up_bps = _send(state, "p0", "store", num_bytes, 7000)  # node side's tbf: node → network
+    assert _snic_tx_bytes(state, "p0") - before >= num_bytes
+    down_bps = _send(state, "store", "p0", num_bytes, 7001)  # bridge side's tbf: network → node
+    for goodput in (up_bps, down_bps):
+        assert 0.6 * rate <= goodput <= 1.1 * rate, f"{goodput / 1e6:.2f} MB/s at {rate / 1e6} MB/s"
 
 
 @needs_ns

@@ -145,9 +145,9 @@ def run_exec(args: argparse.Namespace) -> int:
         argv = rest
     if not argv:
         raise ValueError("exec needs a command: dualpath cluster exec NODE -- CMD...")
-    state = ClusterState.load(args.name)
-    state.spec.node(args.node)  # names the node if it is unknown
     reason = cluster.can_make_namespaces()
     if reason is not None:
         raise cluster.ClusterError(reason)
+    state = ClusterState.load(args.name)
+    state.spec.node(args.node)  # names the node if it is unknown
     return subprocess.run(cluster.node_argv(state, args.node, argv)).returncode

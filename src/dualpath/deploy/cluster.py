@@ -343,7 +343,7 @@ def _root_links(name: str) -> list[str]:
 def _check_free(spec: ClusterSpec) -> None:
     if state_path(spec.name).exists() or _namespaces(spec.name) or _root_links(spec.name):
         raise ClusterError(
-            f"cluster {spec.name!r} exists: run `dualpath cluster down {spec.name}` "
+            f"cluster {spec.name!r} exists: run `dualpath cluster down --name {spec.name}` "
             "(or `cluster up --replace`)"
         )
     net = ipaddress.IPv4Network(spec.subnet)
