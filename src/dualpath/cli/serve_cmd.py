@@ -156,6 +156,20 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--vllm-arg", action="append", default=[], help="one more argument for every instance"
     )
     v.add_argument(
+        "--cluster",
+        default="",
+        metavar="NAME",
+        help="place each node on a node of `dualpath cluster up --name NAME` (its own network "
+        "namespace, kernel-shaped NICs, KV moved by Mooncake TE; docs/deploy.md)",
+    )
+    v.add_argument(
+        "--store",
+        default="",
+        metavar="URL",
+        help="the KV store: a directory (default: --kv-root), mooncake://HOST:PORT (a Mooncake "
+        "Store master), or `mooncake` with --cluster: one started on the cluster's storage host",
+    )
+    v.add_argument(
         "--vllm-max-restarts",
         type=int,
         default=3,
@@ -237,6 +251,8 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         reasoning_parser=args.reasoning_parser,
         seed=args.seed,
         max_restarts=args.vllm_max_restarts,
+        cluster=args.cluster,
+        store_url=args.store,
     )
     if args.init_tiny_checkpoint and not (Path(args.model_dir) / "config.json").exists():
         from dualpath.serve.checkpoint import write_tiny_checkpoint

@@ -20,6 +20,14 @@ nothing more. Per request (SPEC §4):
    lacks, and streams the answer (vLLM recomputes the last prompt token and samples from it,
    as in vLLM's own disaggregated flow), persisting each block its generation fills.
 
+Across nodes (``NodeSpec.host``: machines, or the network namespaces of ``dualpath cluster
+up``) no process touches another node's memory: the router allocates slots through each node's
+side-car, the prefill loads and saves only its own node's buffer (the request also holds PE
+slots for its whole prompt there), and the side-cars move the KV over the compute network
+(``push``, Mooncake Transfer Engine): on the DE read path the hit blocks DE buffer → PE node
+before the prefill, and after it the new blocks PE node → DE buffer (on the PE read path every
+block: the hits too).
+
 A failed step ends the request with a clean error (nothing half-written is ever a hit: blocks
 become hits only once durable); the turn leaves every counter it was in.
 
@@ -41,7 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call
+from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.ledger import Core, Phase, Topology
@@ -141,7 +149,10 @@ class TurnFlow:
         self.core.count_generated()  # tok_e per DE, as the other shells report it
         spec0 = dep.nodes[0]
         self.store = KVStore(kv_root, spec0.layout, namespace=dep.namespace(""))
-        self.buffers: dict[int, SlotBuffer] = {n.node: attach_buffer(n) for n in dep.nodes}
+        self.networked = any(n.networked for n in dep.nodes)
+        self.buffers: dict[int, SlotBuffer | RemoteSlots] = {
+            n.node: RemoteSlots(n, sidecar) if n.networked else attach_buffer(n) for n in dep.nodes
+        }
         self.full_block_bytes = spec0.layout.full_block_bytes
         self._sidecar = sidecar
         self._ids = itertools.count()
@@ -187,6 +198,9 @@ class TurnFlow:
             raise
         prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots, lease)
         try:
+            if self.networked:  # the prefill's KV goes to its own node's buffer first
+                prep.pe_slots = await self._alloc(self.topology.node_of(assign.pe),
+                                                  len(de_slots), lease)  # fmt: skip
             await self._read(prep, keys[:hit_blocks], reads)
         except BaseException:
             self.release(prep)
@@ -201,7 +215,7 @@ class TurnFlow:
         def ask(spec: NodeSpec) -> bool:
             op = {"op": "settle", "keys": keys, "timeout_s": SETTLE_WAIT_S}
             try:
-                return bool(self._sidecar(spec.socket_path, op)["waited"])
+                return bool(self._sidecar(spec.control, op)["waited"])
             except (OSError, ValueError, KeyError):
                 return False
 
@@ -259,8 +273,9 @@ class TurnFlow:
         keys = keys[: tokens // self.dep.block_tokens]
         side = a.read_side
         if side is ReadSide.PE:
-            prep.pe_slots = await self._alloc(node, len(keys), prep.lease)
-            slots = prep.pe_slots
+            if not self.networked:
+                prep.pe_slots = await self._alloc(node, len(keys), prep.lease)
+            slots = prep.pe_slots[: len(keys)]
         else:
             slots = prep.de_slots[: len(keys)]
         nbytes = len(keys) * self.full_block_bytes
@@ -268,9 +283,7 @@ class TurnFlow:
         spec = self.dep.nodes[node]
         try:
             op = {"op": "read", "keys": keys, "slots": slots}
-            prep.reading = asyncio.ensure_future(
-                asyncio.to_thread(self._sidecar, spec.socket_path, op)
-            )
+            prep.reading = asyncio.ensure_future(asyncio.to_thread(self._sidecar, spec.control, op))
             answer = await asyncio.shield(prep.reading)  # cancelled: the read goes on
             prep.reading = None
         except (OSError, ValueError) as err:
@@ -286,11 +299,41 @@ class TurnFlow:
         if got < prep.hit_blocks:  # a block went missing or was corrupt: recompute from there
             prep.hit_blocks = got
             prep.stored_blocks = min(prep.stored_blocks, got)
+        if side is ReadSide.DE and self.networked and got:  # DE buffer → PE node, over the CNIC
+            pe_node = self.topology.node_of(a.pe)
+            with self.stats.time_stage("cnic_hits"):
+                await self._push(prep, node, prep.de_slots[:got], pe_node, prep.pe_slots[:got])
+
+    async def _push(self, prep: Prepared, node: int, slots: list[int], to_node: int,
+                    to_slots: list[int]) -> None:  # fmt: skip
+        """Node ``node``'s side-car writes ``slots`` into node ``to_node``'s ``to_slots`` over
+        the compute network. Cancelled (the client left), it goes on: the request's slots go
+        back once it is over (``Prepared.reading``)."""
+        if not slots:
+            return
+        op = {"op": "push", "slots": slots, "to": self.dep.nodes[to_node].control,
+              "to_slots": to_slots}  # fmt: skip
+        prep.reading = asyncio.ensure_future(
+            asyncio.to_thread(self._sidecar, self.dep.nodes[node].control, op)
+        )
+        try:
+            await asyncio.shield(prep.reading)
+        except (OSError, ValueError) as err:
+            prep.reading = None
+            raise FlowError(
+                503, f"KV transfer node {node} → node {to_node} failed: {err}"
+            ) from None
+        prep.reading = None
 
     # ------------------------------------------------------------ 3. prefill, 4. decode
     def prefill_params(self, prep: Prepared) -> dict[str, Any]:
         a, hit = prep.assign, prep.hit_blocks
         de_node = self.topology.node_of(a.de)
+        if self.networked:  # only its own node's buffer: the hits are there, the rest goes there
+            pe_node, bs = self.topology.node_of(a.pe), self.dep.block_tokens
+            own = BlockLoad(pe_node, tuple(prep.pe_slots[:hit]), hit * bs) if hit else None
+            own_save = BlockSave(pe_node, tuple(prep.pe_slots[hit:]), hit)
+            return {"dualpath": TransferParams(load=own, save=own_save).to_dict()}
         load = None
         if hit:
             if prep.pe_slots:  # PE read path: from the PE's own buffer
@@ -301,6 +344,17 @@ class TurnFlow:
         first = 0 if prep.pe_slots or not hit else hit  # DE path: the DE already has the hits
         save = BlockSave(de_node, tuple(prep.de_slots[first:]), first)
         return {"dualpath": TransferParams(load=load, save=save).to_dict()}
+
+    async def hand_over(self, prep: Prepared) -> None:
+        """Across nodes, after the prefill answered: its KV from the PE node's buffer into the
+        DE buffer over the compute network (the blocks the DE buffer lacks: on the DE read
+        path it holds the hits already). One host: nothing to do (the prefill saved there)."""
+        if not self.networked:
+            return
+        a = prep.assign
+        first = prep.hit_blocks if a.read_side is ReadSide.DE else 0
+        pe_node, de_node = self.topology.node_of(a.pe), self.topology.node_of(a.de)
+        await self._push(prep, pe_node, prep.pe_slots[first:], de_node, prep.de_slots[first:])
 
     def prefilling(self, prep: Prepared) -> None:
         """The request is on its way to the prefill instance (its pass, as the ledger sees
@@ -313,14 +367,17 @@ class TurnFlow:
         """The prefill answered: its KV is in the DE buffer; the PE buffer's slots are free."""
         prep.prefill_in_flight = False
         bs_bytes = self.full_block_bytes
+        # on one host only the PE read path holds PE slots
+        de_path = prep.assign.read_side is ReadSide.DE if self.networked else not prep.pe_slots
         if prep.pe_slots:
             self._give_back(prep.assign.pe, prep.pe_slots, prep.lease)
             prep.pe_slots = []
-            self.stats.add(KVPath.PE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
-            saved = len(prep.de_slots)
-        else:
+        if de_path:
             self.stats.add(KVPath.DE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
             saved = len(prep.de_slots) - prep.hit_blocks
+        else:
+            self.stats.add(KVPath.PE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
+            saved = len(prep.de_slots)
         self.stats.add(KVPath.PE_HBM_TO_DE_BUFFER, saved * bs_bytes)
         self.core.first_token(prep.turn, self.now())
         self._pull()
@@ -411,7 +468,10 @@ class TurnFlow:
         """Node ``node``'s side-car was restarted: its buffer is a new segment."""
         old = self.buffers.pop(node)
         old.close()
-        self.buffers[node] = attach_buffer(self.dep.nodes[node])
+        spec = self.dep.nodes[node]
+        self.buffers[node] = (
+            RemoteSlots(spec, self._sidecar) if spec.networked else attach_buffer(spec)
+        )
 
     def abort(self, turn: Turn) -> None:
         """The turn failed or its client left: out of every count now, or (queued) at the
@@ -428,7 +488,7 @@ class TurnFlow:
         out = []
         for spec in self.dep.nodes:
             try:
-                out.append(self._sidecar(spec.socket_path, {"op": "stats"}))
+                out.append(self._sidecar(spec.control, {"op": "stats"}))
             except (OSError, ValueError):
                 out.append({"node": spec.node, "kind": spec.kind, "down": True})
         return out

@@ -36,6 +36,7 @@ from dualpath.integrations.vllm.setup import (
     check_parser,
     core_masks,
     instance_command,
+    placement,
     plan,
     vllm_env,
 )
@@ -79,11 +80,14 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         raise
     log_dir.mkdir(parents=True, exist_ok=True)
     masks = core_masks(len(dep.instances), os.cpu_count() or 1)
+    seats = placement(opts)
     out = Launched(
         dep, run_dir, log_dir,
-        [[sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()]
+        [in_namespace(seats[s.node].namespace,
+                      [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()])
          for s in dep.nodes],
-        [instance_command(opts, dep, inst, python) for inst in dep.instances],
+        [in_namespace(seats[i.node].namespace, instance_command(opts, dep, i, python))
+         for i in dep.instances],
         [vllm_env(opts, mask) for mask in masks],
     )  # fmt: skip
     for name in [f"sidecar{s.node}" for s in dep.nodes] + [
@@ -94,7 +98,7 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         for i in range(len(dep.nodes)):
             out.start_sidecar(i)
         for spec in dep.nodes:
-            wait_ready(spec.socket_path)
+            wait_ready(spec.control)
         for i in range(len(dep.instances)):
             out.start_instance(i)
         _wait_healthy(out, opts.startup_timeout_s)
@@ -102,6 +106,12 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         out.stop(grace_s=2.0)
         raise
     return out
+
+
+def in_namespace(namespace: str, argv: list[str]) -> list[str]:
+    """``argv`` run in network namespace ``namespace`` (a cluster node's; "": this one).
+    ``ip netns exec`` execs it: the process keeps the pid, its group and its signals."""
+    return ["ip", "netns", "exec", namespace, *argv] if namespace else argv
 
 
 def _wait_healthy(out: Launched, timeout_s: float) -> None:

@@ -1,9 +1,11 @@
 """A node of a DualPath deployment over vLLM, as its clients see it: spec, buffer, requests.
 
 ``NodeSpec`` is what the launcher writes for each node (its buffer's name and geometry, the
-lock and socket of its side-car, the store and the block layout); the router and the vLLM
-workers attach the node's buffer by name (``attach_buffer``) and send the side-car requests
-(``call``: one JSON line each way on its Unix socket). The side-car itself is ``sidecar.py``.
+lock and socket of its side-car, the store and the block layout); the vLLM workers of the node
+attach its buffer by name (``attach_buffer``) and every process sends the side-car requests
+(``call``: one JSON line each way, on its Unix socket, or over TCP on the node's CNIC address
+when the node has one: nodes on separate machines, or network namespaces of one host, see
+docs/deploy.md). The side-car itself is ``sidecar.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ class NodeSpec:
     row_bytes: int  # KV bytes of one token in one layer
     store_namespace: str  # the tenant-free namespace every block header carries
     snic_bytes_per_s: float = 0.0  # 0: unpaced
+    # A node of a cluster (its own machine or network namespace): its CNIC address, where its
+    # side-car answers (``control_port``) and moves KV to other nodes (Mooncake TE); its SNIC
+    # address, which its store client binds. "" : every node on one host (shared memory).
+    host: str = ""
+    control_port: int = 0
+    snic_host: str = ""
+    store_url: str = ""  # "" : the file store at kv_root; else ``runtime.stores.open_store``'s
 
     def __post_init__(self) -> None:
         if self.kind not in (EngineKind.PE.value, EngineKind.DE.value):
@@ -45,6 +54,24 @@ class NodeSpec:
         if self.snic_bytes_per_s < 0:
             raise ValueError(f"node {self.node}: snic_bytes_per_s={self.snic_bytes_per_s} "
                              "is invalid: must be >= 0")  # fmt: skip
+        if self.host and not 0 < self.control_port < 65536:
+            raise ValueError(f"node {self.node}: control_port={self.control_port} is invalid: "
+                             "a node with a host address needs a TCP port")  # fmt: skip
+
+    @property
+    def networked(self) -> bool:
+        """Whether the node is reached over the network (its own machine or namespace)."""
+        return bool(self.host)
+
+    @property
+    def control(self) -> str:
+        """Where its side-car answers: ``tcp://HOST:PORT``, or its Unix socket's path."""
+        return f"tcp://{self.host}:{self.control_port}" if self.host else self.socket_path
+
+    @property
+    def store(self) -> str:
+        """The store its side-car reads and writes (``runtime.stores.open_store``'s URL)."""
+        return self.store_url or self.kv_root
 
     @property
     def layout(self) -> BlockLayout:
@@ -111,31 +138,75 @@ class BufferOwners:
         self._buffers.clear()
 
 
-def call(socket_path: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
-    """One request to a side-car (blocking); its answer, or OSError / ValueError."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+def _connect(address: str, timeout_s: float) -> socket.socket:
+    """A connection to a side-car at ``tcp://HOST:PORT`` or at a Unix socket's path."""
+    if address.startswith("tcp://"):
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        return socket.create_connection((host, int(port)), timeout=timeout_s)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(address)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def call(address: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+    """One request to the side-car at ``address`` (``NodeSpec.control``), blocking; its
+    answer, or OSError / ValueError."""
+    with _connect(address, timeout_s) as s:
         s.settimeout(timeout_s)
-        s.connect(socket_path)
         s.sendall(json.dumps(op).encode() + b"\n")
         line = s.makefile("rb").readline()
     if not line:
-        raise OSError(f"side-car {socket_path} closed the connection")
+        raise OSError(f"side-car {address} closed the connection")
     answer: dict[str, Any] = json.loads(line)
     if "error" in answer:
-        raise ValueError(f"side-car {socket_path}: {answer['error']}")
+        raise ValueError(f"side-car {address}: {answer['error']}")
     return answer
 
 
-def wait_ready(socket_path: str, timeout_s: float = 30.0) -> None:
-    """Until the side-car at ``socket_path`` answers a ping (TimeoutError after ``timeout_s``)."""
+def wait_ready(address: str, timeout_s: float = 30.0) -> None:
+    """Until the side-car at ``address`` answers a ping (TimeoutError after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            call(socket_path, {"op": "ping"}, timeout_s=1.0)
+            call(address, {"op": "ping"}, timeout_s=1.0)
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"side-car {socket_path} not ready after {timeout_s} s"
-                ) from None
+                raise TimeoutError(f"side-car {address} not ready after {timeout_s} s") from None
             time.sleep(0.05)
+
+
+class RemoteSlots:
+    """A node's buffer as a process on another node sees it: its slots allocated and given
+    back by its side-car (``SlotBuffer``'s ``alloc`` / ``release`` / ``num_free``, one request
+    each), its bytes moved only by the side-cars (``push``)."""
+
+    def __init__(self, spec: NodeSpec, sidecar: Any = call) -> None:
+        self.spec = spec.buffer
+        self.node = spec
+        self._sidecar = sidecar
+
+    def alloc(self, n: int, owner: int = 0) -> list[int] | None:
+        got = self._sidecar(self.node.control, {"op": "alloc", "num_slots": n, "owner": owner})
+        slots = got["slots"]
+        return None if slots is None else [int(s) for s in slots]
+
+    def release(self, slots: list[int], owner: int) -> int:
+        op = {"op": "release", "slots": list(slots), "owner": owner}
+        return int(self._sidecar(self.node.control, op)["released"])
+
+    def release_owner(self, owner: int) -> int:
+        op = {"op": "release_owner", "owner": owner}
+        return int(self._sidecar(self.node.control, op)["released"])
+
+    @property
+    def num_free(self) -> int:
+        return int(self._sidecar(self.node.control, {"op": "stats"})["free_slots"])
+
+    def close(self) -> None:
+        """Nothing attached: nothing to close."""

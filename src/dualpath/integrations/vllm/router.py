@@ -285,6 +285,9 @@ class Router:
         self.flow.prefilling(prep)
         with self.flow.stats.time_stage("prefill"):
             await self._post(held, prep.assign.pe, "prefill", path, pbody)
+        with self.flow.stats.time_stage("cnic_kv"):
+            async with self._bounded(held, "the prefill's KV on its way to the decode node"):
+                await self.flow.hand_over(prep)
         self.flow.prefilled(prep)
 
     async def _post(self, held: _Held, engine: int, role: str, path: str,

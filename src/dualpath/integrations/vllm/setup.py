@@ -4,6 +4,9 @@ namespace, each instance's command line. Nothing here starts a process.
 Plain data shared by the launcher (which starts the processes), the router (which schedules
 over them) and the tests. One vLLM instance per node here (a node is one GPU's worth: on CPU,
 a process), prefill nodes ``0..P-1`` and decode nodes ``P..P+D-1`` as in ``ledger.Topology``.
+All on this host (loopback, shared memory), or placed on the nodes of a cluster that
+``dualpath cluster up`` made (``VllmOptions.cluster``: one network namespace per node, each
+process started in its node's, every node reached at its CNIC address).
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ class Deployment:
     shape: ModelShape
     engine: str  # names the engine's byte layout in the namespace
     hbm_tokens: int  # KV tokens one decode instance holds
+    # the router's seat: its store client binds this address (in a cluster: the head's on the
+    # storage network, so that the store's metadata is reached there)
+    router_store_host: str = "127.0.0.1"
+    cluster: str = ""  # the cluster the nodes are placed on ("": this host)
 
     @property
     def num_prefill(self) -> int:
@@ -135,6 +142,8 @@ class VllmOptions:
     reasoning_parser: str = ""  # vLLM's --reasoning-parser of every instance ('' none)
     seed: int = 0  # vLLM's --seed (its default: 0)
     max_restarts: int = 3  # per process; one more death: the deployment exits non-zero
+    cluster: str = ""  # place the nodes on ``dualpath cluster up``'s namespaces ("": this host)
+    store_url: str = ""  # the KV store (``runtime.stores.open_store``); "": the files at kv_root
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "max_model_len", "kv_cache_gib", "buffer_mib"):
@@ -149,6 +158,9 @@ class VllmOptions:
             raise ValueError(f"device={self.device!r} is invalid: must be cpu or cuda")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts={self.max_restarts} is invalid: must be >= 0")
+        if self.cluster and self.snic_bytes_per_s:
+            raise ValueError("--snic-mb-per-s is invalid with --cluster: the kernel shapes a "
+                             "cluster's SNICs (dualpath cluster up --snic-mbit)")  # fmt: skip
 
 
 def free_port() -> int:
@@ -181,22 +193,70 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
             f"of this model, less than --vllm-max-model-len {opts.max_model_len}: give at least "
             f"--vllm-buffer-mib {-(-need * full_block // 2**20)} or a shorter max model length"
         )
-    tag = f"dpv{os.getpid()}x{int(time.time() * 1000) % 100000}"
+    seats = placement(opts)
+    # a cluster's shared memory carries its prefix: ``dualpath cluster down`` removes it
+    prefix = f"dp{opts.cluster}-" if opts.cluster else "dpv"
+    tag = f"{prefix}{os.getpid()}x{int(time.time() * 1000) % 100000}"
     nodes, instances = [], []
     for node in range(opts.num_prefill + opts.num_decode):
         kind = "pe" if node < opts.num_prefill else "de"
-        port = opts.first_port + node if opts.first_port else free_port()
+        seat = seats[node]
+        port = opts.first_port + node if opts.first_port else seat.port or free_port()
         nodes.append(NodeSpec(node, kind, f"{tag}n{node}", num_slots,
                               str(run_dir / f"node{node}.lock"), str(run_dir / f"node{node}.sock"),
                               opts.kv_root, shape.num_layers, opts.block_tokens, shape.row_bytes,
-                              "", opts.snic_bytes_per_s))  # fmt: skip
-        instances.append(Instance(node, kind, f"http://127.0.0.1:{port}"))
+                              "", opts.snic_bytes_per_s, seat.cnic, SIDECAR_PORT if seat.cnic else 0,
+                              seat.snic, opts.store_url))  # fmt: skip
+        instances.append(Instance(node, kind, f"http://{seat.cnic or '127.0.0.1'}:{port}"))
     kv_tokens = opts.kv_cache_gib * 2**30 // (shape.num_layers * shape.row_bytes)
     dep = Deployment(tuple(nodes), tuple(instances), Path(opts.model_dir).name or "model",
                      opts.block_tokens, weights_digest, shape, engine, kv_tokens)  # fmt: skip
     ns = dep.namespace("")  # the tenant-free namespace in every block header
     return Deployment(tuple(_with_ns(n, ns) for n in nodes), dep.instances, dep.model,
-                      dep.block_tokens, weights_digest, shape, engine, kv_tokens)  # fmt: skip
+                      dep.block_tokens, weights_digest, shape, engine, kv_tokens,
+                      seats[-1].snic or "127.0.0.1", opts.cluster)  # fmt: skip
+
+
+SIDECAR_PORT = 7100  # a cluster node's side-car (each node has an address of its own)
+INSTANCE_PORT = 8100  # a cluster node's vLLM instance
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """Where a node runs: its network namespace ("": this host's), its CNIC and SNIC addresses
+    ("": loopback), its instance's port (0: a free one). The last seat is the router's."""
+
+    namespace: str = ""
+    cnic: str = ""
+    snic: str = ""
+    port: int = 0
+
+
+def placement(opts: VllmOptions) -> list[Seat]:
+    """The seat of each node (prefill nodes first), then the router's: all on this host, or
+    on cluster ``opts.cluster``'s nodes p0…, d0… (ValueError if it lacks some)."""
+    num = opts.num_prefill + opts.num_decode
+    if not opts.cluster:
+        return [Seat()] * (num + 1)
+    from dualpath.deploy.cluster import ClusterState
+
+    spec = ClusterState.load(opts.cluster).spec
+    pes = [n for n in spec.nodes if n.kind == "prefill"]
+    des = [n for n in spec.nodes if n.kind == "decode"]
+    if opts.num_prefill > len(pes) or opts.num_decode > len(des):
+        raise ValueError(f"--cluster {opts.cluster} has {len(pes)} prefill and {len(des)} decode "
+                         f"nodes: {opts.num_prefill}P{opts.num_decode}D does not fit")  # fmt: skip
+    chosen = pes[: opts.num_prefill] + des[: opts.num_decode]
+    seats = [Seat(n.namespace, n.cnic_addr, n.snic_addr, INSTANCE_PORT) for n in chosen]
+    return [*seats, Seat("", spec.head_cnic_addr, spec.head_snic_addr)]
+
+
+def store_seat(cluster: str) -> Seat:
+    """The storage host of cluster ``cluster``: where a store server runs."""
+    from dualpath.deploy.cluster import ClusterState
+
+    store = next(n for n in ClusterState.load(cluster).spec.nodes if n.kind == "store")
+    return Seat(store.namespace, "", store.snic_addr)
 
 
 def _with_ns(spec: NodeSpec, ns: str) -> NodeSpec:
@@ -216,10 +276,10 @@ def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance,
         "kv_connector_extra_config": {"node": inst.node,
                                       "nodes": [json.loads(n.to_json()) for n in dep.nodes]},
     }  # fmt: skip
-    port = inst.url.rsplit(":", 1)[1]
+    host, port = inst.url.removeprefix("http://").rsplit(":", 1)
     return [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", opts.model_dir,
-        "--served-model-name", dep.model, "--host", "127.0.0.1", "--port", port,
+        "--served-model-name", dep.model, "--host", host, "--port", port,
         "--dtype", opts.dtype, "--block-size", str(opts.block_tokens),
         "--max-model-len", str(opts.max_model_len), "--no-enable-prefix-caching",
         "--kv-transfer-config", json.dumps(kv_config),

@@ -15,10 +15,23 @@ by name and allocates), and serves a few operations as JSON lines on a Unix sock
   skipped or failed): the router asks it before it looks up a new turn's hits, so that a turn
   sent right after the one that wrote its prefix hits that prefix (the store advertises only
   durable blocks, and the writes run behind the answer);
-- ``stats``: bytes read and written, SNIC busy seconds.
+- ``stats``: bytes read, written and pushed, SNIC busy seconds.
 
-The SNIC is emulated by ``runtime.pacer.Pacer`` (both directions LOW: KV traffic), or unpaced
-(``snic_bytes_per_s`` 0). Owns no policy: what to read where is the router's decision.
+A node of a cluster (``NodeSpec.host``: its own machine, or a network namespace of one host)
+answers on TCP at its CNIC address instead, and serves what processes of other nodes cannot do
+through shared memory:
+
+- ``alloc`` / ``release``: slots of its buffer under an owner tag (the router's leases);
+- ``region``: its buffer as registered with its transfer engine (endpoint, address, size);
+- ``push``: given slots written into another node's buffer slots over the compute network
+  (Mooncake Transfer Engine: TCP here, RDMA on clusters; one write per run of consecutive
+  slots), answered once every byte landed: the DE read path's hit KV (DE buffer → PE node)
+  and the prefill's KV (PE node → DE buffer).
+
+The SNIC is emulated by ``runtime.pacer.Pacer`` (both directions LOW: KV traffic), unpaced
+(``snic_bytes_per_s`` 0), or, in a cluster made by ``dualpath cluster up``, shaped by the
+kernel on the node's ``snic`` interface. Owns no policy: what to read where is the router's.
+The TCP port is unauthenticated, like Mooncake's own: bind it to a private network only.
 """
 
 from __future__ import annotations
@@ -31,16 +44,18 @@ import signal
 import socketserver
 import sys
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dualpath.integrations.vllm.node import NodeSpec
+from dualpath.integrations.vllm.node import NodeSpec, call
 from dualpath.runtime.buffer import ANONYMOUS, SlotBuffer
 from dualpath.runtime.kvstore import KVStore
 from dualpath.runtime.pacer import LinkLock, Pacer
 from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry, read_or_miss
+from dualpath.runtime.transport.base import RegionHandle
 from dualpath.types import TrafficClass
 
 
@@ -66,6 +81,58 @@ class NodeSidecar:
         self._lock = threading.Lock()
         self._queued: Counter[str] = Counter()  # keys handed to ``persist``, not done yet
         self._write_done = threading.Condition(self._lock)
+        self.bytes_pushed = 0
+        self.push_busy_s = 0.0
+        self._engine: Any = None  # the transfer engine of a networked node (``start_engine``)
+        self._region: RegionHandle | None = None
+        self._peers: dict[str, RegionHandle] = {}  # control address → its registered buffer
+
+    # ---------------------------------------------------------------- compute network
+    def start_engine(self) -> None:
+        """A networked node's transfer engine on its CNIC address, its buffer registered."""
+        from dualpath.runtime.transport.mooncake import MooncakeTransport
+
+        self._engine = MooncakeTransport(hostname=self.spec.host)
+        self._region = self._engine.register(self.spec.buffer_name, self.buffer.data)
+
+    def region(self) -> dict[str, Any]:
+        if self._region is None:
+            raise ValueError("region: this node has no transfer engine (not networked)")
+        r = self._region
+        return {"endpoint": r.endpoint, "name": r.name, "address": r.address,
+                "size_bytes": r.size_bytes}  # fmt: skip
+
+    def _peer(self, address: str, fresh: bool = False) -> RegionHandle:
+        if fresh or address not in self._peers:
+            self._peers[address] = RegionHandle(**call(address, {"op": "region"}, 10.0))
+        return self._peers[address]
+
+    def push(self, slots: list[int], to: str, to_slots: list[int]) -> int:
+        """Write ``slots`` into the slots ``to_slots`` of the node whose side-car is at ``to``
+        (its buffer as its transfer engine registered it); bytes moved."""
+        if self._engine is None or self._region is None:
+            raise ValueError("push: this node has no transfer engine (not networked)")
+        if len(slots) != len(to_slots):
+            raise ValueError(f"push: {len(slots)} slots for {len(to_slots)} peer slots")
+        stride, nbytes = self.buffer.spec.stride_bytes, self.spec.layout.full_block_bytes
+        runs = _runs(slots, to_slots)
+        start = time.perf_counter()
+        for attempt in (0, 1):  # a peer restarted since: its buffer registered anew
+            peer = self._peer(to, fresh=attempt > 0)
+            try:
+                moves = [self._engine.write(self._region, s * stride, peer, d * stride,
+                                            (k - 1) * stride + nbytes) for s, d, k in runs]  # fmt: skip
+                for move in moves:
+                    move.wait()
+                break
+            except (RuntimeError, ValueError):
+                if attempt:
+                    raise
+        moved = len(slots) * nbytes
+        with self._lock:
+            self.bytes_pushed += moved
+            self.push_busy_s += time.perf_counter() - start
+        return moved
 
     # ---------------------------------------------------------------- reads
     def _read_one(self, key: str, slot: int) -> bool:
@@ -164,6 +231,8 @@ class NodeSidecar:
                 "skipped_writes": self.num_skipped_writes,
                 "unfinished_writes": sum(self._queued.values()),  # queued or in hand
             }
+            out["bytes_pushed"] = self.bytes_pushed
+            out["push_busy_s"] = self.push_busy_s
         out["free_slots"] = self.buffer.num_free
         out["read_busy_s"] = self.snic_read.stats.busy_s if self.snic_read else 0.0
         out["write_busy_s"] = self.snic_write.stats.busy_s if self.snic_write else 0.0
@@ -182,7 +251,18 @@ class NodeSidecar:
             return self.stats()
         if kind == "ping":
             return {"pid": os.getpid()}
-        return {"error": f"op={kind!r} is invalid: must be read, write, settle, stats or ping"}
+        if kind == "alloc":
+            return {"slots": self.buffer.alloc(int(op["num_slots"]), owner=int(op["owner"]))}
+        if kind == "release":
+            return {"released": self.buffer.release(list(op["slots"]), int(op["owner"]))}
+        if kind == "release_owner":
+            return {"released": self.buffer.release_owner(int(op["owner"]))}
+        if kind == "region":
+            return self.region()
+        if kind == "push":
+            return {"bytes": self.push(list(op["slots"]), str(op["to"]), list(op["to_slots"]))}
+        return {"error": f"op={kind!r} is invalid: must be read, write, settle, stats, ping, "
+                         "alloc, release, release_owner, region or push"}  # fmt: skip
 
     # ---------------------------------------------------------------- serving
     def serve_forever(self) -> None:
@@ -198,9 +278,16 @@ class NodeSidecar:
                     self.wfile.write(json.dumps(answer).encode() + b"\n")
                     self.wfile.flush()
 
-        Path(self.spec.socket_path).unlink(missing_ok=True)
-        server = socketserver.ThreadingUnixStreamServer(self.spec.socket_path, Handler)
-        server.daemon_threads = True
+        server: socketserver.BaseServer
+        if self.spec.networked:
+            self.start_engine()
+            socketserver.ThreadingTCPServer.allow_reuse_address = True
+            server = socketserver.ThreadingTCPServer((self.spec.host, self.spec.control_port),
+                                                     Handler)  # fmt: skip
+        else:
+            Path(self.spec.socket_path).unlink(missing_ok=True)
+            server = socketserver.ThreadingUnixStreamServer(self.spec.socket_path, Handler)
+        server.daemon_threads = True  # type: ignore[attr-defined,unused-ignore]
         threads = [threading.Thread(target=self._read_loop, name="reader", daemon=True),
                    threading.Thread(target=self._write_loop, name="writer", daemon=True)]  # fmt: skip
         for t in threads:
@@ -220,9 +307,22 @@ class NodeSidecar:
             for t in threads:
                 t.join(timeout=30)
             self.readers.shutdown()
+            if self._engine is not None:
+                self._engine.close()
             self.buffer.close()
             Path(self.spec.socket_path).unlink(missing_ok=True)
             Path(self.spec.lock_path).unlink(missing_ok=True)
+
+
+def _runs(slots: list[int], to_slots: list[int]) -> list[tuple[int, int, int]]:
+    """(first slot, first peer slot, count) of each run consecutive on both sides."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(slots, to_slots, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:

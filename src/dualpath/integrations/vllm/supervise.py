@@ -24,7 +24,7 @@ from typing import Protocol
 
 import httpx
 
-from dualpath.integrations.vllm.node import call, instance_owner
+from dualpath.integrations.vllm.node import RemoteSlots, call, instance_owner
 from dualpath.integrations.vllm.processes import (
     Launched,
     group_segments,
@@ -54,7 +54,7 @@ class Buffers(Protocol):
     """The router's flow (``flow.TurnFlow``): its node buffers, and ``reattach`` after a
     side-car recreated one."""
 
-    buffers: dict[int, SlotBuffer]
+    buffers: dict[int, SlotBuffer | RemoteSlots]
 
     def reattach(self, node: int) -> None: ...
 
@@ -170,7 +170,7 @@ class Supervisor:
         for node, buf in sorted(self.flow.buffers.items()):
             try:
                 buf.release_owner(tag)
-            except ValueError:  # (a buffer closed by a re-attach)
+            except (ValueError, OSError):  # a buffer closed by a re-attach, a side-car gone
                 print(f"dualpath: node {node}'s buffer: cannot free the slots of "
                       f"{self.name('instance', j)}", file=sys.stderr)  # fmt: skip
 
@@ -187,7 +187,7 @@ class Supervisor:
             if proc.poll() is not None:
                 return  # died again: the next look restarts it (within its budget)
             try:
-                await asyncio.to_thread(call, spec.socket_path, {"op": "ping"}, 1.0)
+                await asyncio.to_thread(call, spec.control, {"op": "ping"}, 1.0)
                 break
             except OSError:
                 if loop.time() > deadline:

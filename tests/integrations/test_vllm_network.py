@@ -1,0 +1,73 @@
+"""Side-cars as nodes of a cluster, on loopback: slots allocated over TCP, KV pushed from one
+node's buffer into another's by Mooncake Transfer Engine (``sidecar.push``), the router's flow
+over them. The same processes run in network namespaces in ``test_vllm_cluster.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integrations.nodes import running_sidecars
+
+from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call
+from dualpath.integrations.vllm.sidecar import _runs
+
+pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda is not installed")
+
+LAYERS, BS, ROW = 2, 32, 64
+
+
+@pytest.fixture()
+def nodes(tmp_path: Path) -> Iterator[dict[int, NodeSpec]]:
+    with running_sidecars(tmp_path, 12, LAYERS, BS, ROW, "ns0", networked=True) as specs:
+        yield specs
+
+
+def test_consecutive_slots_on_both_sides_move_in_one_write() -> None:
+    assert _runs([3, 4, 5, 9], [0, 1, 2, 3]) == [(3, 0, 3), (9, 3, 1)]
+    assert _runs([1, 2], [5, 4]) == [(1, 5, 1), (2, 4, 1)]
+    assert _runs([], []) == []
+
+
+def test_slots_are_leased_over_tcp_and_kv_pushed_between_nodes(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    pe, de = RemoteSlots(nodes[0]), RemoteSlots(nodes[1])
+    assert nodes[0].control.startswith("tcp://127.0.0.1:")
+    src = de.alloc(5, owner=7)
+    dst = pe.alloc(5, owner=7)
+    assert src is not None and dst is not None and pe.num_free == 12 - 5
+    block = nodes[0].layout.full_block_bytes
+    de_buf, pe_buf = attach_buffer(nodes[1]), attach_buffer(nodes[0])
+    try:
+        stride = de_buf.spec.stride_bytes
+        for i, s in enumerate(src):  # distinct bytes per block
+            de_buf.data[s * stride : s * stride + block] = bytes([i + 1]) * block
+        # out of order on the receiving side: runs split where either side jumps
+        order = [dst[4], dst[0], dst[1], dst[2], dst[3]]
+        got = call(nodes[1].control, {"op": "push", "slots": src, "to": nodes[0].control,
+                                      "to_slots": order})  # fmt: skip
+        assert got["bytes"] == 5 * block
+        for i, d in enumerate(order):
+            assert bytes(pe_buf.data[d * stride : d * stride + block]) == bytes([i + 1]) * block
+        assert call(nodes[1].control, {"op": "stats"})["bytes_pushed"] == 5 * block
+    finally:
+        de_buf.close()
+        pe_buf.close()
+    assert pe.release(dst, owner=8) == 0  # not its lease: nothing freed
+    assert pe.release(dst, owner=7) == 5 and de.release(src, owner=7) == 5
+    assert pe.num_free == 12 and de.num_free == 12
+
+
+def test_a_push_to_a_node_that_is_gone_is_a_clean_error(nodes: dict[int, NodeSpec]) -> None:
+    slots = RemoteSlots(nodes[1]).alloc(1, owner=1)
+    assert slots is not None
+    with pytest.raises((OSError, ValueError)):
+        call(nodes[1].control, {"op": "push", "slots": slots, "to": "tcp://127.0.0.1:1",
+                                "to_slots": [0]}, timeout_s=20)  # fmt: skip
+    with pytest.raises(ValueError, match="3 peer slots"):
+        call(nodes[1].control, {"op": "push", "slots": slots, "to": nodes[0].control,
+                                "to_slots": [0, 1, 2]})  # fmt: skip
+    assert RemoteSlots(nodes[1]).release(slots, owner=1) == 1
