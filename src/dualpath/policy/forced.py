@@ -15,9 +15,11 @@ from dualpath.types import ReadSide
 
 
 class ForcedSide:
-    """``policy`` with every read on ``side``, whatever it chose; a ``Policy`` itself."""
+    """``policy`` with every read on ``side``, whatever it chose (``None``: as it chose); a
+    ``Policy`` itself. ``side`` may change between schedules (the router's
+    ``/v1/dualpath/read_side``)."""
 
-    def __init__(self, policy: Policy, side: ReadSide) -> None:
+    def __init__(self, policy: Policy, side: ReadSide | None) -> None:
         self.policy, self.side = policy, side
         self.name, self.layerwise = policy.name, policy.layerwise
 
@@ -29,7 +31,7 @@ class ForcedSide:
 
     def _forced(self, a: Assign) -> Assign:
         hit = a.pe_read_tokens + a.de_read_tokens
-        if not hit or a.read_side is self.side:
+        if not hit or self.side is None or a.read_side is self.side:
             return a
         pe = hit if self.side is ReadSide.PE else 0
         return replace(a, read_side=self.side, pe_read_tokens=pe, de_read_tokens=hit - pe)

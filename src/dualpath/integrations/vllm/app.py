@@ -21,6 +21,7 @@ from dualpath.integrations.vllm.collector import FlowCollector, take_snapshot
 from dualpath.integrations.vllm.router import Router, error_response
 from dualpath.serve.schema import ApiError
 from dualpath.serve.service import tenant_of
+from dualpath.types import ReadSide
 
 Background = Callable[[], Coroutine[Any, Any, None]]
 
@@ -100,5 +101,18 @@ def create_app(router: Router, background: Sequence[Background] = (),
         note = "" if router.flow.policy.params.record_decisions else (
             "off: start with --set scheduler.record_decisions=true")  # fmt: skip
         return JSONResponse({"decisions": records, "note": note})
+
+    @app.put("/v1/dualpath/read_side")
+    async def read_side(request: Request) -> Response:
+        """Force every storage read to one side from now on, or back to the policy's choice
+        (``--read-side`` without a restart: diagnosis and tests)."""
+        tenant_of(keys, request)
+        body = await body_of(request)
+        side = body.get("read_side") if isinstance(body, dict) else None
+        if side not in ("policy", "pe", "de"):
+            return error_response(400, f"read_side={side!r} is invalid: must be policy, pe or "
+                                  "de", "read_side")  # fmt: skip
+        router.flow.read_side = None if side == "policy" else ReadSide(side)
+        return JSONResponse({"read_side": side})
 
     return app

@@ -142,7 +142,8 @@ class TurnFlow:
         self.dep = dep
         self.policy = policy  # for its decision trace (the router's /v1/dualpath/decisions)
         self.topology = Topology(1, dep.num_prefill, dep.num_decode)
-        decide: Policy = policy if force_side is None else ForcedSide(policy, force_side)
+        self._forced = ForcedSide(policy, force_side)
+        decide: Policy = self._forced
         self.core: Core[Any, Turn] = Core(
             self.topology, decide, dep.hbm_tokens, dep.block_tokens, _no_agents
         )
@@ -160,6 +161,15 @@ class TurnFlow:
         self._epoch = time.monotonic()
         self.slot_deadline_s = slot_deadline_s
         self.stats = FlowStats()
+
+    @property
+    def read_side(self) -> ReadSide | None:
+        """The side every read is forced to (None: the policy's choice)."""
+        return self._forced.side
+
+    @read_side.setter
+    def read_side(self, side: ReadSide | None) -> None:
+        self._forced.side = side
 
     def now(self) -> float:
         return time.monotonic() - self._epoch

@@ -15,6 +15,7 @@ what dies. SIGTERM / SIGINT stop the router (uvicorn lets in-flight requests fin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -30,14 +31,18 @@ from typing import Any
 from dualpath.integrations.vllm.node import wait_ready
 from dualpath.integrations.vllm.processes import Launched
 from dualpath.integrations.vllm.setup import (
+    STORE_PORT,
     Instance,
+    Seat,
     VllmOptions,
     auto_tool_parser,
     check_parser,
     core_masks,
+    free_port,
     instance_command,
     placement,
     plan,
+    store_seat,
     vllm_env,
 )
 
@@ -67,10 +72,24 @@ def find_vllm_python(explicit: str | None = None) -> str:
     )
 
 
+def store_service(opts: VllmOptions) -> tuple[VllmOptions, list[list[str]]]:
+    """``--store mooncake``: a Mooncake Store server (master and the memory it serves) to start
+    on the cluster's storage host, or on loopback; ``opts`` with its URL."""
+    if opts.store_url != "mooncake":
+        return opts, []
+    seat = store_seat(opts.cluster) if opts.cluster else Seat(snic="127.0.0.1")
+    port = STORE_PORT if opts.cluster else free_port()
+    cmd = [sys.executable, "-m", "dualpath.runtime.mooncake_store", "serve", "--host", seat.snic,
+           "--port", str(port), "--segment-mib", str(opts.store_mib)]  # fmt: skip
+    url = f"mooncake://{seat.snic}:{port}"
+    return dataclasses.replace(opts, store_url=url), [in_namespace(seat.namespace, cmd)]
+
+
 def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
     """Start the side-cars and the instances; return once every instance serves ``/health``
     (RuntimeError naming the instance and its log's last lines if one fails)."""
     python = find_vllm_python(opts.vllm_python)
+    opts, services = store_service(opts)
     run_dir = Path(tempfile.mkdtemp(prefix="dualpath-vllm-"))
     log_dir = Path(opts.log_dir) if opts.log_dir else run_dir / "logs"
     try:
@@ -89,12 +108,19 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         [in_namespace(seats[i.node].namespace, instance_command(opts, dep, i, python))
          for i in dep.instances],
         [vllm_env(opts, mask) for mask in masks],
+        service_commands=services,
     )  # fmt: skip
-    for name in [f"sidecar{s.node}" for s in dep.nodes] + [
-        f"vllm{i.node}-{i.kind}" for i in dep.instances
-    ]:
+    for name in (
+        [f"service{i}" for i in range(len(services))]
+        + [f"sidecar{s.node}" for s in dep.nodes]
+        + [f"vllm{i.node}-{i.kind}" for i in dep.instances]
+    ):
         out.log_path(name).write_bytes(b"")  # each run's logs start empty
     try:
+        for i in range(len(services)):
+            out.start_service(i)
+        if services:
+            wait_store(dep.nodes[0].store, out, opts.startup_timeout_s)
         for i in range(len(dep.nodes)):
             out.start_sidecar(i)
         for spec in dep.nodes:
@@ -106,6 +132,28 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         out.stop(grace_s=2.0)
         raise
     return out
+
+
+def wait_store(url: str, out: Launched, timeout_s: float) -> None:
+    """Until the store server at ``url`` (``mooncake://HOST:PORT``) accepts connections."""
+    import socket
+
+    host, port = url.removeprefix("mooncake://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if out.services[0].poll() is not None:
+            tail = out.log_path("service0").read_text(errors="replace").splitlines()[-10:]
+            raise RuntimeError(f"the store server exited with {out.services[0].returncode}:\n"
+                               + "\n".join(tail))  # fmt: skip
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the store server at {url} not ready after {timeout_s} s"
+                ) from None
+            time.sleep(0.1)
 
 
 def in_namespace(namespace: str, argv: list[str]) -> list[str]:

@@ -106,6 +106,9 @@ class Launched:
     instance_commands: list[list[str]] = field(default_factory=list)
     instance_envs: list[dict[str, str]] = field(default_factory=list)
     sidecars: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # what the nodes use and outlive no run: a store server (started first, stopped last)
+    service_commands: list[list[str]] = field(default_factory=list)
+    services: list[subprocess.Popen[bytes]] = field(default_factory=list)
     instances: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: dict[str, IO[bytes]] = field(default_factory=dict)
     stopped: bool = False
@@ -139,6 +142,10 @@ class Launched:
         return self._popen(f"sidecar{index}", self.sidecar_commands[index], None,
                            self.sidecars, index)  # fmt: skip
 
+    def start_service(self, index: int) -> subprocess.Popen[bytes]:
+        return self._popen(f"service{index}", self.service_commands[index], None,
+                           self.services, index)  # fmt: skip
+
     def start_instance(self, index: int) -> subprocess.Popen[bytes]:
         inst = self.deployment.instances[index]
         return self._popen(f"vllm{inst.node}-{inst.kind}", self.instance_commands[index],
@@ -157,7 +164,7 @@ class Launched:
         ``grace_s``), then the side-cars; their buffers unlinked. No process is left."""
         with self._lock:
             self.stopped = True
-        for group in (self.instances, self.sidecars):
+        for group in (self.instances, self.sidecars, self.services):
             for p in group:
                 kill_group(p, signal.SIGTERM)
             deadline = time.monotonic() + grace_s

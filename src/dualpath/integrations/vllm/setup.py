@@ -144,6 +144,7 @@ class VllmOptions:
     max_restarts: int = 3  # per process; one more death: the deployment exits non-zero
     cluster: str = ""  # place the nodes on ``dualpath cluster up``'s namespaces ("": this host)
     store_url: str = ""  # the KV store (``runtime.stores.open_store``); "": the files at kv_root
+    store_mib: int = 512  # ``store_url`` "mooncake": the memory of the store server started
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "max_model_len", "kv_cache_gib", "buffer_mib"):
@@ -217,6 +218,7 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
                       seats[-1].snic or "127.0.0.1", opts.cluster)  # fmt: skip
 
 
+STORE_PORT = 7200  # a Mooncake Store master started on a cluster's storage host
 SIDECAR_PORT = 7100  # a cluster node's side-car (each node has an address of its own)
 INSTANCE_PORT = 8100  # a cluster node's vLLM instance
 

@@ -150,7 +150,7 @@ class WorkerSide:
         it (a hand-over on a thread of its own lost that race: the next turn missed its hits)."""
         spec = self.nodes[node]
         try:
-            self._sidecar(spec.socket_path, {"op": "write", "keys": keys, "slots": slots})
+            self._sidecar(spec.control, {"op": "write", "keys": keys, "slots": slots})
         except (OSError, ValueError) as err:  # the side-car is gone: the blocks stay uncached
             print(f"dualpath connector: persist on node {node} failed ({err})", file=sys.stderr)
             # what it did not take is still this instance's
