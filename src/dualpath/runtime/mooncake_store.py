@@ -1,0 +1,699 @@
+"""Full Blocks in Mooncake Store (issue 51 c): ``MooncakeBlockStore``, the ``KVStore`` interface
+over a Mooncake master, and ``StoreServer``, which runs a master and one memory owner.
+
+One object per Full Block, under its hash-chain key: a 64-byte header (the file store's header
+fields: magic, version, layout, payload bytes, crc32, namespace fingerprint) then the payload.
+Header and payload travel in one put, so a block is never half there: Mooncake's put is
+PutStart (allocate) → transfer → PutEnd, and an object is visible (``is_exist``, ``get``) only
+after PutEnd; a writer that dies in between leaves an invisible allocation the master discards
+(``put_start_discard_timeout_sec``). Memory registered with ``register`` moves zero-copy: the
+header scatters into / gathers from a small registered scratch, the payload straight from / to
+the caller's memory. Owns no pacing and no retries (``storage.persist_with_retry`` retries).
+
+Mooncake return codes relied on (``mooncake-store/include/types.h``): -200 no space
+(NO_AVAILABLE_HANDLE), -600 buffer too small / invalid params, -703 replica not ready (a put in
+flight), -704 OBJECT_NOT_FOUND, -705 OBJECT_ALREADY_EXISTS, -706 OBJECT_HAS_LEASE (a ``get``
+leases an object for ``default_kv_lease_ttl``; ``remove`` forces past it), -707 LEASE_EXPIRED,
+-800 TRANSFER_FAIL (the owner is gone, or the object's size differs from the buffers),
+-900 RPC_FAIL (the master is gone: ~4 s of reconnects), -901 RPC_TIMEOUT (a hung master: 30 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from types import TracebackType
+from typing import Any, TypeVar
+
+from dualpath.runtime.kvstore import _HEADER as FILE_HEADER  # the file store's header fields
+from dualpath.runtime.kvstore import (
+    MAGIC,
+    VERSION,
+    BlockCorrupt,
+    BlockForeign,
+    BlockLayout,
+    BlockMissing,
+    BlockUnreadable,
+    KVStoreError,
+    fingerprint,
+)
+
+OBJECT_HEADER_BYTES = 64  # FILE_HEADER (46 bytes) padded: no O_DIRECT alignment to keep here
+LOCAL_BUFFER_BYTES = 64 << 20  # the client's own buffer: what the bytes path copies through
+CALL_TIMEOUT_S = 10.0  # bound on one Mooncake call (a hung owner blocks a get forever)
+CONNECT_TIMEOUT_S = 30.0  # setup (it retries an unreachable master for 90 s: probed first)
+HEADER_SLOTS = 256  # registered header scratch: concurrent zero-copy blocks, all threads
+MAX_BATCH = 64  # keys per batched call (a batch takes that many header slots)
+CALL_THREADS = 4  # threads that run Mooncake calls (each bounded by ``timeout_s``)
+
+OK, NO_SPACE, NOT_FOUND, ALREADY_EXISTS = 0, -200, -704, -705
+
+T = TypeVar("T")
+
+
+class MooncakeError(OSError):
+    """A Mooncake call failed (``code``: its return code, 0 for a timeout): an ``OSError``,
+    so ``persist_with_retry`` retries it (or not: a full store is ``ENOSPC``)."""
+
+    def __init__(self, what: str, code: int, err: int = errno.EIO) -> None:
+        super().__init__(err, f"mooncake {what}: {'timed out' if code == 0 else f'code {code}'}")
+        self.code = code
+
+
+def load_client_class() -> Any:
+    """``MooncakeDistributedStore``, or a one-line ``ImportError`` saying what to install."""
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as err:
+        raise ImportError(
+            "mooncake:// stores need Mooncake: pip install mooncake-transfer-engine "
+            f"(or mooncake-transfer-engine-non-cuda) ({err})"
+        ) from None
+    return MooncakeDistributedStore
+
+
+def address_of(view: memoryview) -> int | None:
+    """Address of a writable buffer's first byte; None for a read-only one. Holds no export
+    (a held export would keep the caller's shared memory from closing)."""
+    if view.readonly:
+        return None
+    cell = ctypes.c_char.from_buffer(view)
+    try:
+        return ctypes.addressof(cell)
+    finally:
+        del cell
+
+
+class ObjectPath:
+    """A block's place in the store, shaped like the file store's ``Path`` for the callers
+    that remove a corrupt block (``storage.read_or_miss``: ``store.path(key).unlink``)."""
+
+    def __init__(self, store: MooncakeBlockStore, key: str) -> None:
+        self.store = store
+        self.key = key
+        self.name = key
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        if not self.store.remove(self.key) and not missing_ok:
+            raise FileNotFoundError(errno.ENOENT, f"block {self.key} is not in the store")
+
+    def is_file(self) -> bool:
+        return self.store.has(self.key)
+
+    def __str__(self) -> str:
+        return f"{self.store.url}/{self.key}"
+
+
+class MooncakeBlockStore:
+    """Full Blocks in a Mooncake Store, with ``KVStore``'s interface and guarantees.
+
+    ``client``: a set-up ``MooncakeDistributedStore`` (``connect`` makes one). Every call is
+    bounded by ``timeout_s``: one that takes longer raises ``MooncakeError`` (``ETIMEDOUT``)
+    and its thread is left to finish; a zero-copy read may then still land in ``out`` later."""
+
+    def __init__(
+        self,
+        client: Any,
+        layout: BlockLayout,
+        namespace: str = "",
+        url: str = "mooncake://",
+        timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        self.client = client
+        self.layout = layout
+        self.fingerprint = fingerprint(namespace)
+        self.url = url
+        self.timeout_s = timeout_s
+        self.object_bytes = OBJECT_HEADER_BYTES + layout.full_block_bytes
+        self._calls = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="mooncake")
+        self._regions: dict[int, int] = {}  # registered start address -> end address
+        self._headers = mmap.mmap(-1, HEADER_SLOTS * OBJECT_HEADER_BYTES)  # header scratch
+        self._headers_at = address_of(memoryview(self._headers)) or 0
+        self._headers_registered = False  # registered at the first zero-copy transfer
+        self._free_slots = list(range(HEADER_SLOTS))
+        self._slots_freed = threading.Condition()
+
+    @classmethod
+    def connect(
+        cls,
+        master: str,
+        layout: BlockLayout,
+        namespace: str = "",
+        local_hostname: str = "127.0.0.1",
+        local_buffer_bytes: int = LOCAL_BUFFER_BYTES,
+        timeout_s: float = CALL_TIMEOUT_S,
+    ) -> MooncakeBlockStore:
+        """A pure client (contributes no memory) of the master at ``HOST:PORT``; its transfer
+        engine binds and advertises ``local_hostname`` (a node's SNIC address)."""
+        client_class = load_client_class()
+        host, _, port = master.rpartition(":")
+        try:  # setup() would retry an unreachable master for 90 s
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+        except OSError as err:
+            raise ConnectionError(f"mooncake master {master} is not reachable: {err}") from None
+        client = client_class()
+        store = cls(client, layout, namespace, f"mooncake://{master}", timeout_s)
+        args = (local_hostname, "P2PHANDSHAKE", 0, local_buffer_bytes, "tcp", "", master)
+        try:
+            rc = store._call("setup", CONNECT_TIMEOUT_S, client.setup, *args)
+        except MooncakeError:
+            store._calls.shutdown(wait=False)
+            raise
+        if rc != OK:
+            store._calls.shutdown(wait=False)
+            raise MooncakeError(f"setup with master {master}", rc)
+        return store
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _call(self, what: str, timeout_s: float, fn: Callable[..., T], *args: Any) -> T:
+        future = self._calls.submit(fn, *args)
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            raise MooncakeError(what, 0, errno.ETIMEDOUT) from None
+
+    def _do(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        return self._call(what, self.timeout_s, fn, *args)
+
+    def register(self, memory: memoryview) -> None:
+        """Register ``memory`` (e.g. the node buffer's shared memory) for zero-copy transfers
+        of the blocks that lie inside it. Keep it mapped until ``close``."""
+        start = address_of(memory)
+        if start is None:
+            raise ValueError("memory is read-only: only writable memory can be registered")
+        rc = self._do("register_buffer", self.client.register_buffer, start, len(memory))
+        if rc != OK:
+            raise MooncakeError("register_buffer", rc)
+        self._regions[start] = start + len(memory)
+
+    def _registered(self, view: memoryview) -> int | None:
+        """``view``'s address if it lies inside registered memory, else None."""
+        start = address_of(view)
+        if start is None:
+            return None
+        end = start + len(view)
+        for lo, hi in self._regions.items():
+            if lo <= start and end <= hi:
+                return start
+        return None
+
+    def _header_slots(self, n: int) -> list[int]:
+        """Take ``n`` header slots (waits for slots other threads hold)."""
+        with self._slots_freed:
+            if not self._headers_registered:
+                register = self.client.register_buffer
+                rc = self._do("register_buffer", register, self._headers_at, len(self._headers))
+                if rc != OK:
+                    raise MooncakeError("register_buffer", rc)
+                self._headers_registered = True
+            self._slots_freed.wait_for(lambda: len(self._free_slots) >= n)
+            taken, self._free_slots = self._free_slots[:n], self._free_slots[n:]
+        return taken
+
+    def _free_header_slots(self, slots: list[int]) -> None:
+        with self._slots_freed:
+            self._free_slots.extend(slots)
+            self._slots_freed.notify_all()
+
+    def _header(self, crc: int) -> bytes:
+        lay = self.layout
+        head = FILE_HEADER.pack(
+            MAGIC,
+            VERSION,
+            lay.num_layers,
+            lay.block_tokens,
+            lay.row_bytes,
+            lay.full_block_bytes,
+            crc,
+            self.fingerprint,
+        )
+        return head.ljust(OBJECT_HEADER_BYTES, b"\0")
+
+    def _verify(self, key: str, head: bytes | memoryview, payload: memoryview) -> None:
+        """Raise unless ``head`` ‖ ``payload`` is a sound block of this namespace and layout.
+        The fingerprint is checked first: another tenant's block is never called corrupt
+        (a corrupt block gets removed)."""
+        lay = self.layout
+        if len(head) < FILE_HEADER.size:
+            raise BlockCorrupt(f"block {key}: truncated header")
+        magic, version, layers, tokens, row, size, crc, fp = FILE_HEADER.unpack_from(head)
+        if magic == MAGIC and fp != self.fingerprint:
+            raise BlockForeign(f"block {key}: written under another namespace")
+        if (magic, version, layers, tokens, row) != (MAGIC, VERSION, *_dims(lay)):
+            raise BlockCorrupt(f"block {key}: header {(magic, version, layers, tokens, row)}")
+        if size != lay.full_block_bytes or len(payload) != size:
+            raise BlockCorrupt(f"block {key}: {len(payload)} payload bytes, expected {size}")
+        if zlib.crc32(payload) != crc:
+            raise BlockCorrupt(f"block {key}: checksum mismatch")
+
+    # -- the KVStore interface -----------------------------------------------------------
+
+    def path(self, key: str) -> ObjectPath:
+        return ObjectPath(self, key)
+
+    def has(self, key: str) -> bool:
+        """Whether the block is stored (a put that completed); False if the master cannot say."""
+        try:
+            return self._do("is_exist", self.client.is_exist, key) == 1
+        except MooncakeError:
+            return False
+
+    def lookup(self, keys: Sequence[str]) -> int:
+        """Hit tokens: leading stored blocks of the chain (one batched query), in tokens; 0
+        when the master cannot answer (a miss: the tokens are recomputed)."""
+        if not keys:
+            return 0
+        try:
+            found = self._do("batch_is_exist", self.client.batch_is_exist, list(keys))
+        except MooncakeError:
+            return 0
+        hits = 0
+        for flag in found:
+            if flag != 1:
+                break
+            hits += 1
+        return hits * self.layout.block_tokens
+
+    def write_block(self, key: str, payload: memoryview | bytes) -> bool:
+        """Store one Full Block (one all-or-nothing put); False if it is already stored
+        (content-addressed). ``MooncakeError`` (an ``OSError``) if the put fails."""
+        lay = self.layout
+        if len(payload) != lay.full_block_bytes:
+            raise ValueError(
+                f"payload of {len(payload)} bytes is invalid: must be {lay.full_block_bytes}"
+            )
+        if self.has(key):
+            return False
+        view = memoryview(payload).cast("B")
+        head = self._header(zlib.crc32(view))
+        at = self._registered(view)
+        if at is None:
+            rc = self._do("put", self.client.put_parts, key, head, view)
+        else:
+            rc = self._put_from(key, head, at)
+        if rc == ALREADY_EXISTS:
+            return False
+        if rc != OK:
+            err = errno.ENOSPC if rc == NO_SPACE else errno.EIO
+            raise MooncakeError(f"put of block {key}", rc, err)
+        return True
+
+    def _put_from(self, key: str, head: bytes, at: int) -> int:
+        (slot,) = self._header_slots(1)
+        try:
+            offset = slot * OBJECT_HEADER_BYTES
+            self._headers[offset : offset + OBJECT_HEADER_BYTES] = head
+            ptrs = [[self._headers_at + offset, at]]
+            sizes = [[OBJECT_HEADER_BYTES, self.layout.full_block_bytes]]
+            put = self.client.batch_put_from_multi_buffers
+            return self._do("put", put, [key], ptrs, sizes)[0]
+        finally:
+            self._free_header_slots([slot])
+
+    def read_block(self, key: str, out: memoryview) -> None:
+        """Read and verify one Full Block into ``out`` (exactly ``full_block_bytes``):
+        ``BlockMissing`` / ``BlockCorrupt`` / ``BlockForeign`` / ``BlockUnreadable`` (the
+        store cannot be reached or timed out)."""
+        err = self.read_blocks([key], [out])[0]
+        if err is not None:
+            raise err
+
+    def read_blocks(
+        self, keys: Sequence[str], outs: Sequence[memoryview]
+    ) -> list[KVStoreError | None]:
+        """Read several blocks (batched calls for those in registered memory); per block None
+        if it was read and verified, else the error ``read_block`` would raise."""
+        size = self.layout.full_block_bytes
+        for out in outs:
+            if len(out) != size:
+                raise ValueError(f"out of {len(out)} bytes is invalid: must be {size}")
+        views = [memoryview(out).cast("B") for out in outs]
+        results: list[KVStoreError | None] = [None] * len(keys)
+        fast = [(i, at) for i, v in enumerate(views) if (at := self._registered(v)) is not None]
+        slow = sorted(set(range(len(keys))) - {i for i, _ in fast})
+        for lo in range(0, len(fast), MAX_BATCH):
+            chunk = fast[lo : lo + MAX_BATCH]
+            retry = self._get_into([keys[i] for i, _ in chunk], [at for _, at in chunk], chunk)
+            for i, err in retry.items():
+                results[i] = err
+            slow.extend(i for i, err in retry.items() if err is None)
+        for i in sorted(slow):
+            results[i] = self._read_bytes(keys[i], views[i])
+        return results
+
+    def _get_into(
+        self, keys: list[str], ats: list[int], chunk: list[tuple[int, int]]
+    ) -> dict[int, KVStoreError | None]:
+        """Zero-copy reads of ``keys``: the errors of those that failed by index; None marks a
+        block to read again through the bytes path (its object has another size: verified
+        there)."""
+        size = self.layout.full_block_bytes
+        slots = self._header_slots(len(keys))
+        try:
+            heads = [self._headers_at + s * OBJECT_HEADER_BYTES for s in slots]
+            ptrs = [[h, at] for h, at in zip(heads, ats, strict=True)]
+            sizes = [[OBJECT_HEADER_BYTES, size]] * len(keys)
+            get = self.client.batch_get_into_multi_buffers
+            try:
+                rcs = self._do("get", get, keys, ptrs, sizes)
+            except MooncakeError as err:
+                return {i: BlockUnreadable(f"block {keys[0]}..: {err}") for i, _ in chunk}
+            failed: dict[int, KVStoreError | None] = {}
+            for (i, at), key, slot, rc in zip(chunk, keys, slots, rcs, strict=True):
+                if rc == NOT_FOUND:
+                    failed[i] = BlockMissing(f"block {key} is not in {self.url}")
+                elif rc != self.object_bytes:
+                    failed[i] = None
+                else:
+                    offset = slot * OBJECT_HEADER_BYTES
+                    head = self._headers[offset : offset + OBJECT_HEADER_BYTES]
+                    out = (ctypes.c_char * size).from_address(at)
+                    try:
+                        self._verify(key, head, memoryview(out).cast("B"))
+                    except KVStoreError as err:
+                        failed[i] = err
+            return failed
+        finally:
+            self._free_header_slots(slots)
+
+    def _read_bytes(self, key: str, out: memoryview) -> KVStoreError | None:
+        """The copying path (unregistered memory, or an object of an unexpected size)."""
+        try:
+            data = self._do("get", self.client.get, key)
+            if not data:  # get() answers b"" for a missing object and for a failed one
+                exists = self._do("is_exist", self.client.is_exist, key)
+                if exists == 0:
+                    return BlockMissing(f"block {key} is not in {self.url}")
+                return BlockUnreadable(f"block {key}: get failed (is_exist {exists})")
+        except MooncakeError as err:
+            return BlockUnreadable(f"block {key}: {err}")
+        view = memoryview(data)
+        try:
+            self._verify(key, view[:OBJECT_HEADER_BYTES], view[OBJECT_HEADER_BYTES:])
+        except KVStoreError as err:
+            return err
+        out[:] = view[OBJECT_HEADER_BYTES:]
+        return None
+
+    def remove(self, key: str) -> bool:
+        """Remove a block (a corrupt one, so that the recomputed block is stored again);
+        whether one was there. Forced: a recent ``get`` leases the object (-706) otherwise."""
+        rc = self._do("remove", self.client.remove, key, True)
+        if rc == NOT_FOUND:
+            return False
+        if rc != OK:
+            raise MooncakeError(f"remove of block {key}", rc)
+        return True
+
+    def quarantine(self, path: ObjectPath) -> bool:
+        """``KVStore.quarantine``'s counterpart: nothing stands in a key's way here, so
+        moving aside is removing."""
+        try:
+            return self.remove(path.key)
+        except MooncakeError:
+            return False
+
+    def close(self) -> None:
+        """Unregister memory and close the client (a call still stuck is left to finish)."""
+        for start in sorted(self._regions):
+            self._try("unregister_buffer", self.client.unregister_buffer, start)
+        if self._headers_registered:
+            self._try("unregister_buffer", self.client.unregister_buffer, self._headers_at)
+            self._headers_registered = False
+        self._regions.clear()
+        self._try("close", self.client.close)
+        self._calls.shutdown(wait=False)
+
+    def _try(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        with contextlib.suppress(MooncakeError):  # closing: a gone master is no reason to fail
+            self._do(what, fn, *args)
+
+    def __enter__(self) -> MooncakeBlockStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _dims(layout: BlockLayout) -> tuple[int, int, int]:
+    return (layout.num_layers, layout.block_tokens, layout.row_bytes)
+
+
+# -- the server side: a master and one owner that contributes memory ------------------------
+
+READY_TIMEOUT_S = 15.0  # master and owner each: until their port accepts
+STOP_GRACE_S = 3.0  # SIGTERM to the group, then SIGKILL
+EVICTION_HIGH_WATERMARK = 0.95  # a full store evicts old blocks (they become misses)
+
+
+def find_binary(name: str) -> str:
+    """The Mooncake binary ``name`` (the package's own, else on PATH); a one-line
+    ``FileNotFoundError`` saying what to install otherwise."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mooncake")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"{name} not found: pip install mooncake-transfer-engine (or -non-cuda)"
+        )
+    return found
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise OSError(err.errno, f"port {port} on {host} is taken ({err.strerror})") from None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class StoreServer:
+    """A Mooncake master plus one owner (``mooncake_client``) that contributes
+    ``segment_bytes`` of memory, both in one process group (``stop`` signals the group, so
+    none is left behind; each also gets SIGTERM if the starting thread dies)."""
+
+    def __init__(self, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        self.ready_timeout_s = ready_timeout_s
+        self.host = ""
+        self.port = 0
+        self.master: subprocess.Popen[bytes] | None = None
+        self.owner: subprocess.Popen[bytes] | None = None
+        self.log_dir: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mooncake://{self.host}:{self.port}"
+
+    @property
+    def master_address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(
+        self, host: str = "127.0.0.1", port: int = 50051, segment_bytes: int = 256 << 20
+    ) -> StoreServer:
+        """Start both and wait until each accepts connections; one-line ``OSError`` if a
+        binary is missing or the port is taken, ``RuntimeError`` if one fails to come up."""
+        if segment_bytes < 1 << 20:
+            raise ValueError(f"segment_bytes={segment_bytes} is invalid: must be >= 1 MiB")
+        master_bin, owner_bin = find_binary("mooncake_master"), find_binary("mooncake_client")
+        check_port_free(host, port)
+        self.host, self.port = host, port
+        self.log_dir = tempfile.mkdtemp(prefix="dualpath-mooncake-")
+        try:
+            self.master = self._spawn(
+                "master",
+                [
+                    master_bin,
+                    f"--rpc_address={host}",
+                    f"--rpc_port={port}",
+                    f"--metrics_host={host}",  # its HTTP admin port cannot be turned off
+                    f"--metrics_port={free_port(host)}",
+                    "--enable_metric_reporting=false",
+                    "--enable_ha=false",
+                    f"--eviction_high_watermark_ratio={EVICTION_HIGH_WATERMARK}",
+                ],
+                os.environ,
+                0,
+            )
+            self._wait_ready(self.master, "master", port)
+            owner_port = free_port(host)
+            # the owner advertises MC_TCP_BIND_ADDRESS to readers: unset, other nodes' GETs
+            # go to an address they cannot reach and fail with -800
+            env = {**os.environ, "MC_TCP_BIND_ADDRESS": host}
+            self.owner = self._spawn(
+                "owner",
+                [
+                    owner_bin,
+                    f"--host={host}",
+                    f"--port={owner_port}",
+                    f"--master_server_address={host}:{port}",
+                    "--metadata_server=P2PHANDSHAKE",
+                    f"--global_segment_size={segment_bytes}",
+                    "--local_buffer_size=0",
+                    "--protocol=tcp",
+                ],
+                env,
+                self.master.pid,
+            )
+            self._wait_ready(self.owner, "owner", owner_port)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, argv: list[str], env: Any, group: int) -> subprocess.Popen[bytes]:
+        assert self.log_dir is not None
+        with open(os.path.join(self.log_dir, f"{name}.log"), "wb") as log:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                process_group=group,
+                preexec_fn=_die_with_parent,
+            )
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], name: str, port: int) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"mooncake {name} exited with {proc.returncode}: {self._last_line(name)}"
+                )
+            try:
+                socket.create_connection((self.host, port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(
+            f"mooncake {name} not ready on port {port} after {self.ready_timeout_s} s: "
+            f"{self._last_line(name)}"
+        )
+
+    def _last_line(self, name: str) -> str:
+        if self.log_dir is None:
+            return ""
+        try:
+            with open(os.path.join(self.log_dir, f"{name}.log"), "rb") as log:
+                lines = log.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        errors = [line for line in lines if line.startswith(("E", "F"))]
+        return (errors or lines or [""])[-1]
+
+    def kill_owner(self) -> None:
+        """Fault injection: the owner dies (SIGKILL); its memory, and every block in it, is
+        gone."""
+        if self.owner is not None:
+            self.owner.kill()
+            self.owner.wait()
+
+    def kill_master(self) -> None:
+        """Fault injection: the master dies (SIGKILL)."""
+        if self.master is not None:
+            self.master.kill()
+            self.master.wait()
+
+    def is_alive(self) -> bool:
+        procs = (self.master, self.owner)
+        return all(p is not None and p.poll() is None for p in procs)
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL what is left after ``STOP_GRACE_S``; remove the logs."""
+        procs = [p for p in (self.owner, self.master) if p is not None]
+        if procs:
+            group = procs[-1].pid  # the master's pid: the group's id
+            _signal_group(group, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+            _signal_group(group, signal.SIGKILL)  # a straggler (or a child it forked)
+            for proc in procs:
+                proc.wait()
+        self.master = self.owner = None
+        if self.log_dir is not None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.log_dir = None
+
+    def __enter__(self) -> StoreServer:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(group: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(group, sig)
+
+
+def serve(host: str, port: int, segment_mib: int) -> int:
+    """Run a ``StoreServer`` until SIGTERM / SIGINT (0), or until a process of it dies (1)."""
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    with StoreServer().start(host, port, segment_mib << 20) as server:
+        print(f"mooncake store serving at {server.url}", flush=True)
+        while not stopping.wait(0.5):
+            if not server.is_alive():
+                print(f"mooncake store at {server.url}: a process died", file=sys.stderr)
+                return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dualpath.runtime.mooncake_store")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("serve", help="run a master and one memory owner until SIGTERM")
+    run.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
+    run.add_argument("--port", type=int, default=50051, help="the master's RPC port")
+    run.add_argument("--segment-mib", type=int, default=1024, help="memory the owner gives")
+    args = parser.parse_args(argv)
+    try:
+        return serve(args.host, args.port, args.segment_mib)
+    except (OSError, RuntimeError, ValueError) as err:
+        print(f"dualpath: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

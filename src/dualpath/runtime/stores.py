@@ -1,0 +1,47 @@
+"""Which block store a URL names (``open_store``): the file store or Mooncake Store.
+
+Shared by the runtime and the vLLM integration; owns no store logic itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from dualpath.runtime.kvstore import BlockLayout, KVStore
+
+if TYPE_CHECKING:
+    from dualpath.runtime.mooncake_store import MooncakeBlockStore
+
+URL_FORMS = "a path, file://PATH or mooncake://MASTER_HOST:PORT"
+
+
+def open_store(
+    url: str, layout: BlockLayout, namespace: str = "", local_hostname: str = "127.0.0.1"
+) -> KVStore | MooncakeBlockStore:
+    """The store ``url`` names: a plain path or ``file://PATH`` → ``KVStore``;
+    ``mooncake://MASTER_HOST:PORT`` → ``MooncakeBlockStore`` (connected: a pure client whose
+    transfer engine binds ``local_hostname``, the node's SNIC address in a cluster).
+    A bad URL is a one-line ``ValueError`` naming it."""
+    if "://" not in url:
+        if not url:
+            raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
+        return KVStore(Path(url), layout, namespace=namespace)
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        path = parts.netloc + parts.path
+        if not path or parts.query or parts.fragment:
+            raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
+        return KVStore(Path(path), layout, namespace=namespace)
+    if parts.scheme == "mooncake":
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError:  # a port that is not a number
+            host = port = None
+        if not host or not port or parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
+        from dualpath.runtime.mooncake_store import MooncakeBlockStore
+
+        return MooncakeBlockStore.connect(f"{host}:{port}", layout, namespace, local_hostname)
+    raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
