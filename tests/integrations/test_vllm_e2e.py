@@ -294,3 +294,94 @@ def test_preempted_and_aborted_requests_through_the_router(
         r = srv.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
         assert r.choices[0].text is not None
     assert srv.stop() == 0
+
+
+def _nic_bytes(name: str) -> dict[tuple[str, str, str], int]:
+    """The kernel's byte counters of every node's NICs: (node, nic, rx_bytes|tx_bytes)."""
+    from dualpath.deploy import cluster
+
+    out = {}
+    for node in cluster.status(name)["nodes"]:
+        for nic in ("cnic", "snic"):
+            if isinstance(node.get(nic), dict):
+                for d in ("rx_bytes", "tx_bytes"):
+                    out[node["node"], nic, d] = int(node[nic][d])
+    return out
+
+
+@pytest.fixture()
+def cluster_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A 1P1D cluster of network namespaces (``dualpath cluster up``), SNICs shaped to
+    100 Mbit/s by the kernel; removed afterwards, and nothing of it left."""
+    from dualpath.deploy import cluster
+
+    reason = cluster.can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("DUALPATH_RUN_DIR", str(tmp_path / "run"))  # the served router's too
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    used = {int(w.split(".")[1]) for w in routes.split() if w.startswith("10.") and "." in w[3:]}
+    name = f"e{os.getpid() % 100000}"
+    spec = cluster.ClusterSpec.from_preset("tiny-1p1d", name=name, snic_mbit=100,
+                                           subnet=f"10.{min(set(range(200, 255)) - used)}")  # fmt: skip
+    cluster.up(spec)
+    try:
+        yield name
+    finally:
+        cluster.down(name)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"dp-{name}-" not in spaces and f"dp{name}" not in links
+    assert not list(Path("/dev/shm").glob(f"dp{name}-*"))
+
+
+def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_each_path(
+    reference: dict[str, Any], served: Any, cluster_up: str
+) -> None:
+    """Each node in its own network namespace, the store (Mooncake Store) on a storage host,
+    KV between the nodes by Mooncake TE: greedy answers equal plain vLLM's on both read paths;
+    the hit bytes cross the PE node's SNIC on the PE path, the DE node's SNIC and then its
+    CNIC on the DE path (the kernel's counters); killed processes give clean errors."""
+    srv = served("pe", "--cluster", cluster_up, "--store", "mooncake")
+    start = _nic_bytes(cluster_up)
+    assert _turns(srv.client, MODEL) == reference["turns"]
+    pe_path = _nic_bytes(cluster_up)
+    hits = srv.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"')
+    assert hits > 0 and srv.metric("dualpath:prefix_cache_hits_total") > 0
+
+    def grew(before: dict[Any, int], after: dict[Any, int], node: str, nic: str, d: str) -> int:
+        return after[node, nic, d] - before[node, nic, d]
+
+    assert grew(start, pe_path, "p0", "snic", "rx_bytes") >= hits
+    assert grew(start, pe_path, "d0", "snic", "rx_bytes") < hits / 4  # its writes' acks only
+    assert grew(start, pe_path, "d0", "snic", "tx_bytes") > 0  # the decode persisted there
+
+    r = httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "de"})
+    assert r.status_code == 200
+    assert _turns(srv.client, MODEL) == reference["turns"]  # every turn hits now
+    de_path = _nic_bytes(cluster_up)
+    de_hits = srv.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"')
+    assert de_hits > hits
+    assert grew(pe_path, de_path, "d0", "snic", "rx_bytes") >= de_hits
+    assert grew(pe_path, de_path, "d0", "cnic", "tx_bytes") >= de_hits  # DE buffer → PE node
+    assert grew(pe_path, de_path, "p0", "snic", "rx_bytes") < de_hits / 4
+
+    # the store server killed: no hits any more, the same answers (recomputed), no error
+    os.killpg(srv.pids()["services"]["0"], signal.SIGKILL)
+    r2 = srv.client.completions.create(model=MODEL, prompt=SYSTEM + PROMPT, max_tokens=12,
+                                       temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    assert r2.choices[0].text == reference["turns"]["text1"]
+    # a killed side-car, a killed prefill instance: clean errors, never a hang
+    os.kill(srv.pids()["sidecars"]["1"], signal.SIGKILL)
+    with pytest.raises(openai.APIStatusError) as err:
+        srv.client.completions.create(model=MODEL, prompt="a new prompt", max_tokens=4)
+    assert err.value.status_code == 503
+    os.killpg(srv.pids()["instances"]["0"], signal.SIGKILL)
+    with pytest.raises(openai.APIStatusError) as err:
+        srv.client.completions.create(model=MODEL, prompt="another prompt", max_tokens=4)
+    assert err.value.status_code == 503
+    assert srv.stop() == 0
+    for node in ("p0", "d0", "store"):
+        pids = subprocess.run(["ip", "netns", "pids", f"dp-{cluster_up}-{node}"],
+                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        assert not pids, f"processes left on node {node}: {pids}"

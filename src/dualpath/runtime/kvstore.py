@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 MAGIC = b"DPKV"
 VERSION = 2  # layout version: part of every namespace fingerprint and of every block header
@@ -119,6 +120,31 @@ def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str) -> list
 
 # how a block file's bytes reach the file: ``write_all``, or a fault-injecting stand-in
 WriteFn = Callable[[int, memoryview | bytes], None]
+
+
+class BlockPath(Protocol):
+    """Where a block lives, as far as its readers care: it can be removed (a corrupt one)."""
+
+    def unlink(self, missing_ok: bool = False) -> None: ...
+
+    def is_file(self) -> bool: ...
+
+
+class BlockStore(Protocol):
+    """What the storage workers and side-cars need of a store of Full Blocks: ``KVStore``
+    (files), ``mooncake_store.MooncakeBlockStore`` (Mooncake Store across the network)."""
+
+    layout: BlockLayout
+
+    def path(self, key: str) -> BlockPath: ...
+
+    def has(self, key: str) -> bool: ...
+
+    def lookup(self, keys: Sequence[str]) -> int: ...
+
+    def write_block(self, key: str, payload: memoryview | bytes) -> bool: ...
+
+    def read_block(self, key: str, out: memoryview) -> None: ...
 
 
 class KVStore:

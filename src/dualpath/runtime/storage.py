@@ -56,7 +56,7 @@ UNWRITABLE_KEYS = 4096  # blocks a worker remembers it could not write (never tr
 FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
-def read_or_miss(store: KVStore, key: str, out: memoryview) -> bool:
+def read_or_miss(store: kvs.BlockStore, key: str, out: memoryview) -> bool:
     """Read block ``key`` into ``out``; False if it cannot be used (missing, foreign, corrupt:
     a corrupt file is removed, so that the recomputed block gets persisted again)."""
     try:
@@ -70,7 +70,7 @@ def read_or_miss(store: KVStore, key: str, out: memoryview) -> bool:
 
 
 def persist_with_retry(
-    store: KVStore,
+    store: kvs.BlockStore,
     key: str,
     payload: memoryview,
     attempts: int = PERSIST_ATTEMPTS,

@@ -60,7 +60,9 @@ from dualpath.policy.base import Policy
 from dualpath.policy.core import PolicyCore
 from dualpath.policy.forced import ForcedSide
 from dualpath.runtime.buffer import SlotBuffer
-from dualpath.runtime.kvstore import KVStore, block_keys
+from dualpath.runtime.kvstore import block_keys
+from dualpath.runtime.mooncake_store import MooncakeBlockStore
+from dualpath.runtime.stores import open_store
 from dualpath.types import EngineKind, KVPath, ReadSide
 
 SLOT_WAIT_S = 0.005  # a full buffer is retried this often (backpressure, nothing dropped)
@@ -149,7 +151,9 @@ class TurnFlow:
         )
         self.core.count_generated()  # tok_e per DE, as the other shells report it
         spec0 = dep.nodes[0]
-        self.store = KVStore(kv_root, spec0.layout, namespace=dep.namespace(""))
+        # the store's index: the files at kv_root, or the master of a store across the network
+        self.store = open_store(spec0.store_url or kv_root, spec0.layout, dep.namespace(""),
+                                local_hostname=dep.router_store_host)  # fmt: skip
         self.networked = any(n.networked for n in dep.nodes)
         self.buffers: dict[int, SlotBuffer | RemoteSlots] = {
             n.node: RemoteSlots(n, sidecar) if n.networked else attach_buffer(n) for n in dep.nodes
@@ -254,14 +258,13 @@ class TurnFlow:
     async def _alloc(self, node: int, num_slots: int, lease: int) -> list[int]:
         """``num_slots`` slots of ``node``'s buffer under ``lease``, waiting while it is full
         (at most ``slot_deadline_s``: then a 503 naming the buffer)."""
-        buf = self.buffers[node]
-        if (slots := buf.alloc(num_slots, owner=lease)) is not None:
+        if (slots := await self._try_alloc(node, num_slots, lease)) is not None:
             return slots
         deadline = time.monotonic() + self.slot_deadline_s
         self.stats.slot_waiters += 1
         try:
             with self.stats.time_stage("slot_wait"):
-                while (slots := buf.alloc(num_slots, owner=lease)) is None:
+                while (slots := await self._try_alloc(node, num_slots, lease)) is None:
                     if time.monotonic() > deadline:
                         raise FlowError(503, f"no {num_slots} free slots in node {node}'s "
                                              f"buffer within {self.slot_deadline_s:g} s")  # fmt: skip
@@ -269,6 +272,17 @@ class TurnFlow:
         finally:
             self.stats.slot_waiters -= 1
         return slots
+
+    async def _try_alloc(self, node: int, num_slots: int, lease: int) -> list[int] | None:
+        """One try: the slots, None if the buffer is full; a side-car that cannot be asked
+        (another node's, over the network, off the event loop) fails the request (503)."""
+        buf = self.buffers[node]
+        if isinstance(buf, SlotBuffer):
+            return buf.alloc(num_slots, owner=lease)
+        try:
+            return await asyncio.to_thread(buf.alloc, num_slots, lease)
+        except (OSError, ValueError) as err:
+            raise FlowError(503, f"node {node}'s side-car: {err}") from None
 
     # ------------------------------------------------------------ 2. read
     async def _read(self, prep: Prepared, keys: list[str], reads: list[Read]) -> None:
@@ -506,3 +520,5 @@ class TurnFlow:
     def close(self) -> None:
         for buf in self.buffers.values():
             buf.close()
+        if isinstance(self.store, MooncakeBlockStore):
+            self.store.close()

@@ -181,32 +181,52 @@ def wait_ready(address: str, timeout_s: float = 30.0) -> None:
             time.sleep(0.05)
 
 
+REMOTE_SLOTS_TIMEOUT_S = 5.0  # a side-car that does not answer a slot request within this
+
+
 class RemoteSlots:
     """A node's buffer as a process on another node sees it: its slots allocated and given
     back by its side-car (``SlotBuffer``'s ``alloc`` / ``release`` / ``num_free``, one request
-    each), its bytes moved only by the side-cars (``push``)."""
+    each), its bytes moved only by the side-cars (``push``).
+
+    ``alloc`` raises OSError / ValueError when the side-car cannot be asked (the caller fails
+    the request cleanly); a give-back that cannot reach it frees nothing (0): a side-car that
+    is gone took its buffer along, and its restart starts with every slot free."""
 
     def __init__(self, spec: NodeSpec, sidecar: Any = call) -> None:
         self.spec = spec.buffer
         self.node = spec
         self._sidecar = sidecar
 
+    def _ask(self, op: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = self._sidecar(self.node.control, op, REMOTE_SLOTS_TIMEOUT_S)
+        return answer
+
     def alloc(self, n: int, owner: int = 0) -> list[int] | None:
-        got = self._sidecar(self.node.control, {"op": "alloc", "num_slots": n, "owner": owner})
-        slots = got["slots"]
+        slots = self._ask({"op": "alloc", "num_slots": n, "owner": owner})["slots"]
         return None if slots is None else [int(s) for s in slots]
 
     def release(self, slots: list[int], owner: int) -> int:
-        op = {"op": "release", "slots": list(slots), "owner": owner}
-        return int(self._sidecar(self.node.control, op)["released"])
+        try:
+            return int(
+                self._ask({"op": "release", "slots": list(slots), "owner": owner})["released"]
+            )
+        except (OSError, ValueError):
+            return 0
 
     def release_owner(self, owner: int) -> int:
-        op = {"op": "release_owner", "owner": owner}
-        return int(self._sidecar(self.node.control, op)["released"])
+        try:
+            return int(self._ask({"op": "release_owner", "owner": owner})["released"])
+        except (OSError, ValueError):
+            return 0
 
     @property
     def num_free(self) -> int:
-        return int(self._sidecar(self.node.control, {"op": "stats"})["free_slots"])
+        """Free slots (0 while the side-car does not answer)."""
+        try:
+            return int(self._ask({"op": "stats"})["free_slots"])
+        except (OSError, ValueError):
+            return 0
 
     def close(self) -> None:
         """Nothing attached: nothing to close."""

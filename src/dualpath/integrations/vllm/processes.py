@@ -156,6 +156,7 @@ class Launched:
         pids = {"sidecars": {s.node: p.pid for s, p in zip(dep.nodes, self.sidecars, strict=False)},
                 "instances": {i.node: p.pid for i, p in zip(dep.instances, self.instances,
                                                              strict=False)},
+                "services": {i: p.pid for i, p in enumerate(self.services)},
                 "urls": {i.node: i.url for i in dep.instances}}  # fmt: skip
         (self.log_dir / "processes.json").write_text(json.dumps(pids))  # operators and tests
 

@@ -52,9 +52,10 @@ from typing import Any
 
 from dualpath.integrations.vllm.node import NodeSpec, call
 from dualpath.runtime.buffer import ANONYMOUS, SlotBuffer
-from dualpath.runtime.kvstore import KVStore
+from dualpath.runtime.mooncake_store import MooncakeBlockStore
 from dualpath.runtime.pacer import LinkLock, Pacer
 from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry, read_or_miss
+from dualpath.runtime.stores import open_store
 from dualpath.runtime.transport.base import RegionHandle
 from dualpath.types import TrafficClass
 
@@ -66,7 +67,12 @@ class NodeSidecar:
         self.spec = spec
         Path(spec.lock_path).touch(mode=0o600)
         self.buffer = SlotBuffer.create(spec.buffer, LinkLock(spec.lock_path))
-        self.store = KVStore(spec.kv_root, spec.layout, namespace=spec.store_namespace)
+        # the files at kv_root, or a store across the network (Mooncake Store: its client binds
+        # the node's SNIC address, so that the blocks cross that interface)
+        self.store = open_store(spec.store, spec.layout, spec.store_namespace,
+                                local_hostname=spec.snic_host or "127.0.0.1")  # fmt: skip
+        if isinstance(self.store, MooncakeBlockStore):  # blocks land in the slots, no copy
+            self.store.register(self.buffer.data)
         rate = spec.snic_bytes_per_s
         name = f"node{spec.node}.snic"
         self.snic_read = Pacer(rate, f"{name}.read", quantum_s=SNIC_QUANTUM_S) if rate else None
@@ -307,6 +313,8 @@ class NodeSidecar:
             for t in threads:
                 t.join(timeout=30)
             self.readers.shutdown()
+            if isinstance(self.store, MooncakeBlockStore):
+                self.store.close()
             if self._engine is not None:
                 self._engine.close()
             self.buffer.close()
