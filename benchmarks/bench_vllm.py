@@ -14,6 +14,16 @@ starts, one after the other, on 127.0.0.1:
   router     serve --engine vllm --system dualpath with the SNICs unpaced: against `vllm` at
              concurrency 1, what the P/D split and the router add per request
 
+With --cluster, every deployment runs on the nodes of a cluster this script makes (`dualpath
+cluster up`: one network namespace per node, SNICs shaped by the kernel to --snic-mb-per-s, not
+by our pacer), its KV in Mooncake Store on the cluster's storage host, KV between nodes by
+Mooncake TE; the plain vLLM instance runs on the prefill node, and `stockpd` is vLLM's own
+disaggregated serving (NixlConnector, benchmarks/stock_pd.py) on the same two nodes. The
+concurrency-1 runs (vllm, router, stockpd) get the cluster again with SNICs of 2 Gbit/s: they
+measure latency, not storage. Each storage-bound run prints its kernel-counted SNIC bytes per
+node and its storage bound (the hit bytes ÷ the SNIC bandwidth its system can use: one SNIC
+for Basic, both for DualPath).
+
 Each of basic / dualpath gets a fresh KV store and replays the same SPEC §9 agents (scaled)
 through `dualpath loadgen` at --agents concurrent sessions (every turn of every agent: the
 job JCT compares them); vllm / router replay --overhead-agents agents at concurrency 1. Prints
@@ -67,12 +77,18 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 400) -> No
     raise RuntimeError(f"{url}: not ready after {timeout_s} s")
 
 
-def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path) -> tuple[Any, str]:
+CLUSTER = "bench"  # the cluster --cluster makes (and removes)
+
+
+def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path,
+           cluster: bool = False) -> tuple[Any, str]:  # fmt: skip
     port = _free_port()
     cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
            "--model-dir", str(ckpt), "--port", str(port), "--kv-root", str(kv_root),
            "--system", system, "--dtype", "bfloat16", "--vllm-max-model-len", "4096"]  # fmt: skip
-    if snic:
+    if cluster:
+        cmd += ["--cluster", CLUSTER, "--store", "mooncake"]
+    elif snic:
         cmd += ["--snic-mb-per-s", str(snic)]
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
@@ -81,21 +97,64 @@ def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path) -> tu
     return proc, url
 
 
-def _plain(ckpt: Path, log: Path) -> tuple[Any, str]:
-    port = _free_port()
+def _plain(ckpt: Path, log: Path, cluster: bool = False) -> tuple[Any, str]:
+    """One plain vLLM instance: on 127.0.0.1, or on the cluster's prefill node."""
+    ns, host, port = "", "127.0.0.1", _free_port()
+    if cluster:
+        node = _cluster_node("p0")
+        ns, host, port = node.namespace, node.cnic_addr, 8100
     cmd = [find_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-           "--served-model-name", ckpt.name, "--host", "127.0.0.1", "--port", str(port),
+           "--served-model-name", ckpt.name, "--host", host, "--port", str(port),
            *FLAGS]  # fmt: skip
+    if ns:
+        cmd = ["ip", "netns", "exec", ns, *cmd]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     _wait(url, proc)
     return proc, url
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _cluster_node(name: str) -> Any:
+    from dualpath.deploy.cluster import ClusterState
+
+    return ClusterState.load(CLUSTER).spec.node(name)
+
+
+def _cluster(snic_mbit: float) -> None:
+    """Cluster ``CLUSTER`` (tiny-1p1d's 1P1D and storage host) with SNICs of ``snic_mbit``."""
+    from dualpath.deploy import cluster
+
+    cluster.down(CLUSTER)
+    cluster.up(cluster.ClusterSpec.from_preset("tiny-1p1d", name=CLUSTER, snic_mbit=snic_mbit))
+
+
+def _snic_bytes() -> dict[str, int]:
+    """The kernel's count of bytes each node received on its SNIC (its storage reads)."""
+    from dualpath.deploy import cluster
+
+    return {n["node"]: int(n["snic"]["rx_bytes"]) for n in cluster.status(CLUSTER)["nodes"]
+            if n["kind"] != "store"}  # fmt: skip
+
+
+def _stockpd(ckpt: Path, log_dir: Path) -> tuple[Any, str]:
+    """vLLM's own disaggregated serving on the cluster's two nodes (benchmarks/stock_pd.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from stock_pd import StockPD, ensure_overlay  # type: ignore[import-not-found]
+
+    p0, d0 = _cluster_node("p0"), _cluster_node("d0")
+    ensure_overlay(Path(tempfile.gettempdir()) / "dualpath-nixl-overlay")
+    pd = StockPD(ckpt, prefill=(p0.namespace, p0.cnic_addr), decode=(d0.namespace, d0.cnic_addr),
+                 log_dir=log_dir)  # fmt: skip
+    return pd, pd.url
+
+
+def _stop(proc: Any) -> None:
+    if not isinstance(proc, subprocess.Popen):  # StockPD
+        proc.stop()
+        return
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -148,36 +207,84 @@ def main() -> None:
     ap.add_argument("--max-gen", type=int, default=16)
     ap.add_argument("--snic-mb-per-s", type=float, default=2.0, help="emulated SNIC per node")
     ap.add_argument("--overhead-agents", type=int, default=4)
-    ap.add_argument("--variants", default="basic,dualpath,vllm,router")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--json", help="write every summary here")
+    ap.add_argument("--cluster", action="store_true",
+                    help="each deployment on the nodes of a cluster of network namespaces, SNICs "
+                    "shaped by the kernel, the store in Mooncake Store (needs root)")  # fmt: skip
     args = ap.parse_args()
+    if args.cluster:
+        from dualpath.deploy.cluster import can_make_namespaces
+
+        if (reason := can_make_namespaces()) is not None:
+            raise SystemExit(f"--cluster: {reason}")
+        args.variants = args.variants if args.variants != DEFAULT_VARIANTS else CLUSTER_VARIANTS
+    try:
+        _main(args)
+    finally:
+        if args.cluster:
+            from dualpath.deploy import cluster
+
+            cluster.down(CLUSTER)
+
+
+DEFAULT_VARIANTS = "basic,dualpath,vllm,router"
+CLUSTER_VARIANTS = "basic,dualpath,vllm,router,stockpd"
+FAST_SNIC_MBIT = 2000.0  # the concurrency-1 runs of --cluster: latency, not storage
+
+
+def _main(args: argparse.Namespace) -> None:
     scripts = chat_scripts(args.agents, args.turns, args.token_scale, args.max_gen, 32, seed=0)
     solo = chat_scripts(args.overhead_agents, 3, args.token_scale, args.max_gen, 32, seed=1)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny_checkpoint(Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256,
                                      num_heads=4, num_kv_heads=2, intermediate_size=688)  # fmt: skip
+        shaped = None  # the SNIC rate the cluster has now
         for name in [v for v in args.variants.split(",") if v]:
             log = Path(tmp) / f"{name}.log"
-            if name in ("basic", "dualpath"):
-                proc, url = _serve(ckpt, Path(tmp) / f"kv-{name}", name, args.snic_mb_per_s, log)
+            storage_bound = name in ("basic", "dualpath")
+            if args.cluster and shaped != (want := args.snic_mb_per_s * 8 if storage_bound
+                                           else FAST_SNIC_MBIT):  # fmt: skip
+                _cluster(want)
+                shaped = want
+            before = _snic_bytes() if args.cluster else {}
+            if storage_bound:
+                proc, url = _serve(ckpt, Path(tmp) / f"kv-{name}", name, args.snic_mb_per_s, log,
+                                   args.cluster)  # fmt: skip
                 work, conc = scripts, args.agents
             elif name == "router":
-                proc, url = _serve(ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log)
+                proc, url = _serve(ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log,
+                                   args.cluster)  # fmt: skip
                 work, conc = solo, 1
             elif name == "vllm":
-                proc, url = _plain(ckpt, log)
+                proc, url = _plain(ckpt, log, args.cluster)
+                work, conc = solo, 1
+            elif name == "stockpd" and args.cluster:
+                proc, url = _stockpd(ckpt, Path(tmp) / "stockpd")
                 work, conc = solo, 1
             else:
-                raise SystemExit(f"--variants: {name!r} is not basic, dualpath, vllm or router")
+                raise SystemExit(f"--variants: {name!r} is not basic, dualpath, vllm, router "
+                                 "or (with --cluster) stockpd")  # fmt: skip
             try:
                 s = _run(url, work, conc, ckpt.name)
-                if name != "vllm":
+                if name not in ("vllm", "stockpd"):
                     s["metrics"] = _metrics(url)
             finally:
                 _stop(proc)
             results[name] = s
             print(_line(name, s), flush=True)
+            if args.cluster and storage_bound:
+                after = _snic_bytes()
+                s["snic_rx_mb"] = {n: (after[n] - before[n]) / 1e6 for n in sorted(after)}
+                kv = s["metrics"]["kv_mb"]
+                hit_mb = kv.get("storage_to_pe_buffer", 0.0) + kv.get("storage_to_de_buffer", 0.0)
+                snics = 1 if name == "basic" else len(after)  # DualPath reads through every node's
+                s["storage_bound_s"] = hit_mb / (snics * args.snic_mb_per_s)
+                print(" " * 10 + "kernel: SNIC MB received per node: " + "  ".join(
+                    f"{n} {mb:.1f}" for n, mb in s["snic_rx_mb"].items())
+                    + f";  storage bound {s['storage_bound_s']:.1f} s ({hit_mb:.1f} MB of hits "
+                    f"÷ {snics} × {args.snic_mb_per_s:g} MB/s)", flush=True)  # fmt: skip
             if "metrics" in s:
                 m = s["metrics"]
                 hits = m["store"].get("prefix_cache_hits", 0.0)
@@ -198,6 +305,10 @@ def main() -> None:
               f"(router, prefill, KV hand-off, decode) vs {v['ttft_s']['p50'] * 1e3:.1f} ms "
               f"vLLM direct; TPOT p50 {r['tpot_s']['p50'] * 1e3:.1f} vs "
               f"{v['tpot_s']['p50'] * 1e3:.1f} ms")  # fmt: skip
+    if "stockpd" in results:
+        p = results["stockpd"]
+        print(f"concurrency 1: vLLM's stock PD (NixlConnector) TTFT p50 "
+              f"{p['ttft_s']['p50'] * 1e3:.1f} ms, TPOT p50 {p['tpot_s']['p50'] * 1e3:.1f} ms")  # fmt: skip
     print(f"host: {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

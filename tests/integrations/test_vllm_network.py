@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.integrations.nodes import running_sidecars
 
 from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call

@@ -26,6 +26,8 @@ _OPTIONAL = (
     ("dualpath.cli.online_cmd", "add_trace_parser"),
     ("dualpath.cli.serve_cmd", "add_serve_parser"),
     ("dualpath.cli.serve_cmd", "add_loadgen_parser"),
+    ("dualpath.cli.vllm_cmd", "add_sidecar_parser"),
+    ("dualpath.cli.vllm_cmd", "add_router_parser"),
     ("dualpath.cli.qos_cmd", "add_qos_parser"),
     ("dualpath.cli.tune_cmd", "add_tune_parser"),
     ("dualpath.cli.validate_cmd", "add_validate_parser"),

@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from dualpath.integrations.vllm.node import BufferOwners, NodeSpec, instance_owner
+from dualpath.integrations.vllm.node import BufferOwners, NodeSpec, describe, instance_owner
 from dualpath.integrations.vllm.params import KEY, TransferParams
 from dualpath.integrations.vllm.plan import StepMeta, StepPlanner
 from dualpath.integrations.vllm.worker import WorkerSide
@@ -48,14 +48,24 @@ class DualPathConnectorMetadata(KVConnectorMetadata):
 
 
 def _node_specs(extra: dict[str, Any]) -> tuple[int, dict[int, NodeSpec]]:
+    """This instance's node and every node's spec: given (``nodes``, as `dualpath serve
+    --engine vllm` writes them), or asked of each node's side-car (``sidecars``: their
+    ``tcp://HOST:PORT``, as an operator writes them for `dualpath sidecar`, docs/deploy.md)."""
     try:
-        nodes = {int(d["node"]): NodeSpec(**d) for d in extra["nodes"]}
+        if "sidecars" in extra:
+            specs = [describe(str(a))[0] for a in extra["sidecars"]]
+            nodes = {s.node: s for s in specs}
+        else:
+            nodes = {int(d["node"]): NodeSpec(**d) for d in extra["nodes"]}
         node = int(extra["node"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OSError) as err:
         raise ValueError(
             f"kv_connector_extra_config is invalid for DualPathConnector: {err} (needs 'node' "
-            "and 'nodes', as `dualpath serve --engine vllm` writes them)"
+            "and 'sidecars' or 'nodes')"
         ) from None
+    if node not in nodes:
+        raise ValueError(f"kv_connector_extra_config: node {node} is not among the side-cars' "
+                         f"nodes {sorted(nodes)}")  # fmt: skip
     return node, nodes
 
 

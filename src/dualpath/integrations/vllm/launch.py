@@ -45,6 +45,7 @@ from dualpath.integrations.vllm.setup import (
     store_seat,
     vllm_env,
 )
+from dualpath.integrations.vllm.standalone import deployment_facts
 
 VLLM_PYTHON_ENV = "DUALPATH_VLLM_PYTHON"
 DEFAULT_VLLM_VENV = ".venv-vllm"  # `make` installs vLLM here (its pins clash with ours)
@@ -100,10 +101,12 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
     log_dir.mkdir(parents=True, exist_ok=True)
     masks = core_masks(len(dep.instances), os.cpu_count() or 1)
     seats = placement(opts)
+    facts = json.dumps(deployment_facts(dep.weights_digest, dep.shape, dep.engine))
     out = Launched(
         dep, run_dir, log_dir,
         [in_namespace(seats[s.node].namespace,
-                      [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()])
+                      [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json(),
+                       facts])
          for s in dep.nodes],
         [in_namespace(seats[i.node].namespace, instance_command(opts, dep, i, python))
          for i in dep.instances],

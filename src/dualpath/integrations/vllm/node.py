@@ -168,6 +168,13 @@ def call(address: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str,
     return answer
 
 
+def describe(address: str, timeout_s: float = 10.0) -> tuple[NodeSpec, dict[str, Any]]:
+    """The spec of the node whose side-car is at ``address``, and the deployment's facts it
+    was started with (``sidecar.NodeSidecar.facts``: weights digest, KV shape, engine)."""
+    got = call(address, {"op": "describe"}, timeout_s)
+    return NodeSpec(**got["spec"]), dict(got.get("facts") or {})
+
+
 def wait_ready(address: str, timeout_s: float = 30.0) -> None:
     """Until the side-car at ``address`` answers a ping (TimeoutError after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s

@@ -63,8 +63,11 @@ from dualpath.types import TrafficClass
 class NodeSidecar:
     """The node's buffer (owner), store, SNIC pacers and the read / write queues."""
 
-    def __init__(self, spec: NodeSpec) -> None:
+    def __init__(self, spec: NodeSpec, facts: dict[str, Any] | None = None) -> None:
+        """``facts``: what processes of other nodes learn of the deployment from it
+        (``describe``: the weights' digest, the KV shape, the engine; ``standalone.py``)."""
         self.spec = spec
+        self.facts = dict(facts or {})
         Path(spec.lock_path).touch(mode=0o600)
         self.buffer = SlotBuffer.create(spec.buffer, LinkLock(spec.lock_path))
         # the files at kv_root, or a store across the network (Mooncake Store: its client binds
@@ -257,6 +260,8 @@ class NodeSidecar:
             return self.stats()
         if kind == "ping":
             return {"pid": os.getpid()}
+        if kind == "describe":
+            return {"spec": json.loads(self.spec.to_json()), "facts": self.facts}
         if kind == "alloc":
             return {"slots": self.buffer.alloc(int(op["num_slots"]), owner=int(op["owner"]))}
         if kind == "release":
@@ -268,7 +273,7 @@ class NodeSidecar:
         if kind == "push":
             return {"bytes": self.push(list(op["slots"]), str(op["to"]), list(op["to_slots"]))}
         return {"error": f"op={kind!r} is invalid: must be read, write, settle, stats, ping, "
-                         "alloc, release, release_owner, region or push"}  # fmt: skip
+                         "describe, alloc, release, release_owner, region or push"}  # fmt: skip
 
     # ---------------------------------------------------------------- serving
     def serve_forever(self) -> None:
@@ -335,10 +340,12 @@ def _runs(slots: list[int], to_slots: list[int]) -> list[tuple[int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m dualpath.integrations.vllm.sidecar SPEC_JSON", file=sys.stderr)
+    if len(args) not in (1, 2):
+        print("usage: python -m dualpath.integrations.vllm.sidecar SPEC_JSON [FACTS_JSON]",
+              file=sys.stderr)  # fmt: skip
         return 2
-    NodeSidecar(NodeSpec.from_json(args[0])).serve_forever()
+    facts = json.loads(args[1]) if len(args) == 2 else {}
+    NodeSidecar(NodeSpec.from_json(args[0]), facts).serve_forever()
     return 0
 
 
