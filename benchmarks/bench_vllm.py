@@ -145,9 +145,9 @@ def _stockpd(ckpt: Path, log_dir: Path) -> tuple[Any, str]:
     from stock_pd import StockPD, ensure_overlay  # type: ignore[import-not-found]
 
     p0, d0 = _cluster_node("p0"), _cluster_node("d0")
-    ensure_overlay(Path(tempfile.gettempdir()) / "dualpath-nixl-overlay")
+    overlay = ensure_overlay()  # NIXL for vLLM's instances only (runs/nixl-overlay)
     pd = StockPD(ckpt, prefill=(p0.namespace, p0.cnic_addr), decode=(d0.namespace, d0.cnic_addr),
-                 log_dir=log_dir)  # fmt: skip
+                 log_dir=log_dir, overlay=overlay).start()  # fmt: skip
     return pd, pd.url
 
 

@@ -356,6 +356,8 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
     assert grew(start, pe_path, "d0", "snic", "rx_bytes") < hits / 4  # its writes' acks only
     assert grew(start, pe_path, "d0", "snic", "tx_bytes") > 0  # the decode persisted there
 
+    bad = httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "both"})
+    assert bad.status_code == 400 and "read_side" in bad.text
     r = httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "de"})
     assert r.status_code == 200
     assert _turns(srv.client, MODEL) == reference["turns"]  # every turn hits now

@@ -101,6 +101,26 @@ def test_round_trip_through_registered_memory(store: MooncakeBlockStore, shm: me
     assert loose == shm[:SIZE]
 
 
+def test_a_batch_of_writes_is_one_put_per_new_block(
+    store: MooncakeBlockStore, shm: memoryview
+) -> None:
+    keys = keys_of(20, 4)
+    for i in range(4):
+        shm[(20 + i) * SIZE : (21 + i) * SIZE] = os.urandom(SIZE)
+    views = [shm[(20 + i) * SIZE : (21 + i) * SIZE] for i in range(4)]
+    assert store.write_block(keys[1], views[1])  # one of them is stored already
+    loose = memoryview(bytearray(views[3]))  # and one lies in memory not registered
+    assert store.write_blocks(keys, [views[0], views[1], views[2], loose]) == [
+        True, False, True, True,
+    ]  # fmt: skip
+    assert store.lookup(keys) == 4 * LAYOUT.block_tokens
+    outs = [shm[(30 + i) * SIZE : (31 + i) * SIZE] for i in range(4)]
+    assert store.read_blocks(keys, outs) == [None] * 4
+    assert [bytes(o) for o in outs] == [bytes(v) for v in views]
+    with pytest.raises(ValueError, match="payload"):
+        store.write_blocks(keys[:1], [views[0][:10]])
+
+
 def test_lookup_counts_leading_stored_blocks(store: MooncakeBlockStore) -> None:
     keys = keys_of(3, 4)
     for key in (keys[0], keys[1], keys[3]):

@@ -46,8 +46,9 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
@@ -74,6 +75,10 @@ SETTLE_WAIT_S = 10.0
 # that saves into the request's DE slots: they go back this much later (a step on the tiny
 # model takes milliseconds; a long prefill chunk on a real model, well under a second)
 PREFILL_GRACE_S = 5.0
+# Threads for side-car requests: one per request waiting on a side-car at most (a storage read
+# holds one for as long as its SNIC takes); beyond that, requests wait for a thread
+SIDECAR_THREADS = 256
+T = TypeVar("T")
 
 
 class FlowError(Exception):
@@ -164,7 +169,15 @@ class TurnFlow:
         self._placed: dict[int, asyncio.Future[tuple[Assign, list[Read]]]] = {}
         self._epoch = time.monotonic()
         self.slot_deadline_s = slot_deadline_s
+        self._calls = ThreadPoolExecutor(SIDECAR_THREADS, thread_name_prefix="sidecar-call")
         self.stats = FlowStats()
+
+    def _off_loop(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``fn(*args)`` (a side-car request: it blocks) on the flow's own threads. Not
+        asyncio's default executor: its few threads (CPUs + 4) would all sit in storage reads
+        that last seconds on a slow SNIC while the short requests (slots, KV pushes, settle)
+        of other requests queue behind them."""
+        return asyncio.get_running_loop().run_in_executor(self._calls, fn, *args)
 
     @property
     def read_side(self) -> ReadSide | None:
@@ -235,7 +248,7 @@ class TurnFlow:
 
         with self.stats.time_stage("settle"):
             des = [n for n in self.dep.nodes if n.kind == EngineKind.DE.value]
-            waited = await asyncio.gather(*(asyncio.to_thread(ask, n) for n in des))
+            waited = await asyncio.gather(*(self._off_loop(ask, n) for n in des))
         return any(waited)
 
     def _pull(self) -> None:
@@ -280,7 +293,7 @@ class TurnFlow:
         if isinstance(buf, SlotBuffer):
             return buf.alloc(num_slots, owner=lease)
         try:
-            return await asyncio.to_thread(buf.alloc, num_slots, lease)
+            return await self._off_loop(buf.alloc, num_slots, lease)
         except (OSError, ValueError) as err:
             raise FlowError(503, f"node {node}'s side-car: {err}") from None
 
@@ -307,7 +320,7 @@ class TurnFlow:
         spec = self.dep.nodes[node]
         try:
             op = {"op": "read", "keys": keys, "slots": slots}
-            prep.reading = asyncio.ensure_future(asyncio.to_thread(self._sidecar, spec.control, op))
+            prep.reading = asyncio.ensure_future(self._off_loop(self._sidecar, spec.control, op))
             answer = await asyncio.shield(prep.reading)  # cancelled: the read goes on
             prep.reading = None
         except (OSError, ValueError) as err:
@@ -338,7 +351,7 @@ class TurnFlow:
         op = {"op": "push", "slots": slots, "to": self.dep.nodes[to_node].control,
               "to_slots": to_slots}  # fmt: skip
         prep.reading = asyncio.ensure_future(
-            asyncio.to_thread(self._sidecar, self.dep.nodes[node].control, op)
+            self._off_loop(self._sidecar, self.dep.nodes[node].control, op)
         )
         try:
             await asyncio.shield(prep.reading)
@@ -522,3 +535,4 @@ class TurnFlow:
             buf.close()
         if isinstance(self.store, MooncakeBlockStore):
             self.store.close()
+        self._calls.shutdown(wait=False)

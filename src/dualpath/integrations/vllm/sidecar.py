@@ -36,6 +36,7 @@ The TCP port is unauthenticated, like Mooncake's own: bind it to a private netwo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -52,12 +53,15 @@ from typing import Any
 
 from dualpath.integrations.vllm.node import NodeSpec, call
 from dualpath.runtime.buffer import ANONYMOUS, SlotBuffer
+from dualpath.runtime.kvstore import BlockCorrupt
 from dualpath.runtime.mooncake_store import MooncakeBlockStore
 from dualpath.runtime.pacer import LinkLock, Pacer
 from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry, read_or_miss
 from dualpath.runtime.stores import open_store
 from dualpath.runtime.transport.base import RegionHandle
 from dualpath.types import TrafficClass
+
+WRITE_BATCH = 32  # blocks queued for the store written in one batched put, at most
 
 
 class NodeSidecar:
@@ -153,7 +157,7 @@ class NodeSidecar:
         while (job := self.reads.get()) is not None:
             keys, slots, done = job
             try:
-                oks = list(self.readers.map(self._read_one, keys, slots))
+                oks = self._read_job(keys, slots)
             except Exception as err:  # not a missing block: a bug or the disk; the reader lives on
                 done.set_exception(err)
                 continue
@@ -161,6 +165,23 @@ class NodeSidecar:
             with self._lock:
                 self.bytes_read += num_ok * self.spec.layout.full_block_bytes
             done.set_result(num_ok)
+
+    def _batched(self) -> bool:
+        """Whether the store takes a request's blocks in one call (a store across the
+        network: its round trips once per batch, the link kept busy) and no software SNIC
+        paces them one by one."""
+        return isinstance(self.store, MooncakeBlockStore) and self.snic_read is None
+
+    def _read_job(self, keys: list[str], slots: list[int]) -> list[bool]:
+        if not self._batched():
+            return list(self.readers.map(self._read_one, keys, slots))
+        assert isinstance(self.store, MooncakeBlockStore)
+        errs = self.store.read_blocks(keys, [self.buffer.slot(s) for s in slots])
+        for key, err in zip(keys, errs, strict=True):
+            if isinstance(err, BlockCorrupt):  # recomputed, then stored again
+                with contextlib.suppress(OSError):
+                    self.store.remove(key)
+        return [err is None for err in errs]
 
     def read(self, keys: list[str], slots: list[int]) -> int:
         """Queue a read of ``keys`` into ``slots``; blocks until done; leading blocks read."""
@@ -173,15 +194,45 @@ class NodeSidecar:
     # ---------------------------------------------------------------- writes
     def _write_loop(self) -> None:
         while (job := self.writes.get()) is not None:
-            key, slot = job
+            batch = [job]
+            while len(batch) < WRITE_BATCH and self._batched():  # what queued meanwhile
+                try:
+                    more = self.writes.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:  # the stop: after this batch
+                    self.writes.put(None)
+                    break
+                batch.append(more)
             try:
-                self._write_one(key, slot)
+                if len(batch) > 1:
+                    self._write_batch(batch)
+                else:
+                    self._write_one(*job)
             finally:
                 with self._write_done:
-                    self._queued[key] -= 1
-                    if self._queued[key] <= 0:
-                        del self._queued[key]
+                    for key, _ in batch:
+                        self._queued[key] -= 1
+                        if self._queued[key] <= 0:
+                            del self._queued[key]
                     self._write_done.notify_all()
+
+    def _write_batch(self, batch: list[tuple[str, int]]) -> None:
+        """Several blocks in one batched put (``MooncakeBlockStore.write_blocks``); one that
+        failed is tried again alone, with ``persist_with_retry``'s backoff."""
+        assert isinstance(self.store, MooncakeBlockStore)
+        keys, slots = [k for k, _ in batch], [s for _, s in batch]
+        results = self.store.write_blocks(keys, [self.buffer.slot(s) for s in slots])
+        for (key, slot), res in zip(batch, results, strict=True):
+            if isinstance(res, OSError):
+                self._write_one(key, slot)
+                continue
+            self.buffer.free([slot])
+            with self._lock:
+                if res:
+                    self.bytes_written += self.spec.layout.full_block_bytes
+                else:
+                    self.num_skipped_writes += 1
 
     def _write_one(self, key: str, slot: int) -> None:
         nbytes = self.spec.layout.full_block_bytes
