@@ -134,7 +134,11 @@ def test_spec_layout_and_json_round_trip() -> None:
     assert ClusterSpec.from_preset(name="dp") == ClusterSpec.from_preset(name="dp")  # deterministic
     st = ClusterState(spec, 12.5)
     assert ClusterState.from_json(st.to_json()) == st
-    assert all(len(link) <= 15 for cmd in cluster.plan(spec) for link in cmd)
+    links = [cmd[i + 1] for cmd in cluster.plan(spec) for i, word in enumerate(cmd[:-1])
+             if word in ("dev", "name") or cmd[i - 1 : i + 1] == ["link", "add"]]  # fmt: skip
+    assert links and all(len(link) <= 15 for link in links)  # the kernel's IFNAMSIZ
+    # no slow start after idle in any node (a datacenter host's setting)
+    assert sum("net.ipv4.tcp_slow_start_after_idle=0" in cmd for cmd in cluster.plan(spec)) == 3
 
 
 @pytest.mark.parametrize(

@@ -277,7 +277,12 @@ def plan(spec: ClusterSpec) -> list[list[str]]:
                  ["ip", "link", "set", bridge, "up"]]  # fmt: skip
     for node in spec.nodes:
         ns = node.namespace
-        cmds += [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"]]
+        cmds += [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
+                 # as a datacenter host (and RDMA, which has no slow start): a connection idle
+                 # for a moment keeps its window (Linux's default restarts slow start after
+                 # one RTO idle: every block fetched after a pause would take several RTTs)
+                 ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                  "net.ipv4.tcp_slow_start_after_idle=0"]]  # fmt: skip
         for nic, bridge in zip(("cnic", "snic"), spec.bridges, strict=True):
             addr = node.cnic_addr if nic == "cnic" else node.snic_addr
             if not addr:

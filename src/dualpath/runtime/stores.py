@@ -18,7 +18,11 @@ URL_FORMS = "a path, file://PATH or mooncake://MASTER_HOST:PORT"
 
 
 def open_store(
-    url: str, layout: BlockLayout, namespace: str = "", local_hostname: str = "127.0.0.1"
+    url: str,
+    layout: BlockLayout,
+    namespace: str = "",
+    local_hostname: str = "127.0.0.1",
+    timeout_s: float | None = None,
 ) -> KVStore | MooncakeBlockStore:
     """The store ``url`` names: a plain path or ``file://PATH`` → ``KVStore``;
     ``mooncake://MASTER_HOST:PORT`` → ``MooncakeBlockStore`` (connected: a pure client whose
@@ -43,5 +47,9 @@ def open_store(
             raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
         from dualpath.runtime.mooncake_store import MooncakeBlockStore
 
-        return MooncakeBlockStore.connect(f"{host}:{port}", layout, namespace, local_hostname)
+        master = f"{host}:{port}"
+        if timeout_s is None:
+            return MooncakeBlockStore.connect(master, layout, namespace, local_hostname)
+        return MooncakeBlockStore.connect(master, layout, namespace, local_hostname,
+                                          timeout_s=timeout_s)  # fmt: skip
     raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
