@@ -122,6 +122,14 @@ def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str) -> list
 WriteFn = Callable[[int, memoryview | bytes], None]
 
 
+def block_header(layout: BlockLayout, crc: int, fingerprint: bytes, size: int) -> bytes:
+    """A block's header (magic, version, layout, payload bytes, CRC32, namespace fingerprint),
+    zero-padded to ``size`` bytes: the file store's and Mooncake Store's objects carry it."""
+    head = _HEADER.pack(MAGIC, VERSION, layout.num_layers, layout.block_tokens, layout.row_bytes,
+                        layout.full_block_bytes, crc, fingerprint)  # fmt: skip
+    return head.ljust(size, b"\0")
+
+
 class BlockPath(Protocol):
     """Where a block lives, as far as its readers care: it can be removed (a corrupt one)."""
 
@@ -189,18 +197,7 @@ class KVStore:
         return hits * self.layout.block_tokens
 
     def _header(self, crc: int) -> bytes:
-        lay = self.layout
-        head = _HEADER.pack(
-            MAGIC,
-            VERSION,
-            lay.num_layers,
-            lay.block_tokens,
-            lay.row_bytes,
-            lay.full_block_bytes,
-            crc,
-            self.fingerprint,
-        )
-        return head.ljust(HEADER_BYTES, b"\0")
+        return block_header(self.layout, crc, self.fingerprint, HEADER_BYTES)
 
     def write_block(self, key: str, payload: memoryview | bytes) -> bool:
         """Persist one Full Block atomically; False if it already exists (content-addressed)."""

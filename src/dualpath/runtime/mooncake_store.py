@@ -54,6 +54,7 @@ from dualpath.runtime.kvstore import (
     BlockMissing,
     BlockUnreadable,
     KVStoreError,
+    block_header,
     fingerprint,
 )
 
@@ -236,18 +237,7 @@ class MooncakeBlockStore:
             self._slots_freed.notify_all()
 
     def _header(self, crc: int) -> bytes:
-        lay = self.layout
-        head = FILE_HEADER.pack(
-            MAGIC,
-            VERSION,
-            lay.num_layers,
-            lay.block_tokens,
-            lay.row_bytes,
-            lay.full_block_bytes,
-            crc,
-            self.fingerprint,
-        )
-        return head.ljust(OBJECT_HEADER_BYTES, b"\0")
+        return block_header(self.layout, crc, self.fingerprint, OBJECT_HEADER_BYTES)
 
     def _verify(self, key: str, head: bytes | memoryview, payload: memoryview) -> None:
         """Raise unless ``head`` ‖ ``payload`` is a sound block of this namespace and layout.
