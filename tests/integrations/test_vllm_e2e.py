@@ -269,14 +269,24 @@ def test_preempted_and_aborted_requests_through_the_router(
     vLLM's (it recomputes, never reads stale pages); streams closed before and after their
     first byte give every slot back and the next requests are all answered."""
     srv = served("policy", "--vllm-arg=--num-gpu-blocks-override=65")
-    assert _two_long_chats(srv.client, MODEL) == reference["two"]
     urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
-    preempted = 0.0
-    for url in urls.values():
-        for line in httpx.get(url + "/metrics").text.splitlines():
-            if line.startswith("vllm:num_preemptions_total"):
-                preempted += float(line.rsplit(" ", 1)[1])
-    assert preempted > 0
+
+    def preemptions() -> float:
+        total = 0.0
+        for url in urls.values():
+            for line in httpx.get(url + "/metrics").text.splitlines():
+                if line.startswith("vllm:num_preemptions_total"):
+                    total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    # vLLM preempts only while both decodes run: one that reaches the decode after the other
+    # decoded ~950 tokens waits for it instead (it happened once in ~10 runs on a busy host);
+    # every try's answers must equal plain vLLM's, and one of at most three must preempt
+    for _ in range(3):
+        assert _two_long_chats(srv.client, MODEL) == reference["two"]
+        if preemptions() > 0:
+            break
+    assert preemptions() > 0
 
     de = 'node="1"'
     every = srv.metric("dualpath:buffer_slots", de)  # an idle deployment holds none
