@@ -1,4 +1,4 @@
-"""`dualpath cluster up/status/down/exec`: a cluster of nodes on one host (deploy/cluster.py)."""
+"""`dualpath cluster up/status/down/ray/exec`: a cluster of nodes on one host (deploy/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import subprocess
 from typing import Any
 
-from dualpath.deploy import cluster
+from dualpath.deploy import cluster, ray_cluster
 from dualpath.deploy.cluster import ClusterSpec, ClusterState
 
 
@@ -38,6 +38,13 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     dn = verbs.add_parser("down", help="remove the cluster and whatever a crashed run left")
     _add_name(dn)
     dn.set_defaults(func=run_down)
+
+    ry = verbs.add_parser("ray", help="start (or --stop) a Ray cluster over the nodes' CNICs")
+    _add_name(ry)
+    ry.add_argument("--port", type=int, default=ray_cluster.DEFAULT_PORT,
+                    help="the head's GCS port (default 6379)")  # fmt: skip
+    ry.add_argument("--stop", action="store_true", help="stop the Ray cluster started here")
+    ry.set_defaults(func=run_ray)
 
     ex = verbs.add_parser("exec", help="run a command in a node's namespace: exec NODE -- CMD...")
     ex.add_argument("node", help="p0.., d0.. or store")
@@ -123,6 +130,21 @@ def run_down(args: argparse.Namespace) -> int:
     for item in removed:
         print(f"removed {item}")
     print(f"cluster {args.name!r} down" + ("" if removed else " (nothing was left)"))
+    return 0
+
+
+def run_ray(args: argparse.Namespace) -> int:
+    if args.stop:
+        stopped = ray_cluster.stop_ray(args.name)
+        print(f"Ray on cluster {args.name!r} stopped" + ("" if stopped else " (none was started)"))
+        return 0
+    reason = cluster.can_make_namespaces()
+    if reason is not None:
+        raise cluster.ClusterError(reason)
+    rc = ray_cluster.start_ray(ClusterState.load(args.name), port=args.port)
+    print(f"Ray on cluster {args.name!r}: {rc.address} (head + {len(rc.pgids) - 1} raylets)")
+    print(f"run:  {ray_cluster.bench_command(rc)}")
+    print(f"stop: dualpath cluster ray --name {args.name} --stop")
     return 0
 
 
