@@ -126,7 +126,10 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    removed = cluster.down(args.name)
+    # Ray's head runs in the root namespace: stopped first (its raylets would die with the
+    # namespaces, the head would not)
+    removed = [f"ray {item}" for item in ray_cluster.stop_ray(args.name)]
+    removed += cluster.down(args.name)
     for item in removed:
         print(f"removed {item}")
     print(f"cluster {args.name!r} down" + ("" if removed else " (nothing was left)"))
