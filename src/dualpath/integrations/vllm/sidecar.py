@@ -81,19 +81,19 @@ class NodeSidecar:
         # the files at kv_root, or a store across the network (Mooncake Store: its client binds
         # the node's SNIC address, so that the blocks cross that interface)
         self.store = self._open_store()
-        # a store across the network gets a client per reader and one for the writes: one
-        # client carries out its transfers one batch after the other, so a turn's few blocks
-        # to persist would wait behind seconds of another request's reads (measured: a put of
-        # 3 blocks 2.2 s instead of 0.3 s beside a 32-block read on a 2 MB/s SNIC)
-        separate = isinstance(self.store, MooncakeBlockStore) and spec.snic_bytes_per_s == 0
-        self.read_stores = [self.store] + [
-            self._open_store() if separate else self.store for _ in range(READ_JOBS_IN_FLIGHT - 1)
-        ]
-        self.write_store = self._open_store() if separate else self.store
         rate = spec.snic_bytes_per_s
         name = f"node{spec.node}.snic"
         self.snic_read = Pacer(rate, f"{name}.read", quantum_s=SNIC_QUANTUM_S) if rate else None
         self.snic_write = Pacer(rate, f"{name}.write", quantum_s=SNIC_QUANTUM_S) if rate else None
+        # a store across the network gets a client per reader and one for the writes: one
+        # client carries out its transfers one batch after the other, so a turn's few blocks
+        # to persist would wait behind seconds of another request's reads (measured: a put of
+        # 3 blocks 2.2 s instead of 0.3 s beside a 32-block read on a 2 MB/s SNIC)
+        separate = self._batched()
+        self.read_stores = [self.store] + [
+            self._open_store() if separate else self.store for _ in range(READ_JOBS_IN_FLIGHT - 1)
+        ]
+        self.write_store = self._open_store() if separate else self.store
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
         self.reads: queue.Queue[tuple[list[str], list[int], Future[int]] | None] = queue.Queue()
         self.writes: queue.Queue[tuple[str, int] | None] = queue.Queue()
@@ -230,7 +230,7 @@ class NodeSidecar:
                     break
                 batch.append(more)
             try:
-                if len(batch) > 1:
+                if self._batched():  # one existence query and one put, even for one block
                     self._write_batch(batch)
                 else:
                     self._write_one(*job)
