@@ -355,6 +355,7 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
     KV between the nodes by Mooncake TE: greedy answers equal plain vLLM's on both read paths;
     the hit bytes cross the PE node's SNIC on the PE path, the DE node's SNIC and then its
     CNIC on the DE path (the kernel's counters); killed processes give clean errors."""
+    segments_before = set(_vllm_segments())
     srv = served("pe", "--cluster", cluster_up, "--store", "mooncake")
     start = _nic_bytes(cluster_up)
     assert _turns(srv.client, MODEL) == reference["turns"]
@@ -400,3 +401,6 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
         pids = subprocess.run(["ip", "netns", "pids", f"dp-{cluster_up}-{node}"],
                               capture_output=True, text=True).stdout.split()  # fmt: skip
         assert not pids, f"processes left on node {node}: {pids}"
+    # the killed prefill instance's own segments: created during this test, mapped by nobody
+    for orphan in _unmapped_segments(set(_vllm_segments()) - segments_before):
+        orphan.unlink(missing_ok=True)
