@@ -19,7 +19,10 @@ and D decode nodes:
   (``gpus_per_node * cnic_bytes_per_s``) times one factor that brings the SNIC to
   ``snic_mbit``; the CNIC is capped at ``cnic_cap_mbit``. The storage host's SNIC is unshaped
   unless ``store_mbit > 0``. Each shaped NIC gets a ``tbf`` on both of its veth ends' egress
-  (node side: node → network, bridge side: network → node); see ``tbf_args``.
+  (node side: node → network, bridge side: network → node); see ``tbf_args``. With the
+  traffic manager on (``up --traffic-manager`` or ``dualpath qos --cluster NAME --apply``)
+  each CNIC end gets the two classes of ``deploy.qos.tc_commands`` at the same rate instead
+  (collectives' DSCP high, everything else low; docs/operations.md).
 - state: ``$DUALPATH_RUN_DIR/NAME.json`` (default ``/run/dualpath``); processes started in the
   cluster name their shared-memory segments ``/dev/shm/dpNAME-*`` so that ``down`` finds them.
 """
@@ -27,6 +30,7 @@ and D decode nodes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import ipaddress
 import json
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dualpath.config.presets import preset as cluster_preset
+from dualpath.deploy.qos import QosOptions, tc_commands
 
 Nic = Literal["cnic", "snic"]
 NodeKind = Literal["prefill", "decode", "store"]
@@ -95,6 +100,7 @@ class ClusterSpec:
     nodes: tuple[Node, ...]
     subnet: str
     rates: NicRates
+    traffic_manager: bool = False  # CNICs: two tc classes (True) or one queue (tbf)
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -108,6 +114,7 @@ class ClusterSpec:
         cnic_cap_mbit: float = 2000.0,
         store_mbit: float = 0.0,
         subnet: str | None = None,
+        traffic_manager: bool = False,
     ) -> ClusterSpec:
         check_name(name)
         for field, value in (("snic_mbit", snic_mbit), ("cnic_cap_mbit", cnic_cap_mbit)):
@@ -134,7 +141,8 @@ class ClusterSpec:
             preset_snic_bytes_per_s=snic,
             preset_cnic_bytes_per_s=cnic,
         )
-        return cls(name, preset, layout(name, net, num_p, num_d), str(net), rates)
+        nodes = layout(name, net, num_p, num_d)
+        return cls(name, preset, nodes, str(net), rates, traffic_manager)
 
     def node(self, node: str) -> Node:
         for n in self.nodes:
@@ -295,9 +303,37 @@ def plan(spec: ClusterSpec) -> list[list[str]]:
                 ["ip", "-n", ns, "link", "set", nic, "up"],
             ]
             rate = spec.rate_bytes_per_s(node.name, nic)  # type: ignore[arg-type]
-            if rate > 0:
+            if nic == "cnic":
+                cmds += cnic_shaping(spec, node, spec.traffic_manager)
+            elif rate > 0:
                 cmds += [tbf_args(nic, rate, ns), tbf_args(peer, rate)]
     return cmds
+
+
+def cnic_shaping(spec: ClusterSpec, node: Node, traffic_manager: bool) -> list[list[str]]:
+    """``tc`` argv shaping both ends of ``node``'s CNIC: the traffic manager's two classes,
+    or one queue (``tbf``); none for a node without a CNIC or an unshaped one."""
+    rate = spec.rate_bytes_per_s(node.name, "cnic") if node.cnic_addr else 0.0
+    if rate <= 0:
+        return []
+    ends = [("cnic", node.namespace), (f"dp{spec.name}-{node.name}c", None)]
+    if not traffic_manager:
+        return [tbf_args(dev, rate, ns) for dev, ns in ends]
+    return [argv for dev, ns in ends for argv in tc_commands(QosOptions(), dev, rate, ns)]
+
+
+def set_traffic_manager(name: str, on: bool) -> ClusterState:
+    """Switch every CNIC of cluster ``name`` to the two classes (``on``) or back to one
+    queue, at the same rates; the state file records it."""
+    _require_namespaces()
+    state = ClusterState.load(name)
+    spec = dataclasses.replace(state.spec, traffic_manager=on)
+    for node in spec.nodes:
+        for argv in cnic_shaping(spec, node, on):
+            _run(argv)
+    new = ClusterState(spec, state.created_unix_s)
+    _write_state(new)
+    return new
 
 
 @functools.cache
@@ -371,15 +407,19 @@ def up(spec: ClusterSpec, replace: bool = False) -> ClusterState:
         for argv in plan(spec):
             _run(argv)
         state = ClusterState(spec, time.time())
-        path = state_path(spec.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(state.to_json())
-        tmp.replace(path)
+        _write_state(state)
     except BaseException:
         down(spec.name)
         raise
     return state
+
+
+def _write_state(state: ClusterState) -> None:
+    path = state_path(state.spec.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.to_json())
+    tmp.replace(path)
 
 
 def _pids(ns: str) -> list[int]:
@@ -476,6 +516,7 @@ def status(name: str) -> dict[str, Any]:
         "head": {"cnic": spec.head_cnic_addr, "snic": spec.head_snic_addr},
         "bridges": list(spec.bridges),
         "rates": asdict(spec.rates),
+        "traffic_manager": spec.traffic_manager,
         "created_unix_s": state.created_unix_s,
         "nodes": nodes,
     }

@@ -54,27 +54,49 @@ class QosOptions:
 
     def __post_init__(self) -> None:
         require(2 <= self.num_vls <= 8, "qos.num_vls", self.num_vls, "an integer in [2, 8]")
-        require(0 <= self.kv_lane < self.num_vls, "qos.kv_lane", self.kv_lane,
-                f"a lane in [0, {self.num_vls - 1}]")  # fmt: skip
+        require(
+            0 <= self.kv_lane < self.num_vls,
+            "qos.kv_lane",
+            self.kv_lane,
+            f"a lane in [0, {self.num_vls - 1}]",
+        )
         if self.high_limit is not None:
-            require(0 <= self.high_limit <= IB_HIGH_LIMIT_UNLIMITED, "qos.high_limit",
-                    self.high_limit, "an integer in [0, 255] (255 = unlimited)")  # fmt: skip
+            require(
+                0 <= self.high_limit <= IB_HIGH_LIMIT_UNLIMITED,
+                "qos.high_limit",
+                self.high_limit,
+                "an integer in [0, 255] (255 = unlimited)",
+            )
         for name in ("collective_weight", "kv_low_weight"):
             value = getattr(self, name)
             require(1 <= value <= 255, f"qos.{name}", value, "an integer in [1, 255]")
         require(
             math.isfinite(self.low_share) and 0 < self.low_share < 0.5,
-            "qos.low_share", self.low_share, "in (0, 0.5): KV is the low-priority class",
-        )  # fmt: skip
-        require(self.mtu_bytes in (256, 512, 1024, 2048, 4096), "qos.mtu_bytes",
-                self.mtu_bytes, "an IB MTU: 256, 512, 1024, 2048 or 4096")  # fmt: skip
+            "qos.low_share",
+            self.low_share,
+            "in (0, 0.5): KV is the low-priority class",
+        )
+        require(
+            self.mtu_bytes in (256, 512, 1024, 2048, 4096),
+            "qos.mtu_bytes",
+            self.mtu_bytes,
+            "an IB MTU: 256, 512, 1024, 2048 or 4096",
+        )
         for name in ("collective_dscp", "kv_dscp"):
             value = getattr(self, name)
             require(0 <= value <= 63, f"qos.{name}", value, "a DSCP value in [0, 63]")
-        require(self.collective_dscp != self.kv_dscp, "qos.kv_dscp", self.kv_dscp,
-                "different from qos.collective_dscp")  # fmt: skip
-        require(bool(self.iface) and not any(c.isspace() for c in self.iface), "qos.iface",
-                self.iface, "an interface name without spaces")  # fmt: skip
+        require(
+            self.collective_dscp != self.kv_dscp,
+            "qos.kv_dscp",
+            self.kv_dscp,
+            "different from qos.collective_dscp",
+        )
+        require(
+            bool(self.iface) and not any(c.isspace() for c in self.iface),
+            "qos.iface",
+            self.iface,
+            "an interface name without spaces",
+        )
 
     @property
     def collective_lanes(self) -> tuple[int, ...]:
@@ -112,20 +134,22 @@ def opensm_conf(opt: QosOptions) -> str:
     limit = opt.ib_high_limit
     floor = ib_low_share_floor(limit, opt.mtu_bytes)
     sls = ",".join(str(v) for v in opt.collective_lanes)
-    return "\n".join([
-        "# dualpath traffic manager (SPEC §6) for OpenSM: add to opensm.conf, start with --qos",
-        f"# collectives: SL {sls} -> high-priority VLs {sls}; KV traffic: SL {opt.kv_lane} -> "
-        f"VL {opt.kv_lane} (low table only)",
-        f"# KV keeps >= {100 * floor:.2f}% of a link whose collectives never idle "
-        f"(MTU {opt.mtu_bytes} B, high limit {limit} x 4096 B), all of it when they idle",
-        "qos TRUE",
-        f"qos_max_vls {opt.num_vls}",
-        f"qos_high_limit {limit}",
-        f"qos_vlarb_high {_vlarb(high)}",
-        f"qos_vlarb_low {_vlarb(low)}",
-        f"qos_sl2vl {','.join(str(v) for v in sl2vl)}",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# dualpath traffic manager (SPEC §6) for OpenSM: add to opensm.conf, start with --qos",
+            f"# collectives: SL {sls} -> high-priority VLs {sls}; KV traffic: SL {opt.kv_lane} -> "
+            f"VL {opt.kv_lane} (low table only)",
+            f"# KV keeps >= {100 * floor:.2f}% of a link whose collectives never idle "
+            f"(MTU {opt.mtu_bytes} B, high limit {limit} x 4096 B), all of it when they idle",
+            "qos TRUE",
+            f"qos_max_vls {opt.num_vls}",
+            f"qos_high_limit {limit}",
+            f"qos_vlarb_high {_vlarb(high)}",
+            f"qos_vlarb_low {_vlarb(low)}",
+            f"qos_sl2vl {','.join(str(v) for v in sl2vl)}",
+            "",
+        ]
+    )
 
 
 def ets_weights(opt: QosOptions) -> list[int]:
@@ -151,39 +175,43 @@ def roce_commands(opt: QosOptions) -> str:
     prio_tc[kv_prio] = opt.kv_lane
     weights = ets_weights(opt)
     i = opt.iface
-    return "\n".join([
-        "#!/bin/sh",
-        "# dualpath traffic manager (SPEC §6) for RoCE (NVIDIA/Mellanox mlnx_qos): run per CNIC",
-        f"# collectives: DSCP {opt.collective_dscp} -> priority {collective_prio} -> TC "
-        f"{prio_tc[collective_prio]}; KV traffic: DSCP {opt.kv_dscp} -> priority {kv_prio} -> "
-        f"TC {opt.kv_lane} (ETS {weights[opt.kv_lane]}%)",
-        f"# {n} lossless classes (PFC on priorities 0-{n - 1}); switches need the same DSCP map,",
-        "# PFC and ETS weights on every port.",
-        "set -e",
-        f"mlnx_qos -i {i} --trust dscp",
-        f"mlnx_qos -i {i} --dscp2prio set,{opt.collective_dscp},{collective_prio}",
-        f"mlnx_qos -i {i} --dscp2prio set,{opt.kv_dscp},{kv_prio}",
-        f"mlnx_qos -i {i} --pfc {pfc}",
-        f"mlnx_qos -i {i} --prio_tc {','.join(str(t) for t in prio_tc)}",
-        f"mlnx_qos -i {i} --tsa {','.join(['ets'] * NUM_PRIORITIES)} "
-        f"--tcbw {','.join(str(w) for w in weights)}",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            "# dualpath traffic manager (SPEC §6) for RoCE (NVIDIA/Mellanox mlnx_qos): run per CNIC",
+            f"# collectives: DSCP {opt.collective_dscp} -> priority {collective_prio} -> TC "
+            f"{prio_tc[collective_prio]}; KV traffic: DSCP {opt.kv_dscp} -> priority {kv_prio} -> "
+            f"TC {opt.kv_lane} (ETS {weights[opt.kv_lane]}%)",
+            f"# {n} lossless classes (PFC on priorities 0-{n - 1}); switches need the same DSCP map,",
+            "# PFC and ETS weights on every port.",
+            "set -e",
+            f"mlnx_qos -i {i} --trust dscp",
+            f"mlnx_qos -i {i} --dscp2prio set,{opt.collective_dscp},{collective_prio}",
+            f"mlnx_qos -i {i} --dscp2prio set,{opt.kv_dscp},{kv_prio}",
+            f"mlnx_qos -i {i} --pfc {pfc}",
+            f"mlnx_qos -i {i} --prio_tc {','.join(str(t) for t in prio_tc)}",
+            f"mlnx_qos -i {i} --tsa {','.join(['ets'] * NUM_PRIORITIES)} "
+            f"--tcbw {','.join(str(w) for w in weights)}",
+            "",
+        ]
+    )
 
 
 def app_settings(opt: QosOptions) -> str:
     """How traffic gets into its class: environment of the engines' libraries."""
     sl = opt.collective_lanes[0]
-    return "\n".join([
-        "# Marking traffic (per engine process)",
-        f"# InfiniBand: collectives on SL {sl} (NCCL_IB_SL={sl}; DeepEP/NVSHMEM: "
-        f"NVSHMEM_IB_SL={sl}); KV transfers on SL {opt.kv_lane} (the KV transport's QP "
-        "service level).",
-        f"# RoCE: collectives ToS {opt.collective_dscp << 2} (NCCL_IB_TC="
-        f"{opt.collective_dscp << 2}); KV transfers ToS {opt.kv_dscp << 2} "
-        f"(DSCP {opt.kv_dscp}).",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# Marking traffic (per engine process)",
+            f"# InfiniBand: collectives on SL {sl} (NCCL_IB_SL={sl}; DeepEP/NVSHMEM: "
+            f"NVSHMEM_IB_SL={sl}); KV transfers on SL {opt.kv_lane} (the KV transport's QP "
+            "service level).",
+            f"# RoCE: collectives ToS {opt.collective_dscp << 2} (NCCL_IB_TC="
+            f"{opt.collective_dscp << 2}); KV transfers ToS {opt.kv_dscp << 2} "
+            f"(DSCP {opt.kv_dscp}).",
+            "",
+        ]
+    )
 
 
 def render(opt: QosOptions, fabric: str) -> str:
@@ -196,3 +224,209 @@ def render(opt: QosOptions, fabric: str) -> str:
         parts.append(roce_commands(opt))
     parts.append(app_settings(opt))
     return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------- Linux tc
+# The same arbiter on a Linux host's egress: an HTB root shaped to the link rate, a high
+# class guaranteed (1 - low_share) of it with prio 0 (it borrows first), a low class
+# guaranteed low_share with prio 1, both allowed the whole link (ceil); a u32 filter sends
+# the collectives' DSCP to the high class, everything else falls into the low one (KV needs
+# no marking: the default class is its class).
+TC_HIGH, TC_LOW = 10, 20  # minor class ids under handle 1:
+TC_QUANTUM_BYTES = 60_000  # DRR quantum; within HTB's accepted [1000, 200000]
+TC_BURST_S = 0.004  # bucket depth, as the cluster's tbf: 4 ms at the rate, >= 32 KiB
+TC_MIN_BURST_BYTES = 32 * 1024
+TC_LOW_QUEUE_S = 0.05  # the low class's queue holds 50 ms at the link rate (as tbf's latency)
+TC_HIGH_QUEUE_PACKETS = 1000  # collectives are paced by their own lockstep: never deep
+
+
+def _tc(netns: str | None, *argv: str) -> list[str]:
+    return ["tc", *(["-n", netns] if netns else []), *argv]
+
+
+def tc_commands(
+    opt: QosOptions, iface: str, rate_bytes_per_s: float, netns: str | None = None
+) -> list[list[str]]:
+    """``tc`` argv that realise the two classes on ``iface``'s egress at the link rate."""
+    require(
+        rate_bytes_per_s > 0 and math.isfinite(rate_bytes_per_s),
+        "--rate-mbit",
+        rate_bytes_per_s * 8 / 1e6,
+        "a positive link rate",
+    )
+    rate = int(rate_bytes_per_s * 8)  # bit/s
+    high = max(1, round(rate * (1 - opt.low_share)))
+    low = max(1, rate - high)
+    burst = str(max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_BURST_S)))
+    queue = str(max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_LOW_QUEUE_S)))
+    r2q = max(1, math.ceil(rate_bytes_per_s / 200_000))  # the root class's quantum <= 200 kB
+    tos = f"0x{opt.collective_dscp << 2:02x}"
+    tclass = f"0x{opt.collective_dscp << 6:03x}"  # IPv6 traffic class sits 4 bits higher
+    dev = ("dev", iface)
+    shape = ("burst", burst, "cburst", burst, "quantum", str(TC_QUANTUM_BYTES))
+    return [
+        _tc(
+            netns,
+            "qdisc",
+            "replace",
+            *dev,
+            "root",
+            "handle",
+            "1:",
+            "htb",
+            "default",
+            str(TC_LOW),
+            "r2q",
+            str(r2q),
+        ),
+        _tc(
+            netns,
+            "class",
+            "replace",
+            *dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:1",
+            "htb",
+            "rate",
+            f"{rate}bit",
+            "ceil",
+            f"{rate}bit",
+            "burst",
+            burst,
+            "cburst",
+            burst,
+        ),
+        _tc(
+            netns,
+            "class",
+            "replace",
+            *dev,
+            "parent",
+            "1:1",
+            "classid",
+            f"1:{TC_HIGH}",
+            "htb",
+            "rate",
+            f"{high}bit",
+            "ceil",
+            f"{rate}bit",
+            "prio",
+            "0",
+            *shape,
+        ),
+        _tc(
+            netns,
+            "class",
+            "replace",
+            *dev,
+            "parent",
+            "1:1",
+            "classid",
+            f"1:{TC_LOW}",
+            "htb",
+            "rate",
+            f"{low}bit",
+            "ceil",
+            f"{rate}bit",
+            "prio",
+            "1",
+            *shape,
+        ),
+        _tc(
+            netns,
+            "qdisc",
+            "replace",
+            *dev,
+            "parent",
+            f"1:{TC_HIGH}",
+            "handle",
+            f"{TC_HIGH}:",
+            "pfifo",
+            "limit",
+            str(TC_HIGH_QUEUE_PACKETS),
+        ),
+        _tc(
+            netns,
+            "qdisc",
+            "replace",
+            *dev,
+            "parent",
+            f"1:{TC_LOW}",
+            "handle",
+            f"{TC_LOW}:",
+            "bfifo",
+            "limit",
+            queue,
+        ),
+        _tc(
+            netns,
+            "filter",
+            "replace",
+            *dev,
+            "parent",
+            "1:",
+            "protocol",
+            "ip",
+            "prio",
+            "1",
+            "u32",
+            "match",
+            "ip",
+            "dsfield",
+            tos,
+            "0xfc",
+            "flowid",
+            f"1:{TC_HIGH}",
+        ),
+        _tc(
+            netns,
+            "filter",
+            "replace",
+            *dev,
+            "parent",
+            "1:",
+            "protocol",
+            "ipv6",
+            "prio",
+            "2",
+            "u32",
+            "match",
+            "u16",
+            tclass,
+            "0x0fc0",
+            "at",
+            "0",
+            "flowid",
+            f"1:{TC_HIGH}",
+        ),
+    ]
+
+
+def tc_remove_commands(iface: str, netns: str | None = None) -> list[list[str]]:
+    """``tc`` argv that drop the classes (the interface's default qdisc comes back)."""
+    return [_tc(netns, "qdisc", "del", "dev", iface, "root")]
+
+
+def tc_script(commands: list[list[str]], header: str) -> str:
+    """Commands as a shell script (``--dry-run``)."""
+    import shlex
+
+    lines = ["#!/bin/sh", header, "set -e"]
+    lines += [shlex.join(argv) for argv in commands]
+    return "\n".join(lines) + "\n"
+
+
+def run_commands(commands: list[list[str]]) -> None:
+    """Run ``tc`` argv in order; ValueError with the failing command and tc's message."""
+    import subprocess
+
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise ValueError("`tc` (iproute2) is not on PATH") from None
+        if done.returncode != 0:
+            msg = done.stderr.strip().splitlines()
+            raise ValueError(f"`{' '.join(argv)}` failed: {msg[-1] if msg else done.returncode}")

@@ -1,0 +1,129 @@
+"""The traffic manager on real packets (Linux tc): the two classes' commands, and on a one-host
+cluster a marked ping-pong that keeps its latency beside saturating bulk traffic with the
+classes and loses it with one queue. Tests that need root and namespaces skip without."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from dualpath.cli.main import main
+from dualpath.deploy import cluster
+from dualpath.deploy.cluster import ClusterSpec, ClusterState
+from dualpath.deploy.qos import QosOptions, tc_commands, tc_remove_commands
+
+REASON = cluster.can_make_namespaces()
+needs_ns = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+PY = sys.executable
+PORT = 9000
+# the ping-pong's p99 beside saturating bulk traffic may exceed its idle p99 by at most this
+# much: one bulk packet ahead of it (a 64 KiB GSO segment is 4.1 ms at 128 Mbit/s, but the
+# shaper's burst lets the high class through sooner) plus scheduling noise on a busy 2-core
+# host; one queue holds the bulk flow's standing queue (~80 kB = 5 ms at 128 Mbit/s) instead
+BOUND_FACTOR, BOUND_SLACK_US = 3.0, 1000.0
+
+
+def test_tc_commands_realise_the_arbiter() -> None:
+    opt = QosOptions()  # low_share 0.01, collectives DSCP 26
+    cmds = [" ".join(argv) for argv in tc_commands(opt, "cnic", 100e6 / 8, "ns1")]
+    assert all(c.startswith("tc -n ns1 ") for c in cmds)
+    assert "root handle 1: htb default 20" in cmds[0]
+    assert "classid 1:10 htb rate 99000000bit ceil 100000000bit prio 0" in cmds[2]
+    assert "classid 1:20 htb rate 1000000bit ceil 100000000bit prio 1" in cmds[3]
+    assert "bfifo limit 625000" in cmds[5]  # the low queue: 50 ms at the rate, as tbf's
+    assert "match ip dsfield 0x68 0xfc flowid 1:10" in cmds[6]  # DSCP 26 << 2
+    assert "match u16 0x680 0x0fc0 at 0 flowid 1:10" in cmds[7]  # IPv6 traffic class
+    ef = tc_commands(QosOptions(collective_dscp=46), "eth0", 1e9 / 8)
+    assert "match ip dsfield 0xb8 0xfc" in " ".join(ef[6])
+    assert tc_remove_commands("eth0") == [["tc", "qdisc", "del", "dev", "eth0", "root"]]
+
+
+def test_cli_dry_run_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["qos", "--apply", "--iface", "eth9", "--rate-mbit", "100", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("#!/bin/sh\n") and out.count("\ntc ") == 8
+    assert "rate 99000000bit" in out
+    assert main(["qos", "--remove", "--iface", "eth9", "--dry-run"]) == 0
+    assert capsys.readouterr().out.endswith("tc qdisc del dev eth9 root\n")
+    for argv, needle in [
+        (["qos", "--dry-run"], "go with --apply or --remove"),
+        (["qos", "--apply"], "need --iface"),
+        (["qos", "--apply", "--iface", "eth9", "--rate-mbit", "0", "--dry-run"], "--rate-mbit"),
+        (["qos", "--apply", "--cluster", "zz", "--iface", "x"], "drop --iface"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+
+
+@pytest.fixture
+def qos_cluster() -> Iterator[ClusterState]:
+    # CNIC 128 Mbit/s: low enough that this host's Python saturates it with one flow
+    spec = ClusterSpec.from_preset(
+        "tiny-1p1d", name=f"q{time.time_ns() % 10**5}", cnic_cap_mbit=128.0
+    )
+    state = cluster.up(spec)
+    try:
+        yield state
+    finally:
+        cluster.down(spec.name)
+
+
+def _probe(state: ClusterState, node: str, *argv: str) -> subprocess.Popen[str]:
+    cmd = [PY, "-m", "dualpath.deploy.qosprobe", *argv]
+    return cluster.popen(state, node, cmd, stdout=subprocess.PIPE, text=True)
+
+
+def _ping_p99(state: ClusterState, to: str, bulk: bool) -> tuple[float, float]:
+    """(p99 µs of marked 4 KiB round trips p0 → d0, bulk Mbit/s); with ``bulk``, an unmarked
+    flow p0 → d0 fills p0's CNIC meanwhile."""
+    load = _probe(state, "p0", "bulk", "--to", to, "--seconds", "3.5") if bulk else None
+    if load:
+        time.sleep(1.0)  # past slow start: the queue is standing
+    ping = _probe(state, "p0", "pingpong", "--to", to, "--dscp", "26", "--seconds", "2")
+    out, _ = ping.communicate(timeout=30)
+    rate = json.loads(load.communicate(timeout=30)[0])["mbit_per_s"] if load else 0.0
+    return json.loads(out)["p99_us"], rate
+
+
+@needs_ns
+def test_classes_keep_marked_latency_beside_bulk_and_one_queue_does_not(
+    qos_cluster: ClusterState, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = qos_cluster
+    name = state.spec.name
+    d0 = state.address("d0", "cnic")
+    server = _probe(state, "d0", "server", "--host", d0, "--port", str(PORT), "--dscp", "26")
+    try:
+        assert server.stdout is not None and "listening" in server.stdout.readline()
+        to = f"{d0}:{PORT}"
+        assert main(["qos", "--apply", "--cluster", name]) == 0
+        assert ClusterState.load(name).spec.traffic_manager
+        shown = subprocess.run(
+            ["tc", "-n", state.spec.node("p0").namespace, "qdisc", "show", "dev", "cnic"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "htb" in shown and "tbf" not in shown
+        idle, _ = _ping_p99(state, to, bulk=False)
+        bound = max(BOUND_FACTOR * idle, idle + BOUND_SLACK_US)
+        classes, rate_classes = _ping_p99(state, to, bulk=True)
+        assert main(["qos", "--remove", "--cluster", name]) == 0
+        assert not ClusterState.load(name).spec.traffic_manager
+        one_queue, rate_one = _ping_p99(state, to, bulk=True)
+        capsys.readouterr()
+        print(
+            f"p99 µs: idle {idle:.0f}, classes {classes:.0f}, one queue {one_queue:.0f}; "
+            f"bulk Mbit/s {rate_classes:.1f} / {rate_one:.1f}"
+        )
+        assert rate_classes > 0.8 * 128 and rate_one > 0.8 * 128  # the bulk flow saturates
+        assert classes <= bound, f"classes: p99 {classes:.0f} µs > bound {bound:.0f} µs"
+        assert one_queue > bound, f"one queue: p99 {one_queue:.0f} µs <= bound {bound:.0f} µs"
+    finally:
+        server.kill()
+        server.wait()
