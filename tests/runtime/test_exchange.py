@@ -1,8 +1,10 @@
-"""The per-layer hidden-state all-gather between the PEs of a group (real bytes, shm)."""
+"""The per-layer hidden-state all-gather between the PEs of a group (real bytes: shared memory
+on one host, the collectives' own marked TCP transport across nodes)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.shared_memory import SharedMemory
@@ -14,16 +16,21 @@ torch = pytest.importorskip("torch")
 
 from dualpath.runtime.exchange import SLOT_BYTES, HiddenExchange, region_bytes  # noqa: E402
 from dualpath.runtime.messages import ExchangePlan  # noqa: E402
+from dualpath.runtime.transport import make_collective_transport  # noqa: E402
 from dualpath.runtime.transport.shm import ShmTransport  # noqa: E402
 
 HIDDEN = 256
 
 
-@pytest.fixture
-def group() -> Iterator[tuple[list[HiddenExchange], list[Any], list[list[tuple[int, int]]]]]:
-    """Two PEs (engines 0 and 1) with their own transports and exchange segments."""
+@pytest.fixture(params=["shm", "tcp"])
+def group(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[list[HiddenExchange], list[Any], list[list[tuple[int, int]]]]]:
+    """Two PEs (engines 0 and 1) with their own transports and exchange segments; over
+    ``tcp`` each has the collectives' transport that the PE engine makes across nodes."""
     segs = [SharedMemory(create=True, size=region_bytes(2)) for _ in range(2)]
-    transports = [ShmTransport() for _ in range(2)]
+    made = [make_collective_transport(request.param) for _ in range(2)]
+    transports = [t or ShmTransport() for t in made]
     charges: list[list[tuple[int, int]]] = [[], []]
     xs, handles = [], []
     for e in range(2):
@@ -82,6 +89,10 @@ def test_all_gather_delivers_every_peer_states_each_layer_in_several_rounds(grou
     assert sum(n for _, n in charges[1]) == 3 * 5 * HIDDEN * 4
     assert {p for p, _ in charges[0]} == {1}
     assert xs[1].stats.bytes_received == 3 * big * HIDDEN * 4
+    conns = [c for x in xs for c in getattr(x.transport, "_conns", [])]
+    for conn in conns:  # across nodes, every collective packet carries the high-class DSCP
+        assert conn.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == 26 << 2
+    assert bool(conns) == (handles[0].endpoint.startswith("tcp://"))
 
 
 def test_a_dead_peer_is_dropped_instead_of_blocking_the_pass(group: Any) -> None:

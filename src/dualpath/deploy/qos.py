@@ -28,6 +28,7 @@ NUM_PRIORITIES = 8  # IEEE 802.1p priorities / mlnx_qos traffic classes
 PAPER_HIGH_LIMIT = 240  # the paper's OpenSM qos_high_limit (SPEC §6)
 PAPER_WEIGHT = 192  # weight of each collective VL in both tables (SPEC §6)
 PAPER_KV_LOW_WEIGHT = 64  # weight of the KV VL in the low table (SPEC §6)
+COLLECTIVE_DSCP = 26  # AF31: RoCE v2's usual DSCP, priority 3 under the default map
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class QosOptions:
     kv_low_weight: int = PAPER_KV_LOW_WEIGHT
     low_share: float = 0.01
     mtu_bytes: int = 4096
-    collective_dscp: int = 26  # AF31: RoCE v2's usual DSCP, priority 3 under the default map
+    collective_dscp: int = COLLECTIVE_DSCP
     kv_dscp: int = 16  # CS2: priority 2 under the default map
     iface: str = "IFACE"
 

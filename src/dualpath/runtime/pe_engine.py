@@ -32,7 +32,8 @@ from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.pacer import transfer_all
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import choose_batch
-from dualpath.runtime.transport.base import Transfer
+from dualpath.runtime.transport import make_collective_transport
+from dualpath.runtime.transport.base import KVTransport, Transfer
 from dualpath.types import TrafficClass
 
 
@@ -41,15 +42,18 @@ class PrefillEngine(Engine):
         super().__init__(env, engine_id, crash_at)
         self.exchange: HiddenExchange | None = None
         self._exchange_shm: SharedMemory | None = None
+        self._collective: KVTransport | None = None
         name = env.exchange_names[engine_id] if env.exchange_names else ""
-        if name:  # the launcher's segment, registered with this process's transport
+        if name:  # the launcher's segment, registered with the collectives' transport
             shm = SharedMemory(name=name)
             assert shm.buf is not None
             self._exchange_shm = shm
-            self.ready_region = self.transport.register(name, shm.buf)
+            self._collective = make_collective_transport(env.options.transport)
+            xport = self._collective or self.transport
+            self.ready_region = xport.register(name, shm.buf)
             self.exchange = HiddenExchange(
                 engine_id,
-                self.transport,
+                xport,
                 self.ready_region,
                 shm.buf,
                 env.group_members(engine_id),
@@ -67,6 +71,8 @@ class PrefillEngine(Engine):
         super().close()
         if self.exchange is not None:
             self.exchange.close()
+        if self._collective is not None:
+            self._collective.close()
         if self._exchange_shm is not None:
             self._exchange_shm.close()
 

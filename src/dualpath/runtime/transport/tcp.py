@@ -69,6 +69,7 @@ class TcpTransport(KVTransport):
         self.endpoint = f"{PREFIX}{host}:{self._server.getsockname()[1]}"
         self._closing = threading.Event()
         self._conns: list[socket.socket] = []  # every socket this transport opened or accepted
+        self._servers: list[threading.Thread] = []  # one per accepted connection
         self._conns_lock = threading.Lock()
         self._tls = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tcp-kv")
@@ -90,7 +91,10 @@ class TcpTransport(KVTransport):
             except OSError:
                 return  # listener closed
             self._track(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            server = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self._conns_lock:
+                self._servers.append(server)
+            server.start()
 
     def _region(self, name: str, offset: int, nbytes: int) -> memoryview:
         memory = self._local.get(name)
@@ -118,6 +122,9 @@ class TcpTransport(KVTransport):
                 else:
                     conn.sendall(b"\x00")
                     conn.sendall(view)
+                # drop the view before waiting: a region's owner can only unmap its memory
+                # (close a shared-memory segment) once no view of it is left
+                del view
         except (OSError, ConnectionError, struct.error):
             conn.close()  # peer gone or transport closing
 
@@ -195,4 +202,7 @@ class TcpTransport(KVTransport):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._conns.clear()
+            servers, self._servers = self._servers, []
+        for server in servers:  # each lets go of its region views as its socket closes
+            server.join(timeout=1.0)
         self._local.clear()
