@@ -158,6 +158,7 @@ COMPONENTS = {  # module → the component class it defines (the loop's parts)
     "passes": "Passes",
     "decodes": "Decodes",
     "durability": "Durability",
+    "writes": "Writes",
     "recovery": "Recovery",
     "streams": "Streams",
     "inbox": "Inbox",

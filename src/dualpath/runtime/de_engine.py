@@ -56,7 +56,6 @@ class DecodeEngine(Engine):
     def __init__(self, env: ProcEnv, engine_id: int, crash_at: int) -> None:
         super().__init__(env, engine_id, crash_at)
         self.buffer: SlotBuffer = env.attach_buffer(self.node)
-        self.storage = env.storage_inboxes[self.node]
         self.waiting: deque[DecodeMsg] = deque()
         self.running: list[_Running] = []
         # the decode batch's KV kept in attention's layout between steps (decode_kv.py)
@@ -101,7 +100,7 @@ class DecodeEngine(Engine):
             page = r.tables[layer][block]
             window.add(self.push_nowait(self.node, slot, layer, 0, bt, page, paced=False)[1])
         window.drain()
-        self.storage.put(PersistMsg(key, slot))
+        self.env.results.put(PersistMsg(key, slot, self.node))  # the scheduler hands it on
         r.persisted.append(key)
 
     def _admit(self) -> None:

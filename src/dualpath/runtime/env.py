@@ -21,6 +21,7 @@ import dualpath.runtime.kvstore as kvs
 from dualpath.config import Config
 from dualpath.ledger import Topology
 from dualpath.runtime.buffer import BufferSpec, SlotBuffer
+from dualpath.runtime.liveness import start_time
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.transport.base import RegionHandle
 
@@ -242,7 +243,7 @@ class ProcEnv:
             return True
         _checked_s = now
         pid, started = _launcher
-        return started is not None and _start_time(pid) == started
+        return started is not None and start_time(pid) == started
 
 
 LAUNCHER_CHECK_S = 0.2  # a fork-server child reads the launcher's /proc entry this often
@@ -261,20 +262,10 @@ def child_setup(launcher_pid: int, name: str = "") -> None:
         set_process_name(name)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if os.getppid() != launcher_pid:
-        _launcher = (launcher_pid, _start_time(launcher_pid))
+        _launcher = (launcher_pid, start_time(launcher_pid))
 
 
 def set_process_name(name: str) -> None:
     """This process's name in /proc (Linux: 15 bytes at most); nothing elsewhere."""
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
         f.write(name[:15])
-
-
-def _start_time(pid: int) -> str | None:
-    """``pid``'s start time (clock ticks since boot; None: no such process): a reused pid
-    has another."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None

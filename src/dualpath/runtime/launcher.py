@@ -1,9 +1,13 @@
 """Spawns and supervises the runtime's processes; owns the node buffers' lifetime.
 
 Per node: one buffer (PE or DE buffer, shared memory) and one storage worker; per emulated
-GPU: one engine process. Readiness acks at start; ``respawn`` replaces a dead engine with a
-fresh incarnation (new inbox); ``close`` stops everything (StopMsg, join, then terminate /
-kill stragglers) and unlinks the buffers, so no process or segment outlives the run.
+GPU: one engine process. Readiness acks at start. Whether a child lives is read from /proc
+(pid and start time, ``liveness``), never from ``multiprocessing``'s exit codes (a dead fork
+server makes it report every child it started as exited). ``respawn`` / ``respawn_storage``
+kill the old incarnation, confirm it gone, then start a new one on a fresh inbox (no two
+generations ever read one inbox); ``check_fork_server`` restarts a dead fork server and
+touches none of its children. ``close`` stops everything (StopMsg, wait, then SIGKILL what is
+left, each confirmed gone) and unlinks the buffers, so no process or segment outlives the run.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.env import ProcEnv, child_setup, weights_digest
 from dualpath.runtime.exchange import region_bytes
 from dualpath.runtime.kvstore import BlockLayout
+from dualpath.runtime.liveness import ProcId, is_running, kill_confirmed, wait_gone
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.pacer import LinkLock, Pacer, PacerStats, SharedLink
@@ -37,6 +42,7 @@ from dualpath.runtime.transport.base import RegionHandle
 
 JOIN_TIMEOUT_S = 10.0
 READY_POLL_S = 0.1  # how often start-up checks that children are still alive
+SPAWN_TRIES = 2  # a start the fork server died under is tried once more, with a new one
 
 
 class RuntimeFailure(Exception):
@@ -101,7 +107,11 @@ class Launcher:
             self.ctx.set_forkserver_preload(list(PRELOAD))
         self.buffers: list[SlotBuffer] = []
         self.procs: dict[str, Any] = {}
+        self.idents: dict[str, ProcId] = {}  # each child's pid and start time (liveness)
         self.engine_inbox: dict[int, Any] = {}
+        self.storage_inbox: dict[int, Any] = {}  # per node, its current worker's (fresh each)
+        self.storage_generation: dict[int, int] = {}  # per node, workers started so far
+        self.fork_server: ProcId | None = None  # the one children fork from (Linux)
         self.results: Any = self.ctx.Queue()
         self.env: ProcEnv | None = None
         self.heartbeats: Any = None  # RawArray of doubles, one per child (see ProcEnv)
@@ -132,7 +142,6 @@ class Launcher:
             self.buffers.append(SlotBuffer.create(spec, lock))
             specs.append(spec)
             locks.append(lock)
-        storage_inboxes = tuple(self._queue(f"storage{n}") for n in range(topo.num_nodes))
         self.results = self._queue("results")
         self.heartbeats = self.ctx.RawArray("d", len(topo.engine_ids) + topo.num_nodes)
         self.nic_busy = self.ctx.RawArray("d", 2 * (len(topo.engine_ids) + topo.num_nodes))
@@ -147,7 +156,7 @@ class Launcher:
             tuple(specs),
             tuple(locks),
             self.results,
-            storage_inboxes,
+            (),  # storage inboxes: the scheduler's alone (``send_storage``), one per worker
             time.monotonic(),
             os.getpid(),
             heartbeats=self.heartbeats,
@@ -160,17 +169,7 @@ class Launcher:
         crash = self.options.faults.crash_storage
         storage = [f"storage@node{n}" for n in range(topo.num_nodes)]
         for node in range(topo.num_nodes):
-            self._spawn(
-                storage[node],
-                storage_main,
-                (
-                    env,
-                    node,
-                    storage_inboxes[node],
-                    node == crash,
-                    self.options.faults.crash_storage_writes,
-                ),
-            )
+            self._spawn_storage(node, node == crash, self.options.faults.crash_storage_writes)
         for e in topo.engine_ids:  # in parallel: imports and model loading dominate start-up
             self._spawn_engine(e, first=True)
         regions = self._await_ready(set(storage), also=set(self.procs) - set(storage))
@@ -208,19 +207,52 @@ class Launcher:
             names.append(shm.name)
         return tuple(names)
 
-    def _spawn(self, name: str, target: Any, args: tuple[Any, ...]) -> None:
+    def _spawn(self, name: str, target: Any, args: tuple[Any, ...]) -> bool:
+        """Start child ``name``; False when the fork server died under the start (a new one
+        runs now: the caller starts the child again, on a fresh inbox)."""
         proc = self.ctx.Process(target=target, args=args, name=name, daemon=True)
-        proc.start()
+        try:
+            proc.start()
+        except (EOFError, OSError):
+            died = self.fork_server is not None and wait_gone(self.fork_server, 1.0)
+            if not (died and self.check_fork_server()):
+                raise
+            return False
         self.procs[name] = proc
+        self.idents[name] = ProcId.of(proc.pid)
+        if self.fork_server is None:
+            self.fork_server = self._current_fork_server()
+        return True
+
+    def _spawn_storage(
+        self, node: int, crash_read: bool = False, crash_write: bool = False
+    ) -> None:
+        """Start node ``node``'s storage worker on a fresh inbox: no earlier worker of the
+        node ever read it."""
+        assert self.env is not None
+        for _ in range(SPAWN_TRIES):
+            gen = self.storage_generation.get(node, 0)
+            self.storage_generation[node] = gen + 1
+            inbox = self._queue(f"storage{node}-g{gen}")
+            self.storage_inbox[node] = inbox
+            args = (self.env, node, inbox, crash_read, crash_write)
+            if self._spawn(f"storage@node{node}", storage_main, args):
+                return
+            _discard(inbox)
+        raise RuntimeFailure(f"storage@node{node}: the fork server died at every start")
 
     def _spawn_engine(self, engine: int, first: bool) -> None:
         assert self.env is not None
         faults = self.options.faults
         crash_at = faults.crash_at_message if first and faults.crash_engine == engine else -1
-        inbox = self.ctx.Queue()
-        self.engine_inbox[engine] = inbox
         name = self.topology.engine_name(engine)
-        self._spawn(name, engine_main, (self.env, engine, inbox, crash_at))
+        for _ in range(SPAWN_TRIES):
+            inbox = self.ctx.Queue()
+            self.engine_inbox[engine] = inbox
+            if self._spawn(name, engine_main, (self.env, engine, inbox, crash_at)):
+                return
+            _discard(inbox)
+        raise RuntimeFailure(f"{name}: the fork server died at every start")
 
     def _await_ready(
         self, names: set[str], also: AbstractSet[str] = frozenset()
@@ -255,28 +287,33 @@ class Launcher:
         without an ``if __name__ == "__main__":`` guard, whose spawned children cannot start)."""
         for name in sorted(waiting):
             proc = self.procs.get(name)
-            if proc is not None and not proc.is_alive():
+            if proc is not None and not self._alive(name):
                 raise RuntimeFailure(
                     f"{name} exited with code {proc.exitcode} during start-up (if this runs "
                     'from a script: guard its entry point with `if __name__ == "__main__":`)'
                 )
 
+    def _retire(self, name: str) -> None:
+        """Take ``name`` out of service: SIGKILL it (whether it looked dead or stalled) and
+        confirm it gone, before anything it held (inbox, slots, locks) is touched or handed on."""
+        old, ident = self.procs.pop(name), self.idents.pop(name)
+        if not kill_confirmed(ident):
+            raise RuntimeFailure(f"{name} (pid {ident.pid}) did not die after SIGKILL")
+        old.join(timeout=0.1)  # multiprocessing's bookkeeping (a dead fork server: at once)
+
     def respawn(self, engine: int) -> None:
         """Replace a dead engine; its readiness ack arrives on the results queue later."""
         name = self.topology.engine_name(engine)
-        old = self.procs.pop(name)
-        if old.is_alive():  # stalled (no heartbeat): make sure it is gone before replacing it
-            old.kill()
-        old.join(timeout=1.0)
+        self._retire(name)
         assert self.env is not None
         self.heartbeats[self.env.heartbeat_slot(name)] = 0.0  # silent until its first beat
         self.engine_regions.pop(name, None)  # until the new incarnation announces its own
         self._spawn_engine(engine, first=False)
 
-    def respawn_storage(self, node: int) -> list[Any]:
-        """Replace node ``node``'s dead (or stalled) storage worker on the same inbox (engines
-        hold it). Returns the messages still queued for it, for the caller to re-issue: the
-        inbox is drained, after releasing its reader lock if the dead worker held it."""
+    def respawn_storage(self, node: int) -> None:
+        """Replace node ``node``'s dead (or stalled) storage worker, on a fresh inbox. What
+        the old inbox still held is dropped with it: the caller re-issues, from its own
+        records, every read and write the dead worker had not answered."""
         assert self.env is not None
         if self.options.transport != "shm":  # shm regions are addressed by name: still valid
             raise RuntimeFailure(
@@ -284,25 +321,33 @@ class Launcher:
                 "(a new Mooncake endpoint would invalidate the engines' region handles)"
             )
         name = f"storage@node{node}"
-        old = self.procs.pop(name)
-        if old.is_alive():
-            old.kill()
-        old.join(timeout=2.0)
-        inbox = self.env.storage_inboxes[node]
-        lock = inbox._rlock  # a worker killed inside get() dies holding it
-        if lock.acquire(timeout=0.1):
-            lock.release()
-        else:
-            lock.release()
-        pending = []
-        while True:
-            try:
-                pending.append(inbox.get(timeout=0.05))
-            except queue.Empty:
-                break
+        self._retire(name)
+        _discard(self.storage_inbox.pop(node))
         self.heartbeats[self.env.heartbeat_slot(name)] = 0.0
-        self._spawn(name, storage_main, (self.env, node, inbox, False))
-        return pending
+        self._spawn_storage(node)
+
+    def check_fork_server(self) -> bool:
+        """Restart the fork server if it died (True then). Its children are left alone: they
+        never depended on it (their liveness is read from /proc, their pipes are ours)."""
+        if self.fork_server is None or is_running(self.fork_server):
+            return False
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()  # reaps the dead one (our child), starts and preloads anew
+        self.fork_server = self._current_fork_server()
+        return True
+
+    def _current_fork_server(self) -> ProcId | None:
+        if self.ctx.get_start_method() != "forkserver":
+            return None
+        from multiprocessing import forkserver
+
+        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # (no public accessor)
+        return None if pid is None else ProcId.of(pid)
+
+    def send_storage(self, node: int, msg: Any) -> None:
+        """Put ``msg`` in node ``node``'s storage worker's inbox (its current incarnation's)."""
+        self.storage_inbox[node].put(msg)
 
     def send(self, engine: int, msg: Any) -> None:
         """Put ``msg`` in engine ``engine``'s inbox (its current incarnation's)."""
@@ -330,8 +375,11 @@ class Launcher:
         last = self.heartbeats[self.env.heartbeat_slot(name)]
         return last > 0 and self.env.clock.now() - last > self.options.liveness_timeout_s
 
+    def _alive(self, name: str) -> bool:
+        return is_running(self.idents[name])
+
     def _dead(self, name: str) -> bool:
-        return not self.procs[name].is_alive() or self.stalled(name)
+        return not self._alive(name) or self.stalled(name)
 
     def dead_engines(self) -> list[int]:
         """Engines that exited or stopped beating (those are killed on ``respawn``)."""
@@ -341,21 +389,18 @@ class Launcher:
         return [n for n in sorted(self.procs) if n.startswith("storage") and self._dead(n)]
 
     def close(self) -> None:
-        if self.env is not None:
-            for inbox in self.env.storage_inboxes:
-                inbox.put(StopMsg())
+        for inbox in self.storage_inbox.values():
+            inbox.put(StopMsg())
         for inbox in self.engine_inbox.values():
             inbox.put(StopMsg())
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for proc in self.procs.values():
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self.procs.values():
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        for name in sorted(self.procs):
+            ident = self.idents[name]
+            if not wait_gone(ident, max(0.0, deadline - time.monotonic())):
+                kill_confirmed(ident)
+            self.procs[name].join(timeout=0.1)
+        for inbox in self.storage_inbox.values():
+            _discard(inbox)
         for buf in self.buffers:
             buf.close()
         self.buffers.clear()
@@ -393,7 +438,17 @@ class Launcher:
         return dict(zip(self.env.nic_names(), list(self.nic_busy), strict=True))
 
     def pids(self) -> list[int]:
-        return sorted(p.pid for p in self.procs.values() if p.pid is not None)
+        return sorted(ident.pid for ident in self.idents.values())
+
+
+def _discard(inbox: Any) -> None:
+    """Close a retired worker's inbox (nobody reads it any more): what was still in it is
+    dropped; the writer thread, if any, flushes and closes both ends."""
+    inbox.close()
+    inbox.cancel_join_thread()
+    if inbox._thread is None:  # never written from here: no writer thread to close them
+        inbox._reader.close()
+        inbox._writer.close()
 
 
 def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:

@@ -66,10 +66,13 @@ class ReadDoneMsg:
 
 @dataclass(frozen=True, slots=True)
 class PersistMsg:
-    """Storage worker: write the Full Block in ``slot`` under ``key``, then free the slot."""
+    """Write the Full Block in slot ``slot`` of node ``node``'s buffer under ``key``. A DE
+    sends it to the scheduler, which hands it to the node's current storage worker and frees
+    the slot on its ``PersistedMsg`` (or hands it to the next worker, if this one died)."""
 
     key: str
     slot: int
+    node: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,8 @@ class PersistedMsg:
 
     key: str
     ok: bool = True
+    node: int = 0  # the write's node and slot (``PersistMsg``): the scheduler frees it
+    slot: int = -1
 
 
 @dataclass(frozen=True, slots=True)

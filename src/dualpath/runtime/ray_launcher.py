@@ -224,6 +224,7 @@ class RayLauncher(Launcher):
             slot_owners=tuple(self.buffers),
         )
         self.env = env
+        self.storage_inbox = dict(enumerate(env.storage_inboxes))  # ``send_storage``
         for e in topo.engine_ids:  # built (torch, model) while the storage actors start
             self._new_engine(e, first=True)
         for n, actor in enumerate(storage):
@@ -314,7 +315,7 @@ class RayLauncher(Launcher):
         ray.kill(old, no_restart=True)
         self._spawn_engine(engine, first=False)
 
-    def respawn_storage(self, node: int) -> list[Any]:
+    def respawn_storage(self, node: int) -> None:
         raise RuntimeFailure(
             f"storage actor of node {node} died; with runtime='ray' the run stops (its "
             "buffer's slots and in-flight reads went with it)"

@@ -187,25 +187,24 @@ class StorageWorker:
             if self.paced:
                 nbytes = self.store.layout.full_block_bytes
                 transfer_all(self.write_route, nbytes, TrafficClass.LOW)
+            # the slot is the scheduler's to free, on the ack: were this worker killed before
+            # acking, it hands the write, slot intact, to the next one
             if msg.key in self.unwritable:
-                self.buffer.free([msg.slot])
                 self.num_failed += 1
-                self.env.results.put(PersistedMsg(msg.key, ok=False))
+                self.env.results.put(PersistedMsg(msg.key, False, msg.node, msg.slot))
                 continue
             try:
                 err = persist_with_retry(self.store, msg.key, self.buffer.slot(msg.slot))
             except Exception as bug:  # not an I/O error: fail the run, loudly
                 self.env.results.put(ErrorMsg(self.name, f"persist failed: {bug}"))
                 continue
-            finally:
-                self.buffer.free([msg.slot])
             if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
                 self._report_failed(err)
                 if err.errno in PATH_ERRNOS:  # (a full disk may have room again later)
                     self.unwritable[msg.key] = None
                     if len(self.unwritable) > UNWRITABLE_KEYS:
                         del self.unwritable[next(iter(self.unwritable))]
-            self.env.results.put(PersistedMsg(msg.key, ok=err is None))
+            self.env.results.put(PersistedMsg(msg.key, err is None, msg.node, msg.slot))
 
     def _report_failed(self, err: OSError) -> None:
         """One stderr line for the first dropped write, then at most one per

@@ -6,6 +6,7 @@ hands a turn whose hit KV is in a buffer back to the caller (it never queues it 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from dualpath.ledger import Core, Phase
 from dualpath.ledger.counters import RunCounters
@@ -23,6 +24,7 @@ from dualpath.types import KVPath, ReadSide
 class Intake:
     def __init__(
         self,
+        send_storage: Callable[[int, Any], None],
         env: ProcEnv,
         core: Core[AgentState, Req],
         slots: Slots,
@@ -30,6 +32,7 @@ class Intake:
         hbm_pages: int,
         now: Callable[[], float],
     ) -> None:
+        self.send_storage = send_storage  # (node, message) → its current storage worker
         self.env = env
         self.core = core
         self.slots = slots
@@ -145,8 +148,8 @@ class Intake:
             self.core.read_started(req, req.read_node, nblocks * full, self.now())
         hop("sched.read_sent", req.request_id)
         slots = req.pe_slots if req.read_side is ReadSide.PE else req.de_slots
-        self.env.storage_inboxes[req.read_node].put(
-            ReadMsg(req.request_id, req.keys[:nblocks], tuple(slots[:nblocks]))
+        self.send_storage(
+            req.read_node, ReadMsg(req.request_id, req.keys[:nblocks], tuple(slots[:nblocks]))
         )
         return True
 

@@ -17,6 +17,7 @@ import json
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TextIO
 
@@ -54,12 +55,14 @@ from dualpath.runtime.scheduler.recovery import Recovery, resume
 from dualpath.runtime.scheduler.slots import Pools, Slots
 from dualpath.runtime.scheduler.stats import STATS_PUBLISH_S, Publisher, SchedulerStats, snapshot
 from dualpath.runtime.scheduler.streams import Streams, TokenCallback
+from dualpath.runtime.scheduler.writes import Writes
 
 IDLE_WAIT_S = 0.005
 # message type → the ``Scheduler`` method that handles it (what the processes send back)
 HANDLERS: dict[type, str] = {
     ErrorMsg: "_on_error",
     ReadyMsg: "_on_ready",
+    PersistMsg: "_on_persist",
     PersistedMsg: "_on_persisted",
     ForwardDoneMsg: "_on_forward_done",
     TokensMsg: "_on_tokens",
@@ -87,7 +90,9 @@ class Scheduler:
         self.events, self.counters = self.core.events, self.core.counters
         self.pools = Pools(self.core.report_free_hbm, topo, pages, pe_pages, num_layers, block)
         self.slots = Slots(launcher, topo, block)
-        self.intake = Intake(env, self.core, self.slots, self.counters, pages, self.now)
+        self.intake = Intake(
+            launcher.send_storage, env, self.core, self.slots, self.counters, pages, self.now
+        )
         self.reqs: dict[int, Req] = self.core.turns
         self.passes = Passes(
             topo,
@@ -105,7 +110,11 @@ class Scheduler:
         full = env.layout.full_block_bytes
         self.decodes = Decodes(self.core, topo, self.slots, launcher, self.reqs, block, full)
         self.durability = Durability()
+        self.writes = Writes()
         self.recovery = Recovery()
+        # called on this thread with why the runtime is not ready ("" : ready again) each time
+        # that changes: a process is being restarted, or every restarted one acked
+        self.on_health: Callable[[str], None] | None = None
         self.streams = Streams()
         self.inbox = Inbox(lambda: launcher.results.put(WakeMsg()))
         self.publisher = Publisher()
@@ -354,13 +363,20 @@ class Scheduler:
         self.passes.kick(group)
 
     def recover(self) -> None:
-        """Respawn dead storage workers and engines; re-queue every unfinished turn that
-        depended on a dead engine (``Recovery.orphans``), re-issue a dead worker's reads."""
+        """Restart a dead fork server; respawn dead storage workers and engines (each killed
+        and confirmed gone first); re-queue every unfinished turn that depended on a dead
+        engine (``Recovery.orphans``), re-issue a dead worker's reads and writes."""
         if not self.recovery.due(self.now()):
             return
+        if self.launcher.check_fork_server():
+            self._restarting("fork-server", "died, restarted (its children serve on)")
+        elif self.recovery.end("fork-server"):  # restarted a liveness check ago
+            self._health()
         for name in self.launcher.dead_workers():
+            self._restarting(name, "died, respawning")
             self._recover_storage(int(name.removeprefix("storage@node")))
         for e in self.launcher.dead_engines():
+            self._restarting(self.topo.engine_name(e), "died, respawning")
             self.launcher.respawn(e)
             self.passes.engine_died(e)
             for req, free_now in self.recovery.orphans(e, self.reqs.values()):
@@ -370,14 +386,22 @@ class Scheduler:
             self.pools.reset(e)  # a fresh engine: its whole pool
             self.passes.kick_all()
 
+    def _restarting(self, name: str, why: str) -> None:
+        if self.recovery.begin(name, why):
+            self._health()
+
+    def _health(self) -> None:
+        if self.on_health is not None:
+            self.on_health(self.recovery.not_ready())
+
     def _recover_storage(self, node: int) -> None:
-        """Respawn a dead storage worker; re-issue its reads and its queued writes. Writes it
-        had already taken are lost: their keys are treated as not cached (the turns waiting on
-        them go ahead and recompute what is missing)."""
-        inbox = self.env.storage_inboxes[node]
-        for msg in self.launcher.respawn_storage(node):
-            if isinstance(msg, PersistMsg):
-                inbox.put(msg)
+        """Respawn a dead storage worker (confirmed gone first). Every answer it sent is in the
+        results queue by then: those are taken first, then every read and write it had not
+        answered goes to its successor (the same slots: nobody else wrote them meanwhile)."""
+        self.launcher.respawn_storage(node)
+        self._drain()
+        for msg in self.writes.outstanding(node):
+            self.launcher.send_storage(node, msg)
         for req in self.intake.lost_reads(node):
             self.counters.requeued += 1
             self.intake.start_read(req, retry=True)  # the same slots: the retry overwrites them
@@ -396,13 +420,22 @@ class Scheduler:
     def _on_error(self, msg: ErrorMsg) -> None:
         raise RuntimeFailure(f"{msg.who}: {msg.text}")
 
-    def _on_ready(self, msg: ReadyMsg) -> None:  # a respawned engine: its exchange region is new
-        self.launcher.announce_region(msg.who, msg.region)
+    def _on_ready(self, msg: ReadyMsg) -> None:  # a respawned process can serve again
+        self.launcher.announce_region(msg.who, msg.region)  # (an engine: a new exchange region)
+        if self.recovery.end(msg.who):
+            self._health()
 
     def _on_wake(self, _: WakeMsg) -> None:  # a submission or cancel: this round takes it
         pass
 
+    def _on_persist(self, msg: PersistMsg) -> None:  # a DE's Full Block: to its node's worker
+        self.writes.sent(msg)
+        self.launcher.send_storage(msg.node, msg)
+
     def _on_persisted(self, msg: PersistedMsg) -> None:
+        if not self.writes.acked(msg.node, msg.slot):
+            return  # the second ack of a write handed on twice: the first one counted
+        self.launcher.buffer(msg.node).free([msg.slot])
         if not msg.ok:  # dropped (e.g. full disk): not cached, later turns recompute it
             self.counters.persist_failed += 1
         for item in self.durability.acked_key(msg.key):
@@ -518,9 +551,14 @@ class Scheduler:
                 continue
             last_progress = self.now()
             self.on_message(msg)
-            while True:  # drain what else has arrived before the next round
-                try:
-                    self.on_message(results.get_nowait())
-                except queue.Empty:
-                    break
+            self._drain()  # what else has arrived, before the next round
         return RunResult.build(self, start, self.now())
+
+    def _drain(self) -> None:
+        """Handle every message in the results queue now."""
+        while True:
+            try:
+                msg = self.launcher.results.get_nowait()
+            except queue.Empty:
+                return
+            self.on_message(msg)

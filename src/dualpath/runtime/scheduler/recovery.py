@@ -1,6 +1,7 @@
 """Recovery from dead processes: when to look (not every round), which turns a dead engine
-takes down with it, and how a lost turn goes on (``resume``). Pure decisions over the
-turns; the caller aborts, resubmits and re-issues reads (it owns those components)."""
+takes down with it, how a lost turn goes on (``resume``), and what is being restarted (the
+runtime is not ready meanwhile). Pure decisions over the turns; the caller aborts,
+resubmits and re-issues reads and writes (it owns those components)."""
 
 from __future__ import annotations
 
@@ -46,10 +47,29 @@ def resume(req: Req, context: tuple[int, ...], streaming: bool) -> Resume:
 
 
 class Recovery:
-    """Decides which turns a dead process costs; owns only when it last looked."""
+    """Decides which turns a dead process costs; owns when it last looked and what is being
+    restarted (the runtime is not ready until every restarted process acked)."""
 
     def __init__(self) -> None:
         self._checked_s = float("-inf")  # when the run loop last looked
+        self._pending: dict[str, str] = {}  # process being restarted → why
+
+    def begin(self, name: str, why: str) -> bool:
+        """``name`` is being restarted; whether this changes the readiness reason."""
+        changed = self._pending.get(name) != why
+        self._pending[name] = why
+        return changed
+
+    def end(self, name: str) -> bool:
+        """``name`` is back (its readiness ack came); whether this changes the reason."""
+        return self._pending.pop(name, None) is not None
+
+    def restarting(self, name: str) -> bool:
+        return name in self._pending
+
+    def not_ready(self) -> str:
+        """Why the runtime is not ready now ("" : it is), one line, by process name."""
+        return "; ".join(f"{name}: {why}" for name, why in sorted(self._pending.items()))
 
     def due(self, now: float) -> bool:
         """``liveness_timeout_s`` is seconds: a round every 5 ms need not look each time."""
