@@ -6,10 +6,12 @@ processes; default preset tiny-1p1d: 2 PEs, 2 DEs, 2 storage workers) on 127.0.0
 fresh KV store, and runs ``--sessions`` concurrent agent-like sessions through the official
 ``openai`` client: multi-turn chats that resend the whole growing conversation, greedy,
 ``ignore_eos`` (every answer is ``--max-tokens`` long), streaming and not in turn. Every
-``--fault-every-s`` seconds one engine or storage worker of the server, drawn at random, gets
-SIGKILL or SIGSTOP (SIGCONT after 1–8 s; past the liveness timeout the runtime kills it), found
-in the server's process tree (engines map libtorch, storage workers do not); the runtime
-respawns what died and requeues its requests.
+``--fault-every-s`` seconds one process of the server whose role is in ``--fault-roles``
+(default: engine, storage; ``forkserver`` adds the fork server the runtime's children fork
+from), drawn at random, gets SIGKILL or SIGSTOP (SIGCONT after 1–8 s; past the liveness
+timeout the runtime kills it; the fork server only gets SIGKILL), found in the server's
+process tree by the names the runtime gives its processes; the runtime respawns what died
+(restarts a dead fork server, its children serving on) and requeues its requests.
 
 Every request is sent again, with exactly the conversation it had, to a second server (fresh
 store, no faults): ``--reference shadow`` (default) while the soak runs (both servers share the
@@ -56,7 +58,8 @@ from typing import Any
 
 PROGRESS_S = 10.0
 SETTLE_S = 15.0  # a runtime child younger than this without torch may be an engine starting
-STOP_S = (1.0, 8.0)  # SIGSTOP length, uniform: some resume, some are declared dead
+STOP_S = (1.0, 8.0)
+FORKSERVER = "multiprocessing.forkserver import main"  # the fork server's command line  # SIGSTOP length, uniform: some resume, some are declared dead
 
 
 # a mismatch where the reference model's two best logits are closer than this is float32
@@ -103,6 +106,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--fault-every-s", type=float, default=30.0, help="one fault every this often (0: none)"
     )
+    ap.add_argument("--fault-roles", default="engine,storage",
+                    help="roles faults hit: engine, storage, forkserver (comma-separated)")  # fmt: skip
+    ap.add_argument("--fault-by-role", action="store_true",
+                    help="draw a role first, then one of its processes (default: a process)")  # fmt: skip
     ap.add_argument("--sessions", type=int, default=8, help="concurrent sessions (default 8)")
     ap.add_argument("--turns", type=int, default=10, help="turns before a session starts over")
     ap.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer")
@@ -163,13 +170,14 @@ def _free_port() -> int:
 class Server:
     """``dualpath serve`` on a free loopback port, its output in ``log``."""
 
-    def __init__(self, args: argparse.Namespace, kv_root: Path, log: Path) -> None:
+    def __init__(self, args: argparse.Namespace, kv_root: Path, log: Path,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(self.port),
                "--preset", args.preset, "--system", args.system, "--kv-root", str(kv_root),
-               "--request-timeout-s", str(args.request_timeout_s)]  # fmt: skip
+               "--request-timeout-s", str(args.request_timeout_s), *extra]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         with log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -217,12 +225,14 @@ def _read(path: str) -> str:
 
 def roles(server_pid: int) -> dict[int, str]:
     """Every live process of the server by role, from the names the runtime gives its
-    processes (``/proc/PID/comm``): http, scheduler, engine (pe… / de…), storage, other."""
+    processes (``/proc/PID/comm``): http, scheduler, engine (pe… / de…), storage, forkserver
+    (the scheduler's child running ``multiprocessing.forkserver``), other."""
     kids = _children()
     out = {server_pid: "http"}
     frontier = [server_pid]
     while frontier:
-        for pid in sorted(kids.get(frontier.pop(), [])):
+        parent = frontier.pop()
+        for pid in sorted(kids.get(parent, [])):
             frontier.append(pid)
             name = _read(f"/proc/{pid}/comm").strip()
             if name == "dp-scheduler":
@@ -231,8 +241,10 @@ def roles(server_pid: int) -> dict[int, str]:
                 out[pid] = "storage"
             elif re.fullmatch(r"(pe|de)\d+@node\d+", name):
                 out[pid] = "engine"
+            elif out.get(parent) == "scheduler" and FORKSERVER in _read(f"/proc/{pid}/cmdline"):
+                out[pid] = "forkserver"
             else:
-                out[pid] = "other"  # the fork server, the resource tracker, one starting
+                out[pid] = "other"  # the resource tracker, a child starting
     return out
 
 
@@ -331,11 +343,19 @@ async def faults(server_pid: int, soak: Soak, args: argparse.Namespace, t0: floa
         await asyncio.sleep(args.fault_every_s)
         if time.monotonic() - t0 >= end_s:
             return
-        targets = sorted((p, r) for p, r in roles(server_pid).items() if r in ("engine", "storage"))
+        wanted = set(args.fault_roles.split(","))
+        targets = sorted((p, r) for p, r in roles(server_pid).items() if r in wanted)
         if not targets:
             continue
-        pid, role = rng.choice(targets)
+        if args.fault_by_role:  # (else a role is drawn as often as it has processes)
+            role = rng.choice(sorted({r for _, r in targets}))
+            targets_of_role = [t for t in targets if t[1] == role]
+            pid, role = rng.choice(targets_of_role)
+        else:
+            pid, role = rng.choice(targets)
         kind = rng.choice(("kill", "stop", "double") if args.abuse else ("kill", "stop"))
+        if role == "forkserver":
+            kind = "kill"  # (stopped, it would only delay a respawn until it runs again)
         record: dict[str, Any] = {"t_s": round(time.monotonic() - t0, 1), "pid": pid,
                                   "role": role, "kind": kind}  # fmt: skip
         try:

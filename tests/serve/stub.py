@@ -13,12 +13,15 @@ class StubBackend:
     vocab_size = 1024
     supports_grammar = False
 
-    def __init__(self, num_running: int = 0, failure: str | None = None) -> None:
+    def __init__(
+        self, num_running: int = 0, failure: str | None = None, not_ready: str = ""
+    ) -> None:
         from dualpath.serve.tokenizer import TinyTokenizer
 
         self.tokenizer = TinyTokenizer(self.vocab_size)
         self._num_running = num_running
         self._failure = failure
+        self._not_ready = not_ready
 
     async def start(self) -> None:
         pass
@@ -36,6 +39,9 @@ class StubBackend:
 
     def failure(self) -> str | None:
         return self._failure
+
+    def not_ready(self) -> str:
+        return self._not_ready
 
 
 class HangingBackend(StubBackend):

@@ -251,6 +251,9 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         failure = backend.failure()
         if failure is not None:  # the runtime died: the server is on its way out (fail-fast)
             return JSONResponse({"status": "error", "error": failure}, status_code=503)
+        not_ready = backend.not_ready()
+        if not_ready:  # recovering (a process being restarted): serving again soon
+            return JSONResponse({"status": "recovering", "reason": not_ready}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

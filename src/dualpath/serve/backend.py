@@ -102,3 +102,8 @@ class Backend(Protocol):
     def failure(self) -> str | None:
         """Why the backend cannot serve any more (``/health`` is then 503), or None."""
         ...
+
+    def not_ready(self) -> str:
+        """Why the backend cannot serve now though it has not failed (``/health`` is then
+        503: it is recovering), or ""."""
+        ...

@@ -36,6 +36,8 @@ from dualpath.serve.generation import TextStream
 from dualpath.serve.runtime_host import (
     CancelCmd,
     ClosedEvt,
+    FailedEvt,
+    HealthEvt,
     ReadyEvt,
     RejectedEvt,
     StatsEvt,
@@ -95,6 +97,7 @@ class RuntimeBackend:
         self.pids: tuple[int, ...] = ()
         self._ready: ReadyEvt | None = None
         self._failure: str | None = None  # why the runtime died under us (None: healthy)
+        self._not_ready = ""  # why the runtime cannot serve now ("" : it can), ``HealthEvt``
         # called once, from the reader thread, when the runtime dies (the server exits)
         self.on_failure: Callable[[str], None] | None = None
 
@@ -178,25 +181,40 @@ class RuntimeBackend:
             elif isinstance(evt, (TokensEvt, RejectedEvt)):
                 hop("backend.relay", evt.key)
                 self._deliver(evt.key, evt)
+            elif isinstance(evt, HealthEvt):
+                self._not_ready = evt.not_ready
+            elif isinstance(evt, FailedEvt) and not self._stopping:
+                self._failing(evt.error)  # /health 503 and clean errors now, not in seconds
             elif isinstance(evt, ClosedEvt):
                 if self._stopping:  # we asked it to stop: whatever it says, a clean stop
                     evt = ClosedEvt()
                 elif not evt.error:
                     evt = ClosedEvt("the runtime stopped by itself")
                 if evt.error:
-                    self._fail(evt)
-                self._closed = evt
+                    self._failing(evt.error)
+                    self._clean_up()
+                self._closed = self._closed or evt
                 for key in list(self._streams):
-                    self._deliver(key, evt)
+                    self._deliver(key, self._closed)
                 return
 
-    def _fail(self, evt: ClosedEvt) -> None:
-        """The runtime died (e.g. its scheduler process was killed): say so once, mark the
-        backend failed (``/health`` 503, requests 503), remove what the dead scheduler process
-        cannot (its shared memory, the links directory; the children exit by themselves when
-        their parent is gone), and tell the server (fail-fast: it exits non-zero)."""
-        self._failure = evt.error
-        print(f"dualpath serve: runtime stopped: {evt.error}", file=sys.stderr, flush=True)
+    def _failing(self, error: str) -> None:
+        """The runtime failed (its run raised, or its scheduler process was killed): say so
+        once, mark the backend failed (``/health`` 503, requests 503), end every stream with a
+        clean error, and tell the server (fail-fast: it exits non-zero)."""
+        if self._failure is not None:
+            return
+        self._failure = error
+        print(f"dualpath serve: runtime stopped: {error}", file=sys.stderr, flush=True)
+        self._closed = ClosedEvt(error)
+        for key in list(self._streams):
+            self._deliver(key, self._closed)
+        if self.on_failure is not None:
+            self.on_failure(error)
+
+    def _clean_up(self) -> None:
+        """Remove what a dead scheduler process cannot (its shared memory, the links
+        directory; the children exit by themselves when their parent is gone)."""
         if self._ready is not None:
             from multiprocessing.shared_memory import SharedMemory
 
@@ -207,11 +225,14 @@ class RuntimeBackend:
                     seg.unlink()
             if self._ready.link_dir:
                 shutil.rmtree(self._ready.link_dir, ignore_errors=True)
-        if self.on_failure is not None:
-            self.on_failure(evt.error)
 
     def failure(self) -> str | None:
         return self._failure
+
+    def not_ready(self) -> str:
+        """Why the runtime cannot serve now, though it has not failed ("" : it can): a
+        process of it is being restarted."""
+        return self._not_ready
 
     def _deliver(self, key: int, evt: TokensEvt | RejectedEvt | ClosedEvt) -> None:
         s = self._streams.get(key)

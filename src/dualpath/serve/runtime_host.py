@@ -4,7 +4,10 @@ and engines are its children) and serves the HTTP process's commands until told 
 The HTTP process sends ``SubmitCmd`` / ``CancelCmd`` / ``StopCmd`` on one queue; this process
 answers on another: ``ReadyEvt`` once every runtime process acked, ``TokensEvt`` as the engines
 generate (new tokens only), ``RejectedEvt`` for a request the runtime refuses, ``StatsEvt``
-twice a second, ``ClosedEvt`` after the runtime has shut down (shared memory unlinked).
+twice a second, ``HealthEvt`` each time the runtime stops or starts being ready (a process is
+being restarted; every restarted one acked), ``FailedEvt`` the moment the run fails (before
+its processes are stopped, which takes seconds), ``ClosedEvt`` after the runtime has shut
+down (shared memory unlinked).
 Nothing here decides anything: the scheduler (``runtime/scheduler/``) does; the stats are the
 snapshot it publishes (``Scheduler.publish_stats``), never its state read from this thread.
 """
@@ -88,6 +91,21 @@ class StatsEvt:
     # per engine, emulated GPU time only: (passes or decode steps, those that overran)
     gpu_passes: dict[str, tuple[int, int]] = field(default_factory=dict)
     now_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvt:
+    """The runtime's readiness changed: ``not_ready`` says why it cannot serve now (a process
+    being restarted), "" once it can again."""
+
+    not_ready: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailedEvt:
+    """The run failed (``ClosedEvt`` follows once its processes are stopped)."""
+
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +222,11 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
               parent_pid: int) -> None:  # fmt: skip
     """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
     from dualpath.runtime.env import set_process_name
+    from dualpath.runtime.liveness import adopt_orphans
     from dualpath.runtime.session import Runtime
 
     set_process_name("dp-scheduler")
+    adopt_orphans()  # a dead fork server's children are reaped here, not left as zombies
     # the server decides when to stop: a Ctrl-C or a SIGTERM sent to the whole process group
     # (a terminal, `timeout`, `kill -- -PGID`) reaches the server, which stops the runtime in
     # order; the engines and storage workers inherit the ignored dispositions (kept across
@@ -227,6 +247,7 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
             outbox.put(ReadyEvt((os.getpid(), *rt.pids()), shm, link_dir))
             nic_busy = rt.launcher.nic_busy_s
             rt.scheduler.publish_stats()  # before the stats thread reads its first snapshot
+            rt.scheduler.on_health = lambda why: outbox.put(HealthEvt(why))
             threads = [
                 threading.Thread(target=host.commands, args=(inbox, parent_pid), daemon=True),
                 # (the scheduler itself runs on this, the main, thread)
@@ -236,6 +257,9 @@ def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
                 t.start()
             try:
                 rt.scheduler.run(until=host.stop)
+            except Exception as err:  # said now: stopping the processes takes seconds
+                outbox.put(FailedEvt(f"{type(err).__name__}: {err}"))
+                raise
             finally:
                 host.stop.set()
     except Exception as err:  # reported in one line; the server fails its requests
