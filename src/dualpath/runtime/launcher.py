@@ -13,7 +13,6 @@ left, each confirmed gone) and unlinks the buffers, so no process or segment out
 from __future__ import annotations
 
 import multiprocessing as mp
-import multiprocessing.queues as mp_queues
 import os
 import queue
 import shutil
@@ -37,6 +36,7 @@ from dualpath.runtime.liveness import ProcId, is_running, kill_confirmed, wait_g
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.pacer import LinkLock, Pacer, PacerStats, SharedLink
+from dualpath.runtime.queues import DeathSafeQueue, discard_queue
 from dualpath.runtime.storage import storage_main
 from dualpath.runtime.transport.base import RegionHandle
 
@@ -47,16 +47,6 @@ SPAWN_TRIES = 2  # a start the fork server died under is tried once more, with a
 
 class RuntimeFailure(Exception):
     """A runtime process failed; the message names it."""
-
-
-class DeathSafeQueue(mp_queues.Queue):
-    """``multiprocessing.Queue`` whose writers' lock is a ``LinkLock``: an engine killed by
-    SIGKILL while its feeder thread writes leaves no lock taken for ever (a semaphore would,
-    and every other process's messages would then wait behind it: a stuck run)."""
-
-    def __init__(self, ctx: Any, write_lock: LinkLock) -> None:
-        super().__init__(ctx=ctx)
-        self._wlock = write_lock
 
 
 def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> int:
@@ -238,7 +228,7 @@ class Launcher:
             args = (self.env, node, inbox, crash_read, crash_write)
             if self._spawn(f"storage@node{node}", storage_main, args):
                 return
-            _discard(inbox)
+            discard_queue(inbox)
         raise RuntimeFailure(f"storage@node{node}: the fork server died at every start")
 
     def _spawn_engine(self, engine: int, first: bool) -> None:
@@ -251,7 +241,7 @@ class Launcher:
             self.engine_inbox[engine] = inbox
             if self._spawn(name, engine_main, (self.env, engine, inbox, crash_at)):
                 return
-            _discard(inbox)
+            discard_queue(inbox)
         raise RuntimeFailure(f"{name}: the fork server died at every start")
 
     def _await_ready(
@@ -322,7 +312,7 @@ class Launcher:
             )
         name = f"storage@node{node}"
         self._retire(name)
-        _discard(self.storage_inbox.pop(node))
+        discard_queue(self.storage_inbox.pop(node))
         self.heartbeats[self.env.heartbeat_slot(name)] = 0.0
         self._spawn_storage(node)
 
@@ -400,7 +390,7 @@ class Launcher:
                 kill_confirmed(ident)
             self.procs[name].join(timeout=0.1)
         for inbox in self.storage_inbox.values():
-            _discard(inbox)
+            discard_queue(inbox)
         for buf in self.buffers:
             buf.close()
         self.buffers.clear()
@@ -439,16 +429,6 @@ class Launcher:
 
     def pids(self) -> list[int]:
         return sorted(ident.pid for ident in self.idents.values())
-
-
-def _discard(inbox: Any) -> None:
-    """Close a retired worker's inbox (nobody reads it any more): what was still in it is
-    dropped; the writer thread, if any, flushes and closes both ends."""
-    inbox.close()
-    inbox.cancel_join_thread()
-    if inbox._thread is None:  # never written from here: no writer thread to close them
-        inbox._reader.close()
-        inbox._writer.close()
 
 
 def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:
