@@ -295,6 +295,7 @@ class Launcher:
         """Replace a dead engine; its readiness ack arrives on the results queue later."""
         name = self.topology.engine_name(engine)
         self._retire(name)
+        discard_queue(self.engine_inbox.pop(engine))  # (a stalled one's may be full)
         assert self.env is not None
         self.heartbeats[self.env.heartbeat_slot(name)] = 0.0  # silent until its first beat
         self.engine_regions.pop(name, None)  # until the new incarnation announces its own
