@@ -22,9 +22,12 @@ interleaved rounds and pooled:
   classes     KV traffic, every CNIC with the traffic manager's two classes (htb:
               collectives 99% guaranteed, KV a 1% floor and every idle byte)
 
-The PE processes run SCHED_FIFO (``--pe-priority``): a GPU's collective is not scheduled by
-a busy host CPU, so the host's scheduler stays out of what is measured as far as it can
-(the kernel's own packet processing still competes: that is what ``busy host`` shows).
+Two choices keep this host's CPUs out of what is measured (on a GPU node the collective is
+driven by the GPU and KV is moved by the NIC, neither by a busy host CPU): the PE processes
+run SCHED_FIFO (``--pe-priority``), and the KV movers are pinned to CPU 0 and the PEs to the
+other CPUs (``--pin``, default; the kernel processes a packet mostly on its sender's CPU, so
+the KV traffic's stack stays off the PEs' CPU). ``busy host`` checks what is left: with
+``--no-pin`` it shows the KV stack slowing the exchange without sharing a link with it.
 
 Printed per case: the exchange's per-layer latency (p50, p99: from a layer's send to the
 last peer's states received), the PE pass time (compute + exchange, p50), the job time (the
@@ -58,6 +61,7 @@ KV_PATTERN = {"p0": ["d0"], "p1": ["d2"], "d0": ["p0"], "d1": ["p0"], "d2": ["p1
 # the control: about as many KV bytes through this host's network stack, none on a PE's CNIC
 OFF_PE_PATTERN = {"d0": ["d1"], "d1": ["d2"], "d2": ["d0"]}
 JOB_PASSES = 1000
+PIN = False  # set from --pin by the driver
 
 
 # ----------------------------------------------------------------------------- worker roles
@@ -72,6 +76,14 @@ def _recv() -> dict[str, Any]:
     return json.loads(line)
 
 
+def _pin(args: argparse.Namespace, role: str) -> None:
+    """With ``--pin`` on a host of >= 2 CPUs: KV movers on CPU 0, PEs on the others (their
+    packets are processed mostly on the sending CPU: the KV stack stands in for a NIC)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) >= 2:
+        os.sched_setaffinity(0, cpus[:1] if role == "kv" else cpus[1:])
+
+
 def role_pe(args: argparse.Namespace) -> None:
     """One PE: announce the exchange region, take the peers', run timed passes."""
     import torch
@@ -82,6 +94,7 @@ def role_pe(args: argparse.Namespace) -> None:
     from dualpath.runtime.transport.base import RegionHandle
 
     torch.set_num_threads(1)
+    _pin(args, "pe")
     if args.pe_priority == "fifo":
         # a GPU's collective is not scheduled by a busy host CPU: keep this host's scheduler
         # (eight processes on two cores) out of the latency being measured
@@ -136,6 +149,7 @@ def role_kv(args: argparse.Namespace) -> None:
     from dualpath.runtime.transport import make_transport
     from dualpath.runtime.transport.base import RegionHandle
 
+    _pin(args, "kv")
     xport = make_transport("tcp")  # unmarked: KV falls into the default (low) class
     buf = bytearray(KV_WINDOW * BLOCK_BYTES * 4)
     local = xport.register(f"kv-{os.getpid()}", memoryview(buf))
@@ -172,6 +186,7 @@ def _start(state: Any, node: str, role: str, *extra: str) -> subprocess.Popen[st
     env = {**os.environ, "DUALPATH_KV_HOST": state.address(node, "cnic")}
     env.pop("DUALPATH_KV_DSCP", None)
     argv = [sys.executable, str(Path(__file__).resolve()), "--role", role, *extra]
+    argv.append("--pin" if PIN else "--no-pin")
     return cluster.popen(
         state, node, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
@@ -329,9 +344,17 @@ def main() -> int:
         help="the PE processes' CPU scheduling (default fifo: real-time, root)",
     )
     p.add_argument("--rounds", type=int, default=2, help="rounds of the cases (default 2)")
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="KV movers on CPU 0, PEs on the other CPUs (the KV stack as a NIC)",
+    )
     p.add_argument("--no-sim", action="store_true", help="skip the simulator comparison")
     p.add_argument("--sim-agents", type=int, default=128, help="the simulator's agents (128)")
     args = p.parse_args()
+    global PIN
+    PIN = args.pin
     if args.role == "pe":
         role_pe(args)
         return 0
