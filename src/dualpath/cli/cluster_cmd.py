@@ -28,6 +28,12 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
                     help="the storage host's SNIC, Mbit/s (default 0: unshaped)")  # fmt: skip
     up.add_argument("--subnet", default=None, help="a private /16, e.g. 10.150 (default: by name)")
     up.add_argument("--replace", action="store_true", help="take down a cluster of that name first")
+    up.add_argument(
+        "--traffic-manager",
+        action="store_true",
+        help="CNICs with the traffic manager's two tc classes instead of one queue "
+        "(`dualpath qos --apply/--remove --cluster NAME` switches later)",
+    )
     up.set_defaults(func=run_up)
 
     st = verbs.add_parser("status", help="nodes, addresses, rates and byte counters")
@@ -81,7 +87,8 @@ def _table(info: dict[str, Any], counters: bool) -> str:
     head_seat = (
         f"head (root namespace): {info['head']['cnic']} compute, {info['head']['snic']} storage"
     )
-    return "\n".join([*lines, head_seat])
+    tm = "two classes (dualpath qos)" if info.get("traffic_manager") else "one queue (tbf)"
+    return "\n".join([*lines, head_seat, f"CNIC queues: {tm}"])
 
 
 def _describe(state: ClusterState) -> dict[str, Any]:
@@ -97,7 +104,8 @@ def _describe(state: ClusterState) -> dict[str, Any]:
                     "rate_bytes_per_s": spec.rate_bytes_per_s(node.name, nic),
                 }
         nodes.append(entry)
-    return {"nodes": nodes, "head": {"cnic": spec.head_cnic_addr, "snic": spec.head_snic_addr}}
+    head = {"cnic": spec.head_cnic_addr, "snic": spec.head_snic_addr}
+    return {"nodes": nodes, "head": head, "traffic_manager": spec.traffic_manager}
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -108,6 +116,7 @@ def run_up(args: argparse.Namespace) -> int:
         cnic_cap_mbit=args.cnic_cap_mbit,
         store_mbit=args.store_mbit,
         subnet=args.subnet,
+        traffic_manager=args.traffic_manager,
     )
     state = cluster.up(spec, replace=args.replace)
     print(f"cluster {spec.name!r} up: preset {spec.preset}, subnet {spec.subnet}, "
