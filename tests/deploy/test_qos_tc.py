@@ -127,3 +127,17 @@ def test_classes_keep_marked_latency_beside_bulk_and_one_queue_does_not(
     finally:
         server.kill()
         server.wait()
+
+
+def test_cluster_plan_puts_the_classes_on_cnics_only() -> None:
+    one = cluster.plan(ClusterSpec.from_preset("tiny-1p1d", name="pq"))
+    two = cluster.plan(ClusterSpec.from_preset("tiny-1p1d", name="pq", traffic_manager=True))
+
+    def shaping(cmds: list[list[str]], dev: str) -> set[str]:
+        return {c[c.index("root") + 1] for c in cmds if c[0] == "tc" and dev in c and "root" in c}
+
+    for dev in ("dppq-p0c", "dppq-d0c"):  # bridge ends of the CNICs
+        assert shaping(one, dev) == {"tbf"} and shaping(two, dev) == {"handle"}  # htb root
+    assert shaping(two, "dppq-p0s") == {"tbf"}  # SNICs keep their one queue
+    gso = [c for c in two if "gso_max_size" in c]
+    assert len(gso) == 4 and all(c[-1] == "4096" for c in gso)  # both ends of 2 CNICs
