@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 import httpx
 import torch
 
+from dualpath.net import free_port
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import (
     Chooser,
@@ -103,12 +103,6 @@ def mask_cost(name: str, spec: VocabSpec, prefix: bytes, batch: int = 8,
     print(f"  {name:<14} vocab {vocab:>7,} x {batch:>2} rows: fill row by row {rows_s * 1e3:6.3f} ms,"
           f" batched {par_s * 1e3:6.3f} ms; apply {apply_s * 1e3:6.3f} ms"
           f" (argmax of the same rows {ref_s * 1e3:6.3f} ms)")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def served(url: str, requests: int, concurrency: int, constrained: bool) -> dict[str, Any]:

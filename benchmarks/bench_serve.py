@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from dualpath.net import free_port
 from dualpath.serve.checkpoint import write_tiny_checkpoint
 from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
@@ -50,16 +50,10 @@ VARIANTS = {
 RUNTIME_ARGS = ["--preset", "tiny-1p1d", "--hbm-tokens", "16384"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(
     model_args: list[str], extra: list[str], threads: int
 ) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", *model_args]
     cmd += ["--port", str(port), "--threads", str(threads), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

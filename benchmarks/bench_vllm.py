@@ -39,7 +39,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,17 +49,12 @@ from typing import Any
 import httpx
 
 from dualpath.integrations.vllm.launch import find_vllm_python
+from dualpath.net import free_port
 from dualpath.serve.checkpoint import write_tiny_checkpoint
 from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
 
 FLAGS = ["--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "4096"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 400) -> None:
@@ -82,7 +76,7 @@ CLUSTER = "bench"  # the cluster --cluster makes (and removes)
 
 def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path,
            cluster: bool = False) -> tuple[Any, str]:  # fmt: skip
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
            "--model-dir", str(ckpt), "--port", str(port), "--kv-root", str(kv_root),
            "--system", system, "--dtype", "bfloat16", "--vllm-max-model-len", "4096"]  # fmt: skip
@@ -99,7 +93,7 @@ def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path,
 
 def _plain(ckpt: Path, log: Path, cluster: bool = False) -> tuple[Any, str]:
     """One plain vLLM instance: on 127.0.0.1, or on the cluster's prefill node."""
-    ns, host, port = "", "127.0.0.1", _free_port()
+    ns, host, port = "", "127.0.0.1", free_port()
     if cluster:
         node = _cluster_node("p0")
         ns, host, port = node.namespace, node.cnic_addr, 8100

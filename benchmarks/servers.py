@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from dualpath.net import free_port
 from dualpath.serve.checkpoint import write_tiny_checkpoint
 
 
@@ -22,12 +22,6 @@ def tiny_llama(folder: Path) -> Path:
     """The benchmarks' checkpoint: a tiny random Llama (4 layers, hidden 256, head_dim 64)."""
     return write_tiny_checkpoint(folder / "llama-4l-256", num_layers=4, hidden_size=256,
                                  num_heads=4, num_kv_heads=2, intermediate_size=688)  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import httpx
 
 from dualpath.integrations.vllm.launch import find_vllm_python, in_namespace
 from dualpath.integrations.vllm.setup import core_masks
+from dualpath.net import free_port
 
 FLAGS = ["--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "4096"]  # bench_vllm's
 KV_CONFIG = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
@@ -54,12 +54,6 @@ def ensure_overlay(target: str | Path = DEFAULT_OVERLAY) -> Path:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["(no output)"]
         raise RuntimeError(f"pip install nixl nixl-cu12 into {root} failed: {lines[-1]}")
     return root
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _start(
@@ -141,7 +135,7 @@ class StockPD:
         namespace, host = self.seats[role]
         if namespace:  # a node of its own: fixed ports (this namespace cannot probe its ports)
             return NS_PORTS[role]
-        return _free_port(host), _free_port(host)
+        return free_port(host), free_port(host)
 
     def _instance(self, role: str, python: str, overlay: Path, mask: str, log: Path) -> None:
         namespace, host = self.seats[role]
@@ -170,7 +164,7 @@ class StockPD:
             for role, proc in zip(("prefill", "decode"), self._procs, strict=True):
                 wait_healthy(self.urls[role], proc, log_dir / f"{role}.log",
                              self.startup_timeout_s)  # fmt: skip
-            port = self.port or _free_port()
+            port = self.port or free_port()
             argv = [sys.executable, str(Path(__file__).resolve()), "proxy", "--prefill",
                     self.urls["prefill"], "--decode", self.urls["decode"], "--port", str(port)]  # fmt: skip
             self._procs.append(_start(argv, log_dir / "proxy.log"))
@@ -337,7 +331,7 @@ def nixl_bytes(decode_url: str) -> tuple[float, float]:
 
 
 def _plain(ckpt: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     argv = [find_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
             "--served-model-name", ckpt.name, "--host", "127.0.0.1", "--port", str(port), *FLAGS]  # fmt: skip
     proc = _start(argv, log, {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})

@@ -15,6 +15,7 @@ RANK = {
     "types": 0,
     "units": 0,
     "progress": 0,
+    "net": 0,
     "config": 1,
     "models": 2,
     "workload": 2,

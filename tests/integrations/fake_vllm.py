@@ -31,7 +31,8 @@ from dualpath.integrations.vllm.node import wait_ready
 from dualpath.integrations.vllm.params import TransferParams
 from dualpath.integrations.vllm.processes import Launched, unlink_unmapped
 from dualpath.integrations.vllm.router import Router, RouterOptions
-from dualpath.integrations.vllm.setup import Deployment, Instance, VllmOptions, free_port, plan
+from dualpath.integrations.vllm.setup import Deployment, Instance, VllmOptions, plan
+from dualpath.net import free_port
 from dualpath.policy import make_policy
 from dualpath.runtime.kvstore import KVStore, block_keys
 

@@ -17,7 +17,7 @@ import pytest
 
 from dualpath.integrations.vllm.launch import find_vllm_python
 from dualpath.integrations.vllm.node import NodeSpec, wait_ready
-from dualpath.integrations.vllm.setup import free_port
+from dualpath.net import free_port
 
 
 def vllm_python() -> str:

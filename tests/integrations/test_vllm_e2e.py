@@ -34,6 +34,8 @@ httpx = pytest.importorskip("httpx")
 
 from tests.integrations.nodes import vllm_python  # noqa: E402
 
+from dualpath.net import free_port  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 # scripts/gpu_check.py runs this file with "cuda" where a GPU (and vLLM's CUDA build) is there
 DEVICE = os.environ.get("DUALPATH_VLLM_TEST_DEVICE", "cpu")
@@ -62,14 +64,6 @@ def _unmapped_segments(names: set[str]) -> list[Path]:
 def _vllm_segments() -> list[str]:
     """The names of ``/dev/shm``'s anonymous Python shared memory and semaphores."""
     return [p.name for pat in ("psm_*", "sem.mp-*") for p in Path("/dev/shm").glob(pat)]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
@@ -146,7 +140,7 @@ def _two_long_chats(client: Any, model: str) -> list[str]:
 def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same turns through one plain vLLM instance (no connector, vLLM's defaults)."""
     python = vllm_python()
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("ref") / "vllm.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("wb") as f:
@@ -166,7 +160,7 @@ def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 class Served:
     def __init__(self, checkpoint: Path, kv_root: Path, logs: Path, read_side: str,
                  extra: tuple[str, ...] = ()) -> None:  # fmt: skip
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logs = logs
         out = logs / "serve.log"

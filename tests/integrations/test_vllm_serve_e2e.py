@@ -48,7 +48,7 @@ def _segments() -> set[str]:
 
 class Served:
     def __init__(self, root: Path) -> None:
-        from dualpath.integrations.vllm.setup import free_port
+        from dualpath.net import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -15,12 +15,13 @@ import pytest
 from tests.integrations.nodes import vllm_python
 
 from dualpath.integrations.vllm.node import call, describe, wait_ready
-from dualpath.integrations.vllm.setup import ModelShape, free_port, kv_namespace
+from dualpath.integrations.vllm.setup import ModelShape, kv_namespace
 from dualpath.integrations.vllm.standalone import (
     deployment_from_sidecars,
     hbm_tokens_of,
     kv_transfer_config,
 )
+from dualpath.net import free_port
 from dualpath.runtime.weights import checkpoint_digest
 
 pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda is not installed")

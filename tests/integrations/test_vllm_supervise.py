@@ -159,7 +159,7 @@ def test_sigterm_while_starting_leaves_nothing(tmp_path: Path) -> None:
 
     from tests.integrations.fake_vllm import MODEL_CONFIG
 
-    from dualpath.integrations.vllm.setup import free_port
+    from dualpath.net import free_port
 
     python = tmp_path / "python"
     python.write_text(SLOW_VLLM_PYTHON)

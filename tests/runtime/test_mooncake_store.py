@@ -30,11 +30,11 @@ from dualpath.runtime.storage import persist_with_retry, read_or_miss
 
 pytest.importorskip("mooncake.store", reason="mooncake is not installed")
 
+from dualpath.net import free_port
 from dualpath.runtime.mooncake_store import (
     OBJECT_HEADER_BYTES,
     MooncakeBlockStore,
     StoreServer,
-    free_port,
     load_client_class,
 )
 from dualpath.runtime.stores import open_store

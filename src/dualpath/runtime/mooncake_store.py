@@ -44,6 +44,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, TypeVar
 
+from dualpath.net import free_port
 from dualpath.runtime.kvstore import _HEADER as FILE_HEADER  # the file store's header fields
 from dualpath.runtime.kvstore import (
     MAGIC,
@@ -527,12 +528,6 @@ def find_binary(name: str) -> str:
             f"{name} not found: pip install mooncake-transfer-engine (or -non-cuda)"
         )
     return found
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -38,7 +38,6 @@ from dualpath.integrations.vllm.setup import (
     auto_tool_parser,
     check_parser,
     core_masks,
-    free_port,
     instance_command,
     placement,
     plan,
@@ -46,6 +45,7 @@ from dualpath.integrations.vllm.setup import (
     vllm_env,
 )
 from dualpath.integrations.vllm.standalone import deployment_facts
+from dualpath.net import free_port
 
 VLLM_PYTHON_ENV = "DUALPATH_VLLM_PYTHON"
 DEFAULT_VLLM_VENV = ".venv-vllm"  # `make` installs vLLM here (its pins clash with ours)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dualpath.integrations.vllm.node import NodeSpec
+from dualpath.net import free_port
 
 KV_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 CONNECTOR_MODULE = "dualpath.integrations.vllm.connector"
@@ -162,14 +163,6 @@ class VllmOptions:
         if self.cluster and self.snic_bytes_per_s:
             raise ValueError("--snic-mb-per-s is invalid with --cluster: the kernel shapes a "
                              "cluster's SNICs (dualpath cluster up --snic-mbit)")  # fmt: skip
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def core_masks(num_instances: int, num_cores: int) -> list[str]:
