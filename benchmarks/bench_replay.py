@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import subprocess
@@ -58,68 +57,20 @@ def record(args: argparse.Namespace) -> None:
 
 
 def replay(path: Path, seconds: float | None) -> dict[str, Any]:
-    """Replay on the tree that ``dualpath`` imports from; returns the figures."""
-    from dualpath.sim.events import EventLoop, Priority
-    from dualpath.sim.network import FluidNetwork
-    from dualpath.types import TrafficClass
-
+    """Replay on the tree that ``dualpath`` imports from (``sim/flowreplay.replay_window``);
+    returns the figures."""
+    try:
+        from dualpath.sim.flowreplay import replay_window
+    except ImportError:
+        print(
+            "bench_replay: this tree has no dualpath.sim.flowreplay.replay_window: "
+            "compare with a tree that has it",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     with gzip.open(path, "rt") as f:
         data = json.load(f)
-    t0 = float(data["from_s"])
-    end = float(data["to_s"]) if seconds is None else t0 + seconds
-    loop = EventLoop()
-    net = FluidNetwork(loop, traffic_manager=data["traffic_manager"], low_floor=data["low_floor"])
-    for name, cap in data["resources"]:
-        net.add_resource(name, cap)
-    classes = {int(k): k for k in TrafficClass}
-    done: list[tuple[float, int]] = []
-    fids: list[int] = []
-
-    def starter(flows: list[list[Any]], first: int) -> Any:
-        def start() -> None:
-            for i, (p, size, klass, cap) in enumerate(flows, first):
-                fids.append(
-                    net.start_flow(
-                        p, size, classes[klass], lambda i=i: done.append((loop.now, i)), cap
-                    )
-                )
-
-        return start
-
-    n = len(data["initial"])
-    loop.at(t0, starter(data["initial"], 0), Priority.START, "replay.start")
-    batch: list[list[Any]] = []
-    batch_s = None
-    for t, p, size, klass, cap in data["starts"]:
-        if t >= end:
-            break
-        if t != batch_s and batch:
-            loop.at(batch_s, starter(batch, n), Priority.START, "replay.start")
-            n += len(batch)
-            batch = []
-        batch_s = t
-        batch.append([p, size, klass, cap])
-    if batch:
-        loop.at(batch_s, starter(batch, n), Priority.START, "replay.start")
-        n += len(batch)
-    cpu0 = time.process_time()
-    loop.run(until_s=end)
-    cpu = time.process_time() - cpu0
-    h = hashlib.sha256(repr(done).encode())
-    h.update(repr([net.remaining_bytes(fid) for fid in fids]).encode())
-    return {
-        "window_s": [t0, end],
-        "flows": n,
-        "cpu_s": cpu,
-        "events": loop.num_processed,
-        "settles": net.num_settles,
-        "rerated": net.num_settled_flows,
-        "fallbacks": getattr(net.rates, "num_fallbacks", -1),
-        "retries": getattr(net.rates, "num_retries", -1),  # -1: a tree without them
-        "incremental": getattr(net.rates, "num_incremental", -1),
-        "completions": len(done),
-        "digest": h.hexdigest()[:16],
-    }
+    return replay_window(data, seconds)
 
 
 def main() -> None:
