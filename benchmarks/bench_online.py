@@ -1,4 +1,4 @@
-"""Online capacity benchmark (SPEC §12): DualPath/Basic capacity ratios on DS 27B 1P1D and
+"""Online capacity benchmark (design §12): DualPath/Basic capacity ratios on DS 27B 1P1D and
 DS 660B 2P4D, and TTST/TPOT of both systems at a common APS.
 
     .venv/bin/python benchmarks/bench_online.py [--quick] [--mals 32k,48k,64k] [--workers 2]

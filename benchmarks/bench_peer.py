@@ -12,7 +12,7 @@ Writes a tiny random Llama checkpoint (4 layers, hidden 256, head_dim 64, float3
               run, its prefix cache reset before each run: VLLM_SERVER_DEV_MODE's
               /reset_prefix_cache)
 
-each replaying the same SPEC §9 agents (max(C, 16) agents x --turns, appends x --token-scale,
+each replaying the same design §9 agents (max(C, 16) agents x --turns, appends x --token-scale,
 --max-gen tokens, greedy, ignore_eos) through `dualpath loadgen` at concurrency C; every run has
 a fresh cache (ours: a new server on a new KV store; vllm: reset) and its own seed (the same
 seed for every variant of a repeat). Prints per C the median over repeats of requests/s, TTFT,

@@ -1,6 +1,6 @@
 """Scheduler throughput: requests assigned per second at the paper's largest scale.
 
-144 nodes × 8 engines (48 prefill + 96 decode nodes, 1,152 GPUs; SPEC §12 "48P96D") and
+144 nodes × 8 engines (48 prefill + 96 decode nodes, 1,152 GPUs; design §12 "48P96D") and
 48K waiting requests of agentic size (8K–57K prompt, ≈ 99 % hits). A minimal shell applies
 each round's Assigns to its counters and, between rounds, lets the round's work finish so
 the next round can assign more. Two cluster states: idle (counters drain to zero) and loaded
@@ -36,7 +36,7 @@ def requests(n: int, block: int, rng: random.Random) -> list[RequestInfo]:
 
 
 class Shell:
-    """Counters a shell keeps (SPEC §13.4), enough to build each round's view."""
+    """Counters a shell keeps (design §13.4), enough to build each round's view."""
 
     def __init__(self, ep: bool, de_capacity_tokens: int, loaded: bool, seed: int) -> None:
         self.ep = ep

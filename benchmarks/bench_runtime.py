@@ -12,7 +12,7 @@ Run: .venv/bin/python benchmarks/bench_runtime.py [--parts batch,hbm,jct] [--age
   throughput.
 - ``window``: Oracle (unpaced), one request per pass, cached prefixes: prefill speed with
   ``--windows`` transfers outstanding per engine thread, per ``--transport``.
-- ``jct``: storage-bound 1P1D on preset ``tiny-testbed``, the agentic workload (SPEC §9,
+- ``jct``: storage-bound 1P1D on preset ``tiny-testbed``, the agentic workload (design §9,
   scaled down), each system on a fresh KV store; ideal DualPath/Basic JCT ratio (P+D)/P = 2.
   The preset's SNIC (10 MB/s per node, ``--snic-mb-per-s``) is slow enough that the SNICs
   bind, and its emulated GPU (``--gpu-time emulated``, the default) slower than the host, so
@@ -131,7 +131,7 @@ def part_batch(cfg: Config, args: argparse.Namespace) -> None:
 
 
 def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
-    """SPEC §8's larger batch: many agents start together, so requests queue at the PE, and
+    """design §8's larger batch: many agents start together, so requests queue at the PE, and
     every pass is packed up to the HBM budget (Basic: all layers of the batch resident;
     +Layer: two layers)."""
     hbm, n = args.hbm_tokens, args.hbm_agents
@@ -229,7 +229,7 @@ def _overruns(res: RunResult) -> str:
 
 
 def part_jct(cfg: Config, args: argparse.Namespace) -> None:
-    """Storage-bound 1P1D (SPEC §9's agentic workload, scaled down): every system on the same
+    """Storage-bound 1P1D (design §9's agentic workload, scaled down): every system on the same
     agents, each on a fresh KV store. The SNIC rate is low enough that every node's CPU is
     busy well under one core for most of the run (printed), so the SNICs, not the 2-core
     host, set the pace: Basic reads every hit through the prefill node's SNIC, DualPath

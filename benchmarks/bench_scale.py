@@ -1,4 +1,4 @@
-"""Weak scaling from the 2P4D unit to 48P96D (SPEC §12: "near-linear from 2P4D to 48P96D
+"""Weak scaling from the 2P4D unit to 48P96D (design §12: "near-linear from 2P4D to 48P96D
 (1,152 GPUs); scheduler uses < 10 CPU cores"), and the simulator's speed at each size.
 
 A cluster of k units is 2k prefill and 4k decode nodes of DS 660B, EP16 prefill groups over 2

@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/bench_serve.py [--variants basic,dualpath --age
 Builds a tiny random Llama checkpoint (4 layers, hidden 256: the built-in tiny model's shape)
 in a temporary folder, then for each variant starts a fresh `dualpath serve --model-dir` (the
 DualPath runtime: scheduler, storage workers, 2 PE + 2 DE engine processes, tiny-1p1d, a fresh
-KV store each) on 127.0.0.1 and replays the same SPEC §9 agents (scaled) through the HTTP API:
+KV store each) on 127.0.0.1 and replays the same design §9 agents (scaled) through the HTTP API:
 
   basic      --system basic: hit KV loaded only through the PE node's SNIC
   dualpath   --system dualpath: hit KV through the PE or the DE node's SNIC (the second

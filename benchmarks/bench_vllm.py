@@ -24,7 +24,7 @@ measure latency, not storage. Each storage-bound run prints its kernel-counted S
 node and its storage bound (the hit bytes ÷ the SNIC bandwidth its system can use: one SNIC
 for Basic, both for DualPath).
 
-Each of basic / dualpath gets a fresh KV store and replays the same SPEC §9 agents (scaled)
+Each of basic / dualpath gets a fresh KV store and replays the same design §9 agents (scaled)
 through `dualpath loadgen` at --agents concurrent sessions (every turn of every agent: the
 job JCT compares them); vllm / router replay --overhead-agents agents at concurrency 1. Prints
 job JCT, TTFT / TPOT p50 and p99, errors, the store's hit ratio, KV MB per load path and the router's

@@ -1,4 +1,4 @@
-"""Reproduce SPEC §12's offline claims with the simulator and print the tables.
+"""Reproduce design §12's offline claims with the simulator and print the tables.
 
 1. JCT of Basic, DualPath and the Oracle for DS 660B 2P4D and DS 27B 1P1D at 32K/48K/64K MAL
    with 512, 1024 and 2048 agents: DualPath's speed-up over Basic and its fraction of Oracle.
@@ -34,7 +34,7 @@ from dualpath.sim.runner import simulate
 
 SYSTEMS = ("basic", "dualpath", "oracle")
 PD_SHAPES = ("1p1d", "1p2d", "2p1d")
-TURNS_PER_AGENT = {"32k": 60, "48k": 106, "64k": 157}  # SPEC §9, for job ordering only
+TURNS_PER_AGENT = {"32k": 60, "48k": 106, "64k": 157}  # design §9, for job ordering only
 
 Job = tuple[str, str, str, int, str]  # (preset, P/D or "", MAL, agents, system)
 
@@ -171,7 +171,7 @@ def print_tables(
             assert x is not None and y is not None
             return f"{x:.1f} vs {y:.1f} (ratio {x / y:.3f})"
 
-        print("equalities (SPEC §12):")
+        print("equalities (design §12):")
         print("  Basic 1P1D    ≈ Basic 1P2D    :", ratio(("1p1d", "basic"), ("1p2d", "basic")))
         print("  DualPath 1P1D ≈ Basic 2P1D    :", ratio(("1p1d", "dualpath"), ("2p1d", "basic")))
         print(

@@ -228,6 +228,12 @@ async def kill_inside_read(server: Server, text: str, want: list[int],
     storage worker that reads its blocks while it reads them."""
     kill = Kill("storage-read", 0)
     requeued = await metric(server, "dualpath:num_preemptions_total")
+    # /metrics lags the runtime by up to 0.5 s: an earlier read must have left it first
+    deadline = time.monotonic() + args.recover_s
+    while await metric(server, "dualpath:queue_length", "read_node") > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("a storage read queue never emptied")
+        await asyncio.sleep(0.05)
     task = asyncio.create_task(complete(server.url, text, args))
     node = await read_node(server, args.recover_s)
     if node is not None:

@@ -13,7 +13,7 @@ class EngineKind(StrEnum):
 
 
 class ReadSide(StrEnum):
-    """Which node's storage NIC reads a request's hit KV (SPEC §4)."""
+    """Which node's storage NIC reads a request's hit KV (design §4)."""
 
     PE = "pe"  # classic path: storage → PE buffer
     DE = "de"  # DualPath's second path: storage → DE buffer → compute network → PE
@@ -21,7 +21,7 @@ class ReadSide(StrEnum):
 
 
 class KVPath(StrEnum):
-    """The hops KV bytes take (SPEC §4), one name each for every shell, result and metric:
+    """The hops KV bytes take (design §4), one name each for every shell, result and metric:
     ``RunResult.bytes_by_path``, the server's ``dualpath:kv_bytes_total{path=...}``, the
     simulator's bytes per path. A layer load is counted per source buffer where the shell
     knows it (the simulator), else as ``BUFFER_TO_PE_HBM`` (the runtime)."""
@@ -37,7 +37,7 @@ class KVPath(StrEnum):
 
 
 class AttentionKind(StrEnum):
-    """Attention families the cost model knows (SPEC §10)."""
+    """Attention families the cost model knows (design §10)."""
 
     GQA = "gqa"  # dense grouped-query attention (Qwen2.5)
     MLA = "mla"  # dense multi-head latent attention (DeepSeek-V3)
@@ -45,7 +45,7 @@ class AttentionKind(StrEnum):
 
 
 class TrafficClass(int, Enum):
-    """CNIC traffic classes of the traffic manager (SPEC §6). Lower value = served first."""
+    """CNIC traffic classes of the traffic manager (design §6). Lower value = served first."""
 
     HIGH = 0  # model collectives
     LOW = 1  # KV-cache traffic

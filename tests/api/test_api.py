@@ -34,7 +34,7 @@ def test_lazy_exports_are_the_api() -> None:
 
 def test_simulation_rows_carry_every_metric() -> None:
     run = dualpath.simulate(small(), ["dualpath", "basic"])
-    assert run.systems == ["basic", "dualpath"]  # SPEC §11 order
+    assert run.systems == ["basic", "dualpath"]  # design §11 order
     rows = run.rows()
     flat = flatten(run["basic"].to_dict())
     assert set(flat) - {"system"} <= set(rows[0])

@@ -1,4 +1,4 @@
-"""Fabric QoS generation (SPEC §6): golden files for the defaults, tracking of every option."""
+"""Fabric QoS generation (design §6): golden files for the defaults, tracking of every option."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_core_counts_generated_tokens_into_the_view_and_keeps_records() -> None:
     core.ledger.pass_started(turn, 0.5)
     core.ledger.first_token(turn, 1.0)
     core.generated_tokens(3, 2)
-    assert core.ledger.view().engine_tokens()[3] == 102  # prompt + generated (SPEC §13.4)
+    assert core.ledger.view().engine_tokens()[3] == 102  # prompt + generated (design §13.4)
     core.generated_tokens(3, -2)
     turn.second_token_s, turn.finish_s = 1.5, 2.0
     core.ledger.finish(turn, 2.0)

@@ -1,4 +1,4 @@
-"""The ledger's counters, phases and incremental view (SPEC §13.4), driven by hand."""
+"""The ledger's counters, phases and incremental view (design §13.4), driven by hand."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_a_turn_moves_every_counter_and_returns_them_to_zero() -> None:
     generated[1] = 4  # the DE's decode batch produced 4 tokens for this turn so far
     view = ledger.view()
     assert (view.engines[1].seq, view.engines[1].tokens) == (0, 0)
-    # tok_e of a DE: prompt + generated (SPEC §13.4), the generated part in its group's tuple
+    # tok_e of a DE: prompt + generated (design §13.4), the generated part in its group's tuple
     assert view.engines[3].tokens == 1000 and view.generated == ((0, 4),)
     assert view.engine_tokens()[3] == 1004
     assert view.nodes[1].read_queue_tokens == 0

@@ -1,4 +1,4 @@
-"""Engine, node and group ids: one layout for the simulator and the runtime (SPEC §2, §13.1)."""
+"""Engine, node and group ids: one layout for the simulator and the runtime (design §2, §13.1)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Both shells run the same small workload and write their ledger journals (the runtime as JSON
 lines). Each journal must (1) replay through a fresh ledger and policy to the same views,
-assignments and forward plans; (2) agree at every pull with an independent recount of SPEC
+assignments and forward plans; (2) agree at every pull with an independent recount of design
 §13.4's counters from the journal's turn events (written here, not with the ledger), so a
 shell that misreports a turn or a ledger that miscounts fails; (3) describe the same turns
 (prompt, hit, output per agent turn) moving through the same phases in both shells.
@@ -99,7 +99,7 @@ def recount(
     records: list[Any], topo: Topology
 ) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
     """At every pull: (record index, the view recounted from the turn events so far, the
-    recorded view). Counts from scratch, per SPEC §13.4: seq_e / tok_e of the turns on an
+    recorded view). Counts from scratch, per design §13.4: seq_e / tok_e of the turns on an
     engine (a PE until token 1, a DE until the turn ends; a DE's tok_e adds the tokens its
     group reported generated), free HBM (reported, or capacity) less the turns reserved on
     a DE (until loaded, or until done), read_q / bytes read per node."""
@@ -229,7 +229,7 @@ def test_replay_fails_on_a_decision_the_policy_would_not_make() -> None:
 
 def test_recount_fails_on_a_misreported_turn() -> None:
     """A shell that forgets to report a turn's first token keeps it on its PE: the recount
-    of SPEC §13.4 then differs from the ledger's view (here: the journal is edited)."""
+    of design §13.4 then differs from the ledger's view (here: the journal is edited)."""
     cfg = _config()
     records, config = _sim_journal(cfg, _trajectories(cfg))
     i = next(i for i, r in enumerate(records) if r["op"] == "first_token")

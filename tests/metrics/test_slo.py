@@ -1,4 +1,4 @@
-"""SLO check and the online stop rule (SPEC §9) on hand-built turn records."""
+"""SLO check and the online stop rule (design §9) on hand-built turn records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cost model: SPEC §10's cache-compute ratios, and the basic laws of each formula."""
+"""Cost model: design §10's cache-compute ratios, and the basic laws of each formula."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ HW = HARDWARE_PRESETS["hopper"]
 APPEND = 429
 CONTEXTS = (16384, 32721, 65536)
 
-# SPEC §10: GB of hit KV per PFLOP of prefill at append 429 (16K → 64K, and ≈22 at 32.7K).
+# design §10: GB of hit KV per PFLOP of prefill at append 429 (16K → 64K, and ≈22 at 32.7K).
 PAPER = {
     "qwen32b": {16384: 117.0, 65536: 267.0},
     "ds660b": {16384: 13.0, 32721: 22.0, 65536: 36.0},
@@ -186,7 +186,7 @@ def test_indexer_key_bytes_by_hand() -> None:
     off = replace(MODEL_PRESETS["ds660b"], indexer_key_cache=False)
     assert cost.indexer_key_bytes_per_token(off) == 0
     assert cost.hbm_bytes_per_token(off) == off.kv_bytes_per_token
-    # SPEC §10's stored KV (storage reads, loads, sends) does not include it
+    # design §10's stored KV (storage reads, loads, sends) does not include it
     assert MODEL_PRESETS["ds660b"].kv_bytes_per_token == 656 * 61
     # 64 requests of 33K tokens on one GPU: the indexer keys add 17.0 GB = 6.3 ms per step
     extra = 64 * 33_000 * 8_052

@@ -1,4 +1,4 @@
-"""Planner (SPEC §5): the paper's ranges, and the binding resource at exactly 100% on a bound."""
+"""Planner (design §5): the paper's ranges, and the binding resource at exactly 100% on a bound."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Builders for hand-made cluster views, a linear predictor, and a literal (slow) reference
-implementation of SPEC §7.1 that the fast policy must match decision for decision."""
+implementation of design §7.1 that the fast policy must match decision for decision."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def req(rid: int, prompt: int = 100, hit: int = 0, out: int = 10) -> RequestInfo
 
 
 class ReferencePolicy:
-    """SPEC §7.1 read literally with O(engines) scans; same documented tie-breaks."""
+    """design §7.1 read literally with O(engines) scans; same documented tie-breaks."""
 
     def __init__(self, p: PolicyParams) -> None:
         self.p = p

@@ -1,4 +1,4 @@
-"""DE assignment (SPEC §7.1): phase 1 across groups, phase 2 prefix R, Z, normal / high-token."""
+"""DE assignment (design §7.1): phase 1 across groups, phase 2 prefix R, Z, normal / high-token."""
 
 from __future__ import annotations
 

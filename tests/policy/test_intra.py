@@ -1,4 +1,4 @@
-"""Intra-engine scheduling (SPEC §7.2): FIFO packing under the compute quota, chunking."""
+"""Intra-engine scheduling (design §7.2): FIFO packing under the compute quota, chunking."""
 
 from __future__ import annotations
 

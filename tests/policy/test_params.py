@@ -1,4 +1,4 @@
-"""α / β derivation (SPEC §13.4), explicit overrides, and the policy registry (SPEC §11)."""
+"""α / β derivation (design §13.4), explicit overrides, and the policy registry (design §11)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_alpha_is_tokens_the_node_reads_in_3s() -> None:
 def test_beta_is_tokens_one_gpu_prefills_in_5s() -> None:
     c = preset("ds27b-1p1d")
     prompt = typical_prompt_tokens(c)
-    assert prompt == 32_721  # default MAL 64K (SPEC §9)
+    assert prompt == 32_721  # default MAL 64K (design §9)
     rate = cost.prefill_tokens_per_s(c.model, c.hardware, prompt, 0.987)
     assert make_policy(c).beta_tokens == int(rate * 5.0)  # type: ignore[attr-defined]
 

@@ -1,4 +1,4 @@
-"""PE assignment (SPEC §7.1): α/β categories, smallest tok_e, FIFO, baselines' choices."""
+"""PE assignment (design §7.1): α/β categories, smallest tok_e, FIFO, baselines' choices."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of SPEC §7.1's invariants, and equality with a literal
+"""Property tests (hypothesis) of design §7.1's invariants, and equality with a literal
 reference implementation over several rounds of random cluster views."""
 
 from __future__ import annotations

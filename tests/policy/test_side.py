@@ -1,4 +1,4 @@
-"""Read side (SPEC §7.1): shorter read queue; baselines; split reads (beyond the paper)."""
+"""Read side (design §7.1): shorter read queue; baselines; split reads (beyond the paper)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def test_both_paths_restart_and_corruption_give_recompute_tokens(tmp_path: Path)
     assert_no_processes(pids)
     assert first.outputs == want
     prev = {(r.agent_id, r.turn_index): r for r in first.records}
-    for r in first.records:  # hits are exactly what the previous turn persisted (SPEC §3, §9)
+    for r in first.records:  # hits are exactly what the previous turn persisted (design §3, §9)
         before = prev.get((r.agent_id, r.turn_index - 1))
         done = persisted_tokens(before.prompt_tokens + before.output_tokens, 64) if before else 0
         assert r.hit_tokens == min(done, (r.prompt_tokens - 1) // 64 * 64)
@@ -121,7 +121,7 @@ def test_batched_chunked_paged_passes_give_recompute_tokens(tmp_path: Path, syst
         resolved = rt.config
         free = dict(rt.scheduler.free_pages)
     assert result.outputs == want  # batched, chunked, paged: same tokens as recompute
-    if system == "dualpath":  # under the compute quota (Basic has none, SPEC §13.7)
+    if system == "dualpath":  # under the compute quota (Basic has none, design §13.7)
         assert result.mean_batch > 1.0  # passes packed several requests
         assert result.chunked > 0  # some requests took several passes (KV kept across them)
     assert '"op": "plan"' in log.read_text()

@@ -1,4 +1,4 @@
-"""Basic is the classic path (SPEC §8/§11): its batch's whole KV sits in HBM, so HBM caps it;
+"""Basic is the classic path (design §8/§11): its batch's whole KV sits in HBM, so HBM caps it;
 layerwise prefill (+Layer) lifts that cap, only the compute quota bounds its batch."""
 
 from __future__ import annotations

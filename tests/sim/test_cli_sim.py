@@ -26,7 +26,7 @@ def test_sim_writes_outputs_deterministically(
     for name in ("config.json", "results.json", "results.csv", "jct.png"):
         assert (out / name).stat().st_size > 0
     data = json.loads((out / "results.json").read_text())
-    assert data["systems"] == ["basic", "dualpath", "oracle"]  # SPEC §11 order
+    assert data["systems"] == ["basic", "dualpath", "oracle"]  # design §11 order
     assert data["comparisons"]["basic"]["speedup_vs_basic"] == 1.0
     assert data["comparisons"]["oracle"]["fraction_of_oracle"] == 1.0
     rows = list(csv.DictReader((out / "results.csv").open()))

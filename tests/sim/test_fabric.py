@@ -1,4 +1,4 @@
-"""Network resources and transfer paths of the simulated cluster (SPEC §4–§6)."""
+"""Network resources and transfer paths of the simulated cluster (design §4–§6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Layer pipelining: the aggregated pass equals an explicit per-layer simulation (SPEC §8)."""
+"""Layer pipelining: the aggregated pass equals an explicit per-layer simulation (design §8)."""
 
 from __future__ import annotations
 

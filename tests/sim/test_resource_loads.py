@@ -1,4 +1,4 @@
-"""Traffic accounting against SPEC §5: with every SNIC saturated, each resource carries the
+"""Traffic accounting against design §5: with every SNIC saturated, each resource carries the
 load ``dualpath.models.planner.resource_loads`` derives (relative to the SNIC read rate)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A scaled-down I/O-bound scenario: DualPath beats Basic, the Oracle beats both (SPEC §12)."""
+"""A scaled-down I/O-bound scenario: DualPath beats Basic, the Oracle beats both (design §12)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_traffic_manager_protects_collectives() -> None:
 def test_replicated_units_share_the_work() -> None:
     """Two 1P1D units of DS 27B with EP groups of one node (2 PE groups, 2 DE groups) under
     one scheduler: every group gets work, and the pair finishes twice the agents in about
-    the time one unit needs for half of them (weak scaling, SPEC §12)."""
+    the time one unit needs for half of them (weak scaling, design §12)."""
     one = simulate(small_config("ds27b-1p1d", 16, "32k", *IO_BOUND), "dualpath")
     two_cfg = small_config(
         "ds27b-1p1d",

@@ -1,4 +1,4 @@
-"""Synthesiser: SPEC §9 statistics per MAL on the 500 base trajectories (both forms), MAL
+"""Synthesiser: design §9 statistics per MAL on the 500 base trajectories (both forms), MAL
 cap, seeding, agent replication."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dualpath.workload.synth import REPLICA_ROUND_MAX_TOKENS
 
 # "per_turn" form: sampling noise of a 500-trajectory mean is about 1% (totals) to 2% (turns).
 TOLERANCE = {"total_tokens": 0.04, "context_tokens": 0.04, "turns": 0.06}
-# "table2" form: SPEC §9's five columns, append / gen / context read per trajectory.
+# "table2" form: design §9's five columns, append / gen / context read per trajectory.
 # (turns, total tokens) of agent 0, MAL 64k, seed 0, as the generator drew it before "table2"
 PER_TURN_SEED0_FIRST = (96, 46_113)
 TABLE2_COLUMNS = {

@@ -1,4 +1,4 @@
-"""turn_requests on hand-built trajectories: prompt, hit (SPEC §3) and output per turn."""
+"""turn_requests on hand-built trajectories: prompt, hit (design §3) and output per turn."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from dualpath.sim.cache import ResultCache, code_version
 
 
 def plan(config: Config | str, p: int | None = None, d: int | None = None) -> PlanReport:
-    """SPEC §5's bottleneck-free P/D range and the per-resource loads at P, D (default: the
+    """design §5's bottleneck-free P/D range and the per-resource loads at P, D (default: the
     config's cluster) for a ``Config`` or a preset name. No simulation."""
     return _plan(as_config(config), p, d)
 

@@ -36,7 +36,7 @@ def as_config(config: Config | str, overrides: Sequence[str] = ()) -> Config:
 
 
 def as_systems(systems: str | Sequence[str] | None, config: Config) -> list[str]:
-    """'basic,dualpath' or a list → the systems in SPEC §11 order (default: ``sim.systems``)."""
+    """'basic,dualpath' or a list → the systems in design §11 order (default: ``sim.systems``)."""
     if systems is None:
         return order_systems(config.sim.system_list)
     text = systems if isinstance(systems, str) else ",".join(systems)
@@ -59,7 +59,7 @@ def as_cache(cache: CacheArg) -> ResultCache:
 class Simulation:
     """The results of several systems on one configuration (same workload, seed, model).
 
-    ``results`` maps system name → ``SimResult`` in SPEC §11 order; ``from_cache`` counts the
+    ``results`` maps system name → ``SimResult`` in design §11 order; ``from_cache`` counts the
     systems read from the result cache rather than simulated."""
 
     config: Config

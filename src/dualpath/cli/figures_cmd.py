@@ -234,7 +234,7 @@ FIGURES = (
     _Figure(
         "ablation",
         "Ablation",
-        "Each step adds one technique (SPEC §11); labels are speedups over the first.",
+        "Each step adds one technique (docs/design.md §11); labels are speedups over the first.",
         lambda d, p, m, t: plots.plot_ablation(d, p, t),
         ablation_table,
     ),

@@ -1,4 +1,4 @@
-"""`dualpath plan`: the bottleneck-free P/D report (SPEC §5)."""
+"""`dualpath plan`: the bottleneck-free P/D report (design §5)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from dualpath.models.planner import PlanReport, as_fraction, plan
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="bottleneck-free P/D range and resource loads (SPEC §5)")
+    p = sub.add_parser(
+        "plan", help="bottleneck-free P/D range and resource loads (docs/design.md §5)"
+    )
     add_config_args(p)
     p.add_argument("--P", dest="p", type=int, help="prefill nodes (default: the preset's)")
     p.add_argument("--D", dest="d", type=int, help="decode nodes (default: the preset's)")

@@ -1,4 +1,4 @@
-"""`dualpath qos`: the fabric configuration that realises the traffic manager (SPEC §6).
+"""`dualpath qos`: the fabric configuration that realises the traffic manager (design §6).
 
 Prints OpenSM (InfiniBand) and ``mlnx_qos`` (RoCE) settings; on a Linux host ``--apply``
 sets the same arbiter with ``tc`` on one interface (``--iface``) or on every CNIC of a
@@ -38,7 +38,7 @@ def _high_limit(text: str) -> int | None:
 def add_qos_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "qos",
-        help="OpenSM (InfiniBand) and mlnx_qos (RoCE) settings for the traffic manager (SPEC §6)",
+        help="OpenSM (InfiniBand) and mlnx_qos (RoCE) settings for the traffic manager (arXiv 2602.21548 §5)",
     )
     add_config_args(p)
     p.add_argument("--fabric", default="both", choices=("ib", "roce", "both"))

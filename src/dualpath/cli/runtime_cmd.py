@@ -163,7 +163,7 @@ KV_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def check_runnable(config: Config, hbm_tokens: int = 65536, dtype: str = "float32") -> None:
-    """ValueError (one line) when the runtime cannot run ``config``'s model (SPEC §13): a
+    """ValueError (one line) when the runtime cannot run ``config``'s model (design §13): a
     dense GQA model whose KV dtype is the engines' ``dtype``, and an HBM pool of
     ``hbm_tokens`` within the host-memory cap."""
     m = config.model
@@ -306,7 +306,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--systems", default="basic,dualpath", help="basic, layer, dpl, dualpath, oracle"
     )
     p.add_argument(
-        "--token-scale", type=finite_float, default=0.25, help="scale of SPEC §9 appends"
+        "--token-scale",
+        type=finite_float,
+        default=0.25,
+        help="scale of the appends of docs/design.md §9",
     )
     p.add_argument("--max-gen", type=int, default=4, help="cap on generated tokens per turn")
     p.add_argument(

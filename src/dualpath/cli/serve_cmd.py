@@ -372,7 +372,7 @@ def add_loadgen_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--api-key", default="none", help="bearer key sent to the server")
     p.add_argument("--api", default="chat", help="chat (default) or completions")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--agents", type=int, help="SPEC §9 agents (with --turns)")
+    src.add_argument("--agents", type=int, help="agents as docs/design.md §9 (with --turns)")
     src.add_argument("--trace", help="Mooncake JSONL trace")
     p.add_argument("--turns", type=int, default=8, help="turns per agent (default 8)")
     p.add_argument("--concurrency", type=int, default=8, help="agents / sessions at once")

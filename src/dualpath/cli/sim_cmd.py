@@ -150,7 +150,7 @@ def run_default(out_dir: str) -> int:
 
 def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser(
-        "sim", help="simulate the cluster offline: DualPath vs Basic vs Oracle (SPEC §11)"
+        "sim", help="simulate the cluster offline: DualPath vs Basic vs Oracle (docs/design.md §11)"
     )
     add_config_args(p)
     p.add_argument("--agents", type=int, help="number of agents (workload.num_agents)")

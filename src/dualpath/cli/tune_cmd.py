@@ -1,6 +1,6 @@
 """`dualpath tune`: choose P/D (and nodes per EP group) for a node budget by simulation.
 
-Candidates inside the planner's bottleneck-free range (SPEC §5) are simulated first, then
+Candidates inside the planner's bottleneck-free range (design §5) are simulated first, then
 the ones outside it. Each point is one offline simulation (objective: JCT) or one online run
 at a fixed APS (objective: meet the SLO, then the lowest mean TTFT). Results go through the
 shared result cache (``sim.cache``: ``--cache-dir``, default ``$DUALPATH_CACHE`` or

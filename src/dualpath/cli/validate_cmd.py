@@ -210,7 +210,9 @@ def add_validate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--systems", default="basic,dualpath", help="systems to compare")
     p.add_argument("--agents", type=int, default=8, help="agents (default 8)")
     p.add_argument("--turns", type=int, default=6, help="turns per agent (default 6)")
-    p.add_argument("--token-scale", type=float, default=0.25, help="scale of SPEC §9 appends")
+    p.add_argument(
+        "--token-scale", type=float, default=0.25, help="scale of the appends of docs/design.md §9"
+    )
     p.add_argument("--max-gen", type=int, default=4, help="cap on generated tokens per turn")
     p.add_argument("--snic-mb-per-s", type=float, help="emulated SNIC MB/s (default: the preset's)")
     add_gpu_time_arg(p, "emulated")

@@ -9,11 +9,11 @@ from dualpath.config.checks import require
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    """P prefill nodes and D decode nodes (SPEC §2, §13.1).
+    """P prefill nodes and D decode nodes (design §2, §13.1).
 
     ``prefill_ep`` / ``decode_ep``: the engines of that kind form EP groups (DeepSeek
     models); otherwise each node's engines form a group (data parallel only, e.g. Qwen 32B).
-    ``prefill_ep_nodes`` / ``decode_ep_nodes``: nodes per EP group; 0 (default, SPEC §13.1)
+    ``prefill_ep_nodes`` / ``decode_ep_nodes``: nodes per EP group; 0 (default, design §13.1)
     means one group of all nodes of that kind. Paper-scale clusters are replicas of a small
     unit: 48P96D as 24 × (EP16 prefill over 2 nodes, EP32 decode over 4 nodes) is
     ``prefill_ep_nodes=2, decode_ep_nodes=4``.

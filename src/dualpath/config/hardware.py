@@ -9,7 +9,7 @@ from dualpath.config.checks import fraction, non_negative, positive, require
 
 @dataclass(frozen=True, slots=True)
 class HardwareConfig:
-    """One node of the cluster (SPEC §2, §10, §13.9). Bandwidths are per direction.
+    """One node of the cluster (design §2, §10, §13.9). Bandwidths are per direction.
 
     Calibration constants (achievable fractions of peak) are named here, never fitted to the
     paper's speedups; their sources are in docs/calibration.md.
@@ -91,5 +91,5 @@ class HardwareConfig:
 
     @property
     def s_ratio(self) -> float:
-        """s in SPEC §5: a node's storage bandwidth in units of one CNIC."""
+        """s in design §5: a node's storage bandwidth in units of one CNIC."""
         return self.snic_total_bytes_per_s / self.cnic_bytes_per_s

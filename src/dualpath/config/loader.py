@@ -92,7 +92,7 @@ def _update_section(section: str, base: Any, values: Mapping[str, Any]) -> Any:
 
 def _model_swap(config: Config, model: Any) -> dict[str, Any]:
     """The cluster settings a model preset swap resets: EP for MoE models, data parallel
-    (no EP, so no nodes per EP group) for dense ones (SPEC §13.1). Everything else is kept
+    (no EP, so no nodes per EP group) for dense ones (design §13.1). Everything else is kept
     (``model_swap_note`` says what)."""
     ep = model.num_routed_experts > 0
     cluster = dataclasses.replace(
@@ -114,7 +114,7 @@ def model_swap_note(before: Config, after: Config) -> str:
     return (
         f"model {before.model.name} -> {after.model.name}: cluster.prefill_ep/decode_ep "
         f"set to {str(ep).lower()} ({'MoE: expert parallel' if ep else 'dense: data parallel'}, "
-        f"SPEC §13.1); kept: the hardware (pe/de buffers {hw.pe_buffer_bytes / 1e9:g}/"
+        f"design §13.1); kept: the hardware (pe/de buffers {hw.pe_buffer_bytes / 1e9:g}/"
         f"{hw.de_buffer_bytes / 1e9:g} GB), {after.cluster.label}, scheduler, workload "
         "(set them with --set if they belong to the model)"
     )

@@ -1,4 +1,4 @@
-"""Model architecture as the cost model and the runtime see it (SPEC §10)."""
+"""Model architecture as the cost model and the runtime see it (design §10)."""
 
 from __future__ import annotations
 

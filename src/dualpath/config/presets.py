@@ -1,6 +1,6 @@
 """Named presets (dicts of frozen configs): models, hardware, and the paper's cluster setups.
 
-Numbers come from SPEC §2, §10, §13. Where the SPEC is silent the value is marked
+Numbers come from design §2, §10, §13. Where the paper is silent the value is marked
 ``# assumption`` with its reason; docs/presets.md lists them.
 """
 
@@ -48,12 +48,12 @@ DEEPSEEK_V3 = replace(  # dense MLA; KV in the same FP8 latent format as V3.2 (6
     DS660B, name="deepseek-v3", attention="mla"
 )
 
-DS27B = ModelConfig(  # downscaled V3.2 (SPEC §10)
+DS27B = ModelConfig(  # downscaled V3.2 (design §10)
     name="ds27b",
     attention="mla_sparse",
     num_layers=30,
     hidden_size=2560,
-    num_heads=32,  # assumption: SPEC gives no head count; hidden 2560 / 80
+    num_heads=32,  # assumption: the paper gives no head count; hidden 2560 / 80
     kv_lora_rank=512,
     qk_rope_dim=64,
     kv_dtype_bytes=1,
@@ -129,7 +129,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "tiny": TINY,
 }
 
-HOPPER = HardwareConfig()  # SPEC §2, §10, §13.9: H800-class, 8 × 400 Gb/s CNIC, 1 SNIC
+HOPPER = HardwareConfig()  # design §2, §10, §13.9: H800-class, 8 × 400 Gb/s CNIC, 1 SNIC
 
 # One machine, emulated: engines are CPU processes; NIC pacers run at these rates (docs/runtime.md).
 CPU_EMULATED = HardwareConfig(

@@ -1,4 +1,4 @@
-"""Scheduler parameters (SPEC §7, §13.3–4)."""
+"""Scheduler parameters (design §7, §13.3–4)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ class SchedulerConfig:
     beta_prefill_s: float = 5.0  # β: tokens one PE GPU prefills in this many seconds
     alpha_tokens: int = 0  # explicit α (0 = derive from alpha_read_s)
     beta_tokens: int = 0  # explicit β (0 = derive from beta_prefill_s)
-    mean_hit_ratio: float = 0.987  # hit ratio at which β is derived (SPEC §13.4)
+    mean_hit_ratio: float = 0.987  # hit ratio at which β is derived (design §13.4)
     compute_quota_s: float = 0.3  # predicted attention time per PE forward pass
-    z_factor: float = 1.05  # Z = z_factor × mean DE tokens (SPEC §7.1)
+    z_factor: float = 1.05  # Z = z_factor × mean DE tokens (design §7.1)
     block_tokens: int = 64
     split_reads: bool = False  # beyond the paper: read one request from both sides
     basic_engine_choice: str = "round_robin"  # Basic / DPL engine choice
@@ -35,7 +35,7 @@ class SchedulerConfig:
     # storage NICs have read fewer bytes so far ("least_read")
     read_tie_break: str = "least_read"
     record_decisions: bool = False  # keep a decision trace (JSONL-able)
-    # beyond the paper: "quota" packs each PE of an EP group to the compute quota (SPEC §7.2);
+    # beyond the paper: "quota" packs each PE of an EP group to the compute quota (design §7.2);
     # "median" then caps every PE of the pass at the median predicted attention time of the
     # PEs with work (never below a pass's fixed overheads): docs/policy.md, "Pass balance"
     pass_balance: str = "quota"

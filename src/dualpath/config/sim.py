@@ -36,7 +36,7 @@ class SimConfig:
     persistence write at most this often (writes gate nothing; batching saves flows).
     ``next_turn_after_persist``: an agent's next turn is submitted only once the previous
     turn's new blocks (prompt and decode) have been written to storage, as the runtime does
-    (its next turn's hits are then what SPEC §9 says the previous turn persisted); its arrival
+    (its next turn's hits are then what design §9 says the previous turn persisted); its arrival
     stays the previous turn's finish, so the wait counts as queueing. Default off: the paper
     submits the next turn at the previous one's finish (its blocks are still in the DE
     buffer while they are written). With it on, block writes are not batched: each turn's
@@ -53,7 +53,7 @@ class SimConfig:
 
     systems: str = "basic,dualpath,oracle"
     traffic_manager: bool = True
-    low_floor: float = 0.01  # low-priority share of a busy CNIC (weighted round robin, SPEC §6)
+    low_floor: float = 0.01  # low-priority share of a busy CNIC (weighted round robin, design §6)
     pull_interval_s: float = 0.01
     reads_per_node: int = 1
     rail_matched: bool = True  # DE-buffer KV crosses the DE node's CNIC on the PE's rail

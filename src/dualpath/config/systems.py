@@ -1,4 +1,4 @@
-"""The five systems of SPEC §11, one table: which policy, layerwise prefill or not, Oracle.
+"""The five systems of design §11, one table: which policy, layerwise prefill or not, Oracle.
 
 Both shells, the config checks and the policy registry read this table (``config.config_for``
 applies a system to a ``Config``); a system name means
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class SystemSpec:
-    """``policy``: the policy's name (``dualpath.policy.registry``); ``layerwise``: SPEC §8
+    """``policy``: the policy's name (``dualpath.policy.registry``); ``layerwise``: design §8
     layerwise prefill; ``oracle``: storage reads, H2D/D2H and PD transfers take zero time
     (only compute and collectives take time)."""
 

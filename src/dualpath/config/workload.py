@@ -1,4 +1,4 @@
-"""Workload: synthetic agentic trajectories (SPEC §9) or a Mooncake trace; offline or online."""
+"""Workload: synthetic agentic trajectories (design §9) or a Mooncake trace; offline or online."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dualpath.config.checks import non_negative, one_of, positive, require
 
 MAL_NAMES = ("32k", "48k", "64k")
 MODES = ("offline", "online")
-# "table2": SPEC §9's five columns as per-trajectory means (default); "per_turn": the
+# "table2": design §9's five columns as per-trajectory means (default); "per_turn": the
 # earlier form (turns, total, turn-weighted context; append:gen imposed per turn).
 SYNTH_FORMS = ("table2", "per_turn")
 

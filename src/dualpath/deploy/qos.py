@@ -1,4 +1,4 @@
-"""NIC/switch QoS configuration that realises the traffic manager (SPEC §6).
+"""NIC/switch QoS configuration that realises the traffic manager (design §6).
 
 Two priority classes on every compute NIC: model collectives (high) and KV traffic (low,
 never starved). InfiniBand realises them with virtual lanes and the two-level VL arbiter
@@ -25,9 +25,9 @@ IB_CREDIT_BYTES = 4096  # unit of the VL arbiter's high limit (IBA 7.6.9)
 IB_HIGH_LIMIT_UNLIMITED = 255
 IB_NUM_SLS = 16
 NUM_PRIORITIES = 8  # IEEE 802.1p priorities / mlnx_qos traffic classes
-PAPER_HIGH_LIMIT = 240  # the paper's OpenSM qos_high_limit (SPEC §6)
-PAPER_WEIGHT = 192  # weight of each collective VL in both tables (SPEC §6)
-PAPER_KV_LOW_WEIGHT = 64  # weight of the KV VL in the low table (SPEC §6)
+PAPER_HIGH_LIMIT = 240  # the paper's OpenSM qos_high_limit (design §6)
+PAPER_WEIGHT = 192  # weight of each collective VL in both tables (design §6)
+PAPER_KV_LOW_WEIGHT = 64  # weight of the KV VL in the low table (design §6)
 COLLECTIVE_DSCP = 26  # AF31: RoCE v2's usual DSCP, priority 3 under the default map
 
 
@@ -137,7 +137,7 @@ def opensm_conf(opt: QosOptions) -> str:
     sls = ",".join(str(v) for v in opt.collective_lanes)
     return "\n".join(
         [
-            "# dualpath traffic manager (SPEC §6) for OpenSM: add to opensm.conf, start with --qos",
+            "# dualpath traffic manager (arXiv 2602.21548 §5) for OpenSM: add to opensm.conf, start with --qos",
             f"# collectives: SL {sls} -> high-priority VLs {sls}; KV traffic: SL {opt.kv_lane} -> "
             f"VL {opt.kv_lane} (low table only)",
             f"# KV keeps >= {100 * floor:.2f}% of a link whose collectives never idle "
@@ -179,7 +179,7 @@ def roce_commands(opt: QosOptions) -> str:
     return "\n".join(
         [
             "#!/bin/sh",
-            "# dualpath traffic manager (SPEC §6) for RoCE (NVIDIA/Mellanox mlnx_qos): run per CNIC",
+            "# dualpath traffic manager (arXiv 2602.21548 §5) for RoCE (NVIDIA/Mellanox mlnx_qos): run per CNIC",
             f"# collectives: DSCP {opt.collective_dscp} -> priority {collective_prio} -> TC "
             f"{prio_tc[collective_prio]}; KV traffic: DSCP {opt.kv_dscp} -> priority {kv_prio} -> "
             f"TC {opt.kv_lane} (ETS {weights[opt.kv_lane]}%)",

@@ -1,5 +1,5 @@
 """The agent driver: each agent's next turn is submitted when its previous turn is finished
-(zero think time, SPEC §9) — at once, or held until the blocks that turn persisted are
+(zero think time, design §9) — at once, or held until the blocks that turn persisted are
 durable, so the next turn's hits are what the previous one persisted. Both shells use it.
 
 It decides *when*; the shell builds and submits the turn (``submit``), and the agent object

@@ -2,7 +2,7 @@
 assignments, plans a PE group's pass and reports each completion of a turn's lifecycle
 (``lifecycle``) here, and nowhere else in the ledger or the policy.
 
-Behind the door: the policy, the ``Ledger`` (SPEC §13.4's counters, the view, each turn's
+Behind the door: the policy, the ``Ledger`` (design §13.4's counters, the view, each turn's
 state, its record), the event bus, the run's counters (KV bytes per load path, passes:
 ``RunCounters``), the turn table and the agent driver that submits each agent's next turn.
 Both shells build one ``Core``; neither keeps a counter, a view or a turn state of its own.
@@ -90,7 +90,7 @@ class Core(Generic[A, T]):
         return self._policy.num_waiting
 
     def pull(self, now: float, read: bool = True) -> list[tuple[T, list[Read]]]:
-        """A pull (SPEC §7.1): each turn the policy assigned (SCHEDULED, or READY when it has
+        """A pull (design §7.1): each turn the policy assigned (SCHEDULED, or READY when it has
         nothing to read), in decision order, with the storage reads the shell is to start
         (``read=False``, the Oracle: none). A turn cancelled while queued is aborted here,
         dropped from ``turns`` (it holds nothing; no process reports on it) and not returned."""
@@ -159,7 +159,7 @@ class Core(Generic[A, T]):
 
     def count_generated(self) -> None:
         """The DEs' generated tokens are counted here, as the shell reports each
-        (``generated``), and read by the ledger at each pull (SPEC §13.4's tok_e)."""
+        (``generated``), and read by the ledger at each pull (design §13.4's tok_e)."""
         topo = self.topology
         self.generated = dict.fromkeys(topo.de_ids, 0)
         for _, members in topo.groups(EngineKind.DE):

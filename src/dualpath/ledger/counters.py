@@ -3,7 +3,7 @@ PE passes' figures, requeues, buffer stalls and each node's storage-read windows
 
 Pure: a shell reports each amount as it happens; the runtime's ``RunResult``, the server's
 stats and the simulator's ``SimResult.path_bytes`` read bytes per path here and nowhere else
-(the view's counters of SPEC §13.4 are the ``Ledger``'s).
+(the view's counters of design §13.4 are the ``Ledger``'s).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class ChunkDone:
 
 @dataclass(frozen=True, slots=True)
 class FirstToken:
-    """The turn's prefill is done: the PE produced token 1 (SPEC §9's TTFT ends here)."""
+    """The turn's prefill is done: the PE produced token 1 (design §9's TTFT ends here)."""
 
     now: float
     turn: Turn

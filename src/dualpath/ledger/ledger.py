@@ -1,4 +1,4 @@
-"""The load counters of SPEC §13.4 and the ``ClusterView`` the policy pulls, kept incrementally.
+"""The load counters of design §13.4 and the ``ClusterView`` the policy pulls, kept incrementally.
 
 A shell reports what happened to a turn (submitted, assigned, read started / done, a pass
 started / a chunk done, first token, loaded into DE HBM, finished, aborted); the ledger moves
@@ -58,7 +58,7 @@ StampFn = Callable[[], object]
 
 
 def prompt_block_tokens(turn: Turn, block_tokens: int) -> int:
-    """Tokens of the whole prompt blocks the turn's prefill computed (to persist, SPEC §3)."""
+    """Tokens of the whole prompt blocks the turn's prefill computed (to persist, design §3)."""
     return turn.prompt_tokens // block_tokens * block_tokens - turn.hit_tokens
 
 
@@ -78,7 +78,7 @@ class Ledger:
     over its EP group, ``Topology.decode_ep_gpus``); a DE's free HBM = capacity − tokens
     reserved by the turns assigned to it (or, once an engine reported its free HBM with
     ``report_free_hbm``, that report minus the turns assigned and not yet ``loaded``). tok_e
-    of a DE = prompts of its turns + the tokens they generated so far (SPEC §13.4), from the
+    of a DE = prompts of its turns + the tokens they generated so far (design §13.4), from the
     ``GeneratedFn`` of its group.
     """
 
@@ -183,7 +183,7 @@ class Ledger:
         return turn.info()
 
     def pull(self, policy: Policy, now: float) -> list[Assign]:
-        """A pull (SPEC §7.1): the policy schedules on the current view; returns its
+        """A pull (design §7.1): the policy schedules on the current view; returns its
         decisions for the shell to carry out (each then reported with ``assign``)."""
         view = self.view()
         assigns = policy.schedule(view, now)
@@ -387,7 +387,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ the policy's view
     def view(self) -> ClusterView:
-        """What the engines report at a pull (SPEC §7.1): seq_e, tok_e, free HBM; read_q and
+        """What the engines report at a pull (design §7.1): seq_e, tok_e, free HBM; read_q and
         bytes read per node. A DE's tok_e comes in two parts: its state's ``tokens`` (the
         prompts of its turns) and its group's ``generated`` tuple, which is all that changes
         when a group steps. Costs O(engines and nodes whose numbers changed + DE groups that

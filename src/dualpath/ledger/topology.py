@@ -1,4 +1,4 @@
-"""Engine, node and group ids of a cluster (SPEC §2, §13.1): the one layout both shells use.
+"""Engine, node and group ids of a cluster (design §2, §13.1): the one layout both shells use.
 
 Ids only: no network resources, no paths, no processes (the simulator's ``Fabric`` adds
 resources and paths on top; the runtime maps ids to processes).

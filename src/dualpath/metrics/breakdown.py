@@ -1,7 +1,7 @@
 """Where the time goes: TTFT breakdown per turn and per load, SNIC and attention load balance.
 
 Pure functions over turn records, storage-transfer intervals and per-GPU forward times
-(SPEC §9). The components and their definitions are ``TurnRecord``'s; this module
+(design §9). The components and their definitions are ``TurnRecord``'s; this module
 aggregates them and never re-defines them.
 """
 

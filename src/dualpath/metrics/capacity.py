@@ -1,4 +1,4 @@
-"""Capacity search (SPEC §9): the highest load (agents per second, APS) that meets the SLO.
+"""Capacity search (design §9): the highest load (agents per second, APS) that meets the SLO.
 
 Pure and deterministic: bisection over a caller-supplied ``passes(aps)`` predicate assumed
 monotone (passes at a load ⇒ passes at every lower load). Runs nothing itself.

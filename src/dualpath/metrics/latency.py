@@ -1,4 +1,4 @@
-"""The per-turn latency metrics of SPEC §9, each defined once: every shell, the server's
+"""The per-turn latency metrics of design §9, each defined once: every shell, the server's
 ``/metrics`` and the load generator compute them here. Times in seconds on one clock.
 
 - TTFT: arrival → first token.

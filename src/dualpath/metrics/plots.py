@@ -23,7 +23,7 @@ DPI = 120
 Row = Mapping[str, Any]
 Series = Mapping[str, Sequence[Sequence[float]]]
 
-# Fixed colours for the systems of SPEC §11, under every name a plot gives them (the
+# Fixed colours for the systems of design §11, under every name a plot gives them (the
 # simulator's names, the figures' labels, the ablation's steps): one system, one colour in
 # every PNG of `sim`, `sweep`, `tune` and `figures`. Other labels cycle through the rest.
 _BASIC, _LAYER, _DPL, _DUALPATH, _ORACLE = "#8c8c8c", "#9467bd", "#ff7f0e", "#1f77b4", "#2ca02c"
@@ -73,7 +73,7 @@ SeriesPlot = Callable[[Series, str | Path], FigureInfo]
 
 
 def colour(label: str, labels: Sequence[str]) -> str:
-    """Colour of a system label: fixed for SPEC §11 systems, else by position in ``labels``."""
+    """Colour of a system label: fixed for design §11 systems, else by position in ``labels``."""
     if label in _SYSTEM_COLOURS:
         return _SYSTEM_COLOURS[label]
     others = [x for x in labels if x not in _SYSTEM_COLOURS]

@@ -1,6 +1,6 @@
 """The timeline of one served turn, as both shells record it, and its latency metrics.
 
-Its latency metrics are those of ``metrics.latency`` (SPEC §9); validates, never clamps.
+Its latency metrics are those of ``metrics.latency`` (design §9); validates, never clamps.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Latency SLO (SPEC §9): the check of a finished run and the online stop rule.
+"""Latency SLO (design §9): the check of a finished run and the online stop rule.
 
 Pure: fed turn records, never reads a clock. The statistic is configurable (``quantile``):
 ``None`` = the mean (default; the paper's stop rule and figures read as averages), a number
@@ -77,7 +77,7 @@ def check_slo(
 
 
 class StopReason(StrEnum):
-    """Why an online run stopped (SPEC §9)."""
+    """Why an online run stopped (design §9)."""
 
     TTFT_OVER_SLO = "ttft_over_slo"
     TPOT_OVER_SLO = "tpot_over_slo"
@@ -117,7 +117,7 @@ class _Series:
 
 
 class StopRule:
-    """Online stop rule (SPEC §9), fed completed turns in time order via ``observe``.
+    """Online stop rule (design §9), fed completed turns in time order via ``observe``.
 
     A record is observed at ``now_s`` (default: its ``finish_s``); times must not go back.
     After each observation, over the turns observed in (now - window_s, now]:

@@ -1,4 +1,4 @@
-"""Steady state of an online run (SPEC §9) and the storage bound on its capacity.
+"""Steady state of an online run (design §9) and the storage bound on its capacity.
 
 Pure: fed per-turn numbers, runs nothing. With Poisson arrivals at rate λ from t = 0, an
 agent that arrived at ``a`` reads ``b_k`` bytes at ``a + o_k`` (``o_k``: its turn k's start,
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dualpath.config.checks import require
 
 # A run is at steady state for the storage bound once the expected read rate has reached
-# this share of its steady value: the paper's steady-state test allows 5% (SPEC §9, TTFT
+# this share of its steady value: the paper's steady-state test allows 5% (design §9, TTFT
 # within 5% of the value 30 min earlier), so the warm-up leaves at most that much behind.
 STEADY_COVERAGE = 0.95
 

@@ -1,1 +1,1 @@
-"""Pure cost models: bytes, FLOPs and seconds (SPEC §3, §5, §7.2, §10). No state, no I/O."""
+"""Pure cost models: bytes, FLOPs and seconds (design §3, §5, §7.2, §10). No state, no I/O."""

@@ -33,7 +33,7 @@ DEEPEP_LOW_LATENCY_H800_US = (
 _EP_REFERENCE_SIZE = 32
 
 
-# ---------------------------------------------------------------- bytes (SPEC §3)
+# ---------------------------------------------------------------- bytes (design §3)
 def kv_bytes_per_token(model: ModelConfig) -> int:
     """KV bytes of one token over all layers (one row of a Full Block)."""
     return model.kv_bytes_per_token
@@ -62,7 +62,7 @@ INDEXER_KEY_QUANT_BLOCK = 128  # values per scale
 def indexer_key_bytes_per_token(model: ModelConfig) -> int:
     """Indexer key-cache bytes of one token over all layers (0 unless ``MLA_SPARSE`` with
     ``model.indexer_key_cache``): DS 660B (128 + 4) × 61 = 8,052 B; DS 27B (64 + 4) × 30 =
-    2,040 B. Not part of ``kv_bytes_per_token`` (SPEC §3/§10 size the stored KV without it:
+    2,040 B. Not part of ``kv_bytes_per_token`` (design §3/§10 size the stored KV without it:
     storage reads, loads and sends do not move it, docs/calibration.md "Indexer keys")."""
     if model.attention_kind is not AttentionKind.MLA_SPARSE or not model.indexer_key_cache:
         return 0
@@ -164,7 +164,7 @@ def prefill_flops(model: ModelConfig, cached_tokens: int, new_tokens: int) -> fl
 def cache_compute_ratio_gb_per_pflop(
     model: ModelConfig, context_tokens: int, append_tokens: int
 ) -> float:
-    """SPEC §10: GB of hit KV per PFLOP of prefill for one turn (hit = context, new = append)."""
+    """design §10: GB of hit KV per PFLOP of prefill for one turn (hit = context, new = append)."""
     hit_gb = context_tokens * kv_bytes_per_token(model) / 1e9
     pflop = prefill_flops(model, context_tokens, append_tokens) / 1e15
     return hit_gb / pflop
@@ -183,7 +183,7 @@ def linear_time_s(model: ModelConfig, hw: HardwareConfig, tokens: float) -> floa
 def attention_time_s(
     model: ModelConfig, hw: HardwareConfig, pairs: Sequence[tuple[int, int]]
 ) -> float:
-    """SPEC §7.2 predictor: attention time of one GPU's batch of ``(cached, bsz)`` pairs.
+    """design §7.2 predictor: attention time of one GPU's batch of ``(cached, bsz)`` pairs.
 
     Core attention runs at the BF16 peak, the sparse indexer at the FP8 peak, both scaled by
     ``hw.attention_mfu``.
@@ -401,7 +401,7 @@ def moe_collective_bytes(
     model: ModelConfig, tokens: int, ep_size: int, gpus_per_node: int = 8
 ) -> float:
     """Bytes one GPU sends over its CNIC (and receives, symmetric) for MoE dispatch + combine of
-    ``tokens`` tokens in one forward pass (SPEC §13.8).
+    ``tokens`` tokens in one forward pass (design §13.8).
 
     Intra-node traffic rides NVLink; only traffic to other nodes crosses the CNIC. A token's
     ``experts_per_token`` experts land on E[distinct remote nodes] = (N−1)(1 − (1 − 1/N)^k) of

@@ -1,4 +1,4 @@
-"""Bottleneck-free P/D analysis (SPEC §5): bounds on P/D and per-resource loads.
+"""Bottleneck-free P/D analysis (design §5): bounds on P/D and per-resource loads.
 
 Everything is a fraction of capacity in the steady state where every storage NIC (of both
 prefill and decode nodes) reads at full speed and the scheduler balances load, so a share
@@ -73,7 +73,7 @@ class PlanReport:
 
 
 def bounds(config: Config) -> tuple[Bound, ...]:
-    """The P/D bounds of SPEC §5 for this hardware (g GPUs, s, B, M)."""
+    """The P/D bounds of design §5 for this hardware (g GPUs, s, B, M)."""
     hw = config.hardware
     g = hw.gpus_per_node
     s = hw.s_ratio
@@ -87,7 +87,7 @@ def bounds(config: Config) -> tuple[Bound, ...]:
 
 
 def resource_loads(config: Config, p: int, d: int) -> tuple[ResourceLoad, ...]:
-    """Per-resource load with every SNIC saturated (SPEC §5's per-engine-pair traffic).
+    """Per-resource load with every SNIC saturated (design §5's per-engine-pair traffic).
 
     CNIC "read" = bytes the NIC reads from local memory and sends (incl. loopback H2D);
     CNIC "write" = bytes it writes into local memory (incl. loopback H2D). DRAM is half

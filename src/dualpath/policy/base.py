@@ -1,4 +1,4 @@
-"""The interface both shells drive: a Policy object per cluster (SPEC §7)."""
+"""The interface both shells drive: a Policy object per cluster (design §7)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Policy(Protocol):
     (``plan_forward``). Deterministic: same calls in the same order ⇒ same decisions."""
 
     name: str
-    layerwise: bool  # SPEC §8: False ⇒ the shell passes kv_budget_tokens to plan_forward
+    layerwise: bool  # design §8: False ⇒ the shell passes kv_budget_tokens to plan_forward
 
     def submit(self, request: RequestInfo, now: float) -> None:
         """Append ``request`` to the global FIFO queue. ValueError on a bad request."""

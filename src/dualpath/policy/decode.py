@@ -1,4 +1,4 @@
-"""DE assignment rules (SPEC §7.1): DualPath's two phases, and the baselines' choices.
+"""DE assignment rules (design §7.1): DualPath's two phases, and the baselines' choices.
 
 Input: the DE queue of requests that already hold a PE, in FIFO order. Output: (request, PE,
 DE) triples. A request that no DE has room for stays queued (keeping its PE) for a later round.

@@ -1,4 +1,4 @@
-"""DualPath's DE assignment (SPEC §7.1): phase 1 across DE groups, phase 2 within a group.
+"""DualPath's DE assignment (design §7.1): phase 1 across DE groups, phase 2 within a group.
 
 Phase 2 keeps two lazily-invalidated heaps per pull so that each decision costs O(log n)
 instead of a scan of the group, while choosing exactly what the literal rule chooses.

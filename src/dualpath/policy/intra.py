@@ -1,4 +1,4 @@
-"""Intra-engine scheduling (SPEC §7.2): pack one PE forward pass under the compute quota,
+"""Intra-engine scheduling (design §7.2): pack one PE forward pass under the compute quota,
 chunking the request that would overflow it; per-GPU predictions for an EP group.
 
 Pure: the attention predictor is injected (``(cached, bsz)`` pairs → seconds).

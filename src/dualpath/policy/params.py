@@ -1,4 +1,4 @@
-"""Numeric parameters of the policy core (α, β, quota, Z factor) and their derivation (SPEC §13.4).
+"""Numeric parameters of the policy core (α, β, quota, Z factor) and their derivation (design §13.4).
 
 Pure: derives tokens from hardware and model through ``dualpath.models.cost``; no I/O.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dualpath.config import Config
 from dualpath.models import cost
 
-# SPEC §9: average agent context per maximum agent context length; β's "typical prompt".
+# design §9: average agent context per maximum agent context length; β's "typical prompt".
 MEAN_CONTEXT_TOKENS_BY_MAL: dict[str, int] = {"32k": 17_183, "48k": 25_120, "64k": 32_721}
 
 
@@ -22,7 +22,7 @@ class PolicyParams:
     ``beta_tokens`` (β): a PE whose unfinished prompt tokens exceed this is overloaded.
     ``compute_quota_s``: predicted attention time allowed per PE forward pass (None = no quota).
     ``typical_prompt_tokens``: the prompt length β was derived at (0 when β was given).
-    ``pass_balance``: "quota" (SPEC §7.2) or "median" (each pass of an EP group capped at the
+    ``pass_balance``: "quota" (design §7.2) or "median" (each pass of an EP group capped at the
     median predicted attention of its PEs with work, never below ``balance_floor_s``).
     """
 
@@ -68,14 +68,14 @@ class PolicyParams:
 
 
 def typical_prompt_tokens(config: Config) -> int:
-    """The prompt β is derived at: the mean context of the workload's MAL (SPEC §9), capped by
+    """The prompt β is derived at: the mean context of the workload's MAL (design §9), capped by
     the model's maximum context."""
     mean = MEAN_CONTEXT_TOKENS_BY_MAL[config.workload.mal.lower()]
     return max(1, min(mean, config.model.max_context_tokens))
 
 
 def derive_alpha_tokens(config: Config) -> int:
-    """α = tokens one node's storage NICs read in ``alpha_read_s`` (SPEC §13.4)."""
+    """α = tokens one node's storage NICs read in ``alpha_read_s`` (design §13.4)."""
     per_token = cost.kv_bytes_per_token(config.model)
     read_bytes = config.hardware.snic_total_bytes_per_s * config.scheduler.alpha_read_s
     return int(read_bytes // per_token)

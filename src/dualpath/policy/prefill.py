@@ -1,4 +1,4 @@
-"""PE assignment rules (SPEC §7.1): DualPath's α/β categories, and the baselines' choices.
+"""PE assignment rules (design §7.1): DualPath's α/β categories, and the baselines' choices.
 
 A rule serves one PE group's pull: it pops requests from the head of the global FIFO queue
 and gives each a PE of that group, updating the round's tok_e / seq_e copies.

@@ -1,4 +1,4 @@
-"""Build a policy by name from config (SPEC §11): ``basic``, ``layer``, ``dpl``, ``dualpath``.
+"""Build a policy by name from config (design §11): ``basic``, ``layer``, ``dpl``, ``dualpath``.
 
 Which system runs which policy, and whether a policy prefills layerwise, is the system table
 (``dualpath.config.systems``); this module wires each policy's rules.
@@ -45,7 +45,7 @@ def build_policy(
     """Wire the rules of policy ``name`` around ``params`` (no config needed; tests use this).
 
     ``engine_choice`` ("round_robin" | "least_loaded") applies to the baselines only. The
-    baselines never use a compute quota (SPEC §13.7): ``params.compute_quota_s`` is ignored.
+    baselines never use a compute quota (design §13.7): ``params.compute_quota_s`` is ignored.
     """
     if name not in POLICY_NAMES:
         raise ValueError(f"policy={name!r} is invalid: must be one of {', '.join(POLICY_NAMES)}")
@@ -64,7 +64,7 @@ def build_policy(
             params.read_tie_break,
         )
         return PolicyCore(name, params, prefill, decode, side, predict, _layerwise(name))
-    # the intra-engine rules (quota, pass balance) are DualPath's (SPEC §13.7)
+    # the intra-engine rules (quota, pass balance) are DualPath's (design §13.7)
     no_quota = replace(params, compute_quota_s=None, pass_balance="quota")
     prefill = _baseline_prefill(params, engine_choice)
     decode = SimpleDecode(engine_choice)
@@ -78,7 +78,7 @@ def _layerwise(policy: str) -> bool:
 
 
 def attention_predictor(config: Config) -> Callable[[Sequence[tuple[int, int]]], float]:
-    """SPEC §7.2's profiled predictor: the cost model's attention time on one GPU."""
+    """design §7.2's profiled predictor: the cost model's attention time on one GPU."""
     return cost.attention_time_fn(config.model, config.hardware)
 
 

@@ -1,4 +1,4 @@
-"""Read-side choice (SPEC §7.1 "Read side", §4) and split reads (beyond the paper).
+"""Read-side choice (design §7.1 "Read side", §4) and split reads (beyond the paper).
 
 Given a request's PE and DE, decide which node's storage NIC reads its hit KV, and update the
 round's read-queue copies so later requests in the same round see the new queue lengths.

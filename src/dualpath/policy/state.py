@@ -1,4 +1,4 @@
-"""One round's working copies of the engines' counters (SPEC §7.1), built from a checked view.
+"""One round's working copies of the engines' counters (design §7.1), built from a checked view.
 
 ``ViewIndex.refresh`` is the one place a view is checked (its ``EngineState`` /
 ``NodeState`` objects check nothing when built): whole before anything is mutated, or only

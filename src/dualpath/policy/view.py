@@ -49,7 +49,7 @@ class RequestInfo:
 
 @dataclass(frozen=True, slots=True)
 class EngineState:
-    """An engine's report at a pull (SPEC §7.1): ``seq`` = seq_e, ``tokens`` = tok_e.
+    """An engine's report at a pull (design §7.1): ``seq`` = seq_e, ``tokens`` = tok_e.
 
     ``free_hbm_tokens`` (DEs): KV tokens that still fit in the engine's free HBM. Every
     count is an integer >= 0, and an engine with ``seq == 0`` has ``tokens == 0`` (checked

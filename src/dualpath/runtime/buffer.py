@@ -1,4 +1,4 @@
-"""PE / DE buffers (SPEC §2): fixed-capacity shared memory cut into Full-Block slots.
+"""PE / DE buffers (design §2): fixed-capacity shared memory cut into Full-Block slots.
 
 Any process of the node (storage worker, engines, the scheduler on this host) attaches by
 name and allocates under one lock. Full ⇒ ``alloc`` returns None and the caller retries

@@ -3,10 +3,10 @@
 Requests wait in a local FIFO until the HBM pool has pages for their whole KV (prompt +
 output, every layer); admitted, their prompt KV is loaded from the DE buffer (the scheduler
 frees those slots on ``LoadedMsg``, so a DE that dies never double-frees). Every step decodes
-one token of every running request in one batched forward pass (SPEC §7.2: a DE runs all its
+one token of every running request in one batched forward pass (design §7.2: a DE runs all its
 requests in one batch); new requests join between steps. Every block that fills is copied
 into a fresh slot of this node's buffer (waiting for space: backpressure) and handed to the
-node's storage worker (SPEC §4: the DE persists the turn's new blocks).
+node's storage worker (design §4: the DE persists the turn's new blocks).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class DecodeEngine(Engine):
                     r.second_s = now
                 if len(r.tokens) % self.block_tokens == 0:
                     self._persist(r, len(r.tokens) // self.block_tokens - 1)
-            # every step: the scheduler counts tokens generated (tok_e, SPEC §13.4) and streams
+            # every step: the scheduler counts tokens generated (tok_e, design §13.4) and streams
             step = tuple((r.msg.request_id, r.out[-1]) for r in active)
             lps = tuple(
                 (r.msg.request_id, lp) for r, (_, lp) in zip(active, picked, strict=True) if lp

@@ -1,4 +1,4 @@
-"""The PEs of an EP group exchange their hidden states every layer (SPEC §6, §13.8).
+"""The PEs of an EP group exchange their hidden states every layer (design §6, §13.8).
 
 An all-gather through the KV transport: after computing a layer, each PE writes its new
 tokens' hidden states (float32) into every peer's exchange region, charged as HIGH on its

@@ -45,7 +45,7 @@ class GpuUse:
 
 
 class GpuTime:
-    """The emulated time of an engine's passes on ``hw`` (SPEC §13's cost model, the
+    """The emulated time of an engine's passes on ``hw`` (design §13's cost model, the
     simulator's charges): a PE pass is ``prefill_fixed_s`` + the group's GEMMs split over its
     ``group_size`` GPUs (``prefill_linear_time_s``) + this PE's attention; a DE step is
     ``decode_step_time_s`` over its batch, the weights spread over ``decode_gpus``."""

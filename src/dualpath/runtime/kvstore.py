@@ -1,4 +1,4 @@
-"""Persistent KV store (SPEC §2–§3): file-backed Full Blocks addressed by the prefix hash chain.
+"""Persistent KV store (design §2–§3): file-backed Full Blocks addressed by the prefix hash chain.
 
 One file per Full Block: a 4 KiB header (magic, version, layers, tokens, row bytes, payload
 bytes, crc32 of the payload, the 16-byte namespace fingerprint) then the layer-major payload

@@ -130,7 +130,7 @@ class ExchangePlan:
 @dataclass(frozen=True, slots=True)
 class ForwardMsg:
     """PE: run one forward pass over ``chunks`` (the policy's plan for this PE).
-    ``layerwise``: load/compute/send one layer at a time (SPEC §8), else every layer's KV of
+    ``layerwise``: load/compute/send one layer at a time (design §8), else every layer's KV of
     the batch is resident before the pass computes."""
 
     chunks: tuple[ChunkWork, ...]

@@ -6,7 +6,7 @@ executed one layer at a time over a batch of sequences, each sequence's new
 tokens after its cached prefix, with the KV kept outside the model (``BatchKV``): an engine's
 paged HBM (``hbm.PagedKV``) or a preallocated ``KVCache`` (the recompute reference). That is
 what lets engines load each layer's Layer Blocks just before computing it and send its KV right
-after (SPEC §8). A layer's KV for T tokens is ``[T, 2, kv_heads, head_dim]`` (K then V per
+after (design §8). A layer's KV for T tokens is ``[T, 2, kv_heads, head_dim]`` (K then V per
 token): ``kv_row_bytes`` per token, exactly a Layer Block row.
 Attention is behind ``attention.AttentionBackend``. No I/O, no clock.
 """

@@ -1,4 +1,4 @@
-"""Emulated NICs and DRAM (SPEC §2, §6): a link of fixed bytes/s shared by two traffic classes.
+"""Emulated NICs and DRAM (design §2, §6): a link of fixed bytes/s shared by two traffic classes.
 
 A ``Pacer`` is one direction of one NIC (or a node's half-duplex DRAM). Transfers are cut into
 quanta; each quantum reserves the link for ``quantum / rate`` seconds and the caller sleeps

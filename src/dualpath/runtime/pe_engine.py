@@ -1,4 +1,4 @@
-"""The PE process: batched, chunked, layerwise prefill (SPEC §4, §7.2, §8) over a paged HBM.
+"""The PE process: batched, chunked, layerwise prefill (design §4, §7.2, §8) over a paged HBM.
 
 Each ``ForwardMsg`` is one forward pass packed by the policy's intra-engine plan: several
 requests' chunks, computed together (``RuntimeModel.forward_batch``). A loader thread

@@ -33,7 +33,7 @@ def make_launcher(config: Config, options: RuntimeOptions) -> Launcher:
 
 
 class Runtime:
-    """Processes emulating the cluster of ``config`` (SPEC §2): on this host, or as Ray
+    """Processes emulating the cluster of ``config`` (design §2): on this host, or as Ray
     actors over a Ray cluster's nodes (``RuntimeOptions.runtime``)."""
 
     def __init__(self, config: Config, options: RuntimeOptions) -> None:

@@ -2,7 +2,7 @@
 
 Reads (``ReadMsg``) run FIFO on their own thread, two blocks in flight to keep the SNIC's
 read direction busy; writes (``PersistMsg``) run on theirs over the SNIC's write direction
-(SPEC §13.5): the NIC is full duplex, so a block write never waits behind a read (the inbox
+(design §13.5): the NIC is full duplex, so a block write never waits behind a read (the inbox
 loop only dispatches; it used to run each read itself, and a DualPath decode node's writes,
 which the agent's next turn waits for, queued behind its reads).
 A missing or corrupt block ends the readable prefix; a corrupt file is removed so that the

@@ -1,6 +1,6 @@
 """Load generator for any OpenAI-compatible endpoint (ours, vLLM, SGLang).
 
-Agent mode replays SPEC §9 trajectories (scaled): each agent resends its whole conversation
+Agent mode replays design §9 trajectories (scaled): each agent resends its whole conversation
 every turn (append as a user message, the model's reply as an assistant message), streaming,
 with ``max_tokens`` = the turn's forced generation. Trace mode replays a Mooncake trace: each
 session's prompts extend one growing text, so repeated prefixes can hit. Appends are words

@@ -1,4 +1,4 @@
-"""A classic (non-layerwise) PE's HBM admission (SPEC §8, §11): which of the requests
+"""A classic (non-layerwise) PE's HBM admission (design §8, §11): which of the requests
 assigned to the PE may start their storage reads and join a forward pass.
 
 Owns the PE's HBM reservations and its read-ahead; it starts nothing itself (the caller's
@@ -27,7 +27,7 @@ class HbmAdmission:
     """One classic PE's admission, FIFO over the requests assigned to it.
 
     A request is *admitted* when the KV of its whole prompt (cached + new tokens, every
-    layer: the classic pass holds the batch's KV for all layers, SPEC §8) is reserved in the
+    layer: the classic pass holds the batch's KV for all layers, design §8) is reserved in the
     PE's HBM budget; its storage read starts then, and it joins a forward pass once both are
     true (admitted, read done). ``release`` frees the reservation after the request's last
     pass, whose send to the DE ends the classic pass. Beyond the admitted requests, the next

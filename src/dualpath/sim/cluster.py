@@ -1,7 +1,7 @@
 """The simulated cluster: carries out the policy's decisions on nodes, PE and DE groups.
 
 Carries out each turn (submit → assign → read → prefill → H2D → decode → finish) and reports
-what happened to the ledger, which keeps the counters and the view the policy sees (SPEC
+what happened to the ledger, which keeps the counters and the view the policy sees (design
 §13.4) and the turn records. All timing comes from the cost model and the fluid network; all
 decisions come from ``dualpath.policy`` (STYLE §1: this is a shell).
 """
@@ -223,7 +223,7 @@ class Cluster:
         self.core.submit(req, now)
         self.request_pull(capacity_freed=False)
 
-    # ------------------------------------------------------------------ pulls (SPEC §7.1)
+    # ------------------------------------------------------------------ pulls (design §7.1)
     def request_pull(self, capacity_freed: bool = True) -> None:
         """Group leaders pull at most once per ``pull_interval_s``, when capacity was freed
         (a prefill or a request finished) or when a request arrives and nothing is blocked

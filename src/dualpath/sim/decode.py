@@ -1,4 +1,4 @@
-"""DE groups: one decode batch per DE, all DEs of an EP group stepping in lockstep (SPEC §7, §13).
+"""DE groups: one decode batch per DE, all DEs of an EP group stepping in lockstep (design §7, §13).
 
 Requests join at the next step boundary after their H2D; each step produces one token per
 resident request; a request leaves after its last token. Steps are computed in macro-steps of

@@ -1,7 +1,7 @@
 """The simulated cluster's network: fluid resources and the path of each transfer.
 
 Owns the resource list of the fluid network (ids come from ``dualpath.ledger.Topology``);
-holds no request state. Paths follow SPEC §4–§6: all traffic into or out of a GPU crosses its
+holds no request state. Paths follow design §4–§6: all traffic into or out of a GPU crosses its
 CNIC.
 """
 
@@ -48,7 +48,7 @@ class Fabric:
     def _node(self, engine: int) -> int:
         return engine // self._gpus_per_node
 
-    # ------------------------------------------------------------------ paths (SPEC §4–§6)
+    # ------------------------------------------------------------------ paths (design §4–§6)
     def read_path(self, node: int) -> tuple[int, ...]:
         """Storage → node SNIC (read direction) → node DRAM (PE or DE buffer)."""
         path = (self.snic_read[node], self.dram[node])

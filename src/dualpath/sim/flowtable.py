@@ -1,4 +1,4 @@
-"""The resources and flows of one fluid network as parallel lists (SPEC §6).
+"""The resources and flows of one fluid network as parallel lists (design §6).
 
 A plain table, no behaviour beyond growing and time accounting: ``FluidNetwork``
 (``network.py``) adds resources and flows and owns their timing (remaining bytes, finish

@@ -1,4 +1,4 @@
-"""Max-min fair rate allocation by progressive filling (SPEC §6): a pure helper of the fluid
+"""Max-min fair rate allocation by progressive filling (design §6): a pure helper of the fluid
 network, over plain lists indexed by flow slot and resource id."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fluid network: flows over paths of capacity resources at max-min fair rates (SPEC §6).
+"""Fluid network: flows over paths of capacity resources at max-min fair rates (design §6).
 
 The public face of the network: resources (capacity, bytes carried, busy time) and flows
 (start, cancel, remaining bytes, completion). Rates change only when a flow starts or ends
@@ -29,7 +29,7 @@ class FluidNetwork:
     """Resources with capacities (bytes/s) shared by flows, each a path of resources.
 
     Rates: max-min fair by progressive filling; a per-flow ``max_rate_bytes_per_s`` acts as a
-    private link. With ``traffic_manager`` (SPEC §6, work-conserving WRR), on every resource
+    private link. With ``traffic_manager`` (design §6, work-conserving WRR), on every resource
     that carries both classes HIGH may use at most ``(1 - low_floor)`` of capacity; HIGH is
     filled first (max-min among HIGH), then LOW max-min on what is left, so LOW gets at least
     ``low_floor`` of such a resource plus whatever HIGH leaves idle. (Approximation: HIGH is

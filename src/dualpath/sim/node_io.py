@@ -1,4 +1,4 @@
-"""One node's storage read queue and its PE/DE buffer (SPEC §2, §4, §13.4–5).
+"""One node's storage read queue and its PE/DE buffer (design §2, §4, §13.4–5).
 
 Reads are served FIFO, ``reads_per_node`` at a time, as Full Blocks over the node's SNIC into
 its buffer. A read starts only when its bytes fit in the buffer (backpressure; an empty buffer
@@ -19,7 +19,7 @@ from dualpath.types import KVPath
 
 class NodeIO:
     """Reports each read's start (``on_read_start(req, node, bytes)``) and end
-    (``on_read_done(req, node)``); SPEC §13.4's ``read_q`` is counted by the ledger."""
+    (``on_read_done(req, node)``); design §13.4's ``read_q`` is counted by the ledger."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Online serving (SPEC §9): Poisson agent arrivals, the stop rule, one run's read-out.
+"""Online serving (design §9): Poisson agent arrivals, the stop rule, one run's read-out.
 
 Agents arrive as a Poisson process at ``aps`` agents per second and replay their trajectory
 (turn i+1 when turn i's last token is out). The driver advances the event loop in steps of
@@ -30,7 +30,7 @@ from dualpath.sim.runner import build_cluster
 from dualpath.workload import Trajectory, synthesize
 from dualpath.workload.trajectory import turn_requests
 
-# Systems whose policy reads only through the PE nodes' SNICs (SPEC §11: Basic, +Layer).
+# Systems whose policy reads only through the PE nodes' SNICs (design §11: Basic, +Layer).
 PE_SIDE_ONLY_POLICIES = ("basic", "layer")
 
 

@@ -1,4 +1,4 @@
-"""Timing of one PE forward pass: its compute, KV loads, KV sends and collective (SPEC §8).
+"""Timing of one PE forward pass: its compute, KV loads, KV sends and collective (design §8).
 
 ``AggregatePass`` starts every flow of the pass at once (KV flows paced over the pass) and,
 when all have landed, places the pass end by the layer-pipeline closed form (``pipeline.py``)
@@ -127,7 +127,7 @@ class AggregatePass:
         self._end_at(end)
 
     def _after_load(self) -> None:
-        """Classic path (SPEC §8/§11): the whole batch's KV is in HBM; compute (and the
+        """Classic path (design §8/§11): the whole batch's KV is in HBM; compute (and the
         collective) runs, and only after the forward pass is the KV sent to the DE."""
         self.load_s = self._stage_s(_LOADS)
         if self.on_loaded is not None:

@@ -1,4 +1,4 @@
-"""Closed forms of layer pipelining (SPEC §8), used to aggregate a forward pass's layers.
+"""Closed forms of layer pipelining (design §8), used to aggregate a forward pass's layers.
 
 Pure functions; ``tests/sim/test_passes.py`` checks them against an explicit per-layer run.
 """
@@ -20,12 +20,12 @@ def flow_shop_s(num_layers: int, *stage_totals_s: float) -> float:
 
 
 def layerwise_pass_s(num_layers: int, load_s: float, compute_s: float, send_s: float) -> float:
-    """Layerwise prefill (SPEC §8): load, compute and send of the layers all overlap."""
+    """Layerwise prefill (design §8): load, compute and send of the layers all overlap."""
     return flow_shop_s(num_layers, load_s, compute_s, send_s)
 
 
 def serial_pass_s(num_layers: int, load_s: float, compute_s: float, send_s: float) -> float:
-    """Without layerwise prefill (the classic path, SPEC §8/§11): the whole batch's KV is
+    """Without layerwise prefill (the classic path, design §8/§11): the whole batch's KV is
     loaded into HBM before the forward pass, and sent to the DE after it: no overlap."""
     if num_layers < 1:
         raise ValueError(f"num_layers={num_layers} is invalid: must be >= 1")

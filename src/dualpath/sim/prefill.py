@@ -1,4 +1,4 @@
-"""PE groups: lockstep forward passes with layerwise KV loads and sends (SPEC §4, §7.2, §8).
+"""PE groups: lockstep forward passes with layerwise KV loads and sends (design §4, §7.2, §8).
 
 A group (all PEs of an EP group, or one PE without EP) runs one forward pass at a time. Each
 GPU's batch comes from ``policy.plan_forward``; the slowest GPU's attention sets the pace

@@ -127,6 +127,6 @@ def results_json(
 
 
 def order_systems(names: Sequence[str]) -> list[str]:
-    """Systems in the SPEC §11 order (basic, layer, dpl, dualpath, oracle)."""
+    """Systems in the design §11 order (basic, layer, dpl, dualpath, oracle)."""
     rank = {n: i for i, n in enumerate(("basic", "layer", "dpl", "dualpath", "oracle"))}
     return sorted(names, key=lambda n: rank.get(n, len(rank)))

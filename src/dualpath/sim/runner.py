@@ -20,7 +20,7 @@ PROGRESS_EVERY_S = 5.0  # simulated seconds between progress callbacks
 
 
 def offline_arrivals(num_agents: int) -> list[float]:
-    """Offline batch (RL rollout, SPEC §9): every agent starts at t = 0."""
+    """Offline batch (RL rollout, design §9): every agent starts at t = 0."""
     return [0.0] * num_agents
 
 

@@ -1,4 +1,4 @@
-"""Studies built on online and offline runs (SPEC §12): capacity, ablation, trace replay,
+"""Studies built on online and offline runs (design §12): capacity, ablation, trace replay,
 load balance series. Each is a loop of seeded simulations; nothing here decides anything.
 """
 

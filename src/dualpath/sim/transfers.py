@@ -1,5 +1,5 @@
 """Starts data transfers on the fluid network and reports the KV bytes of each load path to
-the core's ``RunCounters`` (SPEC §4–§6).
+the core's ``RunCounters`` (design §4–§6).
 
 In the Oracle system reads, H2D/D2H and PD transfers take zero time: they complete at once
 and move no bytes. Collectives (model execution) and persistence writes always take time.
@@ -22,7 +22,7 @@ COLLECTIVES = "collectives"
 # (``types.KVPath``; the simulator knows each layer load's source buffer), then collectives.
 PATH_KINDS: tuple[str, ...] = (*(p.value for p in SIM_PATHS), COLLECTIVES)
 _LABELS = {kind: f"done:{kind}" for kind in PATH_KINDS}
-# What the Oracle gets for free (SPEC §11): storage reads, H2D/D2H and PD transfers.
+# What the Oracle gets for free (design §11): storage reads, H2D/D2H and PD transfers.
 # Persistence writes and collectives still take time (neither gates any request).
 ORACLE_FREE = frozenset(PATH_KINDS) - {KVPath.DE_TO_STORAGE, COLLECTIVES}
 

@@ -1,4 +1,4 @@
-"""Workloads: synthetic agentic trajectories (SPEC §9), their per-turn requests, Mooncake traces."""
+"""Workloads: synthetic agentic trajectories (design §9), their per-turn requests, Mooncake traces."""
 
 from dualpath.workload.mooncake import TraceRequest, load_mooncake
 from dualpath.workload.stats import WorkloadStats, trajectory_stats

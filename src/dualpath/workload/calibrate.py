@@ -1,8 +1,8 @@
-"""Offline calibration of the synthesiser's means to SPEC §9's table (reproduces the
+"""Offline calibration of the synthesiser's means to design §9's table (reproduces the
 CALIBRATED and TABLE2_CALIBRATED constants of ``synth``).
 
 Not used at run time. ``python -m dualpath.workload.calibrate [form]`` prints the
-measured-vs-SPEC table of the 500 base trajectories (seed 0); with ``--fit`` it refits the
+measured-vs-paper table of the 500 base trajectories (seed 0); with ``--fit`` it refits the
 form's constants (minutes).
 """
 

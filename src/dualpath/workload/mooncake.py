@@ -1,4 +1,4 @@
-"""Loader for Mooncake-format request traces (FAST'25 release; SPEC §9): JSONL lines of
+"""Loader for Mooncake-format request traces (FAST'25 release; design §9): JSONL lines of
 ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids`` (one per 512-token block).
 
 Owns the prefix-trie hit rule and the session rule; reads a file, keeps no state between calls.

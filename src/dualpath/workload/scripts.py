@@ -1,4 +1,4 @@
-"""Agent scripts for the runtime and the load generator, from one trajectory synthesis: SPEC §9
+"""Agent scripts for the runtime and the load generator, from one trajectory synthesis: design §9
 trajectories scaled down for a CPU model (``small_trajectories``), then either token ids
 (``agent_scripts``: the runtime) or words for an HTTP chat (``chat_scripts``: ``loadgen``).
 

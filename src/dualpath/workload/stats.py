@@ -1,4 +1,4 @@
-"""Summary statistics of a set of trajectories, in the columns of SPEC §9's table.
+"""Summary statistics of a set of trajectories, in the columns of design §9's table.
 
 Pure functions over trajectories; used by tests, the calibration and docs/workload.md.
 ``python -m dualpath.workload.calibrate`` prints the measured-vs-target table.
@@ -30,7 +30,7 @@ class WorkloadStats:
     context_tokens: float  # mean prompt over all turns of all trajectories (turn-weighted)
     trajectory_context_tokens: float  # mean over trajectories of each one's mean prompt
     max_context_tokens: int  # largest prompt + generation of any turn
-    hit_ratio: float  # sum of hit tokens / sum of prompt tokens (SPEC §3 hits)
+    hit_ratio: float  # sum of hit tokens / sum of prompt tokens (design §3 hits)
     traj_append_tokens: float  # mean over trajectories of each one's mean append per turn
     traj_gen_tokens: float  # mean over trajectories of each one's mean generation per turn
     log_turns_sd: float  # population sd over trajectories of ln(turns)
@@ -86,7 +86,7 @@ def trajectory_stats(trajs: Sequence[Trajectory], block_tokens: int = 64) -> Wor
 def format_table(
     form: str = "table2", seed: int = 0, num_trajectories: int = 500, block_tokens: int = 64
 ) -> str:
-    """Markdown table: SPEC §9 target vs the ``form`` synthesiser, per MAL.
+    """Markdown table: design §9 target vs the ``form`` synthesiser, per MAL.
 
     "table2" rows read append, gen and context as per-trajectory means (the columns it
     matches); "per_turn" rows read them turn-weighted (the columns that form matched).
@@ -106,7 +106,7 @@ def format_table(
         gen = got.traj_gen_tokens if per_traj else got.gen_tokens
         context = got.trajectory_context_tokens if per_traj else got.context_tokens
         lines.append(
-            f"| {mal} | SPEC | {target.turns:.0f} | {target.append_tokens:.0f} | "
+            f"| {mal} | paper | {target.turns:.0f} | {target.append_tokens:.0f} | "
             f"{target.gen_tokens:.0f} | {target.total_tokens:,.0f} | "
             f"{target.context_tokens:,.0f} | | ≤ {mal_tokens(mal):,} | "
             f"{'98.7%' if mal == '64k' else 'n/a'} |"

@@ -1,4 +1,4 @@
-"""Seeded synthesiser of agentic trajectories matching SPEC §9's per-MAL statistics.
+"""Seeded synthesiser of agentic trajectories matching design §9's per-MAL statistics.
 
 Owns the generative model, its two calibrated forms ("table2", "per_turn") and their
 constants; draws only from an injected ``random.Random``. See docs/workload.md.
@@ -32,7 +32,7 @@ REPLICA_ROUND_MAX_TOKENS = 256
 
 @dataclass(frozen=True, slots=True)
 class MalTarget:
-    """One row of SPEC §9's table (per trajectory; append, gen and context per turn)."""
+    """One row of design §9's table (per trajectory; append, gen and context per turn)."""
 
     turns: float
     append_tokens: float
@@ -201,7 +201,7 @@ def base_set(
 
 
 def replica_round(rng: random.Random) -> TrajectoryTurn:
-    """The random-token round prepended to a replicated agent (SPEC §9): gen = 1."""
+    """The random-token round prepended to a replicated agent (design §9): gen = 1."""
     return TrajectoryTurn(rng.randint(1, REPLICA_ROUND_MAX_TOKENS - 1), 1)
 
 

@@ -1,6 +1,6 @@
 """Agent trajectories (turns of append + forced generation) and their per-turn requests.
 
-Owns the replay rule of SPEC §9 and the hit rule of SPEC §3; does no I/O and draws nothing.
+Owns the replay rule of design §9 and the hit rule of design §3; does no I/O and draws nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class TrajectoryTurn:
 
 @dataclass(frozen=True, slots=True)
 class Trajectory:
-    """One agent's whole trajectory. Tool latency and think time are zero (SPEC §9)."""
+    """One agent's whole trajectory. Tool latency and think time are zero (design §9)."""
 
     agent_id: int
     turns: tuple[TrajectoryTurn, ...]
@@ -72,7 +72,7 @@ class TurnSpec:
 
 
 def persisted_tokens(context_tokens: int, block_tokens: int) -> int:
-    """KV tokens of a finished turn that storage holds: whole blocks only (SPEC §3).
+    """KV tokens of a finished turn that storage holds: whole blocks only (design §3).
 
     ``context_tokens`` is prompt + generated; the last generated token was sampled but never
     fed back, so its KV does not exist: ``floor((context - 1) / block) * block``.
@@ -81,7 +81,7 @@ def persisted_tokens(context_tokens: int, block_tokens: int) -> int:
 
 
 def turn_requests(traj: Trajectory, block_tokens: int) -> list[TurnSpec]:
-    """The request of every turn of ``traj`` (SPEC §9 replay, SPEC §3 hits).
+    """The request of every turn of ``traj`` (design §9 replay, design §3 hits).
 
     prompt_i = sum of all appends and generations before turn i + append_i;
     hit_i = KV persisted by turn i-1 (``persisted_tokens(prompt_{i-1} + gen_{i-1})``), 0 for

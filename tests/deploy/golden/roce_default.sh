@@ -1,5 +1,5 @@
 #!/bin/sh
-# dualpath traffic manager (SPEC §6) for RoCE (NVIDIA/Mellanox mlnx_qos): run per CNIC
+# dualpath traffic manager (arXiv 2602.21548 §5) for RoCE (NVIDIA/Mellanox mlnx_qos): run per CNIC
 # collectives: DSCP 26 -> priority 3 -> TC 3; KV traffic: DSCP 16 -> priority 2 -> TC 2 (ETS 1%)
 # 4 lossless classes (PFC on priorities 0-3); switches need the same DSCP map,
 # PFC and ETS weights on every port.

@@ -1,4 +1,4 @@
-"""Layer Blocks between vLLM's paged KV and a node buffer's Full-Block slots (SPEC §3).
+"""Layer Blocks between vLLM's paged KV and a node buffer's Full-Block slots (design §3).
 
 vLLM hands a connector each attention layer's paged KV as a tensor whose dim 0 is the block
 (its standardized ``[B, H, N, C]`` view, strides as the attention backend laid it out). One

@@ -3,7 +3,7 @@
 The third shell around the policy core (after the simulator and our runtime): it reports to the
 shared ``ledger.Core`` what happened to each turn, as the other two do (its lifecycle: submit,
 pull, read, pass, first token, finish or abort), and carries out what ``PolicyCore`` decided,
-nothing more. Per request (SPEC §4):
+nothing more. Per request (design §4):
 
 1. tokens (the prefill instance's ``/tokenize``, so they are exactly vLLM's) → the store's hit
    prefix (Full Blocks, per-tenant namespace; blocks of the prefix still queued for a write at
@@ -252,7 +252,7 @@ class TurnFlow:
         return any(waited)
 
     def _pull(self) -> None:
-        """A pull (SPEC §7.1): the policy places what it can; each waiter learns its place."""
+        """A pull (design §7.1): the policy places what it can; each waiter learns its place."""
         for turn, reads in self.core.pull(self.now()):
             a = Assign(turn.request_id, turn.pe, turn.de, turn.read_side, turn.pe_read_tokens,
                        turn.de_read_tokens)  # fmt: skip

@@ -12,7 +12,7 @@ for the metadata the worker half acts on (``step``). This module keeps that stat
   ran (a partial last block again at each step, until the prompt is done), layer by layer;
 - after a decode's load: its new prompt blocks (``persist.first_block`` on) are persisted from
   the slots they arrived in, and its other slots freed; then every block its generation fills is
-  persisted in the step that fills it (SPEC §4), copied from the paged KV to a fresh slot.
+  persisted in the step that fills it (design §4), copied from the paged KV to a fresh slot.
 
 The request lifecycle, as vLLM drives it (``tests/integrations/test_vllm_scheduler.py`` runs
 a real vLLM ``Scheduler`` through each case):

@@ -1,7 +1,7 @@
 """A node's side-car for vLLM instances: its buffer, its storage NIC, the store's reads and writes.
 
 One process per node (``python -m dualpath.integrations.vllm.sidecar SPEC_JSON``). It creates the
-node's buffer (PE buffer or DE buffer, SPEC §2: shared memory cut into Full-Block slots, locked
+node's buffer (PE buffer or DE buffer, design §2: shared memory cut into Full-Block slots, locked
 by an ``flock`` file so that any process of the node — the router, the vLLM workers — attaches
 by name and allocates), and serves a few operations as JSON lines on a Unix socket:
 

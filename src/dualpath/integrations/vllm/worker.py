@@ -2,7 +2,7 @@
 
 Loads run layer by layer: ``wait_for_layer(l)`` copies layer ``l`` of every load of the step
 from its node buffer's slots into the paged blocks right before layer ``l``'s attention runs
-(SPEC §8: HBM needs only the layer being computed; a PE reading from the DE buffer reads over
+(design §8: HBM needs only the layer being computed; a PE reading from the DE buffer reads over
 the compute network, here a copy out of the DE node's shared memory). Saves run as each
 layer's attention has written its KV (``save_layer``). At the end of the step (``end_step``)
 the decode's loaded slots are handed to its side-car for persistence (or freed), and the blocks

@@ -5,7 +5,7 @@ read side) → buffer slots (wait if full: backpressure) → storage read into t
 buffer → the PE's local queue → forward passes packed by ``policy.plan_forward`` (an EP
 group's PEs in lockstep; a request may take several chunks) → DE batched decode, persist →
 next turn of the agent (the core's agent driver). Every step is reported to the ``Core``
-(``ledger.core``), which keeps the counters (SPEC §13.4 and the run's bytes per path), builds
+(``ledger.core``), which keeps the counters (design §13.4 and the run's bytes per path), builds
 the view the policy pulls and the turn records, and emits the typed events observers
 subscribe to (``events``), as in the simulator. The package is a loop (``loop.Scheduler``)
 over components that own their state (``intake``, ``passes``, ``decodes``, ``durability``,

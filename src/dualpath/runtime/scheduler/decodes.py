@@ -63,7 +63,7 @@ class Decodes:
         """Its DE admitted it: its DE-buffer slots are free, the DE's free pages count it."""
         self.slots.free_de(req)
         self.core.loaded(req, now)
-        req.generated = 1  # token 1 counts on the DE from its admission (SPEC §13.4)
+        req.generated = 1  # token 1 counts on the DE from its admission (design §13.4)
         self.core.generated_tokens(req.de, 1)
 
     def decoding(self, request_id: int) -> Req | None:

@@ -488,7 +488,7 @@ class Scheduler:
         pending = self.durability.handed(req.request_id, msg.persisted_keys)
         self.core.agents[req.agent_id].finish_turn(req.tokens, msg.output)
         # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
-        # are durable, so its hits are what SPEC §9 says the previous turn persisted
+        # are durable, so its hits are what design §9 says the previous turn persisted
         self.core.agents.next_turn(req.agent_id, msg.finish_s, pending)
 
     def _live(self, request_id: int, free_if_aborted: bool) -> Req | None:

@@ -1,4 +1,4 @@
-"""Rate recomputation of the fluid network (SPEC §6): ``RateSolver`` (``solver.py``), the
+"""Rate recomputation of the fluid network (design §6): ``RateSolver`` (``solver.py``), the
 network's one entry point, orchestrates parts that own their state and never call it: the
 changes of the instant (``dirty.py``), the walk from them to the flows they can move
 (``walk.py``), the HIGH refill (``high.py``), the incremental fill (``fill.py``, over

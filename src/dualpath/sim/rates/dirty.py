@@ -1,4 +1,4 @@
-"""This instant's changes to the fluid network's rates (SPEC §6): which resources a start, end
+"""This instant's changes to the fluid network's rates (design §6): which resources a start, end
 or cancel made dirty, and whether a change needs a recomputation at all (``unsaturated``).
 
 ``DirtySet`` owns the changes since the last settle and each resource's "clearly unsaturated"

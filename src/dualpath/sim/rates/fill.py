@@ -1,4 +1,4 @@
-"""The incremental fill of the fluid network's rates (SPEC §6): new max-min rates for the
+"""The incremental fill of the fluid network's rates (design §6): new max-min rates for the
 flows a walk found (by ``fill_max_min``, the reference filling), the resources' settled rates,
 and the check of the walk's guesses.
 

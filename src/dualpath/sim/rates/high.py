@@ -1,4 +1,4 @@
-"""The HIGH (traffic manager) refill of the fluid network's rates (SPEC §6): HIGH's rates
+"""The HIGH (traffic manager) refill of the fluid network's rates (design §6): HIGH's rates
 depend only on HIGH flows and on which resources carry both classes, so HIGH is refilled
 apart, and only where one of those changed.
 

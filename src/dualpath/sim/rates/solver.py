@@ -1,4 +1,4 @@
-"""Rate recomputation of the fluid network (SPEC §6): which flows a start or an end can move,
+"""Rate recomputation of the fluid network (design §6): which flows a start or an end can move,
 and their new max-min rates.
 
 ``RateSolver`` is the network's rate component and its one entry point. It reads the flows'

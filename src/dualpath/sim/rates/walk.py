@@ -1,4 +1,4 @@
-"""The walk from this instant's dirty resources (SPEC §6): which flows a recomputation must
+"""The walk from this instant's dirty resources (design §6): which flows a recomputation must
 re-rate, and, where the fill kept its subtractions, from which level up.
 
 ``Walk`` owns the walk marks and what the last walk found (a ``Component``, which the fill
