@@ -284,13 +284,16 @@ async def answers(url: str, rounds: dict[str, list[str]],
 
 
 async def kill_rounds(server: Server, rounds: dict[str, list[str]],
-                      want: dict[str, list[list[int]]], args: argparse.Namespace) -> list[Kill]:  # fmt: skip
-    """One kill per round (``args.mode``; ``kinds``: the round's key names it)."""
+                      want: dict[str, list[list[int]]], args: argparse.Namespace,
+                      persisted: bool = False) -> list[Kill]:  # fmt: skip
+    """One kill per round (``args.mode``; ``kinds``: the round's key names it). ``persisted``:
+    this server answered every prompt before (the reference: its blocks are stored)."""
     kills: list[Kill] = []
     for key, texts in rounds.items():
         case = key if args.mode == "kinds" else args.mode
         if case == "storage-read":
-            await streams(server.url, texts, args)  # answered once: its blocks are persisted
+            if not persisted:
+                await streams(server.url, texts, args)  # answered once: blocks persisted
             kills.append(await kill_inside_read(server, texts[0], want[key][0], args))
         elif case == "forkserver-idle":
             kills.append(await kill_idle_forkserver(server, texts, want[key], args))
