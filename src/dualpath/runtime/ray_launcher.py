@@ -120,6 +120,8 @@ class RayLauncher(Launcher):
         self.buffers: list[Any] = []  # RemoteSlots per node
         self.procs: dict[str, Any] = {}  # name → actor handle
         self.engine_inbox: dict[int, Any] = {}
+        self.storage_inbox: dict[int, Any] = {}  # per node, its actor's (``send_storage``)
+        self.fork_server = None  # actors: Ray starts and supervises the worker processes
         self.results: Any = None
         self.env: ProcEnv | None = None
         self.heartbeats = None
