@@ -120,19 +120,24 @@ def role_pe(args: argparse.Namespace) -> None:
     layer_s: list[float] = []
     pass_s: list[float] = []
     end = go["start_unix"] + go["seconds"]
-    n = 0
-    while time.time() < end:
+    n, more = 0, True
+    while more:
         n += 1
         plan = ExchangePlan(n, (0, 1), regions, pids, (args.tokens, args.tokens))
         step = ex.run_pass(plan, HIDDEN)
         t_pass = time.perf_counter()
         for layer in range(args.layers):
             time.sleep(args.compute_ms / 1e3)  # the layer's emulated GPU time
+            last = layer == args.layers - 1
+            if last and args.engine == 0:  # PE 0 decides for both whether another pass
+                h[0, 0] = 1.0 if time.time() < end else 0.0  # comes: its clock, its states
             t0 = time.perf_counter()
             got = step(layer, h)
             layer_s.append(time.perf_counter() - t0)
             if len(got) != 1:
                 raise RuntimeError("the peer PE was lost")
+            if last:
+                more = bool((h if args.engine == 0 else got[0])[0, 0] == 1.0)
         pass_s.append(time.perf_counter() - t_pass)
     _send({"layer_s": layer_s, "pass_s": pass_s})
     _recv()  # wait for the peer to finish before tearing the region down

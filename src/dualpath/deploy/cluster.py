@@ -60,10 +60,6 @@ MAX_DECODE_NODES = 200  # addresses .20-.219
 TBF_LATENCY_MS = 50  # queue bound: how long a packet may wait in the shaper before a drop
 TBF_MIN_BURST_BYTES = 32 * 1024  # a few full-size GSO packets
 TBF_BURST_S = 0.004  # bucket depth: 4 ms at the rate (≥ a jiffy at HZ=250)
-# the largest unit a CNIC's shaper sees: a NIC puts frames of at most its MTU on the wire (4 KiB
-# on RDMA), while veth passes whole 64 KiB GSO segments, which an arbiter cannot preempt (4 ms
-# at 128 Mbit/s: that long a collective would wait behind one KV segment)
-CNIC_SEGMENT_BYTES = 4096
 KILL_WAIT_S = 5.0
 
 
@@ -306,11 +302,6 @@ def plan(spec: ClusterSpec) -> list[list[str]]:
                 ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", nic],
                 ["ip", "-n", ns, "link", "set", nic, "up"],
             ]
-            if nic == "cnic":
-                cmds += [
-                    ["ip", "-n", ns, "link", "set", nic, "gso_max_size", str(CNIC_SEGMENT_BYTES)],
-                    ["ip", "link", "set", peer, "gso_max_size", str(CNIC_SEGMENT_BYTES)],
-                ]
             rate = spec.rate_bytes_per_s(node.name, nic)  # type: ignore[arg-type]
             if nic == "cnic":
                 cmds += cnic_shaping(spec, node, spec.traffic_manager)
