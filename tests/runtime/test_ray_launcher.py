@@ -80,24 +80,34 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
     cluster: Any, tmp_path: Path
 ) -> None:
     """One run (each start costs a process per actor): both read paths across the two nodes,
-    and the DE actor dying at its 3rd work message is replaced on its node."""
-    cfg = small_config()  # 1 PE node, 1 DE node, one engine each
+    the two PEs' hidden-state exchange between their own regions, and the DE actor dying at
+    its 3rd work message replaced on its node."""
+    cfg = small_config(gpus_per_node=2)  # PEs 0, 1 (one group) on node 0; DEs 2, 3 on node 1
     agents = _agents(2, 3, seed=2)
     want = reference_outputs(cfg, agents)
-    faults = FaultPlan(crash_engine=1, crash_at_message=3)
+    faults = FaultPlan(crash_engine=3, crash_at_message=3)
     opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="tcp", runtime="ray",
                           faults=faults)  # fmt: skip
     with Runtime(cfg, opts) as rt:
         launcher = rt.launcher
-        first_de = launcher.procs["de1@node1"]
+        first_de = launcher.procs["de3@node1"]
         before = _nodes_of(rt)
+        exchange = {e: launcher.exchange_peer(f"pe{e}@node0") for e in (0, 1)}
         result = rt.run(agents)
         after = _nodes_of(rt)
-        respawned = launcher.procs["de1@node1"] is not first_de
+        respawned = launcher.procs["de3@node1"] is not first_de
         regions, specs = launcher.env.regions, launcher.env.buffers
-    assert before["pe0@node0"] == before["storage@node0"] != before["de1@node1"]
-    assert before["de1@node1"] == before["storage@node1"] == after["de1@node1"]  # same node
+        sent = [
+            ray.get(launcher.procs[f"pe{e}@node0"].__ray_call__.remote(
+                lambda a: a.engine.exchange.stats.bytes_sent))
+            for e in (0, 1)
+        ]  # fmt: skip
+    assert before["pe0@node0"] == before["storage@node0"] != before["de3@node1"]
+    assert before["de3@node1"] == before["storage@node1"] == after["de3@node1"]  # same node
     assert all(r.endpoint.startswith("tcp://127.0.0.1:") for r in regions)  # loopback only
+    # each PE announced a region of its own on its collectives' transport; both exchanged
+    assert all(p is not None and p[0].endpoint.startswith("tcp://") for p in exchange.values())
+    assert exchange[0][0].endpoint != exchange[1][0].endpoint and min(sent) > 0
     assert respawned and result.requeued >= 1  # the dead DE's requests ran again
     assert result.outputs == want  # every token equals the recompute reference
     assert len(result.records) == 6  # every turn finished exactly once

@@ -103,6 +103,9 @@ class ProcEnv:
     links: tuple[Any, ...] = ()
     # per PE (index = engine id): its hidden-state exchange segment ("" = none, group of one)
     exchange_names: tuple[str, ...] = ()
+    # no shared segments (Ray: nodes share no memory): each PE of a group of two or more makes
+    # its own exchange region and announces it in its readiness ack
+    own_exchange: bool = False
     weights: str = ""  # the launcher's ``weights_digest`` (computed once per run, not per child)
 
     def heartbeat_slot(self, who: str) -> int:

@@ -17,7 +17,8 @@ header carries the expected sequence number and whose payload matches the crc32.
 The dense runtime model needs nothing from its peers (it stands in for the MoE dispatch /
 combine or the TP all-gather of a bigger model), so the received states are verified, not
 used. A peer that dies mid-pass (its pid gone or a zombie) is dropped from the rest of the
-pass; the scheduler re-queues its requests.
+pass; the scheduler re-queues its requests. A pid of 0 is a peer on another host (Ray), whose
+liveness this host cannot see: its death costs the receive timeout instead.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def is_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def _may_live(pid: int) -> bool:
+    """False only for a peer known dead: pid 0 (on another host) may always live."""
+    return pid <= 0 or is_alive(pid)
 
 
 @dataclass(slots=True)
@@ -170,7 +176,7 @@ class HiddenExchange:
                 self.transport.write(self._staging_handle, 0, region, base, HEADER_BYTES).wait()
                 self.stats.bytes_sent += n
             except Exception:
-                if is_alive(plan.pids[j]):
+                if _may_live(plan.pids[j]):
                     raise
                 self._lose(j, lost)
 
@@ -189,7 +195,7 @@ class HiddenExchange:
                     self.stats.bytes_received += n
                     return data
             checks += 1
-            if checks % 20 == 0 and not is_alive(plan.pids[j]):
+            if checks % 20 == 0 and not _may_live(plan.pids[j]):
                 self._lose(j, lost)
                 return None
             if checks % 20 == 0 and self._orphaned():

@@ -14,6 +14,7 @@ before the pass computes, so HBM caps its batch.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections import deque
@@ -24,7 +25,7 @@ import torch
 
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
-from dualpath.runtime.exchange import HiddenExchange
+from dualpath.runtime.exchange import HiddenExchange, region_bytes
 from dualpath.runtime.gputime import LayerFloor
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.hops import hop
@@ -44,19 +45,26 @@ class PrefillEngine(Engine):
         self._exchange_shm: SharedMemory | None = None
         self._collective: KVTransport | None = None
         name = env.exchange_names[engine_id] if env.exchange_names else ""
+        group = env.group_members(engine_id)
+        memory: memoryview | None = None
         if name:  # the launcher's segment, registered with the collectives' transport
             shm = SharedMemory(name=name)
             assert shm.buf is not None
             self._exchange_shm = shm
+            memory = shm.buf
+        elif env.own_exchange and len(group) > 1:  # its own region, announced when ready
+            name = f"x{engine_id}-{os.getpid()}"
+            memory = memoryview(bytearray(region_bytes(len(group))))
+        if memory is not None:
             self._collective = make_collective_transport(env.options.transport)
             xport = self._collective or self.transport
-            self.ready_region = xport.register(name, shm.buf)
+            self.ready_region = xport.register(name, memory)
             self.exchange = HiddenExchange(
                 engine_id,
                 xport,
                 self.ready_region,
-                shm.buf,
-                env.group_members(engine_id),
+                memory,
+                group,
                 self._charge_collective,
                 env.options.request_timeout_s,
                 lambda: not env.parent_alive(),

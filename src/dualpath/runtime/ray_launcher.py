@@ -125,7 +125,8 @@ class RayLauncher(Launcher):
         self.results: Any = None
         self.env: ProcEnv | None = None
         self.heartbeats = None
-        # no cross-node shared memory: no hidden-state exchange segments, no shared NIC/DRAM
+        # no cross-node shared memory: each PE of a group makes its own hidden-state exchange
+        # region (``ProcEnv.own_exchange``, announced in its readiness ack); no shared NIC/DRAM
         # links (each actor paces its own), no published NIC busy times
         self.engine_regions: dict[str, Any] = {}
         self.nic_busy = None
@@ -236,7 +237,7 @@ class RayLauncher(Launcher):
         self.env = env = replace(env, regions=self._regions)
         for e in topo.engine_ids:
             self._run_engine(e)
-        self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
+        self.engine_regions = self._await_ready({topo.engine_name(e) for e in topo.engine_ids})
         return env
 
     def _base_env(self, specs: tuple[BufferSpec, ...], inboxes: tuple[Any, ...]) -> ProcEnv:
@@ -253,7 +254,14 @@ class RayLauncher(Launcher):
             os.getpid(),
             wall_clock=True,
             weights=self._weights,
+            own_exchange=True,
         )
+
+    def exchange_peer(self, name: str) -> tuple[Any, int] | None:
+        """Engine ``name``'s exchange region, pid 0: its actor may run on another host, where
+        this host's ``/proc`` says nothing (a dead peer costs the exchange's timeout)."""
+        region = self.engine_regions.get(name)
+        return None if region is None else (region, 0)
 
     def _started(self, name: str, actor: Any) -> None:
         self.procs[name] = actor
