@@ -51,8 +51,8 @@ test: $(STAMP_DEV) $(STAMP_VLLM)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 
 plan: $(STAMP_CORE)

@@ -82,11 +82,22 @@ def run_tree(src: Path, args: argparse.Namespace, system: str) -> dict[str, obje
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(_CHILD)
     env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
-    spec = {"system": system, "agents": args.agents, "turns": args.turns,
-            "snic": args.snic_mb_per_s, "gpu_time": args.gpu_time}  # fmt: skip
+    spec = {
+        "system": system,
+        "agents": args.agents,
+        "turns": args.turns,
+        "snic": args.snic_mb_per_s,
+        "gpu_time": args.gpu_time,
+    }
     try:
-        out = subprocess.run([sys.executable, f.name, json.dumps(spec)], env=env, check=True,
-                             capture_output=True, text=True, timeout=1800).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, f.name, json.dumps(spec)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        ).stdout
     finally:
         os.unlink(f.name)
     return dict(json.loads(out.strip().splitlines()[-1]))
@@ -102,10 +113,14 @@ def main() -> None:
     ap.add_argument("--gpu-time", default="emulated", help="emulated or host ('' = the default)")
     args = ap.parse_args()
     trees = [("this tree", REPO)] + ([("before", Path(args.before))] if args.before else [])
-    print(f"{args.agents} agents x {args.turns} turns, tiny-testbed, SNIC {args.snic_mb_per_s:g} "
-          f"MB/s, GPU time {args.gpu_time or 'default'}; CPU seconds per turn (user + system)")  # fmt: skip
-    print("| system | tree | load (1 min) | JCT s | scheduler | storage workers | PEs (of which "
-          "the model's passes) | DEs (the model's steps) | total | total cores busy |")  # fmt: skip
+    print(
+        f"{args.agents} agents x {args.turns} turns, tiny-testbed, SNIC {args.snic_mb_per_s:g} "
+        f"MB/s, GPU time {args.gpu_time or 'default'}; CPU seconds per turn (user + system)"
+    )
+    print(
+        "| system | tree | load (1 min) | JCT s | scheduler | storage workers | PEs (of which "
+        "the model's passes) | DEs (the model's steps) | total | total cores busy |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for system in args.systems.split(","):
         for tree, src in trees:

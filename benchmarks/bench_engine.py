@@ -89,8 +89,9 @@ def hf_generate(
         model.generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)
         for _ in range(2):
             t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=0)  # fmt: skip
+            model.generate(
+                ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+            )
             best = min(best, time.perf_counter() - t0)
     return len(batch) * new / best
 
@@ -162,8 +163,14 @@ def ready_run(src: Path, kwargs: dict[str, Any]) -> dict[str, Any]:
         f.write(_READY)
     env = {**os.environ, "PYTHONPATH": str(src / "src")}
     try:
-        out = subprocess.run([sys.executable, f.name, json.dumps(kwargs)], env=env, check=True,
-                             capture_output=True, text=True, timeout=600).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, f.name, json.dumps(kwargs)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        ).stdout
     finally:
         os.unlink(f.name)
     return dict(json.loads(out.strip().splitlines()[-1]))
@@ -191,11 +198,15 @@ def main() -> None:
         print(f"checkpoint: {ckpt.name}, {params / 1e6:.1f}M parameters, vocab {spec.vocab_size}")
         if "throughput" in parts:
             batch = prompts(spec.vocab_size, args.requests, args.prompt)
-            print(f"\nthroughput: {args.requests} requests x ({args.prompt} prompt + {args.new} "
-                  f"new tokens), greedy, {args.dtype}")  # fmt: skip
+            print(
+                f"\nthroughput: {args.requests} requests x ({args.prompt} prompt + {args.new} "
+                f"new tokens), greedy, {args.dtype}"
+            )
             cores = os.cpu_count() or 1
-            ref = {t: isolated(hf_generate, ckpt, batch, args.new, t, args.dtype)
-                   for t in sorted({cores, 1})}  # fmt: skip
+            ref = {
+                t: isolated(hf_generate, ckpt, batch, args.new, t, args.dtype)
+                for t in sorted({cores, 1})
+            }
             for t, v in ref.items():
                 print(f"  transformers generate, {t} thread(s): {v:8.1f} tok/s")
             for system in ("oracle", "dualpath"):
@@ -204,8 +215,10 @@ def main() -> None:
                 print(f"  engine ({system:8s}, 1P1D):        {v:8.1f} tok/s  ({ratios})")
         if "ready" in parts or "rss" in parts:
             trees = [("this tree", REPO)] + ([("before", Path(args.before))] if args.before else [])
-            models: list[tuple[str, dict[str, Any]]] = [("tiny", {}), ("checkpoint",
-                                                        {"model_dir": str(ckpt)})]  # fmt: skip
+            models: list[tuple[str, dict[str, Any]]] = [
+                ("tiny", {}),
+                ("checkpoint", {"model_dir": str(ckpt)}),
+            ]
             print(
                 f"\nready time (s, best of {args.repeats}) and engine RSS (MiB: total / anon / file)"
             )
@@ -220,8 +233,10 @@ def main() -> None:
                     runs = [ready_run(src, kw) for _ in range(args.repeats)]
                     best = min(r["ready_s"] for r in runs)
                     rss = runs[-1]["rss_mib"]
-                    mem = "  ".join(f"{n} {v.get('VmRSS')}/{v.get('RssAnon')}/{v.get('RssFile')}"
-                                    for n, v in sorted(rss.items()))  # fmt: skip
+                    mem = "  ".join(
+                        f"{n} {v.get('VmRSS')}/{v.get('RssAnon')}/{v.get('RssFile')}"
+                        for n, v in sorted(rss.items())
+                    )
                     print(f"  {label:10s} {tree:9s}: ready {best:5.2f} s   {mem}")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -70,12 +70,12 @@ def synthetic_vocab(size: int, seed: int = 0) -> VocabSpec:
             seen.add(t)
             tokens.append(t)
     tokens.append(b"<|im_end|>")
-    return VocabSpec(tokens=tuple(tokens), special_ids=(len(tokens) - 1,),
-                     eos_token_ids=(len(tokens) - 1,))  # fmt: skip
+    return VocabSpec(
+        tokens=tuple(tokens), special_ids=(len(tokens) - 1,), eos_token_ids=(len(tokens) - 1,)
+    )
 
 
-def mask_cost(name: str, spec: VocabSpec, prefix: bytes, batch: int = 8,
-              repeat: int = 200) -> None:  # fmt: skip
+def mask_cost(name: str, spec: VocabSpec, prefix: bytes, batch: int = 8, repeat: int = 200) -> None:
     """One step's mask for ``batch`` constrained rows: llguidance's fill row by row (before)
     and batched (``fill_masks``: ``fill_next_token_bitmask_par``, after), then ``apply_masks``;
     against a bare argmax of the same rows."""
@@ -84,8 +84,10 @@ def mask_cost(name: str, spec: VocabSpec, prefix: bytes, batch: int = 8,
     vocab = vocab or tok.vocab_size
     grammars = GrammarCache(tok, vocab)
     grammar = json_grammar(SCHEMA)
-    choosers = [Chooser(SamplingParams(grammar=grammar), tok.tokenize_bytes(prefix), grammars)
-                for _ in range(batch)]  # fmt: skip
+    choosers = [
+        Chooser(SamplingParams(grammar=grammar), tok.tokenize_bytes(prefix), grammars)
+        for _ in range(batch)
+    ]
     logits = torch.randn(batch, vocab)
     masks = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32)
 
@@ -100,9 +102,11 @@ def mask_cost(name: str, spec: VocabSpec, prefix: bytes, batch: int = 8,
     par_s = timed(lambda: fill_masks(choosers, masks))
     apply_s = timed(lambda: apply_masks(logits.clone(), list(range(batch)), masks))
     ref_s = timed(lambda: logits.clone().argmax(-1))
-    print(f"  {name:<14} vocab {vocab:>7,} x {batch:>2} rows: fill row by row {rows_s * 1e3:6.3f} ms,"
-          f" batched {par_s * 1e3:6.3f} ms; apply {apply_s * 1e3:6.3f} ms"
-          f" (argmax of the same rows {ref_s * 1e3:6.3f} ms)")  # fmt: skip
+    print(
+        f"  {name:<14} vocab {vocab:>7,} x {batch:>2} rows: fill row by row {rows_s * 1e3:6.3f} ms,"
+        f" batched {par_s * 1e3:6.3f} ms; apply {apply_s * 1e3:6.3f} ms"
+        f" (argmax of the same rows {ref_s * 1e3:6.3f} ms)"
+    )
 
 
 async def served(url: str, requests: int, concurrency: int, constrained: bool) -> dict[str, Any]:
@@ -115,12 +119,16 @@ async def served(url: str, requests: int, concurrency: int, constrained: bool) -
         nonlocal tokens
         body: dict[str, Any] = {
             "messages": [{"role": "user", "content": f"Weather report {i}, as JSON please."}],
-            "max_tokens": 48, "temperature": 0, "stream": True,
+            "max_tokens": 48,
+            "temperature": 0,
+            "stream": True,
             "stream_options": {"include_usage": True},
-        }  # fmt: skip
+        }
         if constrained:
-            body["response_format"] = {"type": "json_schema",
-                                       "json_schema": {"name": "w", "schema": SCHEMA}}  # fmt: skip
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "w", "schema": SCHEMA},
+            }
         else:
             body["ignore_eos"] = True
         async with sem:
@@ -143,8 +151,13 @@ async def served(url: str, requests: int, concurrency: int, constrained: bool) -
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, i) for i in range(requests)))
         wall = time.perf_counter() - t0
-    return {"tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall,
-            "ttft_p50_s": statistics.median(ttft), "e2e_p50_s": statistics.median(e2e)}  # fmt: skip
+    return {
+        "tokens_per_s": tokens / wall,
+        "tokens": tokens,
+        "wall_s": wall,
+        "ttft_p50_s": statistics.median(ttft),
+        "e2e_p50_s": statistics.median(e2e),
+    }
 
 
 def main() -> int:
@@ -167,8 +180,18 @@ def main() -> int:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(port),
-               "--preset", "tiny-1p1d", "--kv-root", str(Path(tmp) / "kv")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--preset",
+            "tiny-1p1d",
+            "--kv-root",
+            str(Path(tmp) / "kv"),
+        ]
         log = open(Path(tmp) / "serve.log", "wb")  # noqa: SIM115 - closed with the server
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
@@ -185,9 +208,11 @@ def main() -> int:
             for constrained in (False, True, False, True):
                 r = asyncio.run(served(url, args.requests, args.concurrency, constrained))
                 label = "json_schema" if constrained else "free text  "
-                print(f"  {label}: {r['tokens_per_s']:7.1f} output tok/s ({r['tokens']} tokens "
-                      f"in {r['wall_s']:.1f} s), TTFT p50 {r['ttft_p50_s'] * 1e3:6.0f} ms, "
-                      f"request p50 {r['e2e_p50_s']:.2f} s")  # fmt: skip
+                print(
+                    f"  {label}: {r['tokens_per_s']:7.1f} output tok/s ({r['tokens']} tokens "
+                    f"in {r['wall_s']:.1f} s), TTFT p50 {r['ttft_p50_s'] * 1e3:6.0f} ms, "
+                    f"request p50 {r['e2e_p50_s']:.2f} s"
+                )
         finally:
             proc.terminate()
             proc.wait(timeout=60)

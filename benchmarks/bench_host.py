@@ -39,8 +39,10 @@ def main() -> None:
     rate = args.rate_mb_per_s * 1e6
     for nbytes in (10_000, 100_000, 1_000_000):
         ratio = pacing_ratio(rate, nbytes, args.transfers)
-        print(f"pacer {nbytes:>9} B x {args.transfers} at {args.rate_mb_per_s:g} MB/s: "
-              f"wall / link time {ratio:.3f}")  # fmt: skip
+        print(
+            f"pacer {nbytes:>9} B x {args.transfers} at {args.rate_mb_per_s:g} MB/s: "
+            f"wall / link time {ratio:.3f}"
+        )
     print(f"memory copy bandwidth {memory_bytes_per_s() / 1e9:.2f} GB/s (read + written)")
     cfg = preset("tiny-1p1d")
     prof = profile_host(cfg.model, cfg.scheduler.block_tokens)
@@ -49,8 +51,10 @@ def main() -> None:
     except ValueError as err:
         print(f"calibration on this host's tiny-model timings: refused ({err})")
         return
-    print(f"calibration on this host's tiny-model timings: prefill within "
-          f"{f.prefill_max_rel_err:.0%}, decode within {f.decode_max_rel_err:.0%}")  # fmt: skip
+    print(
+        f"calibration on this host's tiny-model timings: prefill within "
+        f"{f.prefill_max_rel_err:.0%}, decode within {f.decode_max_rel_err:.0%}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,13 @@ PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appli
 
 def _schema(n: int, tag: str) -> dict[str, Any]:
     props = {f"{tag}{i}": {"type": "string", "maxLength": 4} for i in range(n)}
-    return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": props, "additionalProperties": False}}}  # fmt: skip
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "x",
+            "schema": {"type": "object", "properties": props, "additionalProperties": False},
+        },
+    }
 
 
 async def _slowloris(port: int, stop: asyncio.Event) -> None:
@@ -66,8 +71,11 @@ def _schemas(client: Any, n: int, width: int, stop: asyncio.Event) -> Callable[[
         async def one(tag: str) -> None:
             with contextlib.suppress(Exception):  # refused (400) or served: both are the load
                 await client.chat.completions.create(
-                    model="dualpath-tiny", messages=[{"role": "user", "content": "x"}],
-                    max_tokens=8, response_format=_schema(n, tag))  # fmt: skip
+                    model="dualpath-tiny",
+                    messages=[{"role": "user", "content": "x"}],
+                    max_tokens=8,
+                    response_format=_schema(n, tag),
+                )
 
         while not stop.is_set():
             k += 1
@@ -81,14 +89,22 @@ async def _measure(client: Any, reps: int, max_tokens: int) -> list[float]:
     for _ in range(reps):
         t0 = time.monotonic()
         await client.chat.completions.create(
-            model="dualpath-tiny", messages=[{"role": "user", "content": "hello there"}],
-            max_tokens=max_tokens, temperature=0)  # fmt: skip
+            model="dualpath-tiny",
+            messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
         out.append(time.monotonic() - t0)
     return out
 
 
-CASES = ("quiet", "200 half-sent connections", "20 malformed requests/s",
-         "4 x 10,000-property schemas (refused)", "2 x 1,500-property schemas (served)")  # fmt: skip
+CASES = (
+    "quiet",
+    "200 half-sent connections",
+    "20 malformed requests/s",
+    "4 x 10,000-property schemas (refused)",
+    "2 x 1,500-property schemas (served)",
+)
 
 
 def _load(case: str, url: str, port: int, stop_flag: Any) -> None:
@@ -97,8 +113,7 @@ def _load(case: str, url: str, port: int, stop_flag: Any) -> None:
 
     async def main() -> None:
         stop = asyncio.Event()
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0,
-                                    timeout=120)  # fmt: skip
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=120)
         loads: dict[str, Callable[[], Awaitable[None]]] = {
             CASES[1]: lambda: _slowloris(port, stop),
             CASES[2]: lambda: _malformed(port, stop),
@@ -156,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     quiet = statistics.median(results["quiet"])
-    print(f"\nan unconstrained {args.max_tokens}-token chat request, {args.reps} in a row, "
-          "beside each load (same server, same run):")  # fmt: skip
+    print(
+        f"\nan unconstrained {args.max_tokens}-token chat request, {args.reps} in a row, "
+        "beside each load (same server, same run):"
+    )
     print(f"{'load':<40} {'p50 ms':>8} {'p90 ms':>8} {'p50 / quiet':>12}")
     for name, xs in results.items():
         xs = sorted(xs)

@@ -31,13 +31,33 @@ from servers import dualpath_serve, plain_vllm, tiny_llama  # benchmarks/servers
 
 # the TTFT path, in the order a request passes it (first stamp of each after the arrival)
 TTFT_PATH = (
-    "http.request", "backend.submit", "host.command", "sched.submit", "sched.assigned",
-    "sched.read_sent", "storage.read", "storage.read_done", "sched.read_done",
-    "sched.pass_sent", "pe.pass", "pe.layers_done", "pe.done", "sched.first_token",
-    "host.tokens", "backend.relay", "backend.event", "http.sse",
-)  # fmt: skip
-DECODE_PATH = ("sched.first_token", "sched.decode_sent", "de.received", "de.loaded",
-               "de.admitted", "de.step")  # fmt: skip
+    "http.request",
+    "backend.submit",
+    "host.command",
+    "sched.submit",
+    "sched.assigned",
+    "sched.read_sent",
+    "storage.read",
+    "storage.read_done",
+    "sched.read_done",
+    "sched.pass_sent",
+    "pe.pass",
+    "pe.layers_done",
+    "pe.done",
+    "sched.first_token",
+    "host.tokens",
+    "backend.relay",
+    "backend.event",
+    "http.sse",
+)
+DECODE_PATH = (
+    "sched.first_token",
+    "sched.decode_sent",
+    "de.received",
+    "de.loaded",
+    "de.admitted",
+    "de.step",
+)
 
 
 def _requests(stamps: list[tuple[float, str, int]]) -> list[list[tuple[float, str]]]:
@@ -130,8 +150,9 @@ def main() -> None:
         hop_dir = Path(tmp) / "hops"
         hop_dir.mkdir()
         serve_args = ["--snic-mb-per-s", "100000", *args.serve_arg]
-        with dualpath_serve(ckpt, Path(tmp) / "kv", Path(tmp) / "serve.log", serve_args,
-                            {hops.ENV: str(hop_dir)}) as server:  # fmt: skip
+        with dualpath_serve(
+            ckpt, Path(tmp) / "kv", Path(tmp) / "serve.log", serve_args, {hops.ENV: str(hop_dir)}
+        ) as server:
             ready = server.ready_s
             _drive(server.url, warm, ckpt.name)
             ours = _drive(server.url, scripts, ckpt.name)
@@ -141,8 +162,10 @@ def main() -> None:
             with plain_vllm(ckpt, Path(tmp) / "vllm.log") as vllm:
                 _drive(vllm.url, warm, ckpt.name)
                 peer = _drive(vllm.url, scripts, ckpt.name)
-    print(f"dualpath serve ready in {ready:.1f} s; {b['requests']} requests at concurrency 1 "
-          f"({b['with_read']} with a store read), medians:")  # fmt: skip
+    print(
+        f"dualpath serve ready in {ready:.1f} s; {b['requests']} requests at concurrency 1 "
+        f"({b['with_read']} with a store read), medians:"
+    )
     print(f"{'TTFT path':<22}{'since arrival':>14}{'this hop':>10}")
     prev = 0.0
     for name, t in sorted(b["ttft_ms"].items(), key=lambda kv: kv[1]):
@@ -151,17 +174,23 @@ def main() -> None:
     print("decode path (each hop since the one before):")
     for name, t in b["decode_ms"].items():
         print(f"  {name:<20}{t:11.2f} ms")
-    print(f"  DE step to next step {b['step_gap_ms']:9.2f} ms;  chunk after its DE step "
-          f"{b['token_lag_ms']:.2f} ms")  # fmt: skip
+    print(
+        f"  DE step to next step {b['step_gap_ms']:9.2f} ms;  chunk after its DE step "
+        f"{b['token_lag_ms']:.2f} ms"
+    )
     print("end (since the last DE step):")
     for name, t in b["tail_ms"].items():
         print(f"  {name:<20}{t:11.2f} ms")
     ms = 1e3
-    print(f"client: TTFT p50 {ours['ttft_s']['p50'] * ms:.1f} ms  TPOT p50 "
-          f"{ours['tpot_s']['p50'] * ms:.1f} ms  ITL p50 {ours['itl_s']['p50'] * ms:.1f} ms")  # fmt: skip
+    print(
+        f"client: TTFT p50 {ours['ttft_s']['p50'] * ms:.1f} ms  TPOT p50 "
+        f"{ours['tpot_s']['p50'] * ms:.1f} ms  ITL p50 {ours['itl_s']['p50'] * ms:.1f} ms"
+    )
     if peer is not None:
-        print(f"vLLM  : TTFT p50 {peer['ttft_s']['p50'] * ms:.1f} ms  TPOT p50 "
-              f"{peer['tpot_s']['p50'] * ms:.1f} ms  ITL p50 {peer['itl_s']['p50'] * ms:.1f} ms")  # fmt: skip
+        print(
+            f"vLLM  : TTFT p50 {peer['ttft_s']['p50'] * ms:.1f} ms  TPOT p50 "
+            f"{peer['tpot_s']['p50'] * ms:.1f} ms  ITL p50 {peer['itl_s']['p50'] * ms:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,16 @@ VARIANTS = {
 }
 
 
-def _load(url: str, model: str, concurrency: int, agents: int, turns: int, scale: float,
-          max_gen: int, seed: int) -> dict[str, Any]:  # fmt: skip
+def _load(
+    url: str,
+    model: str,
+    concurrency: int,
+    agents: int,
+    turns: int,
+    scale: float,
+    max_gen: int,
+    seed: int,
+) -> dict[str, Any]:
     warm = chat_scripts(2, 2, scale, 8, 32, seed=10_000 + seed)
     asyncio.run(LoadGenerator(LoadgenOptions(url, model=model, concurrency=2)).run(warm))
     scripts = chat_scripts(agents, turns, scale, max_gen, 32, seed=seed)
@@ -58,11 +66,14 @@ def _load(url: str, model: str, concurrency: int, agents: int, turns: int, scale
 def _figures(s: dict[str, Any]) -> dict[str, float]:
     return {
         "req_s": s["requests_per_s"],
-        "ttft_p50": s["ttft_s"]["p50"], "ttft_p99": s["ttft_s"]["p99"],
-        "tpot_p50": s["tpot_s"]["p50"], "tpot_p99": s["tpot_s"]["p99"],
-        "itl_p50": s["chunk_gap_s"]["p50"], "itl_p99": s["chunk_gap_s"]["p99"],
+        "ttft_p50": s["ttft_s"]["p50"],
+        "ttft_p99": s["ttft_s"]["p99"],
+        "tpot_p50": s["tpot_s"]["p50"],
+        "tpot_p99": s["tpot_s"]["p99"],
+        "itl_p50": s["chunk_gap_s"]["p50"],
+        "itl_p99": s["chunk_gap_s"]["p99"],
         "errors": s["errors"],
-    }  # fmt: skip
+    }
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -71,9 +82,11 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def _row(name: str, f: dict[str, float]) -> str:
     ms = 1e3
-    return (f"  {name:<11}{f['req_s']:7.2f}  {f['ttft_p50'] * ms:7.1f} {f['ttft_p99'] * ms:7.1f}"
-            f"  {f['tpot_p50'] * ms:6.1f} {f['tpot_p99'] * ms:6.1f}  {f['itl_p50'] * ms:6.1f} "
-            f"{f['itl_p99'] * ms:6.1f}  {int(f['errors'])}")  # fmt: skip
+    return (
+        f"  {name:<11}{f['req_s']:7.2f}  {f['ttft_p50'] * ms:7.1f} {f['ttft_p99'] * ms:7.1f}"
+        f"  {f['tpot_p50'] * ms:6.1f} {f['tpot_p99'] * ms:6.1f}  {f['itl_p50'] * ms:6.1f} "
+        f"{f['itl_p99'] * ms:6.1f}  {int(f['errors'])}"
+    )
 
 
 def _targets(c: int, ours: dict[str, float], peer: dict[str, float]) -> list[str]:
@@ -91,8 +104,10 @@ def _targets(c: int, ours: dict[str, float], peer: dict[str, float]) -> list[str
         )
     if c == 16:
         burst = ours["itl_p50"] / ours["tpot_p50"] if ours["tpot_p50"] else 0.0
-        out.append(f"ITL p50 / TPOT p50 {burst:.2f} (target >= 0.5, no bursts): "
-                   f"{'met' if burst >= 0.5 else 'NOT met'}")  # fmt: skip
+        out.append(
+            f"ITL p50 / TPOT p50 {burst:.2f} (target >= 0.5, no bursts): "
+            f"{'met' if burst >= 0.5 else 'NOT met'}"
+        )
     return out
 
 
@@ -116,8 +131,10 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in (*VARIANTS, "vllm")]
     if unknown or not concs or min(concs) < 1 or args.repeats < 1:
-        raise SystemExit(f"bad arguments: variants {unknown or 'ok'}, concurrency {concs}, "
-                         f"repeats {args.repeats}")  # fmt: skip
+        raise SystemExit(
+            f"bad arguments: variants {unknown or 'ok'}, concurrency {concs}, "
+            f"repeats {args.repeats}"
+        )
     if "vllm" in variants and vllm_python() is None:
         print("bench_peer: vLLM is not installed (make vllm): measuring our engine alone")
         variants.remove("vllm")
@@ -145,41 +162,56 @@ def main() -> None:
                             s = _load(vllm.url, ckpt.name, *load)
                         else:
                             run_dir = Path(tmp) / f"{v}-{rep}-{c}"
-                            with dualpath_serve(ckpt, run_dir / "kv", Path(tmp) / f"{v}.log",
-                                                [*VARIANTS[v], *args.serve_arg]) as srv:  # fmt: skip
+                            with dualpath_serve(
+                                ckpt,
+                                run_dir / "kv",
+                                Path(tmp) / f"{v}.log",
+                                [*VARIANTS[v], *args.serve_arg],
+                            ) as srv:
                                 s = _load(srv.url, ckpt.name, *load)
                             starts.append((v, srv.ready_s, srv.stop_s))
                         runs.setdefault((v, c), []).append(_figures(s))
                         f = runs[(v, c)][-1]
-                        print(f"repeat {rep + 1} C={c:<3} {v:<11} {f['req_s']:6.2f} req/s  TTFT "
-                              f"p50 {f['ttft_p50'] * 1e3:7.1f} ms  errors {int(f['errors'])}",
-                              file=sys.stderr, flush=True)  # fmt: skip
+                        print(
+                            f"repeat {rep + 1} C={c:<3} {v:<11} {f['req_s']:6.2f} req/s  TTFT "
+                            f"p50 {f['ttft_p50'] * 1e3:7.1f} ms  errors {int(f['errors'])}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
         finally:
             if vllm is not None:
                 vllm.stop()
     load = os.getloadavg()[0]
-    print(f"\nmedians over {args.repeats} repeat(s); {args.turns} turns per agent, appends x "
-          f"{args.token_scale}, {args.max_gen} tokens per turn; host {os.cpu_count()} CPUs, "
-          f"load {load:.1f}")  # fmt: skip
+    print(
+        f"\nmedians over {args.repeats} repeat(s); {args.turns} turns per agent, appends x "
+        f"{args.token_scale}, {args.max_gen} tokens per turn; host {os.cpu_count()} CPUs, "
+        f"load {load:.1f}"
+    )
     for c in concs:
-        print(f"concurrency {c} ({max(16, c)} agents)   req/s   TTFT p50/p99 ms  TPOT p50/p99"
-              f"   ITL p50/p99  errors")  # fmt: skip
+        print(
+            f"concurrency {c} ({max(16, c)} agents)   req/s   TTFT p50/p99 ms  TPOT p50/p99"
+            f"   ITL p50/p99  errors"
+        )
         med = {v: _median(runs[(v, c)]) for v in variants}
         for v in variants:
             print(_row(v, med[v]))
         if "ours" in med and "vllm" in med:
             o, p = med["ours"], med["vllm"]
-            print(f"  ours / vllm: req/s {o['req_s'] / p['req_s']:.2f}x  TTFT p50 "
-                  f"{o['ttft_p50'] / p['ttft_p50']:.2f}x  TPOT p50 {o['tpot_p50'] / p['tpot_p50']:.2f}x"
-                  f"  ITL p50 {o['itl_p50'] / p['itl_p50']:.2f}x")  # fmt: skip
+            print(
+                f"  ours / vllm: req/s {o['req_s'] / p['req_s']:.2f}x  TTFT p50 "
+                f"{o['ttft_p50'] / p['ttft_p50']:.2f}x  TPOT p50 {o['tpot_p50'] / p['tpot_p50']:.2f}x"
+                f"  ITL p50 {o['itl_p50'] / p['itl_p50']:.2f}x"
+            )
             for line in _targets(c, o, p):
                 print("  target: " + line)
     if starts:
         ready = [r for _, r, _ in starts]
         stop = [s for _, _, s in starts]
-        print(f"dualpath serve: ready p50 {statistics.median(ready):.1f} s (max {max(ready):.1f}), "
-              f"SIGTERM to exit p50 {statistics.median(stop):.1f} s (max {max(stop):.1f}) over "
-              f"{len(starts)} starts")  # fmt: skip
+        print(
+            f"dualpath serve: ready p50 {statistics.median(ready):.1f} s (max {max(ready):.1f}), "
+            f"SIGTERM to exit p50 {statistics.median(stop):.1f} s (max {max(stop):.1f}) over "
+            f"{len(starts)} starts"
+        )
     if args.json:
         out = {f"{v}@{c}": r for (v, c), r in runs.items()}
         Path(args.json).write_text(json.dumps({"runs": out, "starts": starts}, indent=2))

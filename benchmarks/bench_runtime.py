@@ -105,8 +105,10 @@ def _agents(
 
 def part_batch(cfg: Config, args: argparse.Namespace) -> None:
     print(f"\n## batching: {args.concurrent} concurrent requests, Oracle (KV unpaced), 1 PE + 1 DE")
-    print("| prompt | output | mode | prefill tok/s | decode tok/s | prefill tok per PE CPU-s | "
-          "decode tok per DE CPU-s | mean chunks/pass | passes |")  # fmt: skip
+    print(
+        "| prompt | output | mode | prefill tok/s | decode tok/s | prefill tok per PE CPU-s | "
+        "decode tok per DE CPU-s | mean chunks/pass | passes |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for prompt in (16, 64, 512):
         agents = _agents(args.concurrent, (prompt,), (args.decode_tokens,), seed=prompt)
@@ -122,12 +124,16 @@ def part_batch(cfg: Config, args: argparse.Namespace) -> None:
             pre_cpu, dec_cpu = res.pass_new_tokens / pe_cpu, decoded / de_cpu
             rates[batching] = (pre, dec, pre_cpu, dec_cpu)
             mode = "batched" if batching else "one-at-a-time"
-            print(f"| {prompt} | {args.decode_tokens} | {mode} | {pre:,.0f} | {dec:,.1f} | "
-                  f"{pre_cpu:,.0f} | {dec_cpu:,.1f} | {res.mean_batch:.2f} | "
-                  f"{res.forward_passes} |")  # fmt: skip
+            print(
+                f"| {prompt} | {args.decode_tokens} | {mode} | {pre:,.0f} | {dec:,.1f} | "
+                f"{pre_cpu:,.0f} | {dec_cpu:,.1f} | {res.mean_batch:.2f} | "
+                f"{res.forward_passes} |"
+            )
         x = [b / a for a, b in zip(rates[False], rates[True], strict=True)]
-        print(f"| {prompt} | | **batched / one-at-a-time** | **{x[0]:.2f}x** | **{x[1]:.2f}x** | "
-              f"**{x[2]:.2f}x** | **{x[3]:.2f}x** | | |")  # fmt: skip
+        print(
+            f"| {prompt} | | **batched / one-at-a-time** | **{x[0]:.2f}x** | **{x[1]:.2f}x** | "
+            f"**{x[2]:.2f}x** | **{x[3]:.2f}x** | | |"
+        )
 
 
 def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
@@ -135,9 +141,11 @@ def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
     every pass is packed up to the HBM budget (Basic: all layers of the batch resident;
     +Layer: two layers)."""
     hbm, n = args.hbm_tokens, args.hbm_agents
-    print(f"\n## Basic vs +Layer under a PE HBM pool of {hbm} tokens (all layers; DE: default): {n} agents "
-          f"start together, turn 1 = {args.hbm_prompt} new tokens, turn 2 = +32 after the "
-          "cached prefix; 1 PE + 1 DE, SNIC 1 GB/s")  # fmt: skip
+    print(
+        f"\n## Basic vs +Layer under a PE HBM pool of {hbm} tokens (all layers; DE: default): {n} agents "
+        f"start together, turn 1 = {args.hbm_prompt} new tokens, turn 2 = +32 after the "
+        "cached prefix; 1 PE + 1 DE, SNIC 1 GB/s"
+    )
     print(
         "| system | passes | mean chunks/pass | mean tokens/pass (cached+new) | most tokens "
         "in a pass | prefill tok/s (Σ pass time) | prefill tok/s (makespan) | JCT s |"
@@ -154,18 +162,22 @@ def part_hbm(cfg: Config, args: argparse.Namespace) -> None:
         span = max(r.first_token_s for r in recs) - min(r.arrival_s for r in recs)
         computed = sum(r.prompt_tokens - r.hit_tokens for r in recs)
         jct = max(r.finish_s for r in recs) - min(r.arrival_s for r in recs)
-        print(f"| {system} | {len(plans)} | {res.mean_batch:.2f} | "
-              f"{sum(tokens) / len(tokens):,.0f} | {max(tokens):,} | "
-              f"{res.pass_new_tokens / res.pass_busy_s:,.0f} | {computed / span:,.0f} | "
-              f"{jct:.1f} |")  # fmt: skip
+        print(
+            f"| {system} | {len(plans)} | {res.mean_batch:.2f} | "
+            f"{sum(tokens) / len(tokens):,.0f} | {max(tokens):,} | "
+            f"{res.pass_new_tokens / res.pass_busy_s:,.0f} | {computed / span:,.0f} | "
+            f"{jct:.1f} |"
+        )
 
 
 def part_window(cfg: Config, args: argparse.Namespace) -> None:
     """Transport latency vs the transfer window: Oracle (no pacing), so a pass's Layer Block
     loads wait only on the transport; turn 2 of each agent loads a 1024-token cached prefix
     (16 Layer Blocks per layer) and computes a 32-token append."""
-    print(f"\n## transfer window: {args.concurrent} agents x 2 turns (1024 tokens, then +32 on "
-          "the cached prefix), Oracle (unpaced), 1 PE + 1 DE, one request per pass")  # fmt: skip
+    print(
+        f"\n## transfer window: {args.concurrent} agents x 2 turns (1024 tokens, then +32 on "
+        "the cached prefix), Oracle (unpaced), 1 PE + 1 DE, one request per pass"
+    )
     print("| transport | window | turn-2 prefill ms mean (p50) | all passes: mean ms | JCT s |")
     print("|---|---|---|---|---|")
     agents = _agents(args.concurrent, (1024, 32), (1, 1), seed=11)
@@ -180,9 +192,11 @@ def part_window(cfg: Config, args: argparse.Namespace) -> None:
             jct = max(r.finish_s for r in recs) - min(r.arrival_s for r in recs)
             # turn 2: one pass that loads the cached prefix's 64 Layer Blocks, then 32 tokens
             hits = sorted(1e3 * (r.first_token_s - r.prefill_start_s) for r in recs if r.hit_tokens)
-            print(f"| {transport} | {window} | {sum(hits) / len(hits):.1f} "
-                  f"({hits[len(hits) // 2]:.1f}) | "
-                  f"{1e3 * res.pass_busy_s / res.forward_passes:.1f} | {jct:.1f} |")  # fmt: skip
+            print(
+                f"| {transport} | {window} | {sum(hits) / len(hits):.1f} "
+                f"({hits[len(hits) // 2]:.1f}) | "
+                f"{1e3 * res.pass_busy_s / res.forward_passes:.1f} | {jct:.1f} |"
+            )
 
 
 def _cpu_s(pid: int) -> float:
@@ -215,8 +229,11 @@ def _jct_run(cfg: Config, opts: RuntimeOptions, agents: list[AgentState]) -> dic
     finally:
         shutil.rmtree(root, ignore_errors=True)
     n = topo.num_nodes
-    return {"result": res, "read_busy_s": [busy[f"snic_node{i}_read"] for i in range(n)],
-            "cpu_s": cpu}  # fmt: skip
+    return {
+        "result": res,
+        "read_busy_s": [busy[f"snic_node{i}_read"] for i in range(n)],
+        "cpu_s": cpu,
+    }
 
 
 def _overruns(res: RunResult) -> str:
@@ -248,10 +265,12 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
     rate_total = cfg.hardware.snic_total_bytes_per_s
     ratios = []
     for load, gpu_time, transport, window in (
-        (int(n), g, t, int(w)) for n in args.background_load.split(",")
-        for g in args.gpu_time.split(",") for t in args.transport.split(",")
+        (int(n), g, t, int(w))
+        for n in args.background_load.split(",")
+        for g in args.gpu_time.split(",")
+        for t in args.transport.split(",")
         for w in args.windows.split(",")
-    ):  # fmt: skip
+    ):
         with background_load(load):
             print(
                 f"\n## storage-bound JCT: {cfg.name}, 1P1D, 2 engines/node, SNIC "
@@ -261,16 +280,23 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
                 f"{load} busy loop(s); ideal DualPath/Basic speed-up (P+D)/P = 2; at start: "
                 f"{load_average()}"
             )
-            print("| system | JCT s | TTFT mean s | TPOT mean ms | hit MB read (PE node / DE "
-                  "node) | SNIC read busy, % of JCT (PE node / DE node) | reads alone / JCT | "
-                  "CPU, cores busy over JCT (PE node / DE node) | passes over emulated GPU "
-                  "time | requeued / alloc stalls |")  # fmt: skip
+            print(
+                "| system | JCT s | TTFT mean s | TPOT mean ms | hit MB read (PE node / DE "
+                "node) | SNIC read busy, % of JCT (PE node / DE node) | reads alone / JCT | "
+                "CPU, cores busy over JCT (PE node / DE node) | passes over emulated GPU "
+                "time | requeued / alloc stalls |"
+            )
             print("|---|---|---|---|---|---|---|---|---|---|")
             jcts = {}
             for system in args.systems.split(","):
                 agents = agent_scripts(trajs, cfg.model.vocab_size, cfg.workload.seed)
-                opts = RuntimeOptions(system=system, kv_root=args.kv_root, transport=transport,
-                                      transfer_window=window, gpu_time=gpu_time)  # fmt: skip
+                opts = RuntimeOptions(
+                    system=system,
+                    kv_root=args.kv_root,
+                    transport=transport,
+                    transfer_window=window,
+                    gpu_time=gpu_time,
+                )
                 run = _jct_run(cfg, opts, agents)
                 res = run["result"]
                 summ = summarize(res.records, "offline")
@@ -282,11 +308,13 @@ def part_jct(cfg: Config, args: argparse.Namespace) -> None:
                 busy = [b / jct for b in run["read_busy_s"]]
                 cpu = [c / jct for c in run["cpu_s"]]
                 floor = max(pe_mb, de_mb) * 1e6 / rate_total  # the busier SNIC's read time
-                print(f"| {system} | {jct:.1f} | {summ.ttft.mean:.2f} | "
-                      f"{summ.tpot.mean * 1e3:.1f} | {pe_mb:,.0f} / {de_mb:,.0f} | "
-                      f"{busy[0]:.0%} / {busy[1]:.0%} | {floor / jct:.0%} | "
-                      f"{cpu[0]:.2f} / {cpu[1]:.2f} | {_overruns(res)} | "
-                      f"{res.requeued} / {res.alloc_stalls} |")  # fmt: skip
+                print(
+                    f"| {system} | {jct:.1f} | {summ.ttft.mean:.2f} | "
+                    f"{summ.tpot.mean * 1e3:.1f} | {pe_mb:,.0f} / {de_mb:,.0f} | "
+                    f"{busy[0]:.0%} / {busy[1]:.0%} | {floor / jct:.0%} | "
+                    f"{cpu[0]:.2f} / {cpu[1]:.2f} | {_overruns(res)} | "
+                    f"{res.requeued} / {res.alloc_stalls} |"
+                )
             print(f"\nat end: {load_average()}")
             if "basic" in jcts:
                 for system, jct in jcts.items():

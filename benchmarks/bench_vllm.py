@@ -74,12 +74,30 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 400) -> No
 CLUSTER = "bench"  # the cluster --cluster makes (and removes)
 
 
-def _serve(ckpt: Path, kv_root: Path, system: str, snic: float, log: Path,
-           cluster: bool = False) -> tuple[Any, str]:  # fmt: skip
+def _serve(
+    ckpt: Path, kv_root: Path, system: str, snic: float, log: Path, cluster: bool = False
+) -> tuple[Any, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
-           "--model-dir", str(ckpt), "--port", str(port), "--kv-root", str(kv_root),
-           "--system", system, "--dtype", "bfloat16", "--vllm-max-model-len", "4096"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dualpath.cli.main",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model-dir",
+        str(ckpt),
+        "--port",
+        str(port),
+        "--kv-root",
+        str(kv_root),
+        "--system",
+        system,
+        "--dtype",
+        "bfloat16",
+        "--vllm-max-model-len",
+        "4096",
+    ]
     if cluster:
         cmd += ["--cluster", CLUSTER, "--store", "mooncake"]
     elif snic:
@@ -97,15 +115,27 @@ def _plain(ckpt: Path, log: Path, cluster: bool = False) -> tuple[Any, str]:
     if cluster:
         node = _cluster_node("p0")
         ns, host, port = node.namespace, node.cnic_addr, 8100
-    cmd = [find_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-           "--served-model-name", ckpt.name, "--host", host, "--port", str(port),
-           *FLAGS]  # fmt: skip
+    cmd = [
+        find_vllm_python(),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ckpt),
+        "--served-model-name",
+        ckpt.name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *FLAGS,
+    ]
     if ns:
         cmd = ["ip", "netns", "exec", ns, *cmd]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://{host}:{port}"
     _wait(url, proc)
     return proc, url
@@ -129,8 +159,11 @@ def _snic_bytes() -> dict[str, int]:
     """The kernel's count of bytes each node received on its SNIC (its storage reads)."""
     from dualpath.deploy import cluster
 
-    return {n["node"]: int(n["snic"]["rx_bytes"]) for n in cluster.status(CLUSTER)["nodes"]
-            if n["kind"] != "store"}  # fmt: skip
+    return {
+        n["node"]: int(n["snic"]["rx_bytes"])
+        for n in cluster.status(CLUSTER)["nodes"]
+        if n["kind"] != "store"
+    }
 
 
 def _stockpd(ckpt: Path, log_dir: Path) -> tuple[Any, str]:
@@ -140,8 +173,13 @@ def _stockpd(ckpt: Path, log_dir: Path) -> tuple[Any, str]:
 
     p0, d0 = _cluster_node("p0"), _cluster_node("d0")
     overlay = ensure_overlay()  # NIXL for vLLM's instances only (runs/nixl-overlay)
-    pd = StockPD(ckpt, prefill=(p0.namespace, p0.cnic_addr), decode=(d0.namespace, d0.cnic_addr),
-                 log_dir=log_dir, overlay=overlay).start()  # fmt: skip
+    pd = StockPD(
+        ckpt,
+        prefill=(p0.namespace, p0.cnic_addr),
+        decode=(d0.namespace, d0.cnic_addr),
+        log_dir=log_dir,
+        overlay=overlay,
+    ).start()
     return pd, pd.url
 
 
@@ -166,8 +204,9 @@ def _metrics(url: str) -> dict[str, dict[str, float]]:
             out["kv_mb"][line.split('"')[1]] = float(line.rsplit(" ", 1)[1]) / 1e6
         elif line.startswith('dualpath:router_stage_seconds_total{stage="'):
             out["stage_s"][line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(("dualpath:prefix_cache_hits_total ",
-                              "dualpath:prefix_cache_queries_total ")):  # fmt: skip
+        elif line.startswith(
+            ("dualpath:prefix_cache_hits_total ", "dualpath:prefix_cache_queries_total ")
+        ):
             name, value = line.split()
             out["store"][name.split(":")[1].removesuffix("_total")] = float(value)
     return out
@@ -177,18 +216,21 @@ def _run(url: str, scripts: Any, concurrency: int, model: str) -> dict[str, Any]
     warm = chat_scripts(2, 2, 0.05, 8, seed=99)
     asyncio.run(LoadGenerator(LoadgenOptions(url, model=model, concurrency=2)).run(warm))
     load = os.getloadavg()[0]
-    res = asyncio.run(LoadGenerator(LoadgenOptions(url, model=model,
-                                                   concurrency=concurrency)).run(scripts))  # fmt: skip
+    res = asyncio.run(
+        LoadGenerator(LoadgenOptions(url, model=model, concurrency=concurrency)).run(scripts)
+    )
     return {**res.summary(), "host_load": load}
 
 
 def _line(name: str, s: dict[str, Any]) -> str:
     ms = 1e3
-    return (f"{name:<9} job JCT {s['job_jct_s']:6.1f} s  TTFT p50/p99 "
-            f"{s['ttft_s']['p50'] * ms:7.1f}/{s['ttft_s']['p99'] * ms:7.1f} ms  TPOT p50/p99 "
-            f"{s['tpot_s']['p50'] * ms:5.1f}/{s['tpot_s']['p99'] * ms:5.1f} ms  req/s "
-            f"{s['requests_per_s']:5.2f}  requests {s['requests']}  errors {s['errors']}  hit "
-            f"{s['hit_ratio']:.3f}  host load {s['host_load']:.1f}")  # fmt: skip
+    return (
+        f"{name:<9} job JCT {s['job_jct_s']:6.1f} s  TTFT p50/p99 "
+        f"{s['ttft_s']['p50'] * ms:7.1f}/{s['ttft_s']['p99'] * ms:7.1f} ms  TPOT p50/p99 "
+        f"{s['tpot_s']['p50'] * ms:5.1f}/{s['tpot_s']['p99'] * ms:5.1f} ms  req/s "
+        f"{s['requests_per_s']:5.2f}  requests {s['requests']}  errors {s['errors']}  hit "
+        f"{s['hit_ratio']:.3f}  host load {s['host_load']:.1f}"
+    )
 
 
 def main() -> None:
@@ -203,9 +245,12 @@ def main() -> None:
     ap.add_argument("--overhead-agents", type=int, default=4)
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--json", help="write every summary here")
-    ap.add_argument("--cluster", action="store_true",
-                    help="each deployment on the nodes of a cluster of network namespaces, SNICs "
-                    "shaped by the kernel, the store in Mooncake Store (needs root)")  # fmt: skip
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="each deployment on the nodes of a cluster of network namespaces, SNICs "
+        "shaped by the kernel, the store in Mooncake Store (needs root)",
+    )
     args = ap.parse_args()
     if args.cluster:
         from dualpath.deploy.cluster import can_make_namespaces
@@ -232,24 +277,33 @@ def _main(args: argparse.Namespace) -> None:
     solo = chat_scripts(args.overhead_agents, 3, args.token_scale, args.max_gen, 32, seed=1)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = write_tiny_checkpoint(Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256,
-                                     num_heads=4, num_kv_heads=2, intermediate_size=688)  # fmt: skip
+        ckpt = write_tiny_checkpoint(
+            Path(tmp) / "llama-4l-256",
+            num_layers=4,
+            hidden_size=256,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=688,
+        )
         shaped = None  # the SNIC rate the cluster has now
         for name in [v for v in args.variants.split(",") if v]:
             log = Path(tmp) / f"{name}.log"
             storage_bound = name in ("basic", "dualpath")
-            if args.cluster and shaped != (want := args.snic_mb_per_s * 8 if storage_bound
-                                           else FAST_SNIC_MBIT):  # fmt: skip
+            if args.cluster and shaped != (
+                want := args.snic_mb_per_s * 8 if storage_bound else FAST_SNIC_MBIT
+            ):
                 _cluster(want)
                 shaped = want
             before = _snic_bytes() if args.cluster else {}
             if storage_bound:
-                proc, url = _serve(ckpt, Path(tmp) / f"kv-{name}", name, args.snic_mb_per_s, log,
-                                   args.cluster)  # fmt: skip
+                proc, url = _serve(
+                    ckpt, Path(tmp) / f"kv-{name}", name, args.snic_mb_per_s, log, args.cluster
+                )
                 work, conc = scripts, args.agents
             elif name == "router":
-                proc, url = _serve(ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log,
-                                   args.cluster)  # fmt: skip
+                proc, url = _serve(
+                    ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log, args.cluster
+                )
                 work, conc = solo, 1
             elif name == "vllm":
                 proc, url = _plain(ckpt, log, args.cluster)
@@ -258,8 +312,10 @@ def _main(args: argparse.Namespace) -> None:
                 proc, url = _stockpd(ckpt, Path(tmp) / "stockpd")
                 work, conc = solo, 1
             else:
-                raise SystemExit(f"--variants: {name!r} is not basic, dualpath, vllm, router "
-                                 "or (with --cluster) stockpd")  # fmt: skip
+                raise SystemExit(
+                    f"--variants: {name!r} is not basic, dualpath, vllm, router "
+                    "or (with --cluster) stockpd"
+                )
             try:
                 s = _run(url, work, conc, ckpt.name)
                 if name not in ("vllm", "stockpd"):
@@ -275,34 +331,53 @@ def _main(args: argparse.Namespace) -> None:
                 hit_mb = kv.get("storage_to_pe_buffer", 0.0) + kv.get("storage_to_de_buffer", 0.0)
                 snics = 1 if name == "basic" else len(after)  # DualPath reads through every node's
                 s["storage_bound_s"] = hit_mb / (snics * args.snic_mb_per_s)
-                print(" " * 10 + "kernel: SNIC MB received per node: " + "  ".join(
-                    f"{n} {mb:.1f}" for n, mb in s["snic_rx_mb"].items())
+                print(
+                    " " * 10
+                    + "kernel: SNIC MB received per node: "
+                    + "  ".join(f"{n} {mb:.1f}" for n, mb in s["snic_rx_mb"].items())
                     + f";  storage bound {s['storage_bound_s']:.1f} s ({hit_mb:.1f} MB of hits "
-                    f"÷ {snics} × {args.snic_mb_per_s:g} MB/s)", flush=True)  # fmt: skip
+                    f"÷ {snics} × {args.snic_mb_per_s:g} MB/s)",
+                    flush=True,
+                )
             if "metrics" in s:
                 m = s["metrics"]
                 hits = m["store"].get("prefix_cache_hits", 0.0)
                 asked = max(1.0, m["store"].get("prefix_cache_queries", 0.0))
                 print(" " * 10 + f"store hit ratio (router): {hits / asked:.3f}")
-                print(" " * 10 + "KV MB by path: " + "  ".join(
-                    f"{k} {v:.1f}" for k, v in sorted(m["kv_mb"].items())), flush=True)  # fmt: skip
+                print(
+                    " " * 10
+                    + "KV MB by path: "
+                    + "  ".join(f"{k} {v:.1f}" for k, v in sorted(m["kv_mb"].items())),
+                    flush=True,
+                )
                 n = max(1, s["requests"] + 2 * 2)  # + the warm-up's requests
-                print(" " * 10 + "router s/request by stage: " + "  ".join(
-                    f"{k} {v / n * 1e3:.1f} ms" for k, v in sorted(m["stage_s"].items())))  # fmt: skip
+                print(
+                    " " * 10
+                    + "router s/request by stage: "
+                    + "  ".join(
+                        f"{k} {v / n * 1e3:.1f} ms" for k, v in sorted(m["stage_s"].items())
+                    )
+                )
     if "basic" in results and "dualpath" in results:
         ratio = results["basic"]["job_jct_s"] / results["dualpath"]["job_jct_s"]
-        print(f"DualPath / Basic job JCT speed-up: {ratio:.2f}x "
-              f"(SNIC {args.snic_mb_per_s} MB/s per node, {args.agents} agents × {args.turns} turns)")  # fmt: skip
+        print(
+            f"DualPath / Basic job JCT speed-up: {ratio:.2f}x "
+            f"(SNIC {args.snic_mb_per_s} MB/s per node, {args.agents} agents × {args.turns} turns)"
+        )
     if "vllm" in results and "router" in results:
         v, r = results["vllm"], results["router"]
-        print(f"concurrency 1: TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms through DualPath "
-              f"(router, prefill, KV hand-off, decode) vs {v['ttft_s']['p50'] * 1e3:.1f} ms "
-              f"vLLM direct; TPOT p50 {r['tpot_s']['p50'] * 1e3:.1f} vs "
-              f"{v['tpot_s']['p50'] * 1e3:.1f} ms")  # fmt: skip
+        print(
+            f"concurrency 1: TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms through DualPath "
+            f"(router, prefill, KV hand-off, decode) vs {v['ttft_s']['p50'] * 1e3:.1f} ms "
+            f"vLLM direct; TPOT p50 {r['tpot_s']['p50'] * 1e3:.1f} vs "
+            f"{v['tpot_s']['p50'] * 1e3:.1f} ms"
+        )
     if "stockpd" in results:
         p = results["stockpd"]
-        print(f"concurrency 1: vLLM's stock PD (NixlConnector) TTFT p50 "
-              f"{p['ttft_s']['p50'] * 1e3:.1f} ms, TPOT p50 {p['tpot_s']['p50'] * 1e3:.1f} ms")  # fmt: skip
+        print(
+            f"concurrency 1: vLLM's stock PD (NixlConnector) TTFT p50 "
+            f"{p['ttft_s']['p50'] * 1e3:.1f} ms, TPOT p50 {p['tpot_s']['p50'] * 1e3:.1f} ms"
+        )
     print(f"host: {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -23,8 +23,14 @@ from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.pacer import LinkLock
 
 
-def batched_copy(kv: torch.Tensor, block_ids: list[int], view: SlotView, slots: list[int],
-                 layer: int, to_buffer: bool) -> None:  # fmt: skip
+def batched_copy(
+    kv: torch.Tensor,
+    block_ids: list[int],
+    view: SlotView,
+    slots: list[int],
+    layer: int,
+    to_buffer: bool,
+) -> None:
     """The alternative: every block of the layer at once (a gather, then a scatter)."""
     rows = view.layer(layer)
     src, dst = torch.tensor(slots), torch.tensor(block_ids)
@@ -44,8 +50,10 @@ def main() -> None:
     args = p.parse_args()
     bs, n = 32, args.blocks
     names = [f"model.layers.{i}.attn" for i in range(args.layers)]
-    kv = {name: torch.randn(2 * n, args.kv_heads, bs, 2 * args.head_dim).to(torch.bfloat16)
-          for name in names}  # fmt: skip
+    kv = {
+        name: torch.randn(2 * n, args.kv_heads, bs, 2 * args.head_dim).to(torch.bfloat16)
+        for name in names
+    }
     layout = PagedLayout.of(kv, bs)
     store = layout.store_layout()
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,8 +64,10 @@ def main() -> None:
         slots = list(range(0, 2 * n, 2))
         nbytes = n * layout.layer_block_bytes * args.layers
         print(f"{n} blocks x {args.layers} layers, {nbytes / 1e6:.1f} MB a load")
-        for to_buffer, label in ((True, "save (paged KV -> buffer)"),
-                                 (False, "load (buffer -> paged KV)")):  # fmt: skip
+        for to_buffer, label in (
+            (True, "save (paged KV -> buffer)"),
+            (False, "load (buffer -> paged KV)"),
+        ):
             best = {}
             for way, fn in (("loop", copy_layer), ("batched", batched_copy)):
                 times = []
@@ -67,8 +77,10 @@ def main() -> None:
                         fn(kv[name], block_ids, view, slots, i, to_buffer)
                     times.append(time.perf_counter() - t0)
                 best[way] = min(times)
-                print(f"  {label:26s} {way:8s} {nbytes / best[way] / 1e9:6.2f} GB/s "
-                      f"({best[way] * 1e3:.1f} ms)")  # fmt: skip
+                print(
+                    f"  {label:26s} {way:8s} {nbytes / best[way] / 1e9:6.2f} GB/s "
+                    f"({best[way] * 1e3:.1f} ms)"
+                )
             print(f"  {label:26s} batched/loop speed: {best['loop'] / best['batched']:.2f}x")
         del view
         buf.close()

@@ -20,8 +20,14 @@ from dualpath.serve.checkpoint import write_tiny_checkpoint
 
 def tiny_llama(folder: Path) -> Path:
     """The benchmarks' checkpoint: a tiny random Llama (4 layers, hidden 256, head_dim 64)."""
-    return write_tiny_checkpoint(folder / "llama-4l-256", num_layers=4, hidden_size=256,
-                                 num_heads=4, num_kv_heads=2, intermediate_size=688)  # fmt: skip
+    return write_tiny_checkpoint(
+        folder / "llama-4l-256",
+        num_layers=4,
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=688,
+    )
 
 
 @dataclass
@@ -69,16 +75,27 @@ def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Serv
     port = free_port()
     cmd = [*cmd, "--port", str(port)]
     with log.open("wb") as f:  # (the child keeps its own descriptor)
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     return Server(proc, f"http://127.0.0.1:{port}").wait()
 
 
-def dualpath_serve(ckpt: Path, kv_root: Path, log: Path, args: list[str],
-                   env: dict[str, str] | None = None) -> Server:  # fmt: skip
+def dualpath_serve(
+    ckpt: Path, kv_root: Path, log: Path, args: list[str], env: dict[str, str] | None = None
+) -> Server:
     """`dualpath serve` (our engine) on ``ckpt`` with a fresh store at ``kv_root``."""
-    cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--model-dir", str(ckpt),
-           "--kv-root", str(kv_root), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dualpath.cli.main",
+        "serve",
+        "--model-dir",
+        str(ckpt),
+        "--kv-root",
+        str(kv_root),
+        *args,
+    ]
     return _start(cmd, log, {**os.environ, **(env or {})})
 
 
@@ -97,7 +114,21 @@ def plain_vllm(ckpt: Path, log: Path, dtype: str = "float32", kv_gib: int = 1) -
     python = vllm_python()
     if python is None:
         raise RuntimeError("vLLM is not installed (make vllm)")
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-           "--served-model-name", ckpt.name, "--host", "127.0.0.1", "--dtype", dtype,
-           "--block-size", "32", "--max-model-len", "4096"]  # fmt: skip
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ckpt),
+        "--served-model-name",
+        ckpt.name,
+        "--host",
+        "127.0.0.1",
+        "--dtype",
+        dtype,
+        "--block-size",
+        "32",
+        "--max-model-len",
+        "4096",
+    ]
     return _start(cmd, log, {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)})

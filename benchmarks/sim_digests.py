@@ -32,8 +32,9 @@ RUNS = (
 EXPECTED = Path(__file__).with_name("sim_digests.txt")
 
 
-def digest_line(name: str, system: str, agents: int = 64, mal: str = "32k",
-                sets: tuple[str, ...] = ()) -> str:  # fmt: skip
+def digest_line(
+    name: str, system: str, agents: int = 64, mal: str = "32k", sets: tuple[str, ...] = ()
+) -> str:
     """One reference run: its preset, system, JCT and event-log digest, on one line."""
     config = apply_overrides(
         preset(name), [f"workload.num_agents={agents}", f"workload.mal={mal}", *sets]

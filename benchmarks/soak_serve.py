@@ -106,29 +106,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--fault-every-s", type=float, default=30.0, help="one fault every this often (0: none)"
     )
-    ap.add_argument("--fault-roles", default="engine,storage",
-                    help="roles faults hit: engine, storage, forkserver (comma-separated)")  # fmt: skip
-    ap.add_argument("--fault-by-role", action="store_true",
-                    help="draw a role first, then one of its processes (default: a process)")  # fmt: skip
+    ap.add_argument(
+        "--fault-roles",
+        default="engine,storage",
+        help="roles faults hit: engine, storage, forkserver (comma-separated)",
+    )
+    ap.add_argument(
+        "--fault-by-role",
+        action="store_true",
+        help="draw a role first, then one of its processes (default: a process)",
+    )
     ap.add_argument("--sessions", type=int, default=8, help="concurrent sessions (default 8)")
     ap.add_argument("--turns", type=int, default=10, help="turns before a session starts over")
     ap.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer")
     ap.add_argument("--preset", default="tiny-1p1d", help="cluster preset (default tiny-1p1d)")
     ap.add_argument("--system", default="dualpath", help="basic, layer, dpl, dualpath, oracle")
-    ap.add_argument("--request-timeout-s", type=float, default=120.0,
-                    help="the server's --request-timeout-s (default 120)")  # fmt: skip
+    ap.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=120.0,
+        help="the server's --request-timeout-s (default 120)",
+    )
     ap.add_argument("--reference", default="shadow", help="shadow (default) or after")
     ap.add_argument("--rss-every-s", type=float, default=5.0, help="RSS sampling period")
     ap.add_argument("--seed", type=int, default=0, help="faults and prompts")
     ap.add_argument("--out", help="write the report as JSON to this file")
     ab = ap.add_argument_group("abuse (--abuse)")
     ab.add_argument("--abuse", action="store_true", help="hostile clients beside the sessions")
-    ab.add_argument("--slow-clients", type=int, default=200,
-                    help="half-sent connections kept open (default 200)")  # fmt: skip
-    ab.add_argument("--malformed-per-s", type=float, default=20.0,
-                    help="broken-framing requests per second (default 20)")  # fmt: skip
-    ab.add_argument("--schema-every-s", type=float, default=5.0,
-                    help="a batch of 4 oversized-schema requests this often (default 5)")  # fmt: skip
+    ab.add_argument(
+        "--slow-clients",
+        type=int,
+        default=200,
+        help="half-sent connections kept open (default 200)",
+    )
+    ab.add_argument(
+        "--malformed-per-s",
+        type=float,
+        default=20.0,
+        help="broken-framing requests per second (default 20)",
+    )
+    ab.add_argument(
+        "--schema-every-s",
+        type=float,
+        default=5.0,
+        help="a batch of 4 oversized-schema requests this often (default 5)",
+    )
     args = ap.parse_args(argv)
     checks = [
         (args.duration_s > 0, "--duration-s", args.duration_s, "> 0"),
@@ -170,14 +192,29 @@ def _free_port() -> int:
 class Server:
     """``dualpath serve`` on a free loopback port, its output in ``log``."""
 
-    def __init__(self, args: argparse.Namespace, kv_root: Path, log: Path,
-                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, args: argparse.Namespace, kv_root: Path, log: Path, extra: tuple[str, ...] = ()
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(self.port),
-               "--preset", args.preset, "--system", args.system, "--kv-root", str(kv_root),
-               "--request-timeout-s", str(args.request_timeout_s), *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "serve",
+            "--port",
+            str(self.port),
+            "--preset",
+            args.preset,
+            "--system",
+            args.system,
+            "--kv-root",
+            str(kv_root),
+            "--request-timeout-s",
+            str(args.request_timeout_s),
+            *extra,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         with log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -265,15 +302,19 @@ def _rss_kib(pid: int) -> int | None:
 
 
 # ------------------------------------------------------------------ load
-async def _ask(client: Any, messages: list[dict[str, str]], stream: bool, max_tokens: int,
-               timeout_s: float) -> tuple[list[int], float | None, str, str]:  # fmt: skip
+async def _ask(
+    client: Any, messages: list[dict[str, str]], stream: bool, max_tokens: int, timeout_s: float
+) -> tuple[list[int], float | None, str, str]:
     """(token ids, TTFT, outcome, detail) of one chat request."""
     import openai
 
     args: dict[str, Any] = {
-        "model": "dualpath-tiny", "messages": messages, "max_tokens": max_tokens,
-        "temperature": 0, "extra_body": {"ignore_eos": True, "return_token_ids": True},
-    }  # fmt: skip
+        "model": "dualpath-tiny",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True, "return_token_ids": True},
+    }
     start = time.monotonic()
     ids: list[int] = []
     ttft = None
@@ -303,8 +344,9 @@ async def _ask(client: Any, messages: list[dict[str, str]], stream: bool, max_to
     return ids, ttft, "ok", ""
 
 
-async def session(i: int, client: Any, soak: Soak, args: argparse.Namespace, t0: float,
-                  end_s: float) -> None:  # fmt: skip
+async def session(
+    i: int, client: Any, soak: Soak, args: argparse.Namespace, t0: float, end_s: float
+) -> None:
     """Agent-like conversations: each turn appends a tool result and resends everything."""
     rng = random.Random(args.seed * 7919 + i)
     generation = 0
@@ -320,8 +362,18 @@ async def session(i: int, client: Any, soak: Soak, args: argparse.Namespace, t0:
             ids, ttft, outcome, detail = await _ask(
                 client, list(messages), stream, args.max_tokens, args.request_timeout_s
             )
-            a = Answer(i, turn, list(messages), stream, start - t0, time.monotonic() - start,
-                       ttft, ids, outcome, detail)  # fmt: skip
+            a = Answer(
+                i,
+                turn,
+                list(messages),
+                stream,
+                start - t0,
+                time.monotonic() - start,
+                ttft,
+                ids,
+                outcome,
+                detail,
+            )
             soak.answers.append(a)
             if outcome != "ok":
                 break  # the conversation cannot go on: start a new one
@@ -334,8 +386,9 @@ async def session(i: int, client: Any, soak: Soak, args: argparse.Namespace, t0:
         generation += 1
 
 
-async def faults(server_pid: int, soak: Soak, args: argparse.Namespace, t0: float,
-                 end_s: float) -> None:  # fmt: skip
+async def faults(
+    server_pid: int, soak: Soak, args: argparse.Namespace, t0: float, end_s: float
+) -> None:
     rng = random.Random(args.seed)
     if not args.fault_every_s:
         return
@@ -356,13 +409,20 @@ async def faults(server_pid: int, soak: Soak, args: argparse.Namespace, t0: floa
         kind = rng.choice(("kill", "stop", "double") if args.abuse else ("kill", "stop"))
         if role == "forkserver":
             kind = "kill"  # (stopped, it would only delay a respawn until it runs again)
-        record: dict[str, Any] = {"t_s": round(time.monotonic() - t0, 1), "pid": pid,
-                                  "role": role, "kind": kind}  # fmt: skip
+        record: dict[str, Any] = {
+            "t_s": round(time.monotonic() - t0, 1),
+            "pid": pid,
+            "role": role,
+            "kind": kind,
+        }
         try:
             if kind == "double":  # two at once: both storage workers, or one and an engine
                 storage = [t for t in targets if t[1] == "storage"]
-                pair = storage if len(storage) == 2 and rng.random() < 0.5 else rng.sample(
-                    targets, min(2, len(targets)))  # fmt: skip
+                pair = (
+                    storage
+                    if len(storage) == 2 and rng.random() < 0.5
+                    else rng.sample(targets, min(2, len(targets)))
+                )
                 record.update(pid=[p for p, _ in pair], role="+".join(sorted(r for _, r in pair)))
                 for p, _ in pair:
                     with contextlib.suppress(ProcessLookupError):
@@ -380,8 +440,9 @@ async def faults(server_pid: int, soak: Soak, args: argparse.Namespace, t0: floa
         soak.faults.append(record)
 
 
-async def sample_rss(server_pid: int, soak: Soak, args: argparse.Namespace, t0: float,
-                     done: asyncio.Event) -> None:  # fmt: skip
+async def sample_rss(
+    server_pid: int, soak: Soak, args: argparse.Namespace, t0: float, done: asyncio.Event
+) -> None:
     while not done.is_set():
         now = round(time.monotonic() - t0, 1)
         for pid, role in roles(server_pid).items():
@@ -404,8 +465,9 @@ MALFORMED = (
 )
 
 
-async def slow_clients(port: int, soak: Soak, args: argparse.Namespace, t0: float,
-                       end_s: float) -> None:  # fmt: skip
+async def slow_clients(
+    port: int, soak: Soak, args: argparse.Namespace, t0: float, end_s: float
+) -> None:
     """Keep ``--slow-clients`` connections open with half-sent headers (one in four sends a
     body shorter than its Content-Length instead); count how the server ends them."""
 
@@ -432,8 +494,9 @@ async def slow_clients(port: int, soak: Soak, args: argparse.Namespace, t0: floa
     await asyncio.gather(*(one(k) for k in range(args.slow_clients)))
 
 
-async def malformed(port: int, soak: Soak, args: argparse.Namespace, t0: float,
-                    end_s: float) -> None:  # fmt: skip
+async def malformed(
+    port: int, soak: Soak, args: argparse.Namespace, t0: float, end_s: float
+) -> None:
     """``--malformed-per-s`` requests with broken framing; each answer must be a 4xx with
     OpenAI's error shape."""
     if not args.malformed_per_s:
@@ -458,8 +521,9 @@ async def malformed(port: int, soak: Soak, args: argparse.Namespace, t0: float,
         soak.count("malformed: 4xx in OpenAI's shape" if good else "malformed: BAD ANSWER")
 
 
-async def schema_flood(client: Any, soak: Soak, args: argparse.Namespace, t0: float,
-                       end_s: float) -> None:  # fmt: skip
+async def schema_flood(
+    client: Any, soak: Soak, args: argparse.Namespace, t0: float, end_s: float
+) -> None:
     """Every ``--schema-every-s``, four requests with distinct 10,000-property schemas."""
     import openai
 
@@ -470,12 +534,17 @@ async def schema_flood(client: Any, soak: Soak, args: argparse.Namespace, t0: fl
 
         async def one(j: int, batch: int) -> None:
             props = {f"b{batch}_{j}_{i}": {"type": "string"} for i in range(10_000)}
-            fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-                "type": "object", "properties": props}}}  # fmt: skip
+            fmt = {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": props}},
+            }
             try:
                 await client.chat.completions.create(
-                    model="dualpath-tiny", messages=[{"role": "user", "content": "x"}],
-                    max_tokens=4, response_format=fmt)  # fmt: skip
+                    model="dualpath-tiny",
+                    messages=[{"role": "user", "content": "x"}],
+                    max_tokens=4,
+                    response_format=fmt,
+                )
                 soak.count("schema: SERVED (expected a 400)")
             except openai.BadRequestError:
                 soak.count("schema: 400")
@@ -495,14 +564,16 @@ async def replay(url: str, soak: Soak, args: argparse.Namespace) -> None:
 
     async def worker(q: asyncio.Queue[Answer | None], client: Any) -> None:
         while (a := await q.get()) is not None:
-            ids, _, outcome, detail = await _ask(client, a.messages, False, args.max_tokens,
-                                                 args.request_timeout_s * 3)  # fmt: skip
+            ids, _, outcome, detail = await _ask(
+                client, a.messages, False, args.max_tokens, args.request_timeout_s * 3
+            )
             a.reference = ids if outcome == "ok" else None
             if outcome != "ok":
                 a.detail += f" (reference failed: {detail})"
 
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                  timeout=args.request_timeout_s * 3) as client:  # fmt: skip
+    async with openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="none", max_retries=0, timeout=args.request_timeout_s * 3
+    ) as client:
         workers = []
         while (a := await soak.replay_queue.get()) is not None:
             if a.session not in per_session:
@@ -520,8 +591,14 @@ async def progress(soak: Soak, t0: float, done: asyncio.Event) -> None:
             await asyncio.wait_for(done.wait(), PROGRESS_S)
         s = summary(soak, final=False)
         latest = max((e["samples"][-1][0] for e in soak.rss.values() if e["samples"]), default=0)
-        rss = sum(e["samples"][-1][1] for e in soak.rss.values()
-                  if e["samples"] and e["samples"][-1][0] == latest) / 1024  # fmt: skip
+        rss = (
+            sum(
+                e["samples"][-1][1]
+                for e in soak.rss.values()
+                if e["samples"] and e["samples"][-1][0] == latest
+            )
+            / 1024
+        )
         print(
             f"soak: t={time.monotonic() - t0:6.0f}s requests {s['requests']} ok {s['ok']} "
             f"errors {s['errors']} hung {s['hung']} checked {s['checked']} corrupted "
@@ -563,8 +640,9 @@ def classify(soak: Soak, preset: str) -> None:
     tok = TinyTokenizer(model.vocab_size)
     for a in bad:
         assert a.reference is not None
-        at = next(k for k, (x, y) in enumerate(zip(a.token_ids, a.reference, strict=False))
-                  if x != y)  # fmt: skip
+        at = next(
+            k for k, (x, y) in enumerate(zip(a.token_ids, a.reference, strict=False)) if x != y
+        )
         prompt = tok.encode(tok.render_chat(a.messages))
         cache = KVCache(model, len(prompt) + at + 1)
         logits = cache.extend(model, [*prompt, *a.reference[:at]])
@@ -600,14 +678,26 @@ def summary(soak: Soak, final: bool = True) -> dict[str, Any]:
             },
         }
         out["failures"] = [
-            {"session": a.session, "turn": a.turn, "t_s": round(a.start_s, 1),
-             "outcome": a.outcome, "detail": a.detail}
-            for a in answers if a.outcome != "ok"
-        ][:50]  # fmt: skip
+            {
+                "session": a.session,
+                "turn": a.turn,
+                "t_s": round(a.start_s, 1),
+                "outcome": a.outcome,
+                "detail": a.detail,
+            }
+            for a in answers
+            if a.outcome != "ok"
+        ][:50]
         out["near_tie_examples"] = [
-            {"session": a.session, "turn": a.turn, "gap": a.tie_gap, "got": a.token_ids,
-             "want": a.reference} for a in ties[:5]
-        ]  # fmt: skip
+            {
+                "session": a.session,
+                "turn": a.turn,
+                "gap": a.tie_gap,
+                "got": a.token_ids,
+                "want": a.reference,
+            }
+            for a in ties[:5]
+        ]
         out["corrupted_examples"] = [
             {"session": a.session, "turn": a.turn, "got": a.token_ids, "want": a.reference}
             for a in corrupted[:5]
@@ -621,16 +711,28 @@ def rss_growth(soak: Soak) -> list[dict[str, Any]]:
     for pid, e in sorted(soak.rss.items()):
         s = e["samples"]
         first, last = s[0], s[-1]
-        rows.append({"pid": pid, "role": e["role"], "first_t_s": first[0], "last_t_s": last[0],
-                     "first_kib": first[1], "last_kib": last[1], "max_kib": max(k for _, k in s),
-                     "growth_kib": last[1] - first[1], "samples": len(s)})  # fmt: skip
+        rows.append(
+            {
+                "pid": pid,
+                "role": e["role"],
+                "first_t_s": first[0],
+                "last_t_s": last[0],
+                "first_kib": first[1],
+                "last_kib": last[1],
+                "max_kib": max(k for _, k in s),
+                "growth_kib": last[1] - first[1],
+                "samples": len(s),
+            }
+        )
     return rows
 
 
 def print_report(s: dict[str, Any], args: argparse.Namespace, wall_s: float) -> None:
-    print(f"soak: {args.duration_s:g} s, {args.sessions} sessions, preset {args.preset}, system "
-          f"{args.system}, fault every {args.fault_every_s:g} s, reference {args.reference}, "
-          f"wall {wall_s:.0f} s")  # fmt: skip
+    print(
+        f"soak: {args.duration_s:g} s, {args.sessions} sessions, preset {args.preset}, system "
+        f"{args.system}, fault every {args.fault_every_s:g} s, reference {args.reference}, "
+        f"wall {wall_s:.0f} s"
+    )
     print(
         f"requests {s['requests']}  ok {s['ok']}  errors {s['errors']}  hung {s['hung']}  "
         f"checked {s['checked']}  unchecked {s['unchecked']}  corrupted {s['corrupted']}  "
@@ -664,21 +766,26 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], floa
         t0 = time.monotonic()
         done = asyncio.Event()
         soak.replay_queue = asyncio.Queue()
-        side = [asyncio.create_task(sample_rss(server.proc.pid, soak, args, t0, done)),
-                asyncio.create_task(progress(soak, t0, done))]  # fmt: skip
+        side = [
+            asyncio.create_task(sample_rss(server.proc.pid, soak, args, t0, done)),
+            asyncio.create_task(progress(soak, t0, done)),
+        ]
         replayer = None
         if args.reference == "shadow":
             replayer = asyncio.create_task(replay(ref.url, soak, args))
         limit = httpx_timeout = args.request_timeout_s + 30  # past the server's own deadline
-        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none",
-                                      max_retries=0, timeout=httpx_timeout) as client:  # fmt: skip
+        async with openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=httpx_timeout
+        ) as client:
             injector = asyncio.create_task(faults(server.proc.pid, soak, args, t0, args.duration_s))
             hostile = []
             if args.abuse:
                 end = args.duration_s
-                hostile = [slow_clients(server.port, soak, args, t0, end),
-                           malformed(server.port, soak, args, t0, end),
-                           schema_flood(client, soak, args, t0, end)]  # fmt: skip
+                hostile = [
+                    slow_clients(server.port, soak, args, t0, end),
+                    malformed(server.port, soak, args, t0, end),
+                    schema_flood(client, soak, args, t0, end),
+                ]
             await asyncio.gather(
                 *(
                     session(i, client, soak, args, t0, args.duration_s)
@@ -716,8 +823,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         s, wall = asyncio.run(run(args, Path(tmp)))
     print_report(s, args, wall)
-    print(f"server exit codes {s['server_exit_codes']}, tracebacks in its log "
-          f"{s['server_tracebacks']}, log {s['server_log_bytes']} bytes")  # fmt: skip
+    print(
+        f"server exit codes {s['server_exit_codes']}, tracebacks in its log "
+        f"{s['server_tracebacks']}, log {s['server_log_bytes']} bytes"
+    )
     for what, n in s["abuse"].items():
         print(f"  abuse: {what}: {n}")
     if args.out:

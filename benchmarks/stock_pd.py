@@ -35,8 +35,14 @@ KV_CONFIG = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
 # UCX over TCP only: no InfiniBand / RDMA-CM / CMA on this host (or inside a namespace)
 UCX_ENV = {"UCX_MODULES": "^ib,rdmacm,cma", "UCX_TLS": "tcp"}
 # what the prefill gets: produce the KV, keep it for the decode to pull
-REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                 "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 DEFAULT_OVERLAY = Path(__file__).resolve().parents[1] / "runs" / "nixl-overlay"
 NS_PORTS = {"prefill": (8100, 5600), "decode": (8200, 5601)}  # (HTTP, side channel) in a netns
 
@@ -47,8 +53,18 @@ def ensure_overlay(target: str | Path = DEFAULT_OVERLAY) -> Path:
     root = Path(target).resolve()
     if any(root.glob("nixl-*.dist-info")) and any(root.glob("nixl_cu12-*.dist-info")):
         return root
-    pip = [find_vllm_python(), "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-           str(root), "nixl", "nixl-cu12"]  # fmt: skip
+    pip = [
+        find_vllm_python(),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--target",
+        str(root),
+        "nixl",
+        "nixl-cu12",
+    ]
     done = subprocess.run(pip, capture_output=True, text=True)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["(no output)"]
@@ -60,8 +76,9 @@ def _start(
     argv: list[str], log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:  # a group of its own: EngineCore and workers die with it
-        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
@@ -140,14 +157,33 @@ class StockPD:
     def _instance(self, role: str, python: str, overlay: Path, mask: str, log: Path) -> None:
         namespace, host = self.seats[role]
         http_port, side_port = self._ports(role)
-        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                str(self.model_dir), "--served-model-name", self.model_dir.name, "--host", host,
-                "--port", str(http_port), *self.vllm_args, "--kv-transfer-config", KV_CONFIG]  # fmt: skip
-        env = {**os.environ, **UCX_ENV, "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_CPU_OMP_THREADS_BIND": mask, "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
-               "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
-               "PYTHONPATH": os.pathsep.join(p for p in (str(overlay),
-                                                         os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+        argv = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.model_dir.name,
+            "--host",
+            host,
+            "--port",
+            str(http_port),
+            *self.vllm_args,
+            "--kv-transfer-config",
+            KV_CONFIG,
+        ]
+        env = {
+            **os.environ,
+            **UCX_ENV,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": mask,
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(overlay), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
         self._procs.append(_start(in_namespace(namespace, argv), log, env))
         self.urls[role] = f"http://{host}:{http_port}"
 
@@ -162,11 +198,19 @@ class StockPD:
             for role, mask in zip(("prefill", "decode"), masks, strict=True):
                 self._instance(role, python, overlay, mask, log_dir / f"{role}.log")
             for role, proc in zip(("prefill", "decode"), self._procs, strict=True):
-                wait_healthy(self.urls[role], proc, log_dir / f"{role}.log",
-                             self.startup_timeout_s)  # fmt: skip
+                wait_healthy(self.urls[role], proc, log_dir / f"{role}.log", self.startup_timeout_s)
             port = self.port or free_port()
-            argv = [sys.executable, str(Path(__file__).resolve()), "proxy", "--prefill",
-                    self.urls["prefill"], "--decode", self.urls["decode"], "--port", str(port)]  # fmt: skip
+            argv = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "proxy",
+                "--prefill",
+                self.urls["prefill"],
+                "--decode",
+                self.urls["decode"],
+                "--port",
+                str(port),
+            ]
             self._procs.append(_start(argv, log_dir / "proxy.log"))
             self.url = f"http://127.0.0.1:{port}"
             wait_healthy(self.url, self._procs[-1], log_dir / "proxy.log", 60.0)
@@ -222,8 +266,9 @@ def proxy_app(prefill_url: str, decode_url: str) -> Any:
         second = {**body, "kv_transfer_params": params}
         try:
             if not body.get("stream"):
-                return passthrough(await client.post(decode_url + path, json=second,
-                                                     headers=headers))  # fmt: skip
+                return passthrough(
+                    await client.post(decode_url + path, json=second, headers=headers)
+                )
             req = client.build_request("POST", decode_url + path, json=second, headers=headers)
             resp = await client.send(req, stream=True)
         except httpx.HTTPError as exc:
@@ -232,8 +277,9 @@ def proxy_app(prefill_url: str, decode_url: str) -> Any:
             await resp.aread()
             await resp.aclose()
             return passthrough(resp)
-        return StreamingResponse(resp.aiter_raw(), media_type="text/event-stream",
-                                 background=BackgroundTask(resp.aclose))  # fmt: skip
+        return StreamingResponse(
+            resp.aiter_raw(), media_type="text/event-stream", background=BackgroundTask(resp.aclose)
+        )
 
     async def completions(request: Request) -> Response:
         return await generate(request, "/v1/completions")
@@ -243,8 +289,9 @@ def proxy_app(prefill_url: str, decode_url: str) -> Any:
 
     async def health(request: Request) -> Response:
         try:
-            codes = [(await client.get(u + "/health")).status_code
-                     for u in (prefill_url, decode_url)]  # fmt: skip
+            codes = [
+                (await client.get(u + "/health")).status_code for u in (prefill_url, decode_url)
+            ]
         except httpx.HTTPError as exc:
             return JSONResponse({"error": repr(exc)}, 503)
         return Response(status_code=200 if codes == [200, 200] else 503)
@@ -253,16 +300,23 @@ def proxy_app(prefill_url: str, decode_url: str) -> Any:
         return passthrough(await client.get(decode_url + "/v1/models"))
 
     async def tokenize(request: Request) -> Response:
-        return passthrough(await client.post(decode_url + "/tokenize", content=await request.body(),
-                                             headers={"content-type": "application/json"}))  # fmt: skip
+        return passthrough(
+            await client.post(
+                decode_url + "/tokenize",
+                content=await request.body(),
+                headers={"content-type": "application/json"},
+            )
+        )
 
-    return Starlette(routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-    ])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+        ]
+    )
 
 
 def proxy_main(argv: list[str]) -> None:
@@ -287,8 +341,13 @@ def _answers(url: str, model: str) -> list[str]:
     out = []
     with httpx.Client(base_url=url, timeout=120) as c:
         for p in PROMPTS:
-            body = {"model": model, "messages": [{"role": "user", "content": p}],
-                    "max_tokens": 16, "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": p}],
+                "max_tokens": 16,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
             r = c.post("/v1/chat/completions", json=body)
             r.raise_for_status()
             out.append(r.json()["choices"][0]["message"]["content"])
@@ -301,8 +360,10 @@ def _answers(url: str, model: str) -> list[str]:
                     for ch in json.loads(line[6:])["choices"]:
                         parts.append(ch["delta"].get("content") or "")
         out.append("".join(parts))
-        r = c.post("/v1/completions", json={"model": model, "prompt": PROMPTS[2],
-                                            "max_tokens": 16, "temperature": 0.0})  # fmt: skip
+        r = c.post(
+            "/v1/completions",
+            json={"model": model, "prompt": PROMPTS[2], "max_tokens": 16, "temperature": 0.0},
+        )
         r.raise_for_status()
         out.append(r.json()["choices"][0]["text"])
     return out
@@ -332,8 +393,20 @@ def nixl_bytes(decode_url: str) -> tuple[float, float]:
 
 def _plain(ckpt: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    argv = [find_vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-            "--served-model-name", ckpt.name, "--host", "127.0.0.1", "--port", str(port), *FLAGS]  # fmt: skip
+    argv = [
+        find_vllm_python(),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ckpt),
+        "--served-model-name",
+        ckpt.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *FLAGS,
+    ]
     proc = _start(argv, log, {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -345,8 +418,10 @@ def _plain(ckpt: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _line(name: str, s: dict[str, Any]) -> str:
-    return (f"{name:<9} TTFT p50 {s['ttft_s']['p50'] * 1e3:7.1f} ms  TPOT p50 "
-            f"{s['tpot_s']['p50'] * 1e3:6.1f} ms  requests {s['requests']}  errors {s['errors']}")  # fmt: skip
+    return (
+        f"{name:<9} TTFT p50 {s['ttft_s']['p50'] * 1e3:7.1f} ms  TPOT p50 "
+        f"{s['tpot_s']['p50'] * 1e3:6.1f} ms  requests {s['requests']}  errors {s['errors']}"
+    )
 
 
 def main() -> None:
@@ -370,8 +445,14 @@ def main() -> None:
         else:
             from dualpath.serve.checkpoint import write_tiny_checkpoint
 
-            ckpt = write_tiny_checkpoint(Path(tmp) / "llama-4l-256", num_layers=4, hidden_size=256,
-                                         num_heads=4, num_kv_heads=2, intermediate_size=688)  # fmt: skip
+            ckpt = write_tiny_checkpoint(
+                Path(tmp) / "llama-4l-256",
+                num_layers=4,
+                hidden_size=256,
+                num_heads=4,
+                num_kv_heads=2,
+                intermediate_size=688,
+            )
         log_dir = Path(args.log_dir) if args.log_dir else Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
         proc, url = _plain(ckpt, log_dir / "plain.log")
@@ -384,17 +465,23 @@ def main() -> None:
             got, stock = _answers(pd.url, ckpt.name), _latency(pd.url, ckpt.name, args.agents)
             moved, transfers = nixl_bytes(pd.urls["decode"])
         print(_line("stock-pd", stock), flush=True)
-        print(f"          NIXL into the decode: {moved / 1e6:.2f} MB in {transfers:.0f} transfers "
-              f"(vllm:nixl_bytes_transferred)")  # fmt: skip
+        print(
+            f"          NIXL into the decode: {moved / 1e6:.2f} MB in {transfers:.0f} transfers "
+            f"(vllm:nixl_bytes_transferred)"
+        )
         same = sum(a == b for a, b in zip(want, got, strict=True))
-        print(f"answers equal to plain vLLM: {same}/{len(want)} (greedy; chat, streamed chat, "
-              f"completion)")  # fmt: skip
+        print(
+            f"answers equal to plain vLLM: {same}/{len(want)} (greedy; chat, streamed chat, "
+            f"completion)"
+        )
         for i, (a, b) in enumerate(zip(want, got, strict=True)):
             if a != b:
                 print(f"  #{i}: vllm {a!r} / stock-pd {b!r}")
-        print(f"host: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
-              f"prefill {prefill[1] or '-'} {prefill[0] or '(root ns)'}, decode {decode[1]} "
-              f"{decode[0] or '(root ns)'}")  # fmt: skip
+        print(
+            f"host: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+            f"prefill {prefill[1] or '-'} {prefill[0] or '(root ns)'}, decode {decode[1]} "
+            f"{decode[0] or '(root ns)'}"
+        )
         if same != len(want):
             raise SystemExit(1)
 

@@ -64,12 +64,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=48, help="output tokens per answer")
     ap.add_argument("--preset", default="tiny-1p1d")
     ap.add_argument("--system", default="dualpath")
-    ap.add_argument("--snic-mb-per-s", type=float, default=2.0,
-                    help="storage-read, kinds: the slowed SNIC (default 2 MB/s)")  # fmt: skip
-    ap.add_argument("--prompt-words", type=int, default=400,
-                    help="storage-read: words of each long prompt (~4 tokens each)")  # fmt: skip
-    ap.add_argument("--not-ready-wait-s", type=float, default=2.0,
-                    help="after a kill, watch /health this long for a not-ready answer")  # fmt: skip
+    ap.add_argument(
+        "--snic-mb-per-s",
+        type=float,
+        default=2.0,
+        help="storage-read, kinds: the slowed SNIC (default 2 MB/s)",
+    )
+    ap.add_argument(
+        "--prompt-words",
+        type=int,
+        default=400,
+        help="storage-read: words of each long prompt (~4 tokens each)",
+    )
+    ap.add_argument(
+        "--not-ready-wait-s",
+        type=float,
+        default=2.0,
+        help="after a kill, watch /health this long for a not-ready answer",
+    )
     ap.add_argument("--recover-s", type=float, default=30.0, help="/health 200 within this")
     ap.add_argument("--request-timeout-s", type=float, default=120.0)
     ap.add_argument("--out", help="write the report as JSON to this file")
@@ -83,15 +95,22 @@ def prompt(tag: str, words: int) -> str:
     return f"{tag}: " + " ".join(str((seed + i * 104729) % 100000) for i in range(words))
 
 
-async def complete(url: str, text: str, args: argparse.Namespace, started: asyncio.Event | None
-                   = None) -> tuple[list[int], str]:  # fmt: skip
+async def complete(
+    url: str, text: str, args: argparse.Namespace, started: asyncio.Event | None = None
+) -> tuple[list[int], str]:
     """(output token ids, "" or the error) of one greedy streamed completion; ``started`` is
     set at its first tokens."""
     import httpx
 
-    body = {"model": "dualpath-tiny", "prompt": text, "max_tokens": args.max_tokens,
-            "temperature": 0, "stream": True, "ignore_eos": True,
-            "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": "dualpath-tiny",
+        "prompt": text,
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     ids: list[int] = []
     try:
         async with (
@@ -117,8 +136,9 @@ async def complete(url: str, text: str, args: argparse.Namespace, started: async
     return ids, ""
 
 
-async def streams(url: str, texts: list[str], args: argparse.Namespace,
-                  then: Any = None) -> list[tuple[list[int], str]]:  # fmt: skip
+async def streams(
+    url: str, texts: list[str], args: argparse.Namespace, then: Any = None
+) -> list[tuple[list[int], str]]:
     """Answer ``texts`` concurrently; ``then()`` (a coroutine function) runs once every
     stream has its first tokens."""
     flags = [asyncio.Event() for _ in texts]
@@ -200,8 +220,15 @@ def check(kill: Kill, got: list[tuple[list[int], str]], want: list[list[int]]) -
 
 
 # ------------------------------------------------------------------ the cases
-async def kill_during_streams(server: Server, case: str, role: str, name: str, texts: list[str],
-                              want: list[list[int]], args: argparse.Namespace) -> Kill:  # fmt: skip
+async def kill_during_streams(
+    server: Server,
+    case: str,
+    role: str,
+    name: str,
+    texts: list[str],
+    want: list[list[int]],
+    args: argparse.Namespace,
+) -> Kill:
     kill = Kill(case, 0)
 
     async def strike() -> None:
@@ -213,8 +240,9 @@ async def kill_during_streams(server: Server, case: str, role: str, name: str, t
     return kill
 
 
-async def kill_idle_forkserver(server: Server, texts: list[str], want: list[list[int]],
-                               args: argparse.Namespace) -> Kill:  # fmt: skip
+async def kill_idle_forkserver(
+    server: Server, texts: list[str], want: list[list[int]], args: argparse.Namespace
+) -> Kill:
     kill = Kill("forkserver-idle", pid_of(server, "forkserver"))
     os.kill(kill.pid, signal.SIGKILL)
     await recovered(server, kill, args, time.monotonic())
@@ -222,8 +250,9 @@ async def kill_idle_forkserver(server: Server, texts: list[str], want: list[list
     return kill
 
 
-async def kill_inside_read(server: Server, text: str, want: list[int],
-                           args: argparse.Namespace) -> Kill:  # fmt: skip
+async def kill_inside_read(
+    server: Server, text: str, want: list[int], args: argparse.Namespace
+) -> Kill:
     """``text`` was answered before (its blocks are in the store): send it again and kill the
     storage worker that reads its blocks while it reads them."""
     kill = Kill("storage-read", 0)
@@ -270,8 +299,9 @@ def server_args(args: argparse.Namespace) -> tuple[str, ...]:
     return ("--snic-mb-per-s", str(args.snic_mb_per_s)) if slow else ()
 
 
-async def answers(url: str, rounds: dict[str, list[str]],
-                  args: argparse.Namespace) -> dict[str, list[list[int]]]:  # fmt: skip
+async def answers(
+    url: str, rounds: dict[str, list[str]], args: argparse.Namespace
+) -> dict[str, list[list[int]]]:
     """Every prompt of ``rounds`` answered (no fault meanwhile): the reference."""
     out = {}
     for key, texts in rounds.items():
@@ -283,9 +313,13 @@ async def answers(url: str, rounds: dict[str, list[str]],
     return out
 
 
-async def kill_rounds(server: Server, rounds: dict[str, list[str]],
-                      want: dict[str, list[list[int]]], args: argparse.Namespace,
-                      persisted: bool = False) -> list[Kill]:  # fmt: skip
+async def kill_rounds(
+    server: Server,
+    rounds: dict[str, list[str]],
+    want: dict[str, list[list[int]]],
+    args: argparse.Namespace,
+    persisted: bool = False,
+) -> list[Kill]:
     """One kill per round (``args.mode``; ``kinds``: the round's key names it). ``persisted``:
     this server answered every prompt before (the reference: its blocks are stored)."""
     kills: list[Kill] = []
@@ -298,15 +332,23 @@ async def kill_rounds(server: Server, rounds: dict[str, list[str]],
         elif case == "forkserver-idle":
             kills.append(await kill_idle_forkserver(server, texts, want[key], args))
         elif case in ("forkserver", "forkserver-streams"):
-            kills.append(await kill_during_streams(
-                server, "forkserver-streams", "forkserver", "", texts, want[key], args))  # fmt: skip
+            kills.append(
+                await kill_during_streams(
+                    server, "forkserver-streams", "forkserver", "", texts, want[key], args
+                )
+            )
         else:  # a PE or a DE during streams
-            kills.append(await kill_during_streams(
-                server, case, "engine", case, texts, want[key], args))  # fmt: skip
+            kills.append(
+                await kill_during_streams(server, case, "engine", case, texts, want[key], args)
+            )
         k = kills[-1]
-        print(f"supervise: {k.case} pid {k.pid}: {k.equal}/{k.answers} equal, "
-              f"{len(k.errors)} errors, /health not 200 for {k.not_ready_s:.3f} s, "
-              f"serving {k.serving}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"supervise: {k.case} pid {k.pid}: {k.equal}/{k.answers} equal, "
+            f"{len(k.errors)} errors, /health not 200 for {k.not_ready_s:.3f} s, "
+            f"serving {k.serving}",
+            file=sys.stderr,
+            flush=True,
+        )
     return kills
 
 
@@ -355,11 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
     s = run(args)
-    print(f"supervise {args.mode}: {s['kills']} kills, {s['equal']}/{s['answers']} answers equal "
-          f"to the fault-free run, {s['errors']} errors, {s['mismatches']} mismatches, serving "
-          f"after every kill: {s['serving_after_every_kill']}, /health not 200 at most "
-          f"{s['not_ready_s_max']:.3f} s, server exit {s['server_exit_code']}, "
-          f"{time.monotonic() - t0:.0f} s")  # fmt: skip
+    print(
+        f"supervise {args.mode}: {s['kills']} kills, {s['equal']}/{s['answers']} answers equal "
+        f"to the fault-free run, {s['errors']} errors, {s['mismatches']} mismatches, serving "
+        f"after every kill: {s['serving_after_every_kill']}, /health not 200 at most "
+        f"{s['not_ready_s_max']:.3f} s, server exit {s['server_exit_code']}, "
+        f"{time.monotonic() - t0:.0f} s"
+    )
     if args.mode != "forkserver":
         print(f"  storage kills inside a read: {s['reads_in_flight']}")
     if args.out:

@@ -49,22 +49,31 @@ def text(rng: random.Random, num_words: int) -> str:
 def sessions(n: int, seed: int) -> list[list[str]]:
     """Per session, the new text of each turn (the first is long, the others append)."""
     rng = random.Random(seed)
-    return [[text(rng, rng.randint(370, 600))] + [text(rng, rng.randint(80, 150))
-             for _ in range(4)] for _ in range(n)]  # fmt: skip
+    return [
+        [text(rng, rng.randint(370, 600))] + [text(rng, rng.randint(80, 150)) for _ in range(4)]
+        for _ in range(n)
+    ]
 
 
-async def complete(client: httpx.AsyncClient, url: str, model: str, prompt: str,
-                   max_tokens: int) -> str:  # fmt: skip
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True}  # fmt: skip
+async def complete(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
+) -> str:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     r = await client.post(url + "/v1/completions", json=body)
     if r.status_code != 200:
         raise RuntimeError(f"{url}: {r.status_code} {r.text[:200]}")
     return str(r.json()["choices"][0]["text"])
 
 
-async def chats(url: str, model: str, script: list[list[str]], turns: int,
-                max_tokens: int) -> dict[tuple[int, int], str]:  # fmt: skip
+async def chats(
+    url: str, model: str, script: list[list[str]], turns: int, max_tokens: int
+) -> dict[tuple[int, int], str]:
     """Every session at once, its turns in order: (session, turn) → answer."""
     out: dict[tuple[int, int], str] = {}
     async with httpx.AsyncClient(timeout=1200) as client:
@@ -102,8 +111,15 @@ def preemptions(log_dir: Path) -> float:
 def serve(ckpt: Path, work: Path, name: str, blocks: int) -> tuple[Server, Path]:
     logs = work / name
     logs.mkdir()
-    args = ["--engine", "vllm", "--dtype", "float32", "--vllm-log-dir", str(logs),
-            f"--vllm-arg=--num-gpu-blocks-override={blocks}"]  # fmt: skip
+    args = [
+        "--engine",
+        "vllm",
+        "--dtype",
+        "float32",
+        "--vllm-log-dir",
+        str(logs),
+        f"--vllm-arg=--num-gpu-blocks-override={blocks}",
+    ]
     return dualpath_serve(ckpt, work / f"kv-{name}", logs / "serve.log", args), logs
 
 
@@ -111,8 +127,14 @@ async def abort_cycle(url: str, model: str, rng: random.Random) -> None:
     """20 streams: half closed before their first byte, half right after it."""
 
     async def one(i: int) -> None:
-        body = {"model": model, "prompt": text(rng, rng.randint(100, 300)), "max_tokens": 64,
-                "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+        body = {
+            "model": model,
+            "prompt": text(rng, rng.randint(100, 300)),
+            "max_tokens": 64,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         async with httpx.AsyncClient(timeout=600) as client:
             if i % 2 == 0:  # gone before a byte comes back
                 task = asyncio.ensure_future(client.post(url + "/v1/completions", json=body))
@@ -159,8 +181,10 @@ def main() -> int:
                 took = time.monotonic() - t0
                 n_pre = preemptions(logs)
             same = sum(got[k] == want[k] for k in want)
-            print(f"preemption: {same}/{len(want)} answers equal plain vLLM's, "
-                  f"{n_pre:.0f} preemptions, {took:.1f} s")  # fmt: skip
+            print(
+                f"preemption: {same}/{len(want)} answers equal plain vLLM's, "
+                f"{n_pre:.0f} preemptions, {took:.1f} s"
+            )
             failed |= same != len(want) or n_pre == 0
         if "minimal" not in skip:
             srv, logs = serve(ckpt, work, "minimal", args.blocks)
@@ -185,12 +209,19 @@ def main() -> int:
                     async def twenty() -> list[Any]:
                         async with httpx.AsyncClient(timeout=600) as client:
                             return await asyncio.gather(
-                                *(complete(client, srv.url, model, text(rng, 200), 16)
-                                  for _ in range(20)), return_exceptions=True)  # fmt: skip
+                                *(
+                                    complete(client, srv.url, model, text(rng, 200), 16)
+                                    for _ in range(20)
+                                ),
+                                return_exceptions=True,
+                            )
 
                     answered = sum(isinstance(a, str) for a in asyncio.run(twenty()))
-                    print(f"abort cycle {c + 1}: DE free slots {free:.0f} (start {start:.0f}), "
-                          f"{answered}/20 new requests answered", flush=True)  # fmt: skip
+                    print(
+                        f"abort cycle {c + 1}: DE free slots {free:.0f} (start {start:.0f}), "
+                        f"{answered}/20 new requests answered",
+                        flush=True,
+                    )
                     failed |= free != start or answered != 20
     print("FAILED" if failed else "ok")
     return 1 if failed else 0

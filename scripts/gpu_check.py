@@ -322,11 +322,13 @@ def check_arch(arch: str, tmp: Path, device: str, report: Report) -> None:
 
 AGENT_SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 8},
-                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
     "required": ["city", "days"],
     "additionalProperties": False,
-}  # fmt: skip
+}
 
 
 def _post(url: str, body: dict[str, object]) -> dict[str, Any]:
@@ -354,14 +356,32 @@ def check_agent_api(tmp: Path, device: str, report: Report) -> None:
         url = server.url + "/v1/chat/completions"
         ask = [{"role": "user", "content": "Weather in Paris?"}]
         tool = {"type": "function", "function": {"name": "weather", "parameters": AGENT_SCHEMA}}
-        r = _post(url, {"messages": ask, "tools": [tool], "tool_choice": "required",
-                        "max_tokens": 120, "temperature": 0, "logprobs": True, "top_logprobs": 2})  # fmt: skip
+        r = _post(
+            url,
+            {
+                "messages": ask,
+                "tools": [tool],
+                "tool_choice": "required",
+                "max_tokens": 120,
+                "temperature": 0,
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
+        )
         call = r["choices"][0]["message"]["tool_calls"][0]["function"]
         jsonschema.validate(json.loads(call["arguments"]), AGENT_SCHEMA)
         lps = r["choices"][0]["logprobs"]["content"]
         fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": AGENT_SCHEMA}}
-        j = _post(url, {"messages": ask, "response_format": fmt, "max_tokens": 80,
-                        "temperature": 1.0, "seed": 3})  # fmt: skip
+        j = _post(
+            url,
+            {
+                "messages": ask,
+                "response_format": fmt,
+                "max_tokens": 80,
+                "temperature": 1.0,
+                "seed": 3,
+            },
+        )
         jsonschema.validate(json.loads(j["choices"][0]["message"]["content"]), AGENT_SCHEMA)
         report.check(bool(lps), name, f"call {call['arguments']}, {len(lps)} logprobs")
     except Exception as e:  # one failed check, reported with the server log
@@ -409,8 +429,9 @@ def check_vllm(device: str, report: Report) -> None:
     env = {**os.environ, "DUALPATH_VLLM_TEST_DEVICE": device, "DUALPATH_VLLM_PYTHON": python}
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", VLLM_TEST]
     try:
-        run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env,
-                             timeout=VLLM_TIMEOUT_S)  # fmt: skip
+        run = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=VLLM_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         report.check(False, name, f"ran past {VLLM_TIMEOUT_S:.0f} s")
         return

@@ -121,11 +121,27 @@ def test_cli_sweep_over_any_key_then_from_cache(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [
-        "sweep", "--preset", "ds27b-1p1d", "--agents", "4", "--mal", "32k",
-        "--set", "hardware.snic_bytes_per_s=12.5e9,25e9", "--set", "cluster.num_decode_nodes=1,2",
-        "--set", "workload.seed=3", "--systems", "basic,dualpath", "--workers", "2",
-        "--no-progress", "--cache-dir", str(tmp_path / "cache"),
-    ]  # fmt: skip
+        "sweep",
+        "--preset",
+        "ds27b-1p1d",
+        "--agents",
+        "4",
+        "--mal",
+        "32k",
+        "--set",
+        "hardware.snic_bytes_per_s=12.5e9,25e9",
+        "--set",
+        "cluster.num_decode_nodes=1,2",
+        "--set",
+        "workload.seed=3",
+        "--systems",
+        "basic,dualpath",
+        "--workers",
+        "2",
+        "--no-progress",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert "4 points x 2 systems: 8 simulated, 0 from the cache" in capsys.readouterr().out
     assert main([*args, "--out", str(tmp_path / "b")]) == 0

@@ -116,9 +116,24 @@ def test_validate_runs_and_writes_a_preset_the_simulator_loads(
 ) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "out"
-    args = ["validate", "--out", str(out), "--kv-root", str(tmp_path / "kv"), "--no-progress",
-            "--gpu-time", gpu_time, "--agents", "2", "--turns", "2", "--max-gen", "3",
-            "--systems", "dualpath"]  # fmt: skip
+    args = [
+        "validate",
+        "--out",
+        str(out),
+        "--kv-root",
+        str(tmp_path / "kv"),
+        "--no-progress",
+        "--gpu-time",
+        gpu_time,
+        "--agents",
+        "2",
+        "--turns",
+        "2",
+        "--max-gen",
+        "3",
+        "--systems",
+        "dualpath",
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "JCT error: worst" in text and "prefill rt" in text

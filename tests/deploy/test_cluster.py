@@ -134,8 +134,12 @@ def test_spec_layout_and_json_round_trip() -> None:
     assert ClusterSpec.from_preset(name="dp") == ClusterSpec.from_preset(name="dp")  # deterministic
     st = ClusterState(spec, 12.5)
     assert ClusterState.from_json(st.to_json()) == st
-    links = [cmd[i + 1] for cmd in cluster.plan(spec) for i, word in enumerate(cmd[:-1])
-             if word in ("dev", "name") or cmd[i - 1 : i + 1] == ["link", "add"]]  # fmt: skip
+    links = [
+        cmd[i + 1]
+        for cmd in cluster.plan(spec)
+        for i, word in enumerate(cmd[:-1])
+        if word in ("dev", "name") or cmd[i - 1 : i + 1] == ["link", "add"]
+    ]
     assert links and all(len(link) <= 15 for link in links)  # the kernel's IFNAMSIZ
     # no slow start after idle in any node (a datacenter host's setting)
     assert sum("net.ipv4.tcp_slow_start_after_idle=0" in cmd for cmd in cluster.plan(spec)) == 3
@@ -166,7 +170,10 @@ def test_up_status_down(run_dir: Path) -> None:
             cluster.up(state.spec)
         info = cluster.status(name)
         assert [(n["node"], n["kind"], n["up"]) for n in info["nodes"]] == [
-            ("p0", "prefill", True), ("d0", "decode", True), ("store", "store", True)]  # fmt: skip
+            ("p0", "prefill", True),
+            ("d0", "decode", True),
+            ("store", "store", True),
+        ]
         assert info["nodes"][0]["snic"]["rate_bytes_per_s"] == pytest.approx(2e6)
         links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
         assert f"dp{name}c " in links and f"dp{name}s " in links

@@ -36,8 +36,12 @@ from dualpath.net import free_port
 from dualpath.policy import make_policy
 from dualpath.runtime.kvstore import KVStore, block_keys
 
-MODEL_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-                "hidden_size": 64}  # fmt: skip
+MODEL_CONFIG = {
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "hidden_size": 64,
+}
 
 
 def fake_tokens(text: str) -> list[int]:
@@ -79,20 +83,26 @@ def _segments() -> set[str]:
 
 
 @contextlib.contextmanager
-def sidecars(tmp_path: Path, buffer_mib: int = 1, max_model_len: int = 512,
-             instances: Callable[[Instance], list[str]] | None = None) -> Iterator[Launched]:  # fmt: skip
+def sidecars(
+    tmp_path: Path,
+    buffer_mib: int = 1,
+    max_model_len: int = 512,
+    instances: Callable[[Instance], list[str]] | None = None,
+) -> Iterator[Launched]:
     """The side-cars (real processes: buffers, store) of a 1P1D deployment of a fake model;
     its instances too with ``instances`` (their command; waited for until ``/health``)."""
     ckpt = tmp_path / "model"
     ckpt.mkdir(exist_ok=True)
     (ckpt / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    opts = VllmOptions(str(ckpt), buffer_mib=buffer_mib, max_model_len=max_model_len,
-                       kv_root=str(tmp_path / "kv"))  # fmt: skip
+    opts = VllmOptions(
+        str(ckpt), buffer_mib=buffer_mib, max_model_len=max_model_len, kv_root=str(tmp_path / "kv")
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="dpt-"))  # short: Unix socket paths
     dep = plan(opts, "w" * 32, run_dir, "fake-engine")
     (run_dir / "logs").mkdir()
-    cmds = [[sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()]
-            for s in dep.nodes]  # fmt: skip
+    cmds = [
+        [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json()] for s in dep.nodes
+    ]
     inst_cmds = [instances(i) for i in dep.instances] if instances else []
     out = Launched(
         dep, run_dir, run_dir / "logs", cmds, inst_cmds, [dict(os.environ)] * len(inst_cmds)
@@ -144,19 +154,28 @@ class FakeInstances:
         self.seen.append(body)
         self._persist(body, params)
         tokens = fake_tokens(_prompt_text(body))
-        usage = {"prompt_tokens": len(tokens), "completion_tokens": self.num_tokens,
-                 "total_tokens": len(tokens) + self.num_tokens,
-                 "prompt_tokens_details": {"cached_tokens": len(tokens) - 1}}  # fmt: skip
+        usage = {
+            "prompt_tokens": len(tokens),
+            "completion_tokens": self.num_tokens,
+            "total_tokens": len(tokens) + self.num_tokens,
+            "prompt_tokens_details": {"cached_tokens": len(tokens) - 1},
+        }
         chat = "messages" in body
         if not body.get("stream"):
             if self.stall_s:
                 await asyncio.sleep(self.stall_s)
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": "ab"}}
-                                      if chat else {"index": 0, "text": "ab"})  # fmt: skip
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": "ab"}}
+                if chat
+                else {"index": 0, "text": "ab"}
+            )
             return httpx.Response(200, json={"id": "d", "choices": [choice], "usage": usage})
         usage_too = bool((body.get("stream_options") or {}).get("include_usage"))
-        return httpx.Response(200, content=self._events(chat, usage if usage_too else None),
-                              headers={"content-type": "text/event-stream"})  # fmt: skip
+        return httpx.Response(
+            200,
+            content=self._events(chat, usage if usage_too else None),
+            headers={"content-type": "text/event-stream"},
+        )
 
     async def _events(self, chat: bool, usage: dict[str, Any] | None) -> AsyncIterator[bytes]:
         def event(payload: dict[str, Any]) -> bytes:
@@ -192,9 +211,14 @@ class RouterServer:
     """The router app (real ``TurnFlow`` over ``launched``'s side-cars, ``FakeInstances``)
     served by uvicorn on 127.0.0.1 in a thread; ``call`` runs a coroutine in its loop."""
 
-    def __init__(self, launched: Launched, options: RouterOptions, fakes: FakeInstances,
-                 background: list[Any] | None = None,
-                 restarts: Mapping[str, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        launched: Launched,
+        options: RouterOptions,
+        fakes: FakeInstances,
+        background: list[Any] | None = None,
+        restarts: Mapping[str, int] | None = None,
+    ) -> None:
         import uvicorn
 
         config = config_for(preset("tiny-1p1d"), system_spec("dualpath"))
@@ -212,8 +236,9 @@ class RouterServer:
         app = create_app(self.router, [capture, *(background or [])], restarts)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         assert ready.wait(30), "the router did not start"
@@ -231,8 +256,11 @@ class RouterServer:
 
     def metric(self, name: str, label: str = "", headers: dict[str, str] | None = None) -> float:
         text = httpx.get(self.url + "/metrics", headers=headers).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and label in line)  # fmt: skip
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and label in line
+        )
 
     def close(self) -> None:
         self.server.should_exit = True

@@ -32,22 +32,40 @@ def vllm_python() -> str:
 
 
 @contextmanager
-def running_sidecars(root: Path, num_slots: int, num_layers: int, block_tokens: int,
-                     row_bytes: int, namespace: str,
-                     networked: bool = False) -> Iterator[dict[int, NodeSpec]]:  # fmt: skip
+def running_sidecars(
+    root: Path,
+    num_slots: int,
+    num_layers: int,
+    block_tokens: int,
+    row_bytes: int,
+    namespace: str,
+    networked: bool = False,
+) -> Iterator[dict[int, NodeSpec]]:
     """The two nodes' specs while their side-cars serve; on exit both side-cars stopped
     cleanly (exit 0), their sockets and buffers gone. Sockets and locks live in a short
     temporary folder of their own: a Unix socket's path has at most 107 bytes.
     ``networked``: as nodes of a cluster, on TCP at 127.0.0.1, KV moved by Mooncake TE."""
     short = Path(tempfile.mkdtemp(prefix="dpn"))
-    net = {n: {"host": "127.0.0.1", "control_port": free_port()} if networked else {}
-           for n in (0, 1)}  # fmt: skip
+    net = {
+        n: {"host": "127.0.0.1", "control_port": free_port()} if networked else {} for n in (0, 1)
+    }
     specs = {
-        n: NodeSpec(n, kind, f"{short.name}n{n}", num_slots, str(short / f"{n}.lock"),
-                    str(short / f"{n}.sock"), str(root / "kv"), num_layers, block_tokens,
-                    row_bytes, namespace, **net[n])
+        n: NodeSpec(
+            n,
+            kind,
+            f"{short.name}n{n}",
+            num_slots,
+            str(short / f"{n}.lock"),
+            str(short / f"{n}.sock"),
+            str(root / "kv"),
+            num_layers,
+            block_tokens,
+            row_bytes,
+            namespace,
+            **net[n],
+        )
         for n, kind in ((0, "pe"), (1, "de"))
-    }  # fmt: skip
+    }
     module = "dualpath.integrations.vllm.sidecar"
     procs = [subprocess.Popen([sys.executable, "-m", module, s.to_json()]) for s in specs.values()]
     try:

@@ -43,9 +43,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MODEL = "tiny"
 FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-model-len", "2048"]
 SYSTEM = "You are a helpful coding agent. Read the file, run the tests, fix the bug. " * 3
-PROMPT = ("The user asked for a summary of the repository layout and the failing test. "
-          "def main(): print('hello world') return 0. Tool call: ls -la src/ && cat "
-          "README.md | head -40. Observation: 3 passed, 1 failed in 0.52s. ") * 2  # fmt: skip
+PROMPT = (
+    "The user asked for a summary of the repository layout and the failing test. "
+    "def main(): print('hello world') return 0. Tool call: ls -la src/ && cat "
+    "README.md | head -40. Observation: 3 passed, 1 failed in 0.52s. "
+) * 2
 
 
 def _unmapped_segments(names: set[str]) -> list[Path]:
@@ -96,8 +98,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dualpath.serve.checkpoint import write_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("ckpt") / MODEL
-    write_tiny_checkpoint(out, num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2,
-                          intermediate_size=512)  # fmt: skip
+    write_tiny_checkpoint(
+        out, num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512
+    )
     return out
 
 
@@ -105,12 +108,18 @@ def _turns(client: Any, model: str) -> dict[str, Any]:
     """Two turns of one agent, as chat (whole and streamed) and as completions."""
     out: dict[str, Any] = {}
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
-    kw: dict[str, Any] = {"model": model, "temperature": 0, "max_tokens": 12,
-                          "extra_body": {"ignore_eos": True}}  # fmt: skip
+    kw: dict[str, Any] = {
+        "model": model,
+        "temperature": 0,
+        "max_tokens": 12,
+        "extra_body": {"ignore_eos": True},
+    }
     first = client.chat.completions.create(messages=msgs, **kw)
     out["chat1"] = first.choices[0].message.content
-    msgs += [{"role": "assistant", "content": out["chat1"]},
-             {"role": "user", "content": "Observation: the test passes now. Next?"}]  # fmt: skip
+    msgs += [
+        {"role": "assistant", "content": out["chat1"]},
+        {"role": "user", "content": "Observation: the test passes now. Next?"},
+    ]
     stream = client.chat.completions.create(messages=msgs, stream=True, **kw)
     out["chat2"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     text = client.completions.create(prompt=SYSTEM + PROMPT, **kw)
@@ -128,8 +137,13 @@ def _two_long_chats(client: Any, model: str) -> list[str]:
 
     def one(i: int) -> str:
         prompt = f"Session {i}. " + (SYSTEM + PROMPT) * 3
-        r = client.completions.create(model=model, prompt=prompt, max_tokens=1400, temperature=0,
-                                      extra_body={"ignore_eos": True})  # fmt: skip
+        r = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=1400,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         return str(r.choices[0].text)
 
     with ThreadPoolExecutor(2) as pool:
@@ -145,10 +159,26 @@ def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("wb") as f:
         proc = subprocess.Popen(
-            [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
-             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *FLAGS,
-             *(["--gpu-memory-utilization", "0.3"] if DEVICE == "cuda" else [])],
-            stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+            [
+                python,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(checkpoint),
+                "--served-model-name",
+                MODEL,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *FLAGS,
+                *(["--gpu-memory-utilization", "0.3"] if DEVICE == "cuda" else []),
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         _wait_health(f"http://127.0.0.1:{port}", proc, log, 300)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=120)
@@ -158,24 +188,54 @@ def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 
 class Served:
-    def __init__(self, checkpoint: Path, kv_root: Path, logs: Path, read_side: str,
-                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        checkpoint: Path,
+        kv_root: Path,
+        logs: Path,
+        read_side: str,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logs = logs
         out = logs / "serve.log"
         logs.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
-               "--model-dir", str(checkpoint), "--port", str(self.port), "--kv-root",
-               str(kv_root), "--dtype", "float32", "--vllm-max-model-len", "2048",
-               "--read-side", read_side, "--vllm-log-dir", str(logs), "--device", DEVICE,
-               "--set", "scheduler.record_decisions=true", *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "serve",
+            "--engine",
+            "vllm",
+            "--model-dir",
+            str(checkpoint),
+            "--port",
+            str(self.port),
+            "--kv-root",
+            str(kv_root),
+            "--dtype",
+            "float32",
+            "--vllm-max-model-len",
+            "2048",
+            "--read-side",
+            read_side,
+            "--vllm-log-dir",
+            str(logs),
+            "--device",
+            DEVICE,
+            "--set",
+            "scheduler.record_decisions=true",
+            *extra,
+        ]
         with out.open("wb") as f:
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
         _wait_health(self.url, self.proc, out, 300)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="x", timeout=120,
-                                    max_retries=0)  # fmt: skip
+        self.client = openai.OpenAI(
+            base_url=self.url + "/v1", api_key="x", timeout=120, max_retries=0
+        )
 
     def metric(self, name: str, label: str = "") -> float:
         total = 0.0
@@ -238,8 +298,9 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     # a killed storage worker (the DE node's side-car): a clean error, never a wrong answer
     os.kill(de.pids()["sidecars"]["1"], signal.SIGKILL)
     with pytest.raises(openai.APIStatusError) as err:
-        de.client.completions.create(model=MODEL, prompt=SYSTEM + PROMPT, max_tokens=4,
-                                     temperature=0)  # fmt: skip
+        de.client.completions.create(
+            model=MODEL, prompt=SYSTEM + PROMPT, max_tokens=4, temperature=0
+        )
     assert err.value.status_code == 503
     # a killed prefill instance: the same
     os.killpg(de.pids()["instances"]["0"], signal.SIGKILL)
@@ -284,8 +345,13 @@ def test_preempted_and_aborted_requests_through_the_router(
 
     de = 'node="1"'
     every = srv.metric("dualpath:buffer_slots", de)  # an idle deployment holds none
-    body = {"model": MODEL, "prompt": SYSTEM + PROMPT, "max_tokens": 32, "stream": True,
-            "temperature": 0}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "prompt": SYSTEM + PROMPT,
+        "max_tokens": 32,
+        "stream": True,
+        "temperature": 0,
+    }
     for i in range(8):
         if i % 2:  # gone right after the first bytes
             with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
@@ -329,8 +395,9 @@ def cluster_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     used = {int(w.split(".")[1]) for w in routes.split() if w.startswith("10.") and "." in w[3:]}
     name = f"e{os.getpid() % 100000}"
-    spec = cluster.ClusterSpec.from_preset("tiny-1p1d", name=name, snic_mbit=100,
-                                           subnet=f"10.{min(set(range(200, 255)) - used)}")  # fmt: skip
+    spec = cluster.ClusterSpec.from_preset(
+        "tiny-1p1d", name=name, snic_mbit=100, subnet=f"10.{min(set(range(200, 255)) - used)}"
+    )
     cluster.up(spec)
     try:
         yield name
@@ -378,8 +445,13 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
 
     # the store server killed: no hits any more, the same answers (recomputed), no error
     os.killpg(srv.pids()["services"]["0"], signal.SIGKILL)
-    r2 = srv.client.completions.create(model=MODEL, prompt=SYSTEM + PROMPT, max_tokens=12,
-                                       temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    r2 = srv.client.completions.create(
+        model=MODEL,
+        prompt=SYSTEM + PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert r2.choices[0].text == reference["turns"]["text1"]
     # a killed side-car, a killed prefill instance: clean errors, never a hang
     os.kill(srv.pids()["sidecars"]["1"], signal.SIGKILL)
@@ -392,8 +464,9 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
     assert err.value.status_code == 503
     assert srv.stop() == 0
     for node in ("p0", "d0", "store"):
-        pids = subprocess.run(["ip", "netns", "pids", f"dp-{cluster_up}-{node}"],
-                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        pids = subprocess.run(
+            ["ip", "netns", "pids", f"dp-{cluster_up}-{node}"], capture_output=True, text=True
+        ).stdout.split()
         assert not pids, f"processes left on node {node}: {pids}"
     # the killed prefill instance's own segments: created during this test, mapped by nobody
     for orphan in _unmapped_segments(set(_vllm_segments()) - segments_before):

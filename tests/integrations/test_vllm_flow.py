@@ -27,8 +27,9 @@ from dualpath.types import ReadSide
 
 def _flow(launched: Any, kv_root: str, sidecar: Any = call) -> TurnFlow:
     config = config_for(preset("tiny-1p1d"), system_spec("dualpath"))
-    return TurnFlow(launched.deployment, make_policy(config), kv_root, sidecar=sidecar,
-                    force_side=ReadSide.DE)  # fmt: skip
+    return TurnFlow(
+        launched.deployment, make_policy(config), kv_root, sidecar=sidecar, force_side=ReadSide.DE
+    )
 
 
 def _seed_store(flow: TurnFlow, tokens: list[int]) -> None:

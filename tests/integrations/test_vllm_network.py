@@ -46,8 +46,10 @@ def test_slots_are_leased_over_tcp_and_kv_pushed_between_nodes(
             de_buf.data[s * stride : s * stride + block] = bytes([i + 1]) * block
         # out of order on the receiving side: runs split where either side jumps
         order = [dst[4], dst[0], dst[1], dst[2], dst[3]]
-        got = call(nodes[1].control, {"op": "push", "slots": src, "to": nodes[0].control,
-                                      "to_slots": order})  # fmt: skip
+        got = call(
+            nodes[1].control,
+            {"op": "push", "slots": src, "to": nodes[0].control, "to_slots": order},
+        )
         assert got["bytes"] == 5 * block
         for i, d in enumerate(order):
             assert bytes(pe_buf.data[d * stride : d * stride + block]) == bytes([i + 1]) * block
@@ -64,9 +66,14 @@ def test_a_push_to_a_node_that_is_gone_is_a_clean_error(nodes: dict[int, NodeSpe
     slots = RemoteSlots(nodes[1]).alloc(1, owner=1)
     assert slots is not None
     with pytest.raises((OSError, ValueError)):
-        call(nodes[1].control, {"op": "push", "slots": slots, "to": "tcp://127.0.0.1:1",
-                                "to_slots": [0]}, timeout_s=20)  # fmt: skip
+        call(
+            nodes[1].control,
+            {"op": "push", "slots": slots, "to": "tcp://127.0.0.1:1", "to_slots": [0]},
+            timeout_s=20,
+        )
     with pytest.raises(ValueError, match="3 peer slots"):
-        call(nodes[1].control, {"op": "push", "slots": slots, "to": nodes[0].control,
-                                "to_slots": [0, 1, 2]})  # fmt: skip
+        call(
+            nodes[1].control,
+            {"op": "push", "slots": slots, "to": nodes[0].control, "to_slots": [0, 1, 2]},
+        )
     assert RemoteSlots(nodes[1]).release(slots, owner=1) == 1

@@ -46,15 +46,19 @@ def _auth(key: str) -> dict[str, str]:
 
 
 def _chat(url: str, key: str, user: str, **extra: Any) -> httpx.Response:
-    body = {"model": "model", "messages": [{"role": "system", "content": SYSTEM},
-                                           {"role": "user", "content": user}], **extra}  # fmt: skip
+    body = {
+        "model": "model",
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+        **extra,
+    }
     return httpx.post(url + "/v1/chat/completions", json=body, headers=_auth(key), timeout=30)
 
 
 def _stream(url: str, key: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     events = []
-    with httpx.stream("POST", url + "/v1/completions", json=body, headers=_auth(key),
-                      timeout=30) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", url + "/v1/completions", json=body, headers=_auth(key), timeout=30
+    ) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -64,8 +68,13 @@ def _stream(url: str, key: str, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_keys_gate_every_route_but_health(serve: Any) -> None:
     s, _ = serve(api_keys=KEYS)
-    routes = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-              ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/v1/dualpath/decisions")]  # fmt: skip
+    routes = [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/models"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/dualpath/decisions"),
+    ]
     for method, path in routes:
         for headers in ({}, _auth("wrong"), {"Authorization": "Bearer key-c"}):
             r = httpx.request(method, s.url + path, headers=headers, json={})
@@ -94,8 +103,13 @@ def test_cached_tokens_are_the_store_hits_per_tenant(serve: Any) -> None:
     other = _chat(s.url, "key-b", "turn one")
     assert other.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
-    body = {"model": "model", "prompt": SYSTEM + "streamed", "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "model",
+        "prompt": SYSTEM + "streamed",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     cold = _stream(s.url, "key-a", body)
     assert [e["usage"]["prompt_tokens_details"] for e in cold if e.get("usage")] == [
         {"cached_tokens": 0}
@@ -170,8 +184,11 @@ def test_a_lost_process_ends_its_requests_at_once(serve: Any) -> None:
     time.sleep(0.2)  # its first event is out, the second stalls
 
     async def lose() -> None:
-        s.router.lose("the vLLM decode instance on node 1", [1], "the vLLM decode instance on "
-                      "node 1 exited with code -9; restarting it")  # fmt: skip
+        s.router.lose(
+            "the vLLM decode instance on node 1",
+            [1],
+            "the vLLM decode instance on node 1 exited with code -9; restarting it",
+        )
 
     t0 = time.monotonic()
     s.call(lose())

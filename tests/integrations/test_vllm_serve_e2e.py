@@ -34,12 +34,24 @@ from dualpath.integrations.vllm.processes import group_members  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 KEYS = {"acme": "key-a", "beta": "key-b"}
-PROMPT = ("The user asked for a summary of the repository layout and the failing test. "
-          "def main(): print('hello world') return 0. Tool call: ls -la src/ ") * 2  # fmt: skip
-WEATHER = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]  # fmt: skip
+PROMPT = (
+    "The user asked for a summary of the repository layout and the failing test. "
+    "def main(): print('hello world') return 0. Tool call: ls -la src/ "
+) * 2
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 def _segments() -> set[str]:
@@ -54,15 +66,36 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.logs = root / "logs"
         self.out = root / "serve.log"
-        cmd = [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm",
-               "--model-dir", str(root / "tiny"), "--init-tiny-checkpoint", "--port",
-               str(self.port), "--kv-root", str(root / "kv"), "--dtype", "float32",
-               "--vllm-max-model-len", "2048", "--vllm-log-dir", str(self.logs),
-               "--tool-parser", "hermes", "--request-timeout-s", "120",
-               *[a for t, k in KEYS.items() for a in ("--api-key", f"{t}={k}")]]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "serve",
+            "--engine",
+            "vllm",
+            "--model-dir",
+            str(root / "tiny"),
+            "--init-tiny-checkpoint",
+            "--port",
+            str(self.port),
+            "--kv-root",
+            str(root / "kv"),
+            "--dtype",
+            "float32",
+            "--vllm-max-model-len",
+            "2048",
+            "--vllm-log-dir",
+            str(self.logs),
+            "--tool-parser",
+            "hermes",
+            "--request-timeout-s",
+            "120",
+            *[a for t, k in KEYS.items() for a in ("--api-key", f"{t}={k}")],
+        ]
         with self.out.open("wb") as f:
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
         self.groups: set[int] = set()  # every process group the deployment ever had
         try:
             self.wait_health(300)
@@ -75,8 +108,9 @@ class Served:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.proc.returncode}:\n"
-                                   f"{self.out.read_text()[-3000:]}")  # fmt: skip
+                raise RuntimeError(
+                    f"serve exited with {self.proc.returncode}:\n{self.out.read_text()[-3000:]}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     return
@@ -90,13 +124,15 @@ class Served:
         return {int(p) for kind in ("sidecars", "instances") for p in pids[kind].values()}
 
     def post(self, path: str, body: dict[str, Any], key: str = KEYS["acme"]) -> Any:
-        return httpx.post(self.url + path, json=body, timeout=120,
-                          headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        return httpx.post(
+            self.url + path, json=body, timeout=120, headers={"Authorization": f"Bearer {key}"}
+        )
 
     def metric(self, name: str) -> float:
         text = httpx.get(self.url + "/metrics", headers={"Authorization": "Bearer key-a"}).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name))  # fmt: skip
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)
+        )
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -124,27 +160,43 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def _chat(user: str, **extra: Any) -> dict[str, Any]:
-    return {"model": "tiny", "messages": [{"role": "user", "content": user}], "max_tokens": 8,
-            "temperature": 0, **extra}  # fmt: skip
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def test_keys_gate_every_route_but_health(served: Served) -> None:
-    routes = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-              ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/v1/dualpath/decisions")]  # fmt: skip
+    routes = [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/models"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/dualpath/decisions"),
+    ]
     for method, path in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.request(method, served.url + path, json=_chat("hi"), headers=headers)
             assert r.status_code == 401, (path, r.text)
     assert httpx.get(served.url + "/health").status_code == 200
-    assert served.post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2},
-                       KEYS["beta"]).status_code == 200  # fmt: skip
+    assert (
+        served.post(
+            "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}, KEYS["beta"]
+        ).status_code
+        == 200
+    )
 
 
 def test_tool_calls_with_the_hermes_parser_alone(served: Served) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in ("auto", "required", named):
-        r = served.post("/v1/chat/completions", _chat("Weather in Paris?", tools=WEATHER,
-                                                      tool_choice=choice, max_tokens=64))  # fmt: skip
+        r = served.post(
+            "/v1/chat/completions",
+            _chat("Weather in Paris?", tools=WEATHER, tool_choice=choice, max_tokens=64),
+        )
         assert r.status_code == 200, (choice, r.text)  # (without the flags: vLLM's 400)
         if choice == "auto":
             continue
@@ -171,11 +223,32 @@ def test_cached_tokens_are_the_store_hits_and_loadgen_sees_them(
     queries0 = served.metric("dualpath:prefix_cache_queries_total")
     out = tmp_path / "loadgen.json"
     got = subprocess.run(
-        [sys.executable, "-m", "dualpath.cli.main", "loadgen", "--url", served.url, "--api-key",
-         KEYS["acme"], "--agents", "2", "--turns", "3", "--concurrency", "2", "--max-gen", "8",
-         "--json", str(out), "--no-progress"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "loadgen",
+            "--url",
+            served.url,
+            "--api-key",
+            KEYS["acme"],
+            "--agents",
+            "2",
+            "--turns",
+            "3",
+            "--concurrency",
+            "2",
+            "--max-gen",
+            "8",
+            "--json",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert got.returncode == 0, got.stdout + got.stderr
     summary = json.loads(out.read_text())["summary"]
     hits = served.metric("dualpath:prefix_cache_hits_total") - hits0
@@ -186,11 +259,21 @@ def test_cached_tokens_are_the_store_hits_and_loadgen_sees_them(
 
 def _stream(url: str, i: int, out: dict[int, list[str]]) -> None:
     """A long stream; its events (or, refused before its first byte, its status and body)."""
-    body = {"model": "tiny", "prompt": f"stream {i} " * 20, "max_tokens": 1500, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "prompt": f"stream {i} " * 20,
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
     events: list[str] = out.setdefault(i, [])
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60,
-                      headers={"Authorization": f"Bearer {KEYS['acme']}"}) as r:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {KEYS['acme']}"},
+    ) as r:
         if r.status_code != 200:
             events.append(f"{r.status_code} {r.read().decode()}")
             return

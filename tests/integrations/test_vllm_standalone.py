@@ -32,8 +32,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dualpath.serve.checkpoint import write_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("ckpt") / "tiny"
-    write_tiny_checkpoint(out, num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1,
-                          intermediate_size=128)  # fmt: skip
+    write_tiny_checkpoint(
+        out, num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128
+    )
     return out
 
 
@@ -44,10 +45,28 @@ def sidecars(checkpoint: Path, tmp_path: Path) -> Iterator[list[str]]:
     procs, addresses = [], []
     for node, kind in ((0, "pe"), (1, "de")):
         port = free_port()
-        cmd = [sys.executable, "-m", "dualpath.cli.main", "sidecar", "--node", str(node),
-               "--kind", kind, "--host", "127.0.0.1", "--port", str(port), "--store",
-               str(tmp_path / "kv"), "--model-dir", str(checkpoint), "--buffer-mib", "1",
-               "--vllm-python", python]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "sidecar",
+            "--node",
+            str(node),
+            "--kind",
+            kind,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--store",
+            str(tmp_path / "kv"),
+            "--model-dir",
+            str(checkpoint),
+            "--buffer-mib",
+            "1",
+            "--vllm-python",
+            python,
+        ]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
         addresses.append(f"tcp://127.0.0.1:{port}")
     try:
@@ -72,8 +91,7 @@ def test_side_cars_started_by_hand_describe_one_deployment(
     assert shape == ModelShape.from_checkpoint(checkpoint, "bfloat16")
     assert facts["weights_digest"] == checkpoint_digest(checkpoint)
     # every block header carries the deployment's namespace, derived from the same facts
-    assert spec.store_namespace == kv_namespace(facts["weights_digest"], shape, 32,
-                                                facts["engine"])  # fmt: skip
+    assert spec.store_namespace == kv_namespace(facts["weights_digest"], shape, 32, facts["engine"])
 
     dep = deployment_from_sidecars(sidecars[::-1], ["http://p:1/"], ["http://d:2"], "tiny", 640)
     assert [(n.node, n.kind) for n in dep.nodes] == [(0, "pe"), (1, "de")]
@@ -94,9 +112,11 @@ def test_the_connector_config_names_every_side_car(sidecars: list[str]) -> None:
 
 
 def test_hbm_tokens_from_vllm_metrics() -> None:
-    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
-            'vllm:cache_config_info{block_size="32",num_gpu_blocks="2048",'
-            'num_cpu_blocks="None"} 1.0\n')  # fmt: skip
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        'vllm:cache_config_info{block_size="32",num_gpu_blocks="2048",'
+        'num_cpu_blocks="None"} 1.0\n'
+    )
     assert hbm_tokens_of(text, 32) == 65536
     with pytest.raises(ValueError, match="--hbm-tokens"):
         hbm_tokens_of("vllm:num_requests_running 0\n", 32)

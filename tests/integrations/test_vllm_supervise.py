@@ -66,8 +66,17 @@ def supervised(tmp_path: Path) -> Iterator[Any]:
             restarts: Counter[str] = Counter()
             s = RouterServer(launched, RouterOptions(), fakes, restarts=restarts)
             fatal: list[str] = []
-            sup = Supervisor(launched, s.router, s.flow, 30.0, max_restarts, fatal.append,
-                             poll_s=0.1, backoff_s=0.2, restarts=restarts)  # fmt: skip
+            sup = Supervisor(
+                launched,
+                s.router,
+                s.flow,
+                30.0,
+                max_restarts,
+                fatal.append,
+                poll_s=0.1,
+                backoff_s=0.2,
+                restarts=restarts,
+            )
             started.append((s, s.spawn(sup.run())))
             return s, sup, fatal
 
@@ -169,14 +178,37 @@ def test_sigterm_while_starting_leaves_nothing(tmp_path: Path) -> None:
     (ckpt / "config.json").write_text(json.dumps(MODEL_CONFIG))
     logs = tmp_path / "logs"
     serve = subprocess.Popen(
-        [sys.executable, "-m", "dualpath.cli.main", "serve", "--engine", "vllm", "--model-dir",
-         str(ckpt), "--vllm-python", str(python), "--kv-root", str(tmp_path / "kv"), "--port",
-         str(free_port()), "--vllm-log-dir", str(logs), "--vllm-max-model-len", "512"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "serve",
+            "--engine",
+            "vllm",
+            "--model-dir",
+            str(ckpt),
+            "--vllm-python",
+            str(python),
+            "--kv-root",
+            str(tmp_path / "kv"),
+            "--port",
+            str(free_port()),
+            "--vllm-log-dir",
+            str(logs),
+            "--vllm-max-model-len",
+            "512",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
-        _wait(lambda: (logs / "processes.json").exists()
-              and len(json.loads((logs / "processes.json").read_text())["instances"]) == 2)  # fmt: skip
+        _wait(
+            lambda: (
+                (logs / "processes.json").exists()
+                and len(json.loads((logs / "processes.json").read_text())["instances"]) == 2
+            )
+        )
         pids = json.loads((logs / "processes.json").read_text())
         groups = [int(p) for kind in ("sidecars", "instances") for p in pids[kind].values()]
         assert all(group_members(g) for g in groups)

@@ -39,8 +39,12 @@ ROW = 2 * HEADS * (C // 2) * 2  # K and V of every head, bfloat16
 
 def _caches(num_blocks: int, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {f"model.layers.{i}.self_attn.attn": torch.randn(num_blocks, HEADS, BS, C, generator=g)
-            .to(torch.bfloat16) for i in range(LAYERS)}  # fmt: skip
+    return {
+        f"model.layers.{i}.self_attn.attn": torch.randn(num_blocks, HEADS, BS, C, generator=g).to(
+            torch.bfloat16
+        )
+        for i in range(LAYERS)
+    }
 
 
 @pytest.fixture()
@@ -61,8 +65,13 @@ def test_layout_of_vllm_caches_matches_the_slot() -> None:
     assert lay.layer_names[0].startswith("model.layers.0.")
     assert lay.store_layout().full_block_bytes == LAYERS * BS * ROW
     with pytest.raises(ValueError, match="differs"):
-        PagedLayout.of({"model.layers.0.a": torch.zeros(2, 2, BS, C),
-                        "model.layers.1.a": torch.zeros(2, 2, BS, C + 2)}, BS)  # fmt: skip
+        PagedLayout.of(
+            {
+                "model.layers.0.a": torch.zeros(2, 2, BS, C),
+                "model.layers.1.a": torch.zeros(2, 2, BS, C + 2),
+            },
+            BS,
+        )
 
 
 def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, NodeSpec]) -> None:
@@ -89,8 +98,9 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         decode.register(dst)
         owners = BufferOwners(nodes, instance_owner(1))
         plan_d = StepPlanner(BS, owners)  # as the connector's
-        dparams = TransferParams(load=BlockLoad(1, tuple(de_slots), len(tokens)),
-                                 persist=BlockPersist(1, 0, "tenant-ns"))  # fmt: skip
+        dparams = TransferParams(
+            load=BlockLoad(1, tuple(de_slots), len(tokens)), persist=BlockPersist(1, 0, "tenant-ns")
+        )
         assert plan_d.matched_tokens("a", dparams, tokens, len(tokens), 0) == len(tokens) - 1
         plan_d.allocated("a", len(tokens) - 1)
         decode.start_step(plan_d.step([("a", [1, 3, 4], len(tokens) - 1, 1)], []))
@@ -131,8 +141,9 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
             assert torch.equal(again[name][0], src[name][2])
         assert prefill2.bytes_by_path["pe_buffer_to_pe_hbm"] == 2 * LAYERS * BS * ROW
         # a missing block ends the readable prefix
-        miss = call(nodes[0].socket_path, {"op": "read", "keys": ["00" * 16, keys[1]],
-                                           "slots": pe_slots})  # fmt: skip
+        miss = call(
+            nodes[0].socket_path, {"op": "read", "keys": ["00" * 16, keys[1]], "slots": pe_slots}
+        )
         assert miss["num_ok"] == 0
         pe.free(pe_slots)
         for w in (prefill, decode, prefill2):
@@ -171,11 +182,23 @@ def test_settle_waits_for_the_writes_of_its_keys(tmp_path: Path) -> None:
     """Four writes through a slow SNIC (6 KiB blocks at 40 KB/s: ~0.6 s): ``settle`` on the
     last key returns once it is durable (the store then holds all four), at once for a key
     nobody writes; a bad timeout is an error naming it."""
-    spec = NodeSpec(1, "de", f"dps{tmp_path.name[-12:]}", 8, str(tmp_path / "1.lock"),
-                    str(tmp_path / "1.sock"), str(tmp_path / "kv"), LAYERS, BS, ROW, "ns0",
-                    snic_bytes_per_s=40e3)  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "dualpath.integrations.vllm.sidecar",
-                             spec.to_json()])  # fmt: skip
+    spec = NodeSpec(
+        1,
+        "de",
+        f"dps{tmp_path.name[-12:]}",
+        8,
+        str(tmp_path / "1.lock"),
+        str(tmp_path / "1.sock"),
+        str(tmp_path / "kv"),
+        LAYERS,
+        BS,
+        ROW,
+        "ns0",
+        snic_bytes_per_s=40e3,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", spec.to_json()]
+    )
     try:
         wait_ready(spec.socket_path, timeout_s=30)
         de = attach_buffer(spec)
@@ -187,7 +210,9 @@ def test_settle_waits_for_the_writes_of_its_keys(tmp_path: Path) -> None:
         store = KVStore(spec.kv_root, spec.layout, namespace="ns0")
         assert store.lookup(keys) < 4 * BS  # still on their way
         assert call(sock, {"op": "settle", "keys": keys[-1:], "timeout_s": 30}) == {
-            "waited": True, "pending": 0}  # fmt: skip
+            "waited": True,
+            "pending": 0,
+        }
         assert store.lookup(keys) == 4 * BS
         assert de.num_free == 8  # each slot freed once its block was durable
         idle = call(sock, {"op": "settle", "keys": ["ab" * 16], "timeout_s": 30})

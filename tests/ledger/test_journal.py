@@ -151,8 +151,17 @@ def test_the_ledger_emits_journal_events_only_to_subscribers() -> None:
     seen: list[object] = []
     bus.subscribe(Submitted, seen.append)
     ledger = Ledger(topo, 10_000, 64, bus)
-    journal_kinds = (ReadStarted, NodeReadDone, PassStarted, ChunkDone, Loaded,
-                     FreeHbmReported, GeneratedCounted, Pulled, Planned)  # fmt: skip
+    journal_kinds = (
+        ReadStarted,
+        NodeReadDone,
+        PassStarted,
+        ChunkDone,
+        Loaded,
+        FreeHbmReported,
+        GeneratedCounted,
+        Pulled,
+        Planned,
+    )
     assert not any(bus.wants(k) for k in journal_kinds)
     records: list[dict[str, Any]] = []
     _drive(ledger, topo, records)

@@ -77,8 +77,12 @@ def test_a_turn_moves_every_counter_and_returns_them_to_zero() -> None:
     assert view.engine_tokens()[3] == 0 and view.generated == ((0, 0),)
     assert view.engines[3].free_hbm_tokens == CAPACITY
     assert [type(e).__name__ for e in seen] == [
-        "Submitted", "Assigned", "ReadDone", "FirstToken", "TurnDone"
-    ]  # fmt: skip
+        "Submitted",
+        "Assigned",
+        "ReadDone",
+        "FirstToken",
+        "TurnDone",
+    ]
     assert turn.phase is Phase.DONE and ledger.num_done == 1
 
 

@@ -51,8 +51,9 @@ def _trajectories(cfg: Config) -> list[Trajectory]:
     # "generated" op only at a pull after a DE stepped; with 6 tokens a loaded host could
     # finish every decode between two pulls)
     wl = replace(cfg.workload, num_agents=4, seed=3)
-    return small_trajectories(wl, cfg.scheduler.block_tokens, 3, token_scale=0.15,
-                              max_gen_tokens=16)  # fmt: skip
+    return small_trajectories(
+        wl, cfg.scheduler.block_tokens, 3, token_scale=0.15, max_gen_tokens=16
+    )
 
 
 def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[list[Any], Config]:
@@ -75,8 +76,9 @@ def _runtime_journal(cfg: Config, trajs: list[Trajectory], tmp: Path) -> tuple[l
     assert by_id == list(result.records)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     # every plan belongs to one group pass, announced (with its PEs' plans) and ended once
-    plans = [(r["pe"], tuple((c[1], c[2]) for c in r["chunks"])) for r in records
-             if r["op"] == "plan"]  # fmt: skip
+    plans = [
+        (r["pe"], tuple((c[1], c[2]) for c in r["chunks"])) for r in records if r["op"] == "plan"
+    ]
     assert [b for ev in seen[ForwardStarted] for b in ev.batches] == plans
     ended = Counter(ev.batches for ev in seen[ForwardDone])
     assert ended == Counter(ev.batches for ev in seen[ForwardStarted])
@@ -160,10 +162,16 @@ def recount(
                     row[2] = reported.get(e, 0)
             yield i, {"engines": engines, "nodes": nodes}, recorded
             for e in des:  # a DE's generated tokens belong to its resident turns only
-                outputs = sum(t["output"] for t in turns.values()
-                              if t.get("de") == e and t["state"] == "on_de")  # fmt: skip
-                loaded = sum(1 for t in turns.values()
-                             if t.get("de") == e and t["state"] == "on_de" and t["loaded"])  # fmt: skip
+                outputs = sum(
+                    t["output"]
+                    for t in turns.values()
+                    if t.get("de") == e and t["state"] == "on_de"
+                )
+                loaded = sum(
+                    1
+                    for t in turns.values()
+                    if t.get("de") == e and t["state"] == "on_de" and t["loaded"]
+                )
                 assert loaded <= generated[e] <= outputs, (i, e, generated[e], loaded, outputs)
 
 

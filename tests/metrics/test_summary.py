@@ -19,9 +19,22 @@ def rec(req: int, agent: int, arrival: float, queue: float, read: float, out: in
     second = first + (0.05 if out >= 2 else 0.0)
     finish = second + 0.05 * max(0, out - 2)
     return TurnRecord(
-        agent, req, req, arrival, sched, start, done, done, first, second, finish,
-        prompt_tokens=1000, hit_tokens=900, output_tokens=out, read_side="pe" if req % 2 else "de",
-    )  # fmt: skip
+        agent,
+        req,
+        req,
+        arrival,
+        sched,
+        start,
+        done,
+        done,
+        first,
+        second,
+        finish,
+        prompt_tokens=1000,
+        hit_tokens=900,
+        output_tokens=out,
+        read_side="pe" if req % 2 else "de",
+    )
 
 
 def timeline() -> list[TurnRecord]:
@@ -79,8 +92,13 @@ def test_to_dict_is_strict_json() -> None:
     d = summarize(only_one_token).to_dict()
     text = json.dumps(d, allow_nan=False)
     assert json.loads(text)["tpot_s"] == {
-        "count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None,
-    }  # fmt: skip
+        "count": 0,
+        "mean": None,
+        "p50": None,
+        "p90": None,
+        "p99": None,
+        "max": None,
+    }
     assert d["ttft_breakdown_s"] == pytest.approx(
         {"queue": 0.0, "alloc": 0.1, "read": 1.0, "prefill": 0.2}
     )

@@ -20,8 +20,16 @@ LATENCY = SRC / "metrics" / "latency.py"
 # literal path names still written out in the simulator's cluster wiring (its rewrite is
 # another issue's); nowhere else may a KV path be spelled as a string
 KV_LITERALS_LEFT = {SRC / "sim" / "cluster.py"}
-OLD_PATH_NAMES = {"pe_read", "de_read", "pd_transfer", "persist", "persisted",
-                  "layer_blocks_to_pe", "pe_to_de_buffer", "de_buffer_to_hbm"}  # fmt: skip
+OLD_PATH_NAMES = {
+    "pe_read",
+    "de_read",
+    "pd_transfer",
+    "persist",
+    "persisted",
+    "layer_blocks_to_pe",
+    "pe_to_de_buffer",
+    "de_buffer_to_hbm",
+}
 
 
 @functools.cache
@@ -42,18 +50,23 @@ def test_every_latency_metric_is_defined_once() -> None:
             if isinstance(node, ast.FunctionDef) and node.name in names:
                 defs += 1
                 calls = [
-                    c for c in ast.walk(node)
-                    if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                    c
+                    for c in ast.walk(node)
+                    if isinstance(c, ast.Call)
+                    and isinstance(c.func, ast.Attribute)
                     and c.func.attr == node.name
-                    and isinstance(c.func.value, ast.Name) and c.func.value.id == "latency"
-                ]  # fmt: skip
+                    and isinstance(c.func.value, ast.Name)
+                    and c.func.value.id == "latency"
+                ]
                 assert calls, f"{path}:{node.lineno} defines {node.name} itself"
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
                 right = node.right
                 assert not (
-                    isinstance(right, ast.BinOp) and isinstance(right.op, ast.Sub)
-                    and isinstance(right.right, ast.Constant) and right.right.value in (1, 2)
-                ), f"{path}:{node.lineno}: {ast.unparse(node)} (a per-token latency?)"  # fmt: skip
+                    isinstance(right, ast.BinOp)
+                    and isinstance(right.op, ast.Sub)
+                    and isinstance(right.right, ast.Constant)
+                    and right.right.value in (1, 2)
+                ), f"{path}:{node.lineno}: {ast.unparse(node)} (a per-token latency?)"
     assert defs >= 7  # TurnRecord's four, the load generator's three
 
 
@@ -73,16 +86,23 @@ def test_shells_and_load_generator_agree_on_one_timeline() -> None:
     record (both shells) and the load generator (same times from its start) give the same
     TTFT, TTST, TPOT and ITL, those of the definitions."""
     rec = TurnRecord(0, 0, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.5, 5.5, 100, 64, 6, "de")
-    res = RequestResult("agent-0", 0, ok=True, start_s=1.0, ttft_s=2.0, second_token_s=2.5,
-                        end_s=5.5, completion_tokens=6)  # fmt: skip
+    res = RequestResult(
+        "agent-0",
+        0,
+        ok=True,
+        start_s=1.0,
+        ttft_s=2.0,
+        second_token_s=2.5,
+        end_s=5.5,
+        completion_tokens=6,
+    )
     assert rec.ttft_s == res.ttft_s == 2.0
     assert rec.ttst_s == res.ttst_s == 0.5
     assert rec.tpot_s == res.tpot_s == pytest.approx((5.5 - 3.5) / 4)
     assert rec.itl_s == res.itl_s == pytest.approx((5.5 - 3.0) / 5)
 
 
-@pytest.mark.parametrize(("n", "ttst", "tpot", "itl"), [(1, None, None, None),
-                                                         (2, 0.5, None, 2.0)])  # fmt: skip
+@pytest.mark.parametrize(("n", "ttst", "tpot", "itl"), [(1, None, None, None), (2, 0.5, None, 2.0)])
 def test_short_outputs_leave_metrics_undefined(
     n: int, ttst: float | None, tpot: float | None, itl: float | None
 ) -> None:
@@ -113,8 +133,16 @@ def test_summaries_name_latencies_as_the_definitions_do() -> None:
     from dualpath.serve.loadgen import LoadgenResult
 
     rec = TurnRecord(0, 0, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.5, 5.5, 100, 64, 6, "de")
-    res = RequestResult("agent-0", 0, ok=True, start_s=1.0, ttft_s=2.0, second_token_s=2.5,
-                        end_s=5.5, completion_tokens=6)  # fmt: skip
+    res = RequestResult(
+        "agent-0",
+        0,
+        ok=True,
+        start_s=1.0,
+        ttft_s=2.0,
+        second_token_s=2.5,
+        end_s=5.5,
+        completion_tokens=6,
+    )
     shells = summarize([rec]).to_dict()
     client = LoadgenResult([res], [4.5], wall_s=4.5).summary()
     common = {"ttft_s", "ttst_s", "tpot_s"}

@@ -161,8 +161,9 @@ def test_median_balance_chunks_the_busiest_gpus_to_the_median() -> None:
     assert got == [[(1, 0, 20_000, False)], [(2, 0, 10_000, True)], [(3, 0, 20_000, True)], []]
     assert even.per_gpu_s == pytest.approx((0.2, 0.05, 0.2, 0.0))
     assert even.bubble_ratio < quota.bubble_ratio
-    floored = policy("dualpath", compute_quota_s=1.0, pass_balance="median",
-                     balance_floor_s=0.5).plan_group(queues, 0.0)  # fmt: skip
+    floored = policy(
+        "dualpath", compute_quota_s=1.0, pass_balance="median", balance_floor_s=0.5
+    ).plan_group(queues, 0.0)
     assert floored.batches[0].chunks[0].new == 31_622  # largest b with b²/2 ≤ 5e8
     assert floored.batches[2].chunks[0].new == 20_000  # below the cap: unchanged
 

@@ -24,10 +24,21 @@ def _view() -> ClusterView:
 
 def _numbers(index: ViewIndex) -> tuple[object, ...]:
     return (
-        index.tok, index.seq, index.free, index.node, index.read_q, index.read_bytes,
-        index.pe_groups, index.de_groups, index.pe_group_ids, index.de_group_ids,
-        index.all_pes, index.de_group_of, index.de_tok_sum, index.de_free_sum,
-    )  # fmt: skip
+        index.tok,
+        index.seq,
+        index.free,
+        index.node,
+        index.read_q,
+        index.read_bytes,
+        index.pe_groups,
+        index.de_groups,
+        index.pe_group_ids,
+        index.de_group_ids,
+        index.all_pes,
+        index.de_group_of,
+        index.de_tok_sum,
+        index.de_free_sum,
+    )
 
 
 def test_incremental_refresh_equals_a_fresh_index() -> None:

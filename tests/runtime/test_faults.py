@@ -426,9 +426,11 @@ def test_failed_write_acked_before_decode_ends_does_not_stall_the_turn(tmp_path:
     cfg = small_config()
     agents = _long_decode_agents(2)
     opts = RuntimeOptions(
-        system="basic", kv_root=str(tmp_path), faults=FaultPlan(fail_writes=-1),
+        system="basic",
+        kv_root=str(tmp_path),
+        faults=FaultPlan(fail_writes=-1),
         request_timeout_s=20.0,
-    )  # fmt: skip
+    )
     with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)
@@ -447,8 +449,12 @@ def test_every_storage_worker_lost_at_once_with_writes_taken(tmp_path: Path) -> 
 
     cfg = small_config()
     agents = _long_decode_agents(2)
-    opts = RuntimeOptions(system="basic", kv_root=str(tmp_path), request_timeout_s=60.0,
-                          faults=FaultPlan(crash_storage_writes=True))  # fmt: skip
+    opts = RuntimeOptions(
+        system="basic",
+        kv_root=str(tmp_path),
+        request_timeout_s=60.0,
+        faults=FaultPlan(crash_storage_writes=True),
+    )
     with Runtime(cfg, opts) as rt:
         result = rt.run(agents)
     assert result.outputs == reference_outputs(cfg, agents)

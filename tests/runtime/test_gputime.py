@@ -111,8 +111,9 @@ def test_passes_end_no_earlier_than_emulated_and_tokens_match_host_time(tmp_path
     want = reference_outputs(cfg, agents)
     results = {}
     for mode in ("host", "emulated"):
-        opts = RuntimeOptions(system="basic", kv_root=str(tmp_path / mode), batching=False,
-                              gpu_time=mode)  # fmt: skip
+        opts = RuntimeOptions(
+            system="basic", kv_root=str(tmp_path / mode), batching=False, gpu_time=mode
+        )
         fresh = [AgentState(a.agent_id, a.appends, a.outputs) for a in agents]
         with Runtime(cfg, opts) as rt:
             results[mode] = rt.run(fresh)

@@ -25,10 +25,14 @@ def test_stamps_of_several_processes_merge_in_time_order(tmp_path: Path) -> None
     code = "from dualpath.runtime.hops import hop; import sys; hop(sys.argv[1], int(sys.argv[2]))"
     env = {**os.environ, hops.ENV: str(tmp_path)}
     for name, rid in (("http.request", -1), ("sched.submit", 7), ("pe.pass", 7)):
-        subprocess.run([sys.executable, "-c", code, name, str(rid)], env=env, check=True,
-                       timeout=60)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", code, name, str(rid)], env=env, check=True, timeout=60
+        )
     stamps = hops.read(str(tmp_path))
-    assert [(n, r) for _, n, r in stamps] == [("http.request", -1), ("sched.submit", 7),
-                                               ("pe.pass", 7)]  # fmt: skip
+    assert [(n, r) for _, n, r in stamps] == [
+        ("http.request", -1),
+        ("sched.submit", 7),
+        ("pe.pass", 7),
+    ]
     assert len(list(tmp_path.glob("hops-*.txt"))) == 3  # one file per process
     assert stamps == sorted(stamps)

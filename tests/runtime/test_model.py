@@ -110,9 +110,13 @@ def test_paged_kv_equals_a_contiguous_cache(model: TinyTransformer) -> None:
     prompts = [_tokens(40, 21), _tokens(17, 22)]
     tables = [[pool.alloc(4) or [] for _ in prompts] for _ in range(TINY.num_layers)]
     calls: list[tuple[str, int]] = []
-    kv = PagedKV(pool, lambda layer: tables[layer], [0, 0],
-                 before=lambda layer: calls.append(("before", layer)),
-                 after=lambda layer: calls.append(("after", layer)))  # fmt: skip
+    kv = PagedKV(
+        pool,
+        lambda layer: tables[layer],
+        [0, 0],
+        before=lambda layer: calls.append(("before", layer)),
+        after=lambda layer: calls.append(("after", layer)),
+    )
     paged = model.forward_batch(prompts, kv)
     ref = model.forward_batch(prompts, CacheBatch([KVCache(model, 64), KVCache(model, 64)]))
     assert torch.allclose(paged, ref, atol=ATOL)
@@ -134,15 +138,23 @@ def test_the_tiny_model_is_a_transformers_llama(tmp_path: Path) -> None:
     model = TinyTransformer(TINY, seed=5)
     spec = model.spec
     config = transformers.LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta,
-        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        rms_norm_eps=spec.rms_norm_eps,
+        rope_theta=spec.rope_theta,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+    )
     config.save_pretrained(tmp_path)
-    save_file({k: v.contiguous() for k, v in tiny_weights(TINY, 5).items()},
-              str(tmp_path / "model.safetensors"))  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in tiny_weights(TINY, 5).items()},
+        str(tmp_path / "model.safetensors"),
+    )
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
     prompt = _tokens(96, seed=2)
     with torch.no_grad():

@@ -111,8 +111,11 @@ def test_a_batch_of_writes_is_one_put_per_new_block(
     assert store.write_block(keys[1], views[1])  # one of them is stored already
     loose = memoryview(bytearray(views[3]))  # and one lies in memory not registered
     assert store.write_blocks(keys, [views[0], views[1], views[2], loose]) == [
-        True, False, True, True,
-    ]  # fmt: skip
+        True,
+        False,
+        True,
+        True,
+    ]
     assert store.lookup(keys) == 4 * LAYOUT.block_tokens
     outs = [shm[(30 + i) * SIZE : (31 + i) * SIZE] for i in range(4)]
     assert store.read_blocks(keys, outs) == [None] * 4

@@ -86,8 +86,9 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
     agents = _agents(2, 3, seed=2)
     want = reference_outputs(cfg, agents)
     faults = FaultPlan(crash_engine=3, crash_at_message=3)
-    opts = RuntimeOptions(system="dpl", kv_root=str(tmp_path), transport="tcp", runtime="ray",
-                          faults=faults)  # fmt: skip
+    opts = RuntimeOptions(
+        system="dpl", kv_root=str(tmp_path), transport="tcp", runtime="ray", faults=faults
+    )
     with Runtime(cfg, opts) as rt:
         launcher = rt.launcher
         first_de = launcher.procs["de3@node1"]
@@ -98,10 +99,13 @@ def test_ray_run_crosses_nodes_survives_an_engine_death_and_gives_recompute_toke
         respawned = launcher.procs["de3@node1"] is not first_de
         regions, specs = launcher.env.regions, launcher.env.buffers
         sent = [
-            ray.get(launcher.procs[f"pe{e}@node0"].__ray_call__.remote(
-                lambda a: a.engine.exchange.stats.bytes_sent))
+            ray.get(
+                launcher.procs[f"pe{e}@node0"].__ray_call__.remote(
+                    lambda a: a.engine.exchange.stats.bytes_sent
+                )
+            )
             for e in (0, 1)
-        ]  # fmt: skip
+        ]
     assert before["pe0@node0"] == before["storage@node0"] != before["de3@node1"]
     assert before["de3@node1"] == before["storage@node1"] == after["de3@node1"]  # same node
     assert all(r.endpoint.startswith("tcp://127.0.0.1:") for r in regions)  # loopback only

@@ -55,8 +55,12 @@ def _serve(
     request has received that many tokens: mid-stream. ``logprobs`` gets each request's
     log-probabilities when it ends."""
     cfg = small_config(gpus_per_node=2)
-    opts = RuntimeOptions(kv_root=str(kv_root), liveness_timeout_s=2.0, request_timeout_s=60.0,
-                          vocab=TinyTokenizer(cfg.model.vocab_size).vocab_spec())  # fmt: skip
+    opts = RuntimeOptions(
+        kv_root=str(kv_root),
+        liveness_timeout_s=2.0,
+        request_timeout_s=60.0,
+        vocab=TinyTokenizer(cfg.model.vocab_size).vocab_spec(),
+    )
     requests = requests or _requests(cfg.model.vocab_size)
     seen: list[list[tuple[int, ...]]] = [[] for _ in range(NUM)]
     done = threading.Event()
@@ -113,20 +117,36 @@ def test_a_resumed_turn_keeps_its_grammar_penalties_and_logprobs(tmp_path: Path)
     under the grammar, and its log-probabilities equal the fault-free run's."""
     tok = TinyTokenizer(small_config(gpus_per_node=2).model.vocab_size)
     items = {"type": "array", "items": {"enum": ["ok", "fail"]}, "minItems": 12, "maxItems": 12}
-    grammar = json_grammar({"type": "object", "properties": {"runs": items},
-                            "required": ["runs"], "additionalProperties": False})  # fmt: skip
+    grammar = json_grammar(
+        {
+            "type": "object",
+            "properties": {"runs": items},
+            "required": ["runs"],
+            "additionalProperties": False,
+        }
+    )
     rng = random.Random(9)
     requests = [
-        (tuple(rng.randrange(3, 1000) for _ in range(20 + 5 * i)),
-         SamplingParams(1.0 if i % 2 else 0.0, 1.0, 200 + i, tok.eos_token_ids, grammar=grammar,
-                        frequency_penalty=0.5, logprobs=2))
+        (
+            tuple(rng.randrange(3, 1000) for _ in range(20 + 5 * i)),
+            SamplingParams(
+                1.0 if i % 2 else 0.0,
+                1.0,
+                200 + i,
+                tok.eos_token_ids,
+                grammar=grammar,
+                frequency_penalty=0.5,
+                logprobs=2,
+            ),
+        )
         for i in range(NUM)
-    ]  # fmt: skip
+    ]
     ref_lps: list[list[Any]] = [[] for _ in range(NUM)]
     reference, _, _ = _serve(tmp_path / "ref", requests=requests, logprobs=ref_lps, new=200)
     got_lps: list[list[Any]] = [[] for _ in range(NUM)]
-    got, requeued, resumed = _serve(tmp_path / "fault", kill_at=12, requests=requests,
-                                    logprobs=got_lps, new=200)  # fmt: skip
+    got, requeued, resumed = _serve(
+        tmp_path / "fault", kill_at=12, requests=requests, logprobs=got_lps, new=200
+    )
     assert requeued >= 1 and resumed >= 1
     for i in range(NUM):
         final = reference[i][-1]

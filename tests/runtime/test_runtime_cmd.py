@@ -25,8 +25,20 @@ def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -
     assert "--runtime 'cluster' is invalid" in capsys.readouterr().err
     assert main(["bench", "--systems", "basic,turbo", "--agents", "1", "--turns", "1"]) == 2
     assert "system='turbo' is invalid" in capsys.readouterr().err
-    rc = main(["bench", "--runtime", "local", "--agents", "1", "--turns", "1",
-               "--no-progress", "--set", "scheduler.split_reads=true"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--runtime",
+            "local",
+            "--agents",
+            "1",
+            "--turns",
+            "1",
+            "--no-progress",
+            "--set",
+            "scheduler.split_reads=true",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "split_reads=true is not supported by the runtime" in err
@@ -35,9 +47,11 @@ def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.parametrize("runtime", ["local", "ray"])
 def test_missing_mooncake_is_one_line_and_starts_nothing(
-    runtime: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    runtime: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     for name in ("mooncake", "mooncake.engine"):  # imports fail, as where it is not installed
         monkeypatch.setitem(sys.modules, name, None)
 
@@ -46,8 +60,20 @@ def test_missing_mooncake_is_one_line_and_starts_nothing(
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", started)
     monkeypatch.setattr("dualpath.cli.runtime_cmd.check_kv_root", started)
-    argv = ["bench", "--runtime", runtime, "--transport", "mooncake", "--agents", "1",
-            "--turns", "1", "--no-progress", "--kv-root", str(tmp_path / "kv")]  # fmt: skip
+    argv = [
+        "bench",
+        "--runtime",
+        runtime,
+        "--transport",
+        "mooncake",
+        "--agents",
+        "1",
+        "--turns",
+        "1",
+        "--no-progress",
+        "--kv-root",
+        str(tmp_path / "kv"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("dualpath: error: --transport mooncake needs the Mooncake")
@@ -61,11 +87,30 @@ def test_small_bench_run_reports_metrics(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bench.json"
-    rc = main([
-        "bench", "--runtime", "local", "--agents", "2", "--turns", "2", "--systems", "basic,oracle",
-        "--token-scale", "0.1", "--max-gen", "3", "--kv-root", str(tmp_path / "kv"),
-        "--no-progress", "--json", str(out), "--set", "hardware.gpus_per_node=1",
-    ])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--runtime",
+            "local",
+            "--agents",
+            "2",
+            "--turns",
+            "2",
+            "--systems",
+            "basic,oracle",
+            "--token-scale",
+            "0.1",
+            "--max-gen",
+            "3",
+            "--kv-root",
+            str(tmp_path / "kv"),
+            "--no-progress",
+            "--json",
+            str(out),
+            "--set",
+            "hardware.gpus_per_node=1",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "oracle" in text and "SNIC utilisation" in text and "JCT basic / oracle" in text
@@ -88,13 +133,34 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     env = {**os.environ, "DUALPATH_TEST_TAG": tag}
     # long enough (40 turns at 2 MB/s per SNIC) that it cannot finish before the SIGINT,
     # however slow or loaded the host: it is interrupted, never run to the end
-    cmd = [sys.executable, "-m", "dualpath.cli.main", "bench", "--agents", "4", "--turns", "40",
-           "--snic-mb-per-s", "2", "--systems", "basic", "--kv-root", str(tmp_path),
-           "--set", "hardware.gpus_per_node=1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dualpath.cli.main",
+        "bench",
+        "--agents",
+        "4",
+        "--turns",
+        "40",
+        "--snic-mb-per-s",
+        "2",
+        "--systems",
+        "basic",
+        "--kv-root",
+        str(tmp_path),
+        "--set",
+        "hardware.gpus_per_node=1",
+    ]
     # the child starts with SIGINT at its default whatever this process inherited (a shell's
     # background job, e.g. `make test &`, ignores SIGINT, and a child inherits that)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_default_sigint)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     deadline = time.monotonic() + 60
     while len(_tagged(tag)) < 5 and time.monotonic() < deadline:  # parent + 4 children
         time.sleep(0.2)

@@ -23,8 +23,15 @@ from dualpath.runtime.scheduler.streams import Streams
 RUNTIME = Path(__file__).resolve().parents[2] / "src" / "dualpath" / "runtime"
 
 
-def _req(rid: int, *, output: int = 4, phase: Phase = Phase.DECODING, pe: int = 0, de: int = 2,
-         sampling: SamplingParams | None = None) -> Req:  # fmt: skip
+def _req(
+    rid: int,
+    *,
+    output: int = 4,
+    phase: Phase = Phase.DECODING,
+    pe: int = 0,
+    de: int = 2,
+    sampling: SamplingParams | None = None,
+) -> Req:
     req = Req(rid, rid, 0, (5, 6, 7, 8), output, ("k0",), 0, 0.0, sampling=sampling)
     req.phase, req.pe, req.de = phase, pe, de
     return req
@@ -73,8 +80,15 @@ def test_a_dead_engine_costs_the_turns_that_still_need_it() -> None:
     in_pass_elsewhere = _req(5, phase=Phase.IN_PASS, pe=1, de=2)
     queued = _req(6, phase=Phase.QUEUED, pe=0)
     waiting_for_slots = _req(7, phase=Phase.SCHEDULED, pe=0, de=3)
-    reqs = [in_pass_elsewhere, queued, decoding_elsewhere, decoding_on_it,
-            ready_elsewhere, reading, waiting_for_slots]  # fmt: skip
+    reqs = [
+        in_pass_elsewhere,
+        queued,
+        decoding_elsewhere,
+        decoding_on_it,
+        ready_elsewhere,
+        reading,
+        waiting_for_slots,
+    ]
     got = [(r.request_id, free) for r, free in Recovery.orphans(0, reqs)]
     assert got == [(1, False), (7, True)]  # the storage worker may still write request 1's
     got = [(r.request_id, free) for r, free in Recovery.orphans(2, reqs)]
@@ -134,11 +148,16 @@ def _sent_to_scheduler() -> set[str]:
     names: set[str] = set()
     for path in [*RUNTIME.glob("*.py"), *RUNTIME.glob("scheduler/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "put" and isinstance(node.func.value, ast.Attribute)
-                    and node.func.value.attr == "results" and node.args
-                    and isinstance(node.args[0], ast.Call)
-                    and isinstance(node.args[0].func, ast.Name)):  # fmt: skip
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "put"
+                and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "results"
+                and node.args
+                and isinstance(node.args[0], ast.Call)
+                and isinstance(node.args[0].func, ast.Name)
+            ):
                 names.add(node.args[0].func.id)
     return names
 
@@ -172,8 +191,9 @@ def test_the_components_never_reach_one_another() -> None:
     classes = set(COMPONENTS.values())
     for mod, own in COMPONENTS.items():
         tree = ast.parse((RUNTIME / "scheduler" / f"{mod}.py").read_text())
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                    for a in n.names}  # fmt: skip
+        imported = {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+        }
         assert not (imported & classes), f"{mod}.py imports {imported & classes}"
         assert own in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     loop = ast.parse((RUNTIME / "scheduler" / "loop.py").read_text())
@@ -186,8 +206,12 @@ def test_the_components_never_reach_one_another() -> None:
             continue
         built += 1
         args = [*node.args, *(k.value for k in node.keywords)]
-        used = {a.attr for arg in args for a in ast.walk(arg)
-                if isinstance(a, ast.Attribute) and a.attr in attrs}  # fmt: skip
+        used = {
+            a.attr
+            for arg in args
+            for a in ast.walk(arg)
+            if isinstance(a, ast.Attribute) and a.attr in attrs
+        }
         assert not used, f"{node.func.id} is built from {used}"
     assert built == len(classes)  # the scan sees every component being built
 

@@ -45,9 +45,17 @@ def test_a_persist_completes_while_a_long_read_is_in_flight(tmp_path: Path) -> N
     results: queue.Queue[object] = queue.Queue()
     inbox: queue.Queue[object] = queue.Queue()
     try:
-        env = ProcEnv(config, options, Topology.from_config(config), (spec,),
-                      (threading.Lock(),), results, (inbox,), time.monotonic(),
-                      os.getppid())  # fmt: skip
+        env = ProcEnv(
+            config,
+            options,
+            Topology.from_config(config),
+            (spec,),
+            (threading.Lock(),),
+            results,
+            (inbox,),
+            time.monotonic(),
+            os.getppid(),
+        )
         store = env.store()
         keys = tuple(f"{i:02x}" + uuid.uuid4().hex for i in range(READ_BLOCKS))
         for key in keys:

@@ -100,8 +100,9 @@ def test_batched_masks_equal_the_rows_filled_one_by_one() -> None:
     grammars = GrammarCache(build_tokenizer(VOCAB, 1024), 1024)
     grammar = json_grammar(SCHEMA)
     prefixes = ["", "{", '{"city":"Pa', '{"city":"Paris","unit":"c']
-    choosers = [Chooser(SamplingParams(grammar=grammar), tuple(TOK.encode(p)), grammars)
-                for p in prefixes]  # fmt: skip
+    choosers = [
+        Chooser(SamplingParams(grammar=grammar), tuple(TOK.encode(p)), grammars) for p in prefixes
+    ]
     words = (1024 + 31) // 32
     batched = torch.zeros((len(choosers), words), dtype=torch.int32)
     fill_masks(choosers, batched)

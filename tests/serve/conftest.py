@@ -150,10 +150,19 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     served = tmp_path_factory.mktemp("served")
     model_dir = served / "tiny-llama"
     server = ServerProc(
-        ["--model-dir", str(model_dir), "--init-tiny-checkpoint", "--api-key", "acme=sk-test",
-         "--block-tokens", "16", "--kv-root", str(served / "kv")],
+        [
+            "--model-dir",
+            str(model_dir),
+            "--init-tiny-checkpoint",
+            "--api-key",
+            "acme=sk-test",
+            "--block-tokens",
+            "16",
+            "--kv-root",
+            str(served / "kv"),
+        ],
         api_key="sk-test",
-    )  # fmt: skip
+    )
     try:
         yield server
     finally:

@@ -23,16 +23,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "tiny-llama"
 TOOLS: list[Any] = [
-    {"type": "function",
-     "function": {"name": "get_weather", "description": "Forecast.", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Forecast.", "parameters": WEATHER},
+    },
     {"type": "function", "function": {"name": "list_files", "parameters": LIST_FILES}},
-]  # fmt: skip
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
 # as the server hands tools to the template (a description always there, as transformers'
 # get_json_schema writes one)
-RENDERED = tuple({"type": "function", "function": {"name": t["function"]["name"],
-                  "description": t["function"].get("description", ""),
-                  "parameters": t["function"]["parameters"]}} for t in TOOLS)  # fmt: skip
+RENDERED = tuple(
+    {
+        "type": "function",
+        "function": {
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            "parameters": t["function"]["parameters"],
+        },
+    }
+    for t in TOOLS
+)
 
 
 def _client(server: ServerProc) -> openai.OpenAI:
@@ -51,18 +61,32 @@ def test_tools_reach_the_prompt_as_the_template_renders_them(
     tok = HFTokenizer.from_dir(hf_checkpoint)
     inputs = ChatInputs(tools=RENDERED)
     client = _client(hf_server)
-    with_tools = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
-                                                tool_choice="none", max_tokens=1)  # fmt: skip
+    with_tools = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=1
+    )
     plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
     expected = len(tok.encode(tok.render_chat(ASK, inputs)))
     assert with_tools.usage is not None and plain.usage is not None
     assert with_tools.usage.prompt_tokens == expected > plain.usage.prompt_tokens + 100
     # an assistant's tool_calls and a tool result are rendered too
-    history = [*ASK,
-               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1",
-                "type": "function", "function": {"name": "get_weather",
-                "arguments": '{"city": "Paris", "unit": "celsius", "days": 3}'}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."}]  # fmt: skip
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "unit": "celsius", "days": 3}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."},
+    ]
     r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=1)
     rendered = tok.render_chat(
         [
@@ -83,7 +107,7 @@ def test_tools_reach_the_prompt_as_the_template_renders_them(
         ],
         inputs,
     )
-    assert "Sunny, 21 C." in rendered and '"city": "Paris"' in rendered  # fmt: skip
+    assert "Sunny, 21 C." in rendered and '"city": "Paris"' in rendered
     assert r.usage is not None and r.usage.prompt_tokens == len(tok.encode(rendered))
 
 
@@ -93,11 +117,18 @@ def test_a_forced_call_is_schema_valid_and_streams_to_the_same_call(
 ) -> None:
     client = _client(hf_server)
     tool_choice: Any = (
-        "required" if choice == "required"
+        "required"
+        if choice == "required"
         else {"type": "function", "function": {"name": "list_files"}}
-    )  # fmt: skip
-    kw: dict[str, Any] = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice,
-                              max_tokens=120, temperature=0)  # fmt: skip
+    )
+    kw: dict[str, Any] = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        max_tokens=120,
+        temperature=0,
+    )
     whole = client.chat.completions.create(**kw)
     c = whole.choices[0]
     assert c.finish_reason == "tool_calls"
@@ -123,29 +154,52 @@ def test_a_forced_call_is_schema_valid_and_streams_to_the_same_call(
 
 def test_response_format_json_schema_and_json_object(hf_server: ServerProc) -> None:
     client = _client(hf_server)
-    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER,
-                                                  "strict": True}}  # fmt: skip
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "weather", "schema": WEATHER, "strict": True},
+    }
     for seed in (1, 2):
-        r = client.chat.completions.create(model=MODEL, messages=ASK, response_format=fmt,
-                                           max_tokens=80, temperature=1.0, seed=seed)  # fmt: skip
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            response_format=fmt,
+            max_tokens=80,
+            temperature=1.0,
+            seed=seed,
+        )
         assert r.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(r.choices[0].message.content or ""), WEATHER)
-    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=200, temperature=0,
-                                       response_format={"type": "json_object"})  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=200,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     text = r.choices[0].message.content or ""
     assert text.startswith("{")
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
     with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4,
-            response_format={"type": "json_schema", "json_schema": {"name": "x",
-                             "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}})  # fmt: skip
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "nope"}}},
+                },
+            },
+        )
 
 
 def test_n_samples_are_the_seeded_single_samples(hf_server: ServerProc) -> None:
     client = _client(hf_server)
-    kw: dict[str, Any] = dict(model=MODEL, messages=ASK, max_tokens=8, temperature=1.0,
-                              extra_body={"ignore_eos": True})  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=MODEL, messages=ASK, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True}
+    )
     two = client.chat.completions.create(**kw, n=2, seed=7)
     assert [c.index for c in two.choices] == [0, 1]
     one = [client.chat.completions.create(**kw, seed=s).choices[0].message.content for s in (7, 8)]
@@ -165,9 +219,15 @@ def test_logprobs_match_a_direct_forward_pass(hf_server: ServerProc, hf_checkpoi
     from dualpath.serve.tokenizer import HFTokenizer
 
     client = _client(hf_server)
-    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=6, temperature=0,
-                                       logprobs=True, top_logprobs=3,
-                                       extra_body={"ignore_eos": True})  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     content = r.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == 6
     tok = HFTokenizer.from_dir(hf_checkpoint)
@@ -185,8 +245,14 @@ def test_logprobs_match_a_direct_forward_pass(hf_server: ServerProc, hf_checkpoi
         assert entry.token == tok.decode([t])
         assert entry.logprob == pytest.approx(lp, abs=2e-3)
         assert [e.logprob for e in entry.top_logprobs] == pytest.approx(top, abs=2e-3)
-    c = client.completions.create(model=MODEL, prompt="Run the tests", max_tokens=3,
-                                  temperature=0, logprobs=2, extra_body={"ignore_eos": True})  # fmt: skip
+    c = client.completions.create(
+        model=MODEL,
+        prompt="Run the tests",
+        max_tokens=3,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     lp = c.choices[0].logprobs
     assert lp is not None and len(lp.token_logprobs or []) == 3 and len(lp.top_logprobs or []) == 3
 
@@ -196,8 +262,14 @@ def test_logit_bias_steers_greedy_decoding(hf_server: ServerProc, hf_checkpoint:
 
     tok = HFTokenizer.from_dir(hf_checkpoint)
     client = _client(hf_server)
-    kw: dict[str, Any] = dict(model=MODEL, messages=ASK, max_tokens=5, temperature=0,
-                              logprobs=True, extra_body={"ignore_eos": True})  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        extra_body={"ignore_eos": True},
+    )
     forced = client.chat.completions.create(**kw, logit_bias={"42": 100})
     texts = [e.token for e in forced.choices[0].logprobs.content]  # type: ignore[union-attr]
     assert texts == [tok.decode([42])] * 5
@@ -218,14 +290,26 @@ def test_errors_are_openai_shaped(hf_server: ServerProc) -> None:
     assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
     client = _client(hf_server)
     with pytest.raises(openai.BadRequestError, match="tool_choice: no tool named 'nope'"):
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=2,
-            tool_choice={"type": "function", "function": {"name": "nope"}})  # fmt: skip
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOLS,
+            max_tokens=2,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
     with pytest.raises(openai.BadRequestError, match="modalities: not supported"):
-        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2,
-                                       extra_body={"modalities": ["audio"]})  # fmt: skip
+        client.chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=2, extra_body={"modalities": ["audio"]}
+        )
     with pytest.raises(openai.BadRequestError, match="ignore_eos"):
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=2,
-                                       tool_choice="required", extra_body={"ignore_eos": True})  # fmt: skip
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOLS,
+            max_tokens=2,
+            tool_choice="required",
+            extra_body={"ignore_eos": True},
+        )
 
 
 def test_an_agents_sdk_agent_calls_its_tool_and_finishes(hf_server: ServerProc) -> None:

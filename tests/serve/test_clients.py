@@ -29,8 +29,15 @@ class Forecast(pydantic.BaseModel):
 
 def _chat_model(server: ServerProc) -> Any:
     lc = pytest.importorskip("langchain_openai")
-    return lc.ChatOpenAI(model=MODEL, base_url=server.url + "/v1", api_key="sk-test",
-                         max_retries=0, timeout=120, temperature=0, max_tokens=700)  # fmt: skip
+    return lc.ChatOpenAI(
+        model=MODEL,
+        base_url=server.url + "/v1",
+        api_key="sk-test",
+        max_retries=0,
+        timeout=120,
+        temperature=0,
+        max_tokens=700,
+    )
 
 
 @pytest.mark.parametrize("choice", ["any", "Forecast"])
@@ -47,8 +54,12 @@ def test_langchain_bind_tools_forces_a_parsed_call(hf_server: ServerProc, choice
 def test_langchain_structured_output_in_every_method(hf_server: ServerProc, method: str) -> None:
     schema: Any = Forecast
     if method == "json_mode":  # json_object: any (bounded) object; LangChain parses it
-        schema = {"title": "Forecast", "type": "object", "description": "A forecast.",
-                  "properties": {"zone": {"type": "string"}}}  # fmt: skip
+        schema = {
+            "title": "Forecast",
+            "type": "object",
+            "description": "A forecast.",
+            "properties": {"zone": {"type": "string"}},
+        }
     model = _chat_model(hf_server).with_structured_output(schema, method=method)
     out = model.invoke("Forecast for Paris, as JSON.")
     if method == "json_mode":
@@ -74,21 +85,30 @@ def test_agents_sdk_default_responses_model_runs_a_tool_and_an_output_type(
         calls.append(dir)
         return "main.py"
 
-    client = openai.AsyncOpenAI(base_url=hf_server.url + "/v1", api_key="sk-test",
-                                max_retries=0, timeout=120)  # fmt: skip
+    client = openai.AsyncOpenAI(
+        base_url=hf_server.url + "/v1", api_key="sk-test", max_retries=0, timeout=120
+    )
     model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
     settings = agents.ModelSettings(max_tokens=700, temperature=0)
     # the tool turn: forced (with tool_choice auto the random model, offered a call or the
     # output type's JSON, always picks the call: a real model answers when it is done)
-    caller = agents.Agent(name="coder", instructions="Use your tools.", tools=[list_files],
-                          model=model, tool_use_behavior="stop_on_first_tool",
-                          model_settings=settings.resolve(
-                              agents.ModelSettings(tool_choice="required")))  # fmt: skip
+    caller = agents.Agent(
+        name="coder",
+        instructions="Use your tools.",
+        tools=[list_files],
+        model=model,
+        tool_use_behavior="stop_on_first_tool",
+        model_settings=settings.resolve(agents.ModelSettings(tool_choice="required")),
+    )
     # the answer turn: the history (a function call and its output) back in, an output type
-    answerer = agents.Agent(name="coder", instructions="Answer.", tools=[list_files],
-                            output_type=Forecast, model=model,
-                            model_settings=settings.resolve(
-                                agents.ModelSettings(tool_choice="none")))  # fmt: skip
+    answerer = agents.Agent(
+        name="coder",
+        instructions="Answer.",
+        tools=[list_files],
+        output_type=Forecast,
+        model=model,
+        model_settings=settings.resolve(agents.ModelSettings(tool_choice="none")),
+    )
 
     async def both() -> tuple[Any, Any]:
         first = await agents.Runner.run(caller, "Which files are in src?", max_turns=2)

@@ -36,9 +36,23 @@ class LimitedServer(ServerProc):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LimitedServer]:
     tmp = tmp_path_factory.mktemp("conns")
-    proc = LimitedServer(["--kv-root", str(tmp / "kv"), "--hbm-tokens", "4096",
-                          "--header-timeout-s", "30", "--body-timeout-s", "2",
-                          "--keepalive-requests", "2", "--keepalive-s", "30"], log=tmp / "server.log")  # fmt: skip
+    proc = LimitedServer(
+        [
+            "--kv-root",
+            str(tmp / "kv"),
+            "--hbm-tokens",
+            "4096",
+            "--header-timeout-s",
+            "30",
+            "--body-timeout-s",
+            "2",
+            "--keepalive-requests",
+            "2",
+            "--keepalive-s",
+            "30",
+        ],
+        log=tmp / "server.log",
+    )
     try:
         yield proc
     finally:
@@ -72,8 +86,9 @@ def _error(reply: bytes, status: int, text: str) -> None:
 def _chat(server: ServerProc, timeout_s: float = 10.0) -> str:
     import openai
 
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0,
-                           timeout=timeout_s)  # fmt: skip
+    client = openai.OpenAI(
+        base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=timeout_s
+    )
     reply = client.chat.completions.create(
         model="dualpath-tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
     )
@@ -155,8 +170,18 @@ def test_a_flood_of_malformed_requests_logs_a_bounded_amount(server: LimitedServ
 def test_a_full_server_refuses_new_connections_not_accepted_requests(tmp_path: Path) -> None:
     """Every connection holds a request (headers in, body coming): a new one gets a 503 in
     OpenAI's shape, and the requests already accepted are still served."""
-    proc = ServerProc(["--kv-root", str(tmp_path / "kv"), "--hbm-tokens", "4096",
-                       "--max-connections", "3", "--body-timeout-s", "30"])  # fmt: skip
+    proc = ServerProc(
+        [
+            "--kv-root",
+            str(tmp_path / "kv"),
+            "--hbm-tokens",
+            "4096",
+            "--max-connections",
+            "3",
+            "--body-timeout-s",
+            "30",
+        ]
+    )
     body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
     held: list[socket.socket] = []
     try:

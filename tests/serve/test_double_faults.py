@@ -43,8 +43,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
         faulty.stop()
 
 
-async def _session(client: object, i: int, tag: str, trigger: tuple[int, int],
-                   fire: asyncio.Event) -> list[str]:  # fmt: skip
+async def _session(
+    client: object, i: int, tag: str, trigger: tuple[int, int], fire: asyncio.Event
+) -> list[str]:
     """Two turns of one conversation; ``fire`` is set when turn ``trigger[0]`` has streamed
     ``trigger[1]`` chunks. The texts, or ``ERR …`` for a turn that ended with an error."""
     messages = [{"role": "user", "content": f"{tag}: session {i} asks about item {i * 7}"}]
@@ -53,8 +54,13 @@ async def _session(client: object, i: int, tag: str, trigger: tuple[int, int],
         chunks: list[str] = []
         try:
             stream = await client.chat.completions.create(  # type: ignore[attr-defined]
-                model="dualpath-tiny", messages=messages, max_tokens=TOKENS, stream=True,
-                temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+                model="dualpath-tiny",
+                messages=messages,
+                max_tokens=TOKENS,
+                stream=True,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     chunks.append(chunk.choices[0].delta.content)
@@ -64,8 +70,10 @@ async def _session(client: object, i: int, tag: str, trigger: tuple[int, int],
             texts.append(f"ERR {type(exc).__name__}")
             return texts
         texts.append("".join(chunks))
-        messages += [{"role": "assistant", "content": texts[-1]},
-                     {"role": "user", "content": f"and then {turn}?"}]  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": texts[-1]},
+            {"role": "user", "content": f"and then {turn}?"},
+        ]
     return texts
 
 
@@ -73,8 +81,9 @@ def _run(
     server: ServerProc, tag: str, trigger: tuple[int, int], kill: list[str]
 ) -> list[list[str]]:
     async def main() -> list[list[str]]:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0,
-                                    timeout=TIMEOUT_S + 30)  # fmt: skip
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=TIMEOUT_S + 30
+        )
         fire = asyncio.Event()
 
         async def killer() -> None:

@@ -13,14 +13,26 @@ from dualpath.serve.schema import ChatRequest, CompletionRequest, describe
 ASK = [{"role": "user", "content": "hi"}]
 CASES: list[tuple[type[BaseModel], dict[str, Any], str, str]] = [
     (CompletionRequest, {"prompt": "x", "echo": True}, "echo", "echo: must be false (got true)"),
-    (ChatRequest, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content",
-     "messages.0.content: must be a string or an array (got 5)"),
-    (ChatRequest, {"messages": ASK, "seed": -1}, "seed",
-     "seed: must be greater than or equal to 0 (got -1)"),
-    (ChatRequest, {"messages": [{"role": "bot", "content": "x"}]}, "messages.0.role",
-     'messages.0.role: must be "system", "developer", "user", "assistant" or "tool" (got "bot")'),
+    (
+        ChatRequest,
+        {"messages": [{"role": "user", "content": 5}]},
+        "messages.0.content",
+        "messages.0.content: must be a string or an array (got 5)",
+    ),
+    (
+        ChatRequest,
+        {"messages": ASK, "seed": -1},
+        "seed",
+        "seed: must be greater than or equal to 0 (got -1)",
+    ),
+    (
+        ChatRequest,
+        {"messages": [{"role": "bot", "content": "x"}]},
+        "messages.0.role",
+        'messages.0.role: must be "system", "developer", "user", "assistant" or "tool" (got "bot")',
+    ),
     (ChatRequest, {}, "messages", "messages: is required"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))

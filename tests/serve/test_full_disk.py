@@ -62,8 +62,13 @@ async def _ask(
     client: openai.AsyncOpenAI, messages: tuple[tuple[str, str], ...], stream: bool
 ) -> Answer:
     body = [{"role": r, "content": c} for r, c in messages]
-    args = {"model": "dualpath-tiny", "messages": body, "max_tokens": 24, "temperature": 0,
-            "extra_body": {"return_token_ids": True}}  # fmt: skip
+    args = {
+        "model": "dualpath-tiny",
+        "messages": body,
+        "max_tokens": 24,
+        "temperature": 0,
+        "extra_body": {"return_token_ids": True},
+    }
     start = time.monotonic()
     ids: list[int] = []
     text, finish = "", None
@@ -94,8 +99,9 @@ async def _session(client: openai.AsyncOpenAI, i: int) -> list[Answer]:
 
 
 def _client(server: ServerProc) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
-                              timeout=TIMEOUT_S + 30)  # fmt: skip
+    return openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT_S + 30
+    )
 
 
 async def _sessions(server: ServerProc) -> list[Answer]:
@@ -111,8 +117,19 @@ async def _replay(server: ServerProc, answers: list[Answer]) -> list[Answer]:
 
 
 def _server(kv: Path, log: Path) -> ServerProc:
-    return ServerProc(["--preset", "tiny-1p1d", "--kv-root", str(kv), "--hbm-tokens", "4096",
-                       "--request-timeout-s", str(TIMEOUT_S)], log=log)  # fmt: skip
+    return ServerProc(
+        [
+            "--preset",
+            "tiny-1p1d",
+            "--kv-root",
+            str(kv),
+            "--hbm-tokens",
+            "4096",
+            "--request-timeout-s",
+            str(TIMEOUT_S),
+        ],
+        log=log,
+    )
 
 
 def test_full_disk_answers_every_request_in_time_and_correctly(

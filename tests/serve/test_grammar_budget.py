@@ -22,8 +22,7 @@ MODEL = "dualpath-tiny"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     kv = tmp_path_factory.mktemp("kv")
-    proc = ServerProc(["--kv-root", str(kv), "--hbm-tokens", "4096",
-                       "--grammar-budget-s", "0.15"])  # fmt: skip
+    proc = ServerProc(["--kv-root", str(kv), "--hbm-tokens", "4096", "--grammar-budget-s", "0.15"])
     try:
         yield proc
     finally:
@@ -42,14 +41,16 @@ def _format(schema: dict[str, Any]) -> dict[str, Any]:
 def test_a_schema_flood_does_not_delay_an_unrelated_request(server: ServerProc) -> None:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0,
-                                timeout=60)  # fmt: skip
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=60)
 
     async def flood(k: int) -> Any:
         try:  # twelve different schemas (no cache to hide behind), 10,000 properties each
             await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "fill"}], max_tokens=8,
-                response_format=_format(_schema(10_000, f"k{k}_")))  # type: ignore[arg-type]  # fmt: skip
+                model=MODEL,
+                messages=[{"role": "user", "content": "fill"}],
+                max_tokens=8,
+                response_format=_format(_schema(10_000, f"k{k}_")),
+            )  # type: ignore[arg-type]
         except openai.BadRequestError as exc:
             return exc
         return None
@@ -58,8 +59,8 @@ def test_a_schema_flood_does_not_delay_an_unrelated_request(server: ServerProc) 
         await asyncio.sleep(0.2)  # the flood is in
         t0 = time.monotonic()
         reply = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-            timeout=10)  # fmt: skip
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, timeout=10
+        )
         assert reply.choices[0].finish_reason in ("stop", "length")
         return time.monotonic() - t0
 
@@ -80,8 +81,11 @@ def test_a_schema_flood_does_not_delay_an_unrelated_request(server: ServerProc) 
 def test_a_grammar_over_the_compile_budget_is_400_and_remembered(server: ServerProc) -> None:
     import httpx
 
-    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-            "response_format": _format(_schema(2500))}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 4,
+        "response_format": _format(_schema(2500)),
+    }
     url = server.url + "/v1/chat/completions"
     hits = server.metric("dualpath:grammar_cache_hits_total")
     first = httpx.post(url, json=body, timeout=60)
@@ -97,14 +101,23 @@ def test_a_grammar_over_the_compile_budget_is_400_and_remembered(server: ServerP
 def test_a_schema_compiles_once_for_many_requests(server: ServerProc) -> None:
     import httpx
 
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
-              "required": ["ok"], "additionalProperties": False}  # fmt: skip
-    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 16,
-            "response_format": _format(schema)}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 16,
+        "response_format": _format(schema),
+    }
     compiles = server.metric("dualpath:grammar_compiles_total")
     for _ in range(3):
         r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
-        assert json.loads(r.json()["choices"][0]["message"]["content"]) in ({"ok": True},
-                                                                            {"ok": False})  # fmt: skip
+        assert json.loads(r.json()["choices"][0]["message"]["content"]) in (
+            {"ok": True},
+            {"ok": False},
+        )
     assert server.metric("dualpath:grammar_compiles_total") == compiles + 1

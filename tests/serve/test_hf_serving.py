@@ -31,8 +31,18 @@ def served(
 ) -> Iterator[tuple[ServerProc, Path]]:
     root = tmp_path_factory.mktemp(request.param)
     ckpt = write_tiny_checkpoint(root / f"tiny-{request.param}", arch=request.param)
-    server = ServerProc(["--model-dir", str(ckpt), "--block-tokens", str(BLOCK),
-                         "--kv-root", str(root / "kv"), "--system", "dualpath"])  # fmt: skip
+    server = ServerProc(
+        [
+            "--model-dir",
+            str(ckpt),
+            "--block-tokens",
+            str(BLOCK),
+            "--kv-root",
+            str(root / "kv"),
+            "--system",
+            "dualpath",
+        ]
+    )
     try:
         yield server, ckpt
     finally:
@@ -44,8 +54,9 @@ def _generate(ckpt: Path, prompt: list[int], n: int) -> list[int]:
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
     ref.generation_config.eos_token_id = None  # exactly n tokens
     with torch.no_grad():
-        out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                           pad_token_id=0)  # fmt: skip
+        out = ref.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0
+        )
     return [int(t) for t in out[0, len(prompt) :]]
 
 
@@ -58,9 +69,14 @@ def _text(tok: HFTokenizer, ids: list[int]) -> str:
 def _completion(server: ServerProc, ckpt: Path, prompt: list[int]) -> tuple[str, int]:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=90)
     stream = client.completions.create(
-        model=ckpt.name, prompt=prompt, max_tokens=NEW, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        model=ckpt.name,
+        prompt=prompt,
+        max_tokens=NEW,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == NEW

@@ -25,8 +25,9 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     kv = tmp_path_factory.mktemp("kv")
-    proc = ServerProc(["--kv-root", str(kv), "--hbm-tokens", "4096", "--api-key", f"lim={KEY}"],
-                      api_key=KEY)  # fmt: skip
+    proc = ServerProc(
+        ["--kv-root", str(kv), "--hbm-tokens", "4096", "--api-key", f"lim={KEY}"], api_key=KEY
+    )
     try:
         yield proc
     finally:
@@ -54,8 +55,9 @@ def _assert_error(status: int, body: bytes, want: int, param: str | None, text: 
 
 
 def _assert_serves(server: ServerProc) -> None:
-    r = httpx.post(server.url + "/v1/chat/completions", content=_chat(), headers=_headers(),
-                   timeout=60)  # fmt: skip
+    r = httpx.post(
+        server.url + "/v1/chat/completions", content=_chat(), headers=_headers(), timeout=60
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
@@ -74,9 +76,11 @@ def _response(sock: socket.socket) -> tuple[int, bytes]:
 
 
 def _request_head(server: ServerProc, framing: str) -> bytes:
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-            f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n{framing}\r\n"
-            "\r\n").encode()  # fmt: skip
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n{framing}\r\n"
+        "\r\n"
+    ).encode()
 
 
 def test_declared_length_over_the_limit_is_413_before_any_body(server: ServerProc) -> None:
@@ -121,8 +125,9 @@ def test_a_64_mib_chunked_body_is_413_in_bounded_memory(server: ServerProc) -> N
         for _ in range(64):
             yield chunk
 
-    r = httpx.post(server.url + "/v1/chat/completions", content=body(), headers=_headers(),
-                   timeout=60)  # fmt: skip
+    r = httpx.post(
+        server.url + "/v1/chat/completions", content=body(), headers=_headers(), timeout=60
+    )
     grown_mib = (_status_kib(pid, peak) - before) / 1024
     _assert_error(r.status_code, r.content, 413, None, "exceeds 4194304 bytes")
     assert grown_mib < 24, f"the server's {peak} grew by {grown_mib:.0f} MiB for a 64 MiB body"
@@ -133,8 +138,9 @@ def test_a_chunked_body_under_the_limit_is_served(server: ServerProc) -> None:
     def body() -> Iterator[bytes]:
         yield from (_chat()[:10], _chat()[10:])
 
-    r = httpx.post(server.url + "/v1/chat/completions", content=body(), headers=_headers(),
-                   timeout=60)  # fmt: skip
+    r = httpx.post(
+        server.url + "/v1/chat/completions", content=body(), headers=_headers(), timeout=60
+    )
     assert r.status_code == 200, r.text
 
 
@@ -195,8 +201,9 @@ BAD_BODIES = {
 @pytest.mark.parametrize("case", list(BAD_BODIES))
 def test_bad_chat_bodies_are_400(server: ServerProc, case: str) -> None:
     body, param, text = BAD_BODIES[case]
-    r = httpx.post(server.url + "/v1/chat/completions", content=body, headers=_headers(),
-                   timeout=60)  # fmt: skip
+    r = httpx.post(
+        server.url + "/v1/chat/completions", content=body, headers=_headers(), timeout=60
+    )
     _assert_error(r.status_code, r.content, 400, param, text)
     _assert_serves(server)
 

@@ -32,11 +32,24 @@ def test_loadgen_agents_against_serve(hf_server: ServerProc, tmp_path: Path) -> 
     out = tmp_path / "lg.json"
     rc = main(
         [
-            "loadgen", "--url", hf_server.url, "--api-key", "sk-test", "--agents", "4",
-            "--turns", "3", "--concurrency", "4", "--max-gen", "6", "--json", str(out),
+            "loadgen",
+            "--url",
+            hf_server.url,
+            "--api-key",
+            "sk-test",
+            "--agents",
+            "4",
+            "--turns",
+            "3",
+            "--concurrency",
+            "4",
+            "--max-gen",
+            "6",
+            "--json",
+            str(out),
             "--no-progress",
         ]
-    )  # fmt: skip
+    )
     assert rc == 0
     s = json.loads(out.read_text())["summary"]
     assert s["requests"] == 12 and s["errors"] == 0
@@ -60,11 +73,26 @@ def test_loadgen_replays_a_mooncake_trace(hf_server: ServerProc, tmp_path: Path)
     out = tmp_path / "trace.json"
     rc = main(
         [
-            "loadgen", "--url", hf_server.url, "--api-key", "sk-test", "--trace", str(TRACE),
-            "--limit", "30", "--token-scale", "0.01", "--max-gen", "4", "--api", "completions",
-            "--json", str(out), "--no-progress",
+            "loadgen",
+            "--url",
+            hf_server.url,
+            "--api-key",
+            "sk-test",
+            "--trace",
+            str(TRACE),
+            "--limit",
+            "30",
+            "--token-scale",
+            "0.01",
+            "--max-gen",
+            "4",
+            "--api",
+            "completions",
+            "--json",
+            str(out),
+            "--no-progress",
         ]
-    )  # fmt: skip
+    )
     assert rc == 0
     s = json.loads(out.read_text())["summary"]
     assert s["requests"] == 30 and s["errors"] == 0

@@ -61,10 +61,20 @@ class RayServer(ServerProc):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra_env}
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(self.port),
-                 *args],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "dualpath.cli.main",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    *args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+            )
         try:
             self.wait_ready(timeout_s=120.0)
         except RuntimeError as err:
@@ -78,10 +88,24 @@ def ray_servers(
     def start() -> RayServer:
         kv = tmp_path_factory.mktemp("kv")
         # one engine per node: a PE actor on node 0, a DE actor on node 1 (each imports torch)
-        args = ["--runtime", "ray", "--ray-address", cluster.address, "--model-dir",
-                str(hf_checkpoint), "--block-tokens", "16", "--kv-root", str(kv),
-                "--set", "hardware.gpus_per_node=1", "--hbm-tokens", "4096",
-                "--host", "127.0.0.1"]  # fmt: skip
+        args = [
+            "--runtime",
+            "ray",
+            "--ray-address",
+            cluster.address,
+            "--model-dir",
+            str(hf_checkpoint),
+            "--block-tokens",
+            "16",
+            "--kv-root",
+            str(kv),
+            "--set",
+            "hardware.gpus_per_node=1",
+            "--hbm-tokens",
+            "4096",
+            "--host",
+            "127.0.0.1",
+        ]
         env = {**LOOPBACK_ENV, "RAY_TMPDIR": cluster.temp}
         return RayServer(args, tmp_path_factory.mktemp("log") / "serve.log", env)
 
@@ -151,8 +175,9 @@ def test_actors_run_on_the_node_that_offers_their_emulated_node(ray_server: RayS
 def test_streaming_equals_non_streaming_greedy(ray_server: RayServer) -> None:
     client = _client(ray_server)
     msgs = [{"role": "user", "content": "Run the tests and summarise the failure."}]
-    kw: dict[str, Any] = dict(model=MODEL, messages=msgs, max_tokens=10, temperature=0,
-                              extra_body={"ignore_eos": True})  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=MODEL, messages=msgs, max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
     # warm the cache first: the runs compared below then prefill the same uncached tail (a
     # cold and a cached prefill compute in other shapes, and need not agree to the last bit)
     client.chat.completions.create(**kw)
@@ -173,15 +198,13 @@ def test_second_turn_hits_kv_that_crossed_nodes(ray_server: RayServer) -> None:
         {"role": "system", "content": "You are a careful coding agent on a Ray cluster."},
         {"role": "user", "content": "List the repository layout, then open the README file."},
     ]
-    first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
-                                           temperature=0)  # fmt: skip
+    first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
     assert first.usage is not None and first.usage.prompt_tokens_details.cached_tokens == 0
     msgs += [
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "Observation: 3 passed, 1 failed. Fix the failing test."},
     ]
-    second = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
-                                            temperature=0)  # fmt: skip
+    second = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
     assert second.usage is not None
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens // 16 * 16  # every Full Block of turn 1

@@ -64,8 +64,9 @@ async def _chat(pieces: list[str], **kw: Any) -> tuple[Any, list[Any]]:
     app = create_app(ScriptBackend(pieces), ApiOptions(reasoning_parser="qwen3"))  # type: ignore[arg-type]
     transport = httpx2.ASGITransport(app=app)
     async with httpx2.AsyncClient(transport=transport, base_url="http://test") as http:
-        client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http,
-                                    max_retries=0)  # fmt: skip
+        client = openai.AsyncOpenAI(
+            base_url="http://test/v1", api_key="x", http_client=http, max_retries=0
+        )
         if "input" in kw:
             whole = await client.responses.create(**kw)
             events = [e async for e in await client.responses.create(**kw, stream=True)]
@@ -80,8 +81,9 @@ def test_chat_reasoning_content_whole_and_streamed_with_a_clean_call() -> None:
     text = THOUGHT + CALL
     pieces = [text[i : i + 5] for i in range(0, len(text), 5)]
     tools = [{"type": "function", "function": {"name": "roll", "parameters": {"type": "object"}}}]
-    whole, chunks = asyncio.run(_chat(pieces, model="stub", tools=tools,
-                                      messages=[{"role": "user", "content": "Roll."}]))  # fmt: skip
+    whole, chunks = asyncio.run(
+        _chat(pieces, model="stub", tools=tools, messages=[{"role": "user", "content": "Roll."}])
+    )
     msg = whole.choices[0].message
     assert msg.model_extra["reasoning_content"] == "\nThe user wants a die <roll>.\n"
     assert msg.content is None and whole.choices[0].finish_reason == "tool_calls"
@@ -112,8 +114,10 @@ def test_responses_reasoning_is_an_item_before_the_answer() -> None:
 @pytest.mark.timeout(60)
 def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
     two = CALL + "\n" + CALL.replace("roll", "flip")
-    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-             for n in ("roll", "flip")]  # fmt: skip
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("roll", "flip")
+    ]
     kw: dict[str, Any] = dict(
         model="stub", tools=tools, messages=[{"role": "user", "content": "Go."}]
     )
@@ -128,11 +132,16 @@ def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
 def test_a_reasoning_input_item_reaches_the_next_assistant_turn() -> None:
     from dualpath.serve.response_input import messages_of
 
-    items = [{"role": "user", "content": "hi"},
-             {"type": "reasoning", "summary": [],
-              "content": [{"type": "reasoning_text", "text": "hmm"}]},
-             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-             {"type": "function_call_output", "call_id": "c1", "output": "ok"}]  # fmt: skip
+    items = [
+        {"role": "user", "content": "hi"},
+        {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "hmm"}],
+        },
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
     msgs = messages_of(items)
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
     assert msgs[1]["reasoning_content"] == "hmm" and msgs[1]["tool_calls"][0]["id"] == "c1"

@@ -25,10 +25,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "tiny-llama"
 TOOLS: list[Any] = [
-    {"type": "function", "name": "get_weather", "description": "Forecast.",
-     "parameters": WEATHER, "strict": True},
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Forecast.",
+        "parameters": WEATHER,
+        "strict": True,
+    },
     {"type": "function", "name": "list_files", "parameters": LIST_FILES, "strict": True},
-]  # fmt: skip
+]
 ASK = "What is the weather in Paris this week?"
 
 
@@ -42,8 +47,9 @@ def _schema_of(name: str) -> Any:
 
 def test_text_whole_and_streamed_agree_and_equal_chat(hf_server: ServerProc) -> None:
     client = _client(hf_server)
-    kw: dict[str, Any] = dict(model=MODEL, input=ASK, instructions="Be terse.", temperature=0,
-                              max_output_tokens=10)  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=MODEL, input=ASK, instructions="Be terse.", temperature=0, max_output_tokens=10
+    )
     # warm the cache first: the runs compared below then prefill the same uncached tail (a
     # cold and a cached prefill compute in other shapes, and need not agree to the last bit)
     client.responses.create(**kw)
@@ -55,17 +61,29 @@ def test_text_whole_and_streamed_agree_and_equal_chat(hf_server: ServerProc) -> 
     assert item.type == "message" and item.role == "assistant" and whole.output_text
     assert whole.usage is not None and whole.usage.output_tokens == 10
     assert whole.usage.total_tokens == whole.usage.input_tokens + 10
-    chat = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=10, messages=[
-        {"role": "system", "content": "Be terse."}, {"role": "user", "content": ASK}])  # fmt: skip
+    chat = client.chat.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=10,
+        messages=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": ASK}],
+    )
     assert chat.usage is not None and chat.usage.prompt_tokens == whole.usage.input_tokens
     assert chat.choices[0].message.content == whole.output_text  # the same tokens
 
     events = list(client.responses.create(**kw, stream=True))
     types = [e.type for e in events]
-    assert types[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.incomplete"]  # fmt: skip
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert len(deltas) >= 2 and "".join(deltas) == whole.output_text
@@ -79,10 +97,17 @@ def test_a_forced_function_call_is_schema_valid_whole_and_streamed(
     hf_server: ServerProc, choice: str
 ) -> None:
     client = _client(hf_server)
-    tool_choice: Any = "required" if choice == "required" else {"type": "function",
-                                                                "name": "list_files"}  # fmt: skip
-    kw: dict[str, Any] = dict(model=MODEL, input=ASK, tools=TOOLS, tool_choice=tool_choice,
-                              temperature=0, max_output_tokens=160)  # fmt: skip
+    tool_choice: Any = (
+        "required" if choice == "required" else {"type": "function", "name": "list_files"}
+    )
+    kw: dict[str, Any] = dict(
+        model=MODEL,
+        input=ASK,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        temperature=0,
+        max_output_tokens=160,
+    )
     whole = client.responses.create(**kw)
     assert whole.status == "completed"
     [call] = whole.output
@@ -98,9 +123,12 @@ def test_a_forced_function_call_is_schema_valid_whole_and_streamed(
 
     events = list(client.responses.create(**kw, stream=True))
     assert [e.type for e in events][2:] == [
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.completed"]  # fmt: skip
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     delta, done = events[3], events[4]
     assert delta.delta == done.arguments == call.arguments  # type: ignore[union-attr]
     item = events[5].item  # type: ignore[union-attr]
@@ -112,20 +140,46 @@ def test_a_function_call_output_goes_back_into_the_prompt(hf_server: ServerProc)
     args = '{"city": "Paris", "unit": "celsius", "days": 3}'
     history: list[Any] = [
         {"role": "user", "content": ASK},
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": args,
-         "id": "fc_1", "status": "completed"},
-    ]  # fmt: skip
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": args,
+            "id": "fc_1",
+            "status": "completed",
+        },
+    ]
     result = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C."}
     kw: dict[str, Any] = dict(model=MODEL, tools=TOOLS, max_output_tokens=1)
     without = client.responses.create(input=history, **kw)
     with_output = client.responses.create(input=[*history, result], **kw)
-    chat = client.chat.completions.create(model=MODEL, max_tokens=1, tools=[
-        {"type": "function", "function": {k: t[k] for k in ("name", "parameters")}
-         | ({"description": t["description"]} if "description" in t else {})} for t in TOOLS],
-        messages=[{"role": "user", "content": ASK},
-                  {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1",
-                   "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
-                  {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."}])  # fmt: skip
+    chat = client.chat.completions.create(
+        model=MODEL,
+        max_tokens=1,
+        tools=[
+            {
+                "type": "function",
+                "function": {k: t[k] for k in ("name", "parameters")}
+                | ({"description": t["description"]} if "description" in t else {}),
+            }
+            for t in TOOLS
+        ],
+        messages=[
+            {"role": "user", "content": ASK},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": args},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."},
+        ],
+    )
     assert without.usage is not None and with_output.usage is not None and chat.usage is not None
     assert with_output.usage.input_tokens == chat.usage.prompt_tokens
     assert with_output.usage.input_tokens > without.usage.input_tokens + 5
@@ -135,20 +189,33 @@ def test_text_format_json_schema_output_validates(hf_server: ServerProc) -> None
     client = _client(hf_server)
     fmt = {"type": "json_schema", "name": "weather", "schema": WEATHER, "strict": True}
     for temperature in (0.0, 1.0):
-        r = client.responses.create(model=MODEL, input=ASK, text={"format": fmt},
-                                    temperature=temperature, max_output_tokens=120)  # fmt: skip
+        r = client.responses.create(
+            model=MODEL,
+            input=ASK,
+            text={"format": fmt},
+            temperature=temperature,
+            max_output_tokens=120,
+        )
         assert r.status == "completed"
         jsonschema.validate(json.loads(r.output_text), WEATHER)
         assert r.text is not None and r.text.format.type == "json_schema"
 
 
 def test_output_text_logprobs_when_included(hf_server: ServerProc) -> None:
-    r = _client(hf_server).responses.create(model=MODEL, input=ASK, temperature=0,
-        max_output_tokens=4, include=["message.output_text.logprobs"], top_logprobs=2)  # fmt: skip
+    r = _client(hf_server).responses.create(
+        model=MODEL,
+        input=ASK,
+        temperature=0,
+        max_output_tokens=4,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
     part = r.output[0].content[0]  # type: ignore[union-attr]
     assert part.logprobs is not None and len(part.logprobs) == 4
-    assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob == lp.logprob
-               for lp in part.logprobs)  # greedy: the chosen token is the top one  # fmt: skip
+    assert all(
+        len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob == lp.logprob
+        for lp in part.logprobs
+    )  # greedy: the chosen token is the top one
     assert "".join(lp.token for lp in part.logprobs) == r.output_text
 
 
@@ -163,14 +230,25 @@ def test_output_text_logprobs_when_included(hf_server: ServerProc) -> None:
         ({"store": True}, "store"),
         ({"tools": [{"type": "web_search"}]}, "tools.0"),
         ({"input": [{"type": "image_generation_call", "id": "x"}]}, "input.0.type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-         "input.0.content.0"),
-        ({"text": {"format": {"type": "json_schema", "name": "x",
-                              "schema": {"type": "object", "properties": {"a": {"type": "no"}}}}}},
-         "text.format"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content.0",
+        ),
+        (
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {"a": {"type": "no"}}},
+                    }
+                }
+            },
+            "text.format",
+        ),
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
     ],
-)  # fmt: skip
+)
 def test_what_it_cannot_honour_is_a_400_naming_the_field(
     hf_server: ServerProc, extra: dict[str, Any], named: str
 ) -> None:
@@ -188,8 +266,9 @@ def test_what_it_cannot_honour_is_a_400_naming_the_field(
 def _agents_model(server: ServerProc) -> Any:
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0,
-                                timeout=60)  # fmt: skip
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="sk-test", max_retries=0, timeout=60
+    )
     return agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
 
 
@@ -216,11 +295,18 @@ def test_an_agents_sdk_agent_calls_its_tool_then_answers_from_its_result(
         return "main.py test_main.py"
 
     settings = agents.ModelSettings(tool_choice="required", max_tokens=160, temperature=0)
-    agent = agents.Agent(name="coder", instructions="You are a coding agent. Use your tools.",
-                         tools=[list_files], model=_agents_model(hf_server),
-                         model_settings=settings, tool_use_behavior="stop_on_first_tool")  # fmt: skip
-    answer = agent.clone(output_type=Verdict, model_settings=agents.ModelSettings(
-        tool_choice="none", max_tokens=160, temperature=0))  # fmt: skip
+    agent = agents.Agent(
+        name="coder",
+        instructions="You are a coding agent. Use your tools.",
+        tools=[list_files],
+        model=_agents_model(hf_server),
+        model_settings=settings,
+        tool_use_behavior="stop_on_first_tool",
+    )
+    answer = agent.clone(
+        output_type=Verdict,
+        model_settings=agents.ModelSettings(tool_choice="none", max_tokens=160, temperature=0),
+    )
 
     async def both() -> tuple[Any, Any]:  # one event loop: the client's connections live on it
         first = await agents.Runner.run(agent, "Which files are in src?", max_turns=2)
@@ -252,10 +338,15 @@ def test_an_agents_sdk_agent_on_default_tool_choice_finishes(hf_server: ServerPr
         calls.append(sides)
         return "4"
 
-    agent = agents.Agent(name="player", instructions="Play.", tools=[roll],
-                         model=_agents_model(hf_server), output_type=bool,
-                         model_settings=agents.ModelSettings(max_tokens=160, temperature=0),
-                         tool_use_behavior="stop_on_first_tool")  # fmt: skip
+    agent = agents.Agent(
+        name="player",
+        instructions="Play.",
+        tools=[roll],
+        model=_agents_model(hf_server),
+        output_type=bool,
+        model_settings=agents.ModelSettings(max_tokens=160, temperature=0),
+        tool_use_behavior="stop_on_first_tool",
+    )
     result = asyncio.run(agents.Runner.run(agent, "Roll if you want to.", max_turns=2))
     # auto: the (random) model either calls the tool (the run stops on it) or answers
     assert result.final_output == "4" if calls else isinstance(result.final_output, bool)
@@ -292,8 +383,9 @@ async def _scripted(backend: ScriptBackend, **kw: Any) -> tuple[Any, list[Any]]:
 
     transport = httpx2.ASGITransport(app=create_app(backend))
     async with httpx2.AsyncClient(transport=transport, base_url="http://test") as http:
-        client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http,
-                                    max_retries=0)  # fmt: skip
+        client = openai.AsyncOpenAI(
+            base_url="http://test/v1", api_key="x", http_client=http, max_retries=0
+        )
         whole = None if backend.fail_after is not None else await client.responses.create(**kw)
         events = [e async for e in await client.responses.create(**kw, stream=True)]
     return whole, events
@@ -308,11 +400,14 @@ def test_text_and_calls_become_items_in_order_whole_equal_to_streamed() -> None:
     call = '<tool_call>\n{"name": "roll", "arguments": {"sides": 6}}\n</tool_call>'
     pieces = ["Let me ", "roll. ", call[:20], call[20:], " Done."]
     tools = [{"type": "function", "name": "roll", "parameters": {"type": "object"}}]
-    whole, events = asyncio.run(_scripted(ScriptBackend(pieces), model="stub", input="Roll.",
-                                          tools=tools))  # fmt: skip
+    whole, events = asyncio.run(
+        _scripted(ScriptBackend(pieces), model="stub", input="Roll.", tools=tools)
+    )
     assert [i.type for i in whole.output] == ["message", "function_call", "message"]
-    assert [i.content[0].text for i in whole.output if i.type == "message"] == ["Let me roll. ",
-                                                                                 " Done."]  # fmt: skip
+    assert [i.content[0].text for i in whole.output if i.type == "message"] == [
+        "Let me roll. ",
+        " Done.",
+    ]
     assert whole.output[1].name == "roll" and json.loads(whole.output[1].arguments) == {"sides": 6}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1]
@@ -325,8 +420,9 @@ def test_text_and_calls_become_items_in_order_whole_equal_to_streamed() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_backend_failure_mid_stream_is_a_response_failed_event_then_the_end() -> None:
-    _, events = asyncio.run(_scripted(ScriptBackend(["Hello ", "world"], fail_after=1),
-                                      model="stub", input="Hi"))  # fmt: skip
+    _, events = asyncio.run(
+        _scripted(ScriptBackend(["Hello ", "world"], fail_after=1), model="stub", input="Hi")
+    )
     assert [e.type for e in events][-2:] == ["response.output_text.delta", "response.failed"]
     failed = events[-1].response
     assert failed.status == "failed" and failed.error.code == "server_error"

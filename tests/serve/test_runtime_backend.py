@@ -28,8 +28,16 @@ TASK = "List the repository layout, then open the README file and summarise the 
 
 
 def _runtime_args(kv_root: Path, system: str = "dualpath") -> list[str]:
-    return ["--system", system, "--preset", "tiny-1p1d",
-            "--kv-root", str(kv_root), "--hbm-tokens", "4096"]  # fmt: skip
+    return [
+        "--system",
+        system,
+        "--preset",
+        "tiny-1p1d",
+        "--kv-root",
+        str(kv_root),
+        "--hbm-tokens",
+        "4096",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +70,9 @@ def _chat(messages: list[dict[str, str]], tag: str = "") -> list[dict[str, str]]
 def test_streaming_equals_non_streaming_greedy(rt_server: ServerProc) -> None:
     client = _client(rt_server)
     msgs = _chat([{"role": "user", "content": "stream test " + TASK}])
-    kw: dict[str, Any] = dict(model=MODEL, messages=msgs, max_tokens=12, temperature=0,
-                              extra_body={"ignore_eos": True})  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=MODEL, messages=msgs, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
     # warm the cache first: the runs compared below then prefill the same uncached tail (a
     # cold and a cached prefill compute in other shapes, and need not agree to the last bit)
     client.chat.completions.create(**kw)
@@ -84,9 +93,12 @@ def test_second_turn_reports_cached_prompt_tokens(rt_server: ServerProc) -> None
     client = _client(rt_server)
     msgs = _chat([{"role": "user", "content": TASK}], tag="session test. ")  # a new prefix
     first = client.chat.completions.create(
-        model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+        model=MODEL,
+        messages=msgs,
+        max_tokens=8,
+        temperature=0,
         extra_headers={"X-Session-Id": "agent-1"},
-    )  # fmt: skip
+    )
     assert first.usage is not None
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert first.usage.prompt_tokens >= 128
@@ -95,9 +107,12 @@ def test_second_turn_reports_cached_prompt_tokens(rt_server: ServerProc) -> None
         {"role": "user", "content": "Observation: 3 passed, 1 failed. Fix the failing test."},
     ]
     second = client.chat.completions.create(
-        model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+        model=MODEL,
+        messages=msgs,
+        max_tokens=8,
+        temperature=0,
         extra_headers={"X-Session-Id": "agent-1"},
-    )  # fmt: skip
+    )
     assert second.usage is not None
     cached = second.usage.prompt_tokens_details.cached_tokens
     # every Full Block of the first prompt: durable before the first answer was returned
@@ -124,9 +139,12 @@ def test_sampling_is_seeded_and_stop_strings_cut_the_text(rt_server: ServerProc)
 
     def complete(**kw: object) -> openai.types.Completion:
         return client.completions.create(  # type: ignore[call-overload,no-any-return]
-            model=MODEL, prompt="sampling test " + TASK, max_tokens=16,
-            extra_body={"ignore_eos": True}, **kw,
-        )  # fmt: skip
+            model=MODEL,
+            prompt="sampling test " + TASK,
+            max_tokens=16,
+            extra_body={"ignore_eos": True},
+            **kw,
+        )
 
     greedy = complete(temperature=0)
     a = complete(temperature=1.0, top_p=0.9, seed=7)
@@ -147,9 +165,12 @@ def test_bad_request_is_400_while_a_concurrent_good_one_succeeds(rt_server: Serv
 
     def good() -> None:
         stream = client.chat.completions.create(
-            model=MODEL, messages=_chat([{"role": "user", "content": "A long answer."}]),
-            max_tokens=64, stream=True, extra_body={"ignore_eos": True},
-        )  # fmt: skip
+            model=MODEL,
+            messages=_chat([{"role": "user", "content": "A long answer."}]),
+            max_tokens=64,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         result["text"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         result["done"] = True
 
@@ -172,9 +193,12 @@ def test_client_disconnect_mid_stream_frees_the_request(rt_server: ServerProc) -
     client = _client(rt_server)
     aborted_before = rt_server.metric("dualpath:num_aborted_requests_total")
     stream = client.completions.create(
-        model=MODEL, prompt="disconnect test", max_tokens=3000, stream=True,
+        model=MODEL,
+        prompt="disconnect test",
+        max_tokens=3000,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     for got, _ in enumerate(stream, start=1):
         if got == 3:
             break
@@ -258,11 +282,21 @@ def test_sigterm_to_the_whole_process_group_is_a_clean_stop(tmp_path: Path) -> N
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dualpath.cli.main", "serve", "--port", str(port),
-         *_runtime_args(tmp_path / "kv")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "dualpath.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            *_runtime_args(tmp_path / "kv"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

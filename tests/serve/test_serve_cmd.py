@@ -50,8 +50,14 @@ def test_bad_model_dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     assert main(["serve", "--model-dir", str(tmp_path)]) == 2
     assert "missing field 'num_attention_heads'" in capsys.readouterr().err
-    full = {"model_type": "llama", "num_attention_heads": 2, "hidden_size": 8,
-            "vocab_size": 10, "intermediate_size": 8, "num_hidden_layers": 1}  # fmt: skip
+    full = {
+        "model_type": "llama",
+        "num_attention_heads": 2,
+        "hidden_size": 8,
+        "vocab_size": 10,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+    }
     (tmp_path / "config.json").write_text(json.dumps(full))
     assert main(["serve", "--model-dir", str(tmp_path)]) == 2
     assert "no *.safetensors" in capsys.readouterr().err

@@ -95,9 +95,19 @@ def test_second_turn_reports_cached_prompt_tokens(hf_server: ServerProc) -> None
 
 def test_tenants_do_not_share_prefixes(hf_checkpoint: Path, tmp_path: Path) -> None:
     server = ServerProc(
-        ["--model-dir", str(hf_checkpoint), "--api-key", "a=sk-a", "--api-key", "b=sk-b",
-         "--block-tokens", "16", "--kv-root", str(tmp_path / "kv")]
-    )  # fmt: skip
+        [
+            "--model-dir",
+            str(hf_checkpoint),
+            "--api-key",
+            "a=sk-a",
+            "--api-key",
+            "b=sk-b",
+            "--block-tokens",
+            "16",
+            "--kv-root",
+            str(tmp_path / "kv"),
+        ]
+    )
     try:
         msgs = [{"role": "user", "content": "The same long prompt from two tenants, twice."}]
         a, b = _client(server, "sk-a"), _client(server, "sk-b")

@@ -29,8 +29,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 def _complete(server: ServerProc, stream: bool, **extra: Any) -> tuple[str, str | None, list[int]]:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=60)
     body = {"return_token_ids": True, **extra.pop("extra_body", {})}
-    args = dict(model="dualpath-tiny", prompt="tell me", max_tokens=6, temperature=0,
-                extra_body=body, **extra)  # fmt: skip
+    args = dict(
+        model="dualpath-tiny",
+        prompt="tell me",
+        max_tokens=6,
+        temperature=0,
+        extra_body=body,
+        **extra,
+    )
     if not stream:
         choice = client.completions.create(**args).choices[0]
         return choice.text, choice.finish_reason, list(choice.model_extra["token_ids"])  # type: ignore[index]
@@ -56,7 +62,9 @@ def test_special_tokens_stay_out_of_the_text(server: ServerProc, stream: bool) -
     text, finish, ids = _complete(server, stream, **bias)
     assert ids == [ENDOFTEXT] * 6 and finish == "length"
     assert text == ""  # skipped, as vLLM's default
-    asked = {"logit_bias": {str(IM_START): 100},
-             "extra_body": {"ignore_eos": True, "skip_special_tokens": False}}  # fmt: skip
+    asked = {
+        "logit_bias": {str(IM_START): 100},
+        "extra_body": {"ignore_eos": True, "skip_special_tokens": False},
+    }
     text, _, ids = _complete(server, stream, **asked)
     assert ids == [IM_START] * 6 and text == "<|im_start|>" * 6

@@ -15,8 +15,9 @@ from dualpath.serve.tools import Tool, json_grammar
 
 llguidance = pytest.importorskip("llguidance")
 
-BYTES = VocabSpec(tokens=(*(bytes([i]) for i in range(256)), b"<eos>"), special_ids=(256,),
-                  eos_token_ids=(256,))  # fmt: skip
+BYTES = VocabSpec(
+    tokens=(*(bytes([i]) for i in range(256)), b"<eos>"), special_ids=(256,), eos_token_ids=(256,)
+)
 # LangChain's schema of a pydantic model: no additionalProperties, strings without bounds
 LANGCHAIN: dict[str, Any] = {
     "type": "object",
@@ -69,8 +70,7 @@ def test_a_forced_call_grammar_refuses_extra_keys_unless_the_tool_opts_out() -> 
 
 
 def test_strings_are_bounded_in_the_grammar() -> None:
-    g = json_grammar({"type": "object", "properties": {"s": {"type": "string"}},
-                      "required": ["s"]})  # fmt: skip
+    g = json_grammar({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]})
     assert _byte_matcher_accepts(g, json.dumps({"s": "x" * 256}, separators=(",", ":")))
     assert not _byte_matcher_accepts(g, json.dumps({"s": "x" * 257}, separators=(",", ":")))
 

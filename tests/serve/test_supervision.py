@@ -60,17 +60,35 @@ def test_every_kind_of_kill_keeps_serving_then_the_scheduler_fails_fast(tmp_path
     it; the KV store persists), and no process, shared-memory segment or links directory
     outlives the runtime."""
     sv = _supervise()
-    args = sv.parse_args(["kinds", "--streams", "2", "--max-tokens", "12", "--prompt-words",
-                          "250", "--snic-mb-per-s", "2", "--not-ready-wait-s", "0.3"])  # fmt: skip
+    args = sv.parse_args(
+        [
+            "kinds",
+            "--streams",
+            "2",
+            "--max-tokens",
+            "12",
+            "--prompt-words",
+            "250",
+            "--snic-mb-per-s",
+            "2",
+            "--not-ready-wait-s",
+            "0.3",
+        ]
+    )
     rounds = sv.texts_for(args)
-    server = ServerProc(["--preset", "tiny-1p1d", "--kv-root", str(tmp_path / "kv"),
-                         *sv.server_args(args)])  # fmt: skip
+    server = ServerProc(
+        ["--preset", "tiny-1p1d", "--kv-root", str(tmp_path / "kv"), *sv.server_args(args)]
+    )
     try:
         want = asyncio.run(sv.answers(server.url, rounds, args))
         kills = asyncio.run(sv.kill_rounds(server, rounds, want, args, persisted=True))
         assert [k.case for k in kills] == [
-            "forkserver-idle", "forkserver-streams", "pe", "de", "storage-read"
-        ]  # fmt: skip
+            "forkserver-idle",
+            "forkserver-streams",
+            "pe",
+            "de",
+            "storage-read",
+        ]
         for k in kills:
             assert k.errors == [] and k.equal == k.answers > 0, k
             assert k.serving, k
@@ -79,10 +97,16 @@ def test_every_kind_of_kill_keeps_serving_then_the_scheduler_fails_fast(tmp_path
             assert by_case[case].saw_not_ready, by_case[case]
         assert by_case["storage-read"].read_in_flight  # the read was re-issued, not lost
 
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
-                               timeout=60)  # fmt: skip
-        stream = client.completions.create(model="dualpath-tiny", prompt="x", max_tokens=4000,
-                                           stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60
+        )
+        stream = client.completions.create(
+            model="dualpath-tiny",
+            prompt="x",
+            max_tokens=4000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         next(iter(stream))  # the request is running in the engines
         sched = _scheduler_pid(server.proc.pid)
         procs = descendants(server.proc.pid)

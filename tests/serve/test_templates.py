@@ -46,8 +46,13 @@ ASK = [{"role": "user", "content": "hi"}]
 
 
 def _plan(**body: Any) -> Any:
-    return plan_chat(ChatRequest.model_validate({"messages": ASK, **body}), _Tok(), "hermes",
-                     True, reasoning="qwen3")  # fmt: skip
+    return plan_chat(
+        ChatRequest.model_validate({"messages": ASK, **body}),
+        _Tok(),
+        "hermes",
+        True,
+        reasoning="qwen3",
+    )
 
 
 def test_the_renderer_has_transformers_extensions_and_globals() -> None:

@@ -54,20 +54,29 @@ MISTRAL = (
 )
 MARKERS = {"hermes": "<tool_call>\n{", "llama31": '{"name":', "mistral": "[TOOL_CALLS]["}
 # LangChain's kind of schema: no additionalProperties, strings without bounds
-LOOKUP = {"type": "object", "properties": {"query": {"type": "string"},
-                                           "limit": {"type": "integer"}},
-          "required": ["query", "limit"]}  # fmt: skip
+LOOKUP = {
+    "type": "object",
+    "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["query", "limit"],
+}
 TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "lookup", "parameters": LOOKUP}},  # no description
-    {"type": "function", "function": {"name": "noop", "description": "Nothing.",
-                                      "parameters": {"type": "object", "properties": {}}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "noop",
+            "description": "Nothing.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+]
 ASK = [{"role": "user", "content": "Look up the weather."}]
 
 
 @pytest.fixture(scope="module", params=["hermes", "llama31", "mistral"])
-def templated(request: pytest.FixtureRequest,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:  # fmt: skip
+def templated(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProc]:
     from dualpath.serve.checkpoint import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp(request.param)
@@ -76,8 +85,9 @@ def templated(request: pytest.FixtureRequest,
     cfg = json.loads(cfg_path.read_text())
     cfg["chat_template"] = {"hermes": HERMES, "llama31": LLAMA31, "mistral": MISTRAL}[request.param]
     cfg_path.write_text(json.dumps(cfg))
-    server = ServerProc(["--model-dir", str(ckpt), "--block-tokens", "16",
-                         "--kv-root", str(root / "kv")])  # fmt: skip
+    server = ServerProc(
+        ["--model-dir", str(ckpt), "--block-tokens", "16", "--kv-root", str(root / "kv")]
+    )
     server.family, server.ckpt = request.param, ckpt  # type: ignore[attr-defined]
     try:
         yield server
@@ -88,11 +98,16 @@ def templated(request: pytest.FixtureRequest,
 def test_a_forced_call_in_the_templates_format_parses_and_streams_the_same(
     templated: ServerProc,
 ) -> None:
-    client = openai.OpenAI(base_url=templated.url + "/v1", api_key="x", max_retries=0,
-                           timeout=120)  # fmt: skip
+    client = openai.OpenAI(base_url=templated.url + "/v1", api_key="x", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
-    kw: dict[str, Any] = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
-                              max_tokens=700, temperature=0)  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=700,
+        temperature=0,
+    )
     whole = client.chat.completions.create(**kw, extra_body={"return_token_ids": True})
     choice = whole.choices[0]
     from dualpath.serve.tokenizer import HFTokenizer

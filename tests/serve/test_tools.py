@@ -15,8 +15,13 @@ HERMES = (
     'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
     '</tool_call>\n<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
 )
-WEATHER = Tool("get_weather", parameters={
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})  # fmt: skip
+WEATHER = Tool(
+    "get_weather",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    },
+)
 # the same two calls as each family writes them
 FAMILIES = {
     "hermes": HERMES,
@@ -76,8 +81,10 @@ def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
 
 
 def test_qwen3_coder_types_values_by_the_schema() -> None:
-    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n"
-            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    )
     assert _run("qwen3_coder", text, 4)[1] == [("get_weather", {"city": "42", "days": 3})]
 
 
@@ -124,8 +131,10 @@ def test_mistral_v11_named_calls() -> None:
 
 
 def test_deepseek_v31_calls() -> None:
-    text = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{\"d\": 1}"
-            "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")  # fmt: skip
+    text = (
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{"d": 1}'
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    )
     assert _run("deepseek_v3", text, 2) == ("", [("ls", {"d": 1})])
 
 
@@ -139,10 +148,13 @@ def test_auto_picks_the_family_from_the_template() -> None:
 
 @pytest.mark.parametrize("fmt", sorted(TOOL_PARSERS))
 def test_call_grammar_is_valid_for_one_and_many_tools(fmt: str) -> None:
-    a = Tool("a", parameters={"type": "object", "properties": {"x": {"enum": [1, 2]}},
-                              "required": ["x"]})  # fmt: skip
-    b = Tool("b", parameters={"type": "object", "properties": {"s": {"type": "string"}},
-                              "required": ["s"]})  # fmt: skip
+    a = Tool(
+        "a", parameters={"type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"]}
+    )
+    b = Tool(
+        "b",
+        parameters={"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]},
+    )
     cls = TOOL_PARSERS[fmt]
     assert grammar_error(cls.call_grammar([a])) == ""
     assert grammar_error(cls.call_grammar([a, b])) == ""

@@ -66,8 +66,16 @@ def test_toml_distributions_drive_a_seeded_workload(tmp_path: Path) -> None:
 
 def _sim_argv(tmp_path: Path) -> list[str]:
     """A small `dualpath sim` command line (its output under ``tmp_path``)."""
-    return ["sim", "--preset", "ds27b-1p1d", "--agents", "2", "--no-progress",
-            "--out", str(tmp_path / "o")]  # fmt: skip
+    return [
+        "sim",
+        "--preset",
+        "ds27b-1p1d",
+        "--agents",
+        "2",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "o"),
+    ]
 
 
 @pytest.mark.parametrize(

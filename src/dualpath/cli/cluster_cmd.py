@@ -20,12 +20,24 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     up = verbs.add_parser("up", help="make the namespaces, bridges and shaped NICs")
     _add_name(up)
     up.add_argument("--preset", default="tiny-1p1d", help="cluster preset (default tiny-1p1d)")
-    up.add_argument("--snic-mbit", type=float, default=16.0,
-                    help="each node's SNIC, Mbit/s; sets the scale of every rate (default 16)")  # fmt: skip
-    up.add_argument("--cnic-cap-mbit", type=float, default=2000.0,
-                    help="cap on each node's CNIC, Mbit/s (default 2000)")  # fmt: skip
-    up.add_argument("--store-mbit", type=float, default=0.0,
-                    help="the storage host's SNIC, Mbit/s (default 0: unshaped)")  # fmt: skip
+    up.add_argument(
+        "--snic-mbit",
+        type=float,
+        default=16.0,
+        help="each node's SNIC, Mbit/s; sets the scale of every rate (default 16)",
+    )
+    up.add_argument(
+        "--cnic-cap-mbit",
+        type=float,
+        default=2000.0,
+        help="cap on each node's CNIC, Mbit/s (default 2000)",
+    )
+    up.add_argument(
+        "--store-mbit",
+        type=float,
+        default=0.0,
+        help="the storage host's SNIC, Mbit/s (default 0: unshaped)",
+    )
     up.add_argument("--subnet", default=None, help="a private /16, e.g. 10.150 (default: by name)")
     up.add_argument("--replace", action="store_true", help="take down a cluster of that name first")
     up.add_argument(
@@ -47,8 +59,12 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
 
     ry = verbs.add_parser("ray", help="start (or --stop) a Ray cluster over the nodes' CNICs")
     _add_name(ry)
-    ry.add_argument("--port", type=int, default=ray_cluster.DEFAULT_PORT,
-                    help="the head's GCS port (default 6379)")  # fmt: skip
+    ry.add_argument(
+        "--port",
+        type=int,
+        default=ray_cluster.DEFAULT_PORT,
+        help="the head's GCS port (default 6379)",
+    )
     ry.add_argument("--stop", action="store_true", help="stop the Ray cluster started here")
     ry.set_defaults(func=run_ray)
 
@@ -75,12 +91,20 @@ def _table(info: dict[str, Any], counters: bool) -> str:
     rows = [head]
     for n in info["nodes"]:
         cnic, snic = n.get("cnic"), n["snic"]
-        row = [n["node"], n["kind"], n["namespace"] + ("" if n.get("up", True) else " (gone)"),
-               cnic["addr"] if cnic else "-", _mbit(cnic["rate_bytes_per_s"]) if cnic else "-",
-               snic["addr"], _mbit(snic["rate_bytes_per_s"])]  # fmt: skip
+        row = [
+            n["node"],
+            n["kind"],
+            n["namespace"] + ("" if n.get("up", True) else " (gone)"),
+            cnic["addr"] if cnic else "-",
+            _mbit(cnic["rate_bytes_per_s"]) if cnic else "-",
+            snic["addr"],
+            _mbit(snic["rate_bytes_per_s"]),
+        ]
         if counters:
-            row += [f"{cnic['rx_bytes']}/{cnic['tx_bytes']}" if cnic else "-",
-                    f"{snic['rx_bytes']}/{snic['tx_bytes']}"]  # fmt: skip
+            row += [
+                f"{cnic['rx_bytes']}/{cnic['tx_bytes']}" if cnic else "-",
+                f"{snic['rx_bytes']}/{snic['tx_bytes']}",
+            ]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -119,8 +143,10 @@ def run_up(args: argparse.Namespace) -> int:
         traffic_manager=args.traffic_manager,
     )
     state = cluster.up(spec, replace=args.replace)
-    print(f"cluster {spec.name!r} up: preset {spec.preset}, subnet {spec.subnet}, "
-          f"rates × {spec.rates.scale:g} of the preset's")  # fmt: skip
+    print(
+        f"cluster {spec.name!r} up: preset {spec.preset}, subnet {spec.subnet}, "
+        f"rates × {spec.rates.scale:g} of the preset's"
+    )
     print(_table(_describe(state), counters=False))
     print(f"run in a node: dualpath cluster exec NODE --name {spec.name} -- CMD...")
     print(f"tear down:     dualpath cluster down --name {spec.name}")
@@ -165,8 +191,9 @@ def run_exec(args: argparse.Namespace) -> int:
     if "--" in rest:  # options between NODE and `--` (e.g. --name) land in the remainder
         cut = rest.index("--")
         opts, argv = rest[:cut], rest[cut + 1 :]
-        opt = argparse.ArgumentParser(prog="dualpath cluster exec", add_help=False,
-                                      exit_on_error=False)  # fmt: skip
+        opt = argparse.ArgumentParser(
+            prog="dualpath cluster exec", add_help=False, exit_on_error=False
+        )
         _add_name(opt)
         try:
             known, extra = opt.parse_known_args(opts)

@@ -56,9 +56,15 @@ def run_runtime_systems(
     from dualpath.workload.scripts import small_trajectories
 
     def options(system: str, root: str) -> RuntimeOptions:
-        return RuntimeOptions(system=system, kv_root=root, transport=transport,
-                              runtime=runtime, ray_address=ray_address,
-                              transfer_window=transfer_window, gpu_time=gpu_time)  # fmt: skip
+        return RuntimeOptions(
+            system=system,
+            kv_root=root,
+            transport=transport,
+            runtime=runtime,
+            ray_address=ray_address,
+            transfer_window=transfer_window,
+            gpu_time=gpu_time,
+        )
 
     for s in systems:
         config_for(config, options(s, kv_root).spec)  # ValueErrors before anything starts
@@ -77,8 +83,9 @@ def run_runtime_systems(
         for system in systems:
             root = tempfile.mkdtemp(prefix=f"bench-{system}-", dir=kv_root)
             try:
-                result = _run_system(config, trajs, num_turns_total, progress,
-                                     options(system, root))  # fmt: skip
+                result = _run_system(
+                    config, trajs, num_turns_total, progress, options(system, root)
+                )
             finally:
                 shutil.rmtree(root, ignore_errors=True)
             runs.append(BenchRun(system, summarize(result.records, "offline"), result))
@@ -272,18 +279,32 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.turns < 1:
         raise ValueError(f"--turns {args.turns} is invalid: must be >= 1")
     runs = run_runtime_systems(
-        config, systems, args.turns, args.token_scale, args.max_gen, args.kv_root,
-        progress=not args.no_progress, transport=transport, runtime=args.runtime,
-        ray_address=args.ray_address or "", gpu_time=args.gpu_time,
-    )  # fmt: skip
+        config,
+        systems,
+        args.turns,
+        args.token_scale,
+        args.max_gen,
+        args.kv_root,
+        progress=not args.no_progress,
+        transport=transport,
+        runtime=args.runtime,
+        ray_address=args.ray_address or "",
+        gpu_time=args.gpu_time,
+    )
     print(format_runs(runs))
     if args.json:
-        out = {r.system: {**r.summary.to_dict(), "bytes_by_path": r.result.bytes_by_path,
-                          "snic_aggregate_utilisation": _num(r.result.snic_aggregate_utilisation),
-                          "snic_busy_utilisation": _num(r.result.snic_busy_utilisation),
-                          "gpu_overrun_share": {k: _num(u.overrun_share)
-                                                for k, u in r.result.gpu_use.items()}}
-               for r in runs}  # fmt: skip
+        out = {
+            r.system: {
+                **r.summary.to_dict(),
+                "bytes_by_path": r.result.bytes_by_path,
+                "snic_aggregate_utilisation": _num(r.result.snic_aggregate_utilisation),
+                "snic_busy_utilisation": _num(r.result.snic_busy_utilisation),
+                "gpu_overrun_share": {
+                    k: _num(u.overrun_share) for k, u in r.result.gpu_use.items()
+                },
+            }
+            for r in runs
+        }
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
 

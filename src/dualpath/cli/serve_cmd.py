@@ -115,23 +115,50 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     c = p.add_argument_group("connections (docs/serving.md)")
-    c.add_argument("--max-connections", type=int, default=2048,
-                   help="open connections at most (kept below the descriptor limit); at the "
-                   "cap the oldest idle one is closed, else a new one gets a 503")  # fmt: skip
-    c.add_argument("--max-connections-per-client", type=int, default=512,
-                   help="open connections of one client IP at most (0: no cap)")  # fmt: skip
-    c.add_argument("--header-timeout-s", type=float, default=10.0,
-                   help="a request's headers complete within this (else 408)")  # fmt: skip
-    c.add_argument("--body-timeout-s", type=float, default=10.0,
-                   help="longest pause between two reads of a request body (else 408)")  # fmt: skip
+    c.add_argument(
+        "--max-connections",
+        type=int,
+        default=2048,
+        help="open connections at most (kept below the descriptor limit); at the "
+        "cap the oldest idle one is closed, else a new one gets a 503",
+    )
+    c.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=512,
+        help="open connections of one client IP at most (0: no cap)",
+    )
+    c.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=10.0,
+        help="a request's headers complete within this (else 408)",
+    )
+    c.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=10.0,
+        help="longest pause between two reads of a request body (else 408)",
+    )
     c.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive, seconds")
-    c.add_argument("--keepalive-requests", type=int, default=1000,
-                   help="requests per connection before it is closed")  # fmt: skip
-    c.add_argument("--max-grammar-bytes", type=int, default=128 << 10,
-                   help="a tool call's or JSON schema's grammar, bytes at most (else 400)")  # fmt: skip
-    c.add_argument("--grammar-budget-s", type=float, default=2.0,
-                   help="a new grammar compiles within this (else 400); compiled ones are "
-                   "cached by hash")  # fmt: skip
+    c.add_argument(
+        "--keepalive-requests",
+        type=int,
+        default=1000,
+        help="requests per connection before it is closed",
+    )
+    c.add_argument(
+        "--max-grammar-bytes",
+        type=int,
+        default=128 << 10,
+        help="a tool call's or JSON schema's grammar, bytes at most (else 400)",
+    )
+    c.add_argument(
+        "--grammar-budget-s",
+        type=float,
+        default=2.0,
+        help="a new grammar compiles within this (else 400); compiled ones are cached by hash",
+    )
     v = p.add_argument_group("--engine vllm (docs/vllm.md)")
     v.add_argument(
         "--engine",
@@ -181,11 +208,17 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 # flags of our own engine (serve/server.py): with --engine vllm a value other than the default
 # is a start-up error naming the flag (the vLLM instances have their own: --vllm-block-tokens …)
-_RUNTIME_ONLY = (("runtime", "--runtime"), ("ray_address", "--ray-address"),
-                 ("transport", "--transport"), ("threads", "--threads"),
-                 ("gpu_time", "--gpu-time"), ("hbm_tokens", "--hbm-tokens"),
-                 ("block_tokens", "--block-tokens"), ("max_grammar_bytes", "--max-grammar-bytes"),
-                 ("grammar_budget_s", "--grammar-budget-s"))  # fmt: skip
+_RUNTIME_ONLY = (
+    ("runtime", "--runtime"),
+    ("ray_address", "--ray-address"),
+    ("transport", "--transport"),
+    ("threads", "--threads"),
+    ("gpu_time", "--gpu-time"),
+    ("hbm_tokens", "--hbm-tokens"),
+    ("block_tokens", "--block-tokens"),
+    ("max_grammar_bytes", "--max-grammar-bytes"),
+    ("grammar_budget_s", "--grammar-budget-s"),
+)
 
 
 def _serve_defaults() -> dict[str, Any]:
@@ -200,11 +233,15 @@ def refuse_runtime_flags(args: argparse.Namespace) -> None:
     for dest, flag in _RUNTIME_ONLY:
         value = getattr(args, dest)
         if value != defaults[dest]:
-            raise ValueError(f"{flag} {value} has no meaning with --engine vllm (a flag of "
-                             "the runtime engine): leave it out")  # fmt: skip
+            raise ValueError(
+                f"{flag} {value} has no meaning with --engine vllm (a flag of "
+                "the runtime engine): leave it out"
+            )
     if args.device not in ("cpu", "cuda"):
-        raise ValueError(f"--device {args.device}: --engine vllm takes cpu or cuda (the GPUs "
-                         "are chosen with CUDA_VISIBLE_DEVICES)")  # fmt: skip
+        raise ValueError(
+            f"--device {args.device}: --engine vllm takes cpu or cuda (the GPUs "
+            "are chosen with CUDA_VISIBLE_DEVICES)"
+        )
 
 
 def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
@@ -258,12 +295,20 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         from dualpath.serve.checkpoint import write_tiny_checkpoint
 
         # vLLM's CPU attention needs head_dim >= 32: 4 layers, hidden 256, 4 heads (2 KV)
-        write_tiny_checkpoint(args.model_dir, seed=args.seed, num_layers=4, hidden_size=256,
-                              num_heads=4, num_kv_heads=2, intermediate_size=512)  # fmt: skip
+        write_tiny_checkpoint(
+            args.model_dir,
+            seed=args.seed,
+            num_layers=4,
+            hidden_size=256,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=512,
+        )
         print(f"dualpath serve: wrote a tiny random checkpoint to {args.model_dir}", flush=True)
     _warn_exposure(args.host, router_opts.metrics_open, bool(router_opts.api_keys))
-    return serve_vllm(opts, config, args.system, router_opts, args.log_level,
-                      connection_limits(args))  # fmt: skip
+    return serve_vllm(
+        opts, config, args.system, router_opts, args.log_level, connection_limits(args)
+    )
 
 
 def _warn_exposure(host: str, metrics_open: bool, has_keys: bool) -> None:
@@ -272,8 +317,10 @@ def _warn_exposure(host: str, metrics_open: bool, has_keys: bool) -> None:
     if not ServeOptions(host=host).is_loopback:
         print(f"dualpath serve: warning: listening on {host}, not loopback", file=sys.stderr)
         if metrics_open and has_keys:
-            print("dualpath serve: warning: --metrics-open: /metrics needs no key from any host",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                "dualpath serve: warning: --metrics-open: /metrics needs no key from any host",
+                file=sys.stderr,
+            )
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:

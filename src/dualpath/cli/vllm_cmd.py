@@ -34,10 +34,16 @@ def add_sidecar_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--dtype", default="bfloat16", help="vLLM's --dtype (default bfloat16)")
     p.add_argument("--block-tokens", type=int, default=32, help="vLLM's --block-size (32)")
     p.add_argument("--buffer-mib", type=int, default=64, help="the node buffer, MiB (64)")
-    p.add_argument("--vllm-python", help="the Python that runs vLLM (its version names the KV "
-                   "layout; default: .venv-vllm)")  # fmt: skip
-    p.add_argument("--snic-mb-per-s", type=float, default=0.0,
-                   help="emulate the SNIC's rate in software (default 0: the NIC's own)")  # fmt: skip
+    p.add_argument(
+        "--vllm-python",
+        help="the Python that runs vLLM (its version names the KV layout; default: .venv-vllm)",
+    )
+    p.add_argument(
+        "--snic-mb-per-s",
+        type=float,
+        default=0.0,
+        help="emulate the SNIC's rate in software (default 0: the NIC's own)",
+    )
     p.set_defaults(func=run_sidecar)
 
 
@@ -53,17 +59,32 @@ def run_sidecar(args: argparse.Namespace) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="dualpath-sidecar-"))
     try:
         spec, facts = sidecar_spec(
-            args.node, args.kind, args.host, args.port, args.model_dir, args.dtype,
-            args.block_tokens, args.buffer_mib, args.store, engine,
-            checkpoint_digest(args.model_dir), run_dir, args.snic_host,
+            args.node,
+            args.kind,
+            args.host,
+            args.port,
+            args.model_dir,
+            args.dtype,
+            args.block_tokens,
+            args.buffer_mib,
+            args.store,
+            engine,
+            checkpoint_digest(args.model_dir),
+            run_dir,
+            args.snic_host,
             args.snic_mb_per_s * 1e6,
-        )  # fmt: skip
-        print(f"dualpath sidecar: node {spec.node} ({spec.kind}) at {spec.control}, "
-              f"{spec.num_slots} slots, store {args.store}, engine {engine}", flush=True)  # fmt: skip
-        print("  vLLM on this node: vllm serve MODEL --block-size "
-              f"{spec.block_tokens} --no-enable-prefix-caching --kv-transfer-config "
-              f"'{kv_transfer_config(spec.node, ['tcp://HOST:PORT of every side-car, node 0 first'])}'",
-              flush=True)  # fmt: skip
+        )
+        print(
+            f"dualpath sidecar: node {spec.node} ({spec.kind}) at {spec.control}, "
+            f"{spec.num_slots} slots, store {args.store}, engine {engine}",
+            flush=True,
+        )
+        print(
+            "  vLLM on this node: vllm serve MODEL --block-size "
+            f"{spec.block_tokens} --no-enable-prefix-caching --kv-transfer-config "
+            f"'{kv_transfer_config(spec.node, ['tcp://HOST:PORT of every side-car, node 0 first'])}'",
+            flush=True,
+        )
         NodeSidecar(spec, facts).serve_forever()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -77,19 +98,44 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "(docs/deploy.md)",
     )
     add_config_args(p, default_preset="tiny-1p1d")
-    p.add_argument("--prefill", action="append", default=[], metavar="URL", required=True,
-                   help="a prefill instance (node 0, 1, … in order; repeatable)")  # fmt: skip
-    p.add_argument("--decode", action="append", default=[], metavar="URL", required=True,
-                   help="a decode instance (nodes after the prefill ones; repeatable)")  # fmt: skip
-    p.add_argument("--sidecar", action="append", default=[], metavar="tcp://HOST:PORT",
-                   required=True, help="every node's side-car (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="URL",
+        required=True,
+        help="a prefill instance (node 0, 1, … in order; repeatable)",
+    )
+    p.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="URL",
+        required=True,
+        help="a decode instance (nodes after the prefill ones; repeatable)",
+    )
+    p.add_argument(
+        "--sidecar",
+        action="append",
+        default=[],
+        metavar="tcp://HOST:PORT",
+        required=True,
+        help="every node's side-car (repeatable)",
+    )
     p.add_argument("--system", default="dualpath", help="dualpath (default) or basic")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--store-host", default="127.0.0.1",
-                   help="this host's address toward a Mooncake Store's master (its client)")  # fmt: skip
-    p.add_argument("--hbm-tokens", type=int, default=0,
-                   help="KV tokens one decode instance holds (default: from its /metrics)")  # fmt: skip
+    p.add_argument(
+        "--store-host",
+        default="127.0.0.1",
+        help="this host's address toward a Mooncake Store's master (its client)",
+    )
+    p.add_argument(
+        "--hbm-tokens",
+        type=int,
+        default=0,
+        help="KV tokens one decode instance holds (default: from its /metrics)",
+    )
     p.add_argument("--read-side", default="policy", choices=("policy", "pe", "de"))
     p.add_argument("--api-key", action="append", default=[], metavar="[TENANT=]KEY")
     p.add_argument("--request-timeout-s", type=float, default=300.0)
@@ -118,8 +164,11 @@ def run_router(args: argparse.Namespace) -> int:
     config = build_config(args)
     if config.scheduler.split_reads:
         raise ValueError("scheduler.split_reads=true is not supported over vLLM: set it false")
-    opts = RouterOptions(api_keys=_api_keys(args.api_key), request_timeout_s=args.request_timeout_s,
-                         default_max_tokens=args.default_max_tokens)  # fmt: skip
+    opts = RouterOptions(
+        api_keys=_api_keys(args.api_key),
+        request_timeout_s=args.request_timeout_s,
+        default_max_tokens=args.default_max_tokens,
+    )
     try:
         model = httpx.get(args.decode[0].rstrip("/") + "/v1/models", timeout=10).json()
         model_id = str(model["data"][0]["id"])
@@ -136,12 +185,17 @@ def run_router(args: argparse.Namespace) -> int:
     flow = TurnFlow(dep, policy, kv_root, force_side=force)
     try:
         router = Router(flow, opts)
-        print(f"dualpath router: {len(args.prefill)}P{len(args.decode)}D of {model_id} "
-              f"({dep.engine}), store {dep.nodes[0].store}; on http://{args.host}:{args.port} "
-              f"(system {args.system})", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"dualpath router: {len(args.prefill)}P{len(args.decode)}D of {model_id} "
+            f"({dep.engine}), store {dep.nodes[0].store}; on http://{args.host}:{args.port} "
+            f"(system {args.system})",
+            file=sys.stderr,
+            flush=True,
+        )
         _warn_exposure(args.host, opts.metrics_open, bool(opts.api_keys))
-        http = http_server(create_app(router), args.host, args.port, args.log_level, 5.0,
-                           ConnectionLimits())  # fmt: skip
+        http = http_server(
+            create_app(router), args.host, args.port, args.log_level, 5.0, ConnectionLimits()
+        )
         http.run()
     finally:
         flow.close()

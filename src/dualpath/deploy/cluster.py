@@ -271,26 +271,52 @@ def tbf_args(dev: str, rate_bytes_per_s: float, ns: str | None = None) -> list[s
     (rate × 50 ms + burst bytes); beyond it packets drop, which TCP takes as congestion.
     """
     burst = max(TBF_MIN_BURST_BYTES, int(rate_bytes_per_s * TBF_BURST_S))
-    return ["tc", *(["-n", ns] if ns else []), "qdisc", "replace", "dev", dev, "root", "tbf",
-            "rate", f"{int(rate_bytes_per_s * 8)}bit", "burst", str(burst),
-            "latency", f"{TBF_LATENCY_MS}ms"]  # fmt: skip
+    return [
+        "tc",
+        *(["-n", ns] if ns else []),
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{int(rate_bytes_per_s * 8)}bit",
+        "burst",
+        str(burst),
+        "latency",
+        f"{TBF_LATENCY_MS}ms",
+    ]
 
 
 def plan(spec: ClusterSpec) -> list[list[str]]:
     """Every command ``up`` runs, in order (pure: no I/O)."""
     cmds: list[list[str]] = []
     for bridge, net in zip(spec.bridges, (1, 2), strict=True):
-        cmds += [["ip", "link", "add", bridge, "type", "bridge"],
-                 ["ip", "addr", "add", f"{_host(spec.subnet, net, 1)}/24", "dev", bridge],
-                 ["ip", "link", "set", bridge, "up"]]  # fmt: skip
+        cmds += [
+            ["ip", "link", "add", bridge, "type", "bridge"],
+            ["ip", "addr", "add", f"{_host(spec.subnet, net, 1)}/24", "dev", bridge],
+            ["ip", "link", "set", bridge, "up"],
+        ]
     for node in spec.nodes:
         ns = node.namespace
-        cmds += [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
-                 # as a datacenter host (and RDMA, which has no slow start): a connection idle
-                 # for a moment keeps its window (Linux's default restarts slow start after
-                 # one RTO idle: every block fetched after a pause would take several RTTs)
-                 ["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
-                  "net.ipv4.tcp_slow_start_after_idle=0"]]  # fmt: skip
+        cmds += [
+            ["ip", "netns", "add", ns],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+            # as a datacenter host (and RDMA, which has no slow start): a connection idle
+            # for a moment keeps its window (Linux's default restarts slow start after
+            # one RTO idle: every block fetched after a pause would take several RTTs)
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv4.tcp_slow_start_after_idle=0",
+            ],
+        ]
         for nic, bridge in zip(("cnic", "snic"), spec.bridges, strict=True):
             addr = node.cnic_addr if nic == "cnic" else node.snic_addr
             if not addr:
@@ -376,9 +402,10 @@ def _root_links(name: str) -> list[str]:
     bridges = {f"dp{name}c", f"dp{name}s"}
     links = json.loads(_run(["ip", "-j", "link", "show"]) or "[]")
     return sorted(
-        link["ifname"] for link in links
+        link["ifname"]
+        for link in links
         if link["ifname"] in bridges or link["ifname"].startswith(f"dp{name}-")
-    )  # fmt: skip
+    )
 
 
 def _check_free(spec: ClusterSpec) -> None:
@@ -498,8 +525,12 @@ def status(name: str) -> dict[str, Any]:
     nodes = []
     for node in spec.nodes:
         counters = _counters(node.namespace) if node.namespace in alive else {}
-        entry: dict[str, Any] = {"node": node.name, "kind": node.kind,
-                                 "namespace": node.namespace, "up": node.namespace in alive}  # fmt: skip
+        entry: dict[str, Any] = {
+            "node": node.name,
+            "kind": node.kind,
+            "namespace": node.namespace,
+            "up": node.namespace in alive,
+        }
         for nic in ("cnic", "snic"):
             addr = node.cnic_addr if nic == "cnic" else node.snic_addr
             if addr:

@@ -75,17 +75,48 @@ def ray_commands(
     head = state.spec.head_cnic_addr
     light = ["--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--block"]
     cmds = [
-        [ray, "start", "--head", "--node-ip-address", head, "--port", str(port),
-         "--num-cpus", "0", "--resources", "{}", "--include-dashboard", "false",
-         "--temp-dir", os.path.join(temp_dir, "head"), *light]
-    ]  # fmt: skip
+        [
+            ray,
+            "start",
+            "--head",
+            "--node-ip-address",
+            head,
+            "--port",
+            str(port),
+            "--num-cpus",
+            "0",
+            "--resources",
+            "{}",
+            "--include-dashboard",
+            "false",
+            "--temp-dir",
+            os.path.join(temp_dir, "head"),
+            *light,
+        ]
+    ]
     for node_id, ns, addr in compute_nodes(state):
         resources = json.dumps({f"{RESOURCE_PREFIX}{node_id}": 1})
         cmds.append(
-            ["ip", "netns", "exec", ns, ray, "start", "--address", f"{head}:{port}",
-             "--node-ip-address", addr, "--num-cpus", "1", "--resources", resources,
-             "--temp-dir", os.path.join(temp_dir, f"node{node_id}"), *light]
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                ray,
+                "start",
+                "--address",
+                f"{head}:{port}",
+                "--node-ip-address",
+                addr,
+                "--num-cpus",
+                "1",
+                "--resources",
+                resources,
+                "--temp-dir",
+                os.path.join(temp_dir, f"node{node_id}"),
+                *light,
+            ]
+        )
     return cmds
 
 
@@ -102,8 +133,13 @@ def _write(rc: RayCluster) -> None:
 
 def _nodes_seen(ray: str, address: str) -> set[str]:
     """The ``dualpath_node<n>`` resources that ``ray status`` shows on the cluster."""
-    done = subprocess.run([ray, "status", "--address", address], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, **RAY_ENV})  # fmt: skip
+    done = subprocess.run(
+        [ray, "status", "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **RAY_ENV},
+    )
     return {w for w in done.stdout.split() if w.startswith(RESOURCE_PREFIX)}
 
 
@@ -128,9 +164,14 @@ def start_ray(
     try:
         for i, argv in enumerate(ray_commands(state, port, temp_dir, ray)):
             with open(base / f"start{i}.log", "wb") as log:
-                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env={**os.environ, **RAY_ENV})  # fmt: skip
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={**os.environ, **RAY_ENV},
+                )
             rc = RayCluster(name, address, temp_dir, (*rc.pgids, proc.pid))
             _write(rc)
             if i == 0:
@@ -154,8 +195,12 @@ def start_ray(
 def _wait_port(ray: str, address: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        done = subprocess.run([ray, "status", "--address", address], capture_output=True,
-                              timeout=60, env={**os.environ, **RAY_ENV})  # fmt: skip
+        done = subprocess.run(
+            [ray, "status", "--address", address],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, **RAY_ENV},
+        )
         if done.returncode == 0:
             return
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -134,8 +134,16 @@ def save(fig: Figure, path: str | Path, title: str) -> FigureInfo:
 def label_bar(ax: Axes, bar: Any, text: str, fontsize: int, rotation: int = 0) -> None:
     """Write ``text`` just above a bar (matplotlib Rectangle)."""
     x, top = bar.get_x() + bar.get_width() / 2, bar.get_height()
-    ax.annotate(text, (x, top), xytext=(0, 2), textcoords="offset points", ha="center",
-                va="bottom", fontsize=fontsize, rotation=rotation)  # fmt: skip
+    ax.annotate(
+        text,
+        (x, top),
+        xytext=(0, 2),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=fontsize,
+        rotation=rotation,
+    )
 
 
 def grouped_bars(

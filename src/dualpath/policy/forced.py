@@ -36,9 +36,14 @@ class ForcedSide:
         pe = hit if self.side is ReadSide.PE else 0
         return replace(a, read_side=self.side, pe_read_tokens=pe, de_read_tokens=hit - pe)
 
-    def plan_forward(self, engine_id: int, queue: Sequence[PendingPrefill], now: float,
-                     kv_budget_tokens: int | None = None,
-                     cap_s: float | None = None) -> ForwardBatch:  # fmt: skip
+    def plan_forward(
+        self,
+        engine_id: int,
+        queue: Sequence[PendingPrefill],
+        now: float,
+        kv_budget_tokens: int | None = None,
+        cap_s: float | None = None,
+    ) -> ForwardBatch:
         return self.policy.plan_forward(engine_id, queue, now, kv_budget_tokens, cap_s)
 
     def balance_cap(self, predicted: Sequence[float]) -> float | None:

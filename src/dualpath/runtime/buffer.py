@@ -161,8 +161,9 @@ class SlotBuffer:
     def release_owner(self, owner: int) -> int:
         """Free every slot ``owner`` holds (its process died); how many."""
         with self._lock:
-            mine = [i for i in range(self.spec.num_slots)
-                    if self._used[i] and self._owners[i] == owner]  # fmt: skip
+            mine = [
+                i for i in range(self.spec.num_slots) if self._used[i] and self._owners[i] == owner
+            ]
             for i in mine:
                 self._used[i] = 0
                 self._owners[i] = ANONYMOUS

@@ -125,8 +125,16 @@ WriteFn = Callable[[int, memoryview | bytes], None]
 def block_header(layout: BlockLayout, crc: int, fingerprint: bytes, size: int) -> bytes:
     """A block's header (magic, version, layout, payload bytes, CRC32, namespace fingerprint),
     zero-padded to ``size`` bytes: the file store's and Mooncake Store's objects carry it."""
-    head = _HEADER.pack(MAGIC, VERSION, layout.num_layers, layout.block_tokens, layout.row_bytes,
-                        layout.full_block_bytes, crc, fingerprint)  # fmt: skip
+    head = _HEADER.pack(
+        MAGIC,
+        VERSION,
+        layout.num_layers,
+        layout.block_tokens,
+        layout.row_bytes,
+        layout.full_block_bytes,
+        crc,
+        fingerprint,
+    )
     return head.ljust(size, b"\0")
 
 

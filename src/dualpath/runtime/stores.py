@@ -50,6 +50,7 @@ def open_store(
         master = f"{host}:{port}"
         if timeout_s is None:
             return MooncakeBlockStore.connect(master, layout, namespace, local_hostname)
-        return MooncakeBlockStore.connect(master, layout, namespace, local_hostname,
-                                          timeout_s=timeout_s)  # fmt: skip
+        return MooncakeBlockStore.connect(
+            master, layout, namespace, local_hostname, timeout_s=timeout_s
+        )
     raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")

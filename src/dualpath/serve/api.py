@@ -44,8 +44,14 @@ from dualpath.serve.schema import (
 from dualpath.serve.service import ApiOptions, DeadlinePassed, Service, usage
 
 
-async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
-                   plan: ChatPlan | None, body: Sampling, arrived: float) -> Response:  # fmt: skip
+async def _choices(
+    svc: Service,
+    request: Request,
+    gens: list[GenerateRequest],
+    plan: ChatPlan | None,
+    body: Sampling,
+    arrived: float,
+) -> Response:
     """Serve ``gens`` (one per choice) as one chat / text completion: whole, or as SSE."""
     svc.check_alive()
     chat = plan is not None
@@ -78,8 +84,9 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
             extra = {"token_ids": ids[i]} if body.return_token_ids else {}
             if not chat:
                 lp = completion_logprobs(tok, lps[i]) if want_lp else None
-                choices.append({"index": i, "text": text, "logprobs": lp,
-                                "finish_reason": reason, **extra})  # fmt: skip
+                choices.append(
+                    {"index": i, "text": text, "logprobs": lp, "finish_reason": reason, **extra}
+                )
                 continue
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
             if reader.thinker is not None:  # (as vLLM: null when the reply did not think)
@@ -89,8 +96,9 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
             else:
                 message["content"] = text
             lp = chat_logprobs(tok, lps[i]) if want_lp else None
-            choices.append({"index": i, "message": message, "logprobs": lp,
-                            "finish_reason": reason, **extra})  # fmt: skip
+            choices.append(
+                {"index": i, "message": message, "logprobs": lp, "finish_reason": reason, **extra}
+            )
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**header(obj), "choices": choices, "usage": usage(list(lasts))})
 
@@ -108,8 +116,13 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
         extra = {"token_ids": list(ev.token_ids)} if body.return_token_ids else {}
         if not chat:
             logprobs = completion_logprobs(tok, lp) if want_lp else None
-            return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                    **extra}  # fmt: skip
+            return {
+                "index": i,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+                **extra,
+            }
         delta: dict[str, Any] = {}
         if piece.reasoning:
             delta["reasoning_content"] = piece.reasoning
@@ -118,8 +131,7 @@ async def _choices(svc: Service, request: Request, gens: list[GenerateRequest],
         if calls:
             delta["tool_calls"] = [c.openai() for c in calls]
         logprobs = chat_logprobs(tok, lp) if want_lp and lp else None
-        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
-                **extra}  # fmt: skip
+        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}
 
     async def stream() -> AsyncIterator[str]:
         lasts: list[TokenEvent | None] = [None] * len(gens)
@@ -187,8 +199,11 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(exc.status_code, message), exc.status_code,
-                            headers=getattr(exc, "headers", None))  # fmt: skip
+        return JSONResponse(
+            error_body(exc.status_code, message),
+            exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -196,8 +211,14 @@ def create_app(backend: Backend, options: ApiOptions | None = None) -> FastAPI:
         hop("http.request")
         svc.authorise(request)
         body: ChatRequest = await svc.parse(request, ChatRequest)
-        plan = plan_chat(body, backend.tokenizer, opts.tool_format, backend.supports_grammar,
-                         opts.grammar.max_bytes, opts.reasoning_parser)  # fmt: skip
+        plan = plan_chat(
+            body,
+            backend.tokenizer,
+            opts.tool_format,
+            backend.supports_grammar,
+            opts.grammar.max_bytes,
+            opts.reasoning_parser,
+        )
         await svc.check_grammar(plan)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:

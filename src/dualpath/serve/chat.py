@@ -43,8 +43,9 @@ class ChatPlan:
     reasoning_opened: bool = False  # the prompt ends inside <think>
 
     def reader(self) -> ReplyReader:
-        return ReplyReader(self.parse, self.tools, self.max_calls, self.reasoning,
-                           self.reasoning_opened)  # fmt: skip
+        return ReplyReader(
+            self.parse, self.tools, self.max_calls, self.reasoning, self.reasoning_opened
+        )
 
     @property
     def needs_special_tokens(self) -> bool:
@@ -52,19 +53,32 @@ class ChatPlan:
         return self.parse is not None and TOOL_PARSERS[self.parse].needs_special_tokens
 
 
-def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
-              supports_grammar: bool, max_schema_bytes: int = 0,
-              reasoning: str = "") -> ChatPlan:  # fmt: skip
+def plan_chat(
+    body: ChatRequest,
+    tokenizer: TextTokenizer,
+    tool_format: str,
+    supports_grammar: bool,
+    max_schema_bytes: int = 0,
+    reasoning: str = "",
+) -> ChatPlan:
     """Render and validate ``body`` (every refusal a 400 naming its field).
     ``max_schema_bytes`` (0: none): the tools' and the JSON schema's size, checked before
     anything is built from them (rendering, grammar; ``serve/grammars.py``); ``reasoning``:
     the ``--reasoning-parser`` ('' none): replies' ``<think>`` is split off, and a grammar
     lets the model think first."""
     if tool_format not in TOOL_PARSERS:
-        raise ValueError(f"tool_format={tool_format!r} is invalid: must be one of "
-                         f"{sorted(TOOL_PARSERS)}")  # fmt: skip
-    tools = [Tool(t.function.name, t.function.description, t.function.parameters,
-                  t.function.strict is not False) for t in body.tools or ()]  # fmt: skip
+        raise ValueError(
+            f"tool_format={tool_format!r} is invalid: must be one of {sorted(TOOL_PARSERS)}"
+        )
+    tools = [
+        Tool(
+            t.function.name,
+            t.function.description,
+            t.function.parameters,
+            t.function.strict is not False,
+        )
+        for t in body.tools or ()
+    ]
     if len({t.name for t in tools}) != len(tools):
         raise ApiError(400, "tools: two tools have the same name", "tools")
     if max_schema_bytes:
@@ -81,10 +95,12 @@ def plan_chat(body: ChatRequest, tokenizer: TextTokenizer, tool_format: str,
     elif not isinstance(choice, str):
         forced_tools = [t for t in tools if t.name == choice.function.name]
         if not forced_tools:
-            raise ApiError(400, f"tool_choice: no tool named {choice.function.name!r}",
-                           "tool_choice")  # fmt: skip
-    grammar = _grammar(body.response_format, tools if choice == "auto" else [], forced_tools,
-                       tool_format)  # fmt: skip
+            raise ApiError(
+                400, f"tool_choice: no tool named {choice.function.name!r}", "tool_choice"
+            )
+    grammar = _grammar(
+        body.response_format, tools if choice == "auto" else [], forced_tools, tool_format
+    )
     opened = bool(reasoning) and prompt_opens_reasoning(text)
     if grammar and reasoning:
         grammar = reasoning_grammar(grammar, opened)
@@ -120,17 +136,25 @@ def _check_schema_size(body: ChatRequest, tools: list[Tool], limit: int) -> None
     if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
         size = len(json.dumps(fmt.json_schema.schema_ or {}))
         if size > limit:
-            raise ApiError(400, f"response_format.json_schema: {size} bytes of JSON schema, "
-                           f"over the server's limit of {limit} (--max-grammar-bytes)",
-                           "response_format.json_schema")  # fmt: skip
+            raise ApiError(
+                400,
+                f"response_format.json_schema: {size} bytes of JSON schema, "
+                f"over the server's limit of {limit} (--max-grammar-bytes)",
+                "response_format.json_schema",
+            )
     size = sum(len(json.dumps(t.schema())) for t in tools)
     if size > limit:
-        raise ApiError(400, f"tools: {size} bytes of parameter schemas, over the server's "
-                       f"limit of {limit} (--max-grammar-bytes)", "tools")  # fmt: skip
+        raise ApiError(
+            400,
+            f"tools: {size} bytes of parameter schemas, over the server's "
+            f"limit of {limit} (--max-grammar-bytes)",
+            "tools",
+        )
 
 
-def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool],
-             tool_format: str) -> str:  # fmt: skip
+def _grammar(
+    fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool], tool_format: str
+) -> str:
     """The grammar of a reply: a forced call; else, with a JSON ``response_format``, JSON of
     its schema (or, with tools on ``auto``, that or a call); else none."""
     if forced:
@@ -139,8 +163,11 @@ def _grammar(fmt: ResponseFormat | None, optional: list[Tool], forced: list[Tool
         return ""
     if fmt.type == "json_schema":
         if fmt.json_schema is None:
-            raise ApiError(400, "response_format.json_schema: required for type json_schema",
-                           "response_format.json_schema")  # fmt: skip
+            raise ApiError(
+                400,
+                "response_format.json_schema: required for type json_schema",
+                "response_format.json_schema",
+            )
         schema: dict[str, Any] | None = fmt.json_schema.schema_ or {"type": "object"}
         strict = fmt.json_schema.strict is not False
     else:
@@ -170,8 +197,9 @@ def chat_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob]) -> dict
     }
 
 
-def completion_logprobs(tokenizer: TextTokenizer, lps: Sequence[TokenLogprob],
-                        offset: int = 0) -> dict[str, Any]:  # fmt: skip
+def completion_logprobs(
+    tokenizer: TextTokenizer, lps: Sequence[TokenLogprob], offset: int = 0
+) -> dict[str, Any]:
     tokens, offsets = [], []
     for lp in lps:
         offsets.append(offset)
@@ -201,9 +229,14 @@ class ReplyReader:
     ``TOOL_PARSERS`` name, None: no tool calls; ``reasoning``: a ``REASONING_PARSERS`` name,
     whose ``<think>`` part never reaches the tool parser)."""
 
-    def __init__(self, parse: str | None, tools: Sequence[Tool] = (),
-                 max_calls: int | None = None, reasoning: str | None = None,
-                 opened: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        parse: str | None,
+        tools: Sequence[Tool] = (),
+        max_calls: int | None = None,
+        reasoning: str | None = None,
+        opened: bool = False,
+    ) -> None:
         self.parser = TOOL_PARSERS[parse](tools, max_calls) if parse else None
         self.thinker = REASONING_PARSERS[reasoning](opened) if reasoning else None
         self.content: list[str] = []

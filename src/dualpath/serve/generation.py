@@ -14,8 +14,9 @@ class TextStream:
     that could still become a stop string; ``stopped`` once a stop string appears (the
     returned text ends before it, as OpenAI's API does)."""
 
-    def __init__(self, tokenizer: TextTokenizer, stop: Sequence[str] = (),
-                 skip_special_tokens: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, tokenizer: TextTokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self._stop = tuple(s for s in stop if s)

@@ -61,8 +61,12 @@ class GrammarGate:
         size = len(grammar.encode())
         if size > self.limits.max_bytes:
             self.num_refused += 1
-            raise ApiError(400, f"{param}: its grammar is {size} bytes, over the server's "
-                           f"limit of {self.limits.max_bytes} (--max-grammar-bytes)", param)  # fmt: skip
+            raise ApiError(
+                400,
+                f"{param}: its grammar is {size} bytes, over the server's "
+                f"limit of {self.limits.max_bytes} (--max-grammar-bytes)",
+                param,
+            )
         key = grammar_key(grammar)
         verdict = self._verdicts.get(key)
         if verdict is None:
@@ -88,8 +92,10 @@ class GrammarGate:
         try:
             verdict = await asyncio.wait_for(asyncio.shield(work), self.limits.budget_s)
         except TimeoutError:
-            verdict = (f"its grammar takes over {self.limits.budget_s:g} s to compile "
-                       "(--grammar-budget-s); simplify the schema")  # fmt: skip
+            verdict = (
+                f"its grammar takes over {self.limits.budget_s:g} s to compile "
+                "(--grammar-budget-s); simplify the schema"
+            )
         except Exception as exc:  # the library refused it by raising
             verdict = str(exc).split("\n")[0] or type(exc).__name__
         self._verdicts[key] = verdict
@@ -98,8 +104,9 @@ class GrammarGate:
         del self._pending[key]
         return verdict
 
-    def _compile(self, grammar: str, loop: asyncio.AbstractEventLoop,
-                 started: asyncio.Future[None]) -> str:  # fmt: skip
+    def _compile(
+        self, grammar: str, loop: asyncio.AbstractEventLoop, started: asyncio.Future[None]
+    ) -> str:
         """On the worker: '' when ``grammar`` compiles, else why not."""
         import llguidance
 

@@ -145,18 +145,23 @@ class GuardCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         g = self.guard
-        yield GaugeMetricFamily("dualpath:connections_open", "Open HTTP connections",
-                                value=len(g.open))  # fmt: skip
-        closed = CounterMetricFamily("dualpath:connections_closed",
-                                     "HTTP connections closed or refused by the server, by why",
-                                     labels=["reason"])  # fmt: skip
+        yield GaugeMetricFamily(
+            "dualpath:connections_open", "Open HTTP connections", value=len(g.open)
+        )
+        closed = CounterMetricFamily(
+            "dualpath:connections_closed",
+            "HTTP connections closed or refused by the server, by why",
+            labels=["reason"],
+        )
         for why in sorted(g.counts):
             closed.add_metric([why], g.counts[why])
         yield closed
         if self.held is not None:
-            yield CounterMetricFamily("dualpath:log_records_held",
-                                      "Log records not written (repeats, over the rate limit)",
-                                      value=self.held.held)  # fmt: skip
+            yield CounterMetricFamily(
+                "dualpath:log_records_held",
+                "Log records not written (repeats, over the rate limit)",
+                value=self.held.held,
+            )
 
 
 def guarded_protocol(guard: Guard) -> type[H11Protocol]:
@@ -217,8 +222,13 @@ class GuardedH11(H11Protocol):
         self.client_key = self.client[0] if self.client else ""
         if not self.guard.admit(self):
             self.guard.count("refused")
-            self._linger(raw_error(503, "Service Unavailable",
-                                   "the server has too many open connections; retry later"))  # fmt: skip
+            self._linger(
+                raw_error(
+                    503,
+                    "Service Unavailable",
+                    "the server has too many open connections; retry later",
+                )
+            )
             return
         self._admitted = True
         self._arm(self.guard.limits.header_timeout_s, "header")
@@ -273,8 +283,13 @@ class GuardedH11(H11Protocol):
         self._admitted = False
         self._disarm()
         if self._received:
-            self._linger(raw_error(408, "Request Timeout", "the server needed this "
-                                   "connection; its request was not complete"))  # fmt: skip
+            self._linger(
+                raw_error(
+                    408,
+                    "Request Timeout",
+                    "the server needed this connection; its request was not complete",
+                )
+            )
         else:
             self.transport.close()
 

@@ -26,8 +26,13 @@ class RepeatFilter(logging.Filter):
     message template, exception type) and at most ``max_per_window`` records of all kinds;
     the rest are counted. ``max_kinds`` bounds the memory (oldest kinds forgotten first)."""
 
-    def __init__(self, window_s: float = 60.0, max_per_window: int = 100,
-                 max_kinds: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        max_per_window: int = 100,
+        max_kinds: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.window_s = window_s
         self.max_per_window = max_per_window
@@ -52,8 +57,10 @@ class RepeatFilter(logging.Filter):
         notes = []
         if now - self._window.since >= self.window_s:
             if self._window.held:
-                notes.append(f"{self._window.held} more log records over the rate limit "
-                             f"were not written in the last {now - self._window.since:.0f} s")  # fmt: skip
+                notes.append(
+                    f"{self._window.held} more log records over the rate limit "
+                    f"were not written in the last {now - self._window.since:.0f} s"
+                )
             self._window, self._written = _Seen(now), 0
         if self._written >= self.max_per_window:
             self._window.held += 1
@@ -73,8 +80,11 @@ class RepeatFilter(logging.Filter):
 
     def summaries(self) -> list[str]:
         """One line per kind with records held back since it was last written."""
-        out = [f"{k[0] or 'root'}: {s.held} more like {k[2][:120]!r} not written"
-               for k, s in self._kinds.items() if s.held]  # fmt: skip
+        out = [
+            f"{k[0] or 'root'}: {s.held} more like {k[2][:120]!r} not written"
+            for k, s in self._kinds.items()
+            if s.held
+        ]
         if self._window.held:
             out.append(f"{self._window.held} more log records over the rate limit not written")
         return out

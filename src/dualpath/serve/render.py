@@ -28,8 +28,11 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             d["name"] = m.name
         if m.role == "tool":
             if not m.tool_call_id:
-                raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
-                               f"messages.{i}.tool_call_id")  # fmt: skip
+                raise ApiError(
+                    400,
+                    f"messages.{i}.tool_call_id: required for a tool message",
+                    f"messages.{i}.tool_call_id",
+                )
             d["tool_call_id"] = m.tool_call_id
         if m.tool_calls:
             calls = []
@@ -41,8 +44,13 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
                     except ValueError:
                         where = f"messages.{i}.tool_calls.{k}.function.arguments"
                         raise ApiError(400, f"{where}: not valid JSON", where) from None
-                calls.append({"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": args}})  # fmt: skip
+                calls.append(
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": args},
+                    }
+                )
             d["tool_calls"] = calls
         out.append(d)
     return out
@@ -53,8 +61,11 @@ def render_prompt(body: ChatRequest, tokenizer: TextTokenizer, tools: Sequence[T
     kwargs = body.chat_template_kwargs or {}
     for key in sorted(kwargs):
         if key in RESERVED_TEMPLATE_KWARGS:
-            raise ApiError(400, f"chat_template_kwargs.{key}: set by the server, not here",
-                           f"chat_template_kwargs.{key}")  # fmt: skip
+            raise ApiError(
+                400,
+                f"chat_template_kwargs.{key}: set by the server, not here",
+                f"chat_template_kwargs.{key}",
+            )
     inputs = ChatInputs(
         tools=tuple(t.openai() for t in tools),
         documents=tuple(d.model_dump() for d in body.documents or ()),
@@ -70,13 +81,13 @@ def render_prompt(body: ChatRequest, tokenizer: TextTokenizer, tools: Sequence[T
     if tools and text == tokenizer.render_chat(messages, replace(inputs, tools=())):
         raise ApiError(400, "tools: this model's chat template does not render tools", "tools")
     if body.documents and text == tokenizer.render_chat(messages, replace(inputs, documents=())):
-        raise ApiError(400, "documents: this model's chat template does not render documents",
-                       "documents")  # fmt: skip
+        raise ApiError(
+            400, "documents: this model's chat template does not render documents", "documents"
+        )
     return text
 
 
-def _culprit(tokenizer: TextTokenizer, messages: list[dict[str, Any]],
-             inputs: ChatInputs) -> str:  # fmt: skip
+def _culprit(tokenizer: TextTokenizer, messages: list[dict[str, Any]], inputs: ChatInputs) -> str:
     """The field whose removal lets the template render (else messages)."""
     for field, without in (
         ("tools", replace(inputs, tools=())),

@@ -46,9 +46,12 @@ class ReasoningItem(_Base):
         return "".join(str(p.get("text", "")) for p in parts)
 
 
-_ITEMS: dict[str, type[_Base]] = {"message": MessageItem, "function_call": FunctionCallItem,
-                                  "function_call_output": FunctionCallOutputItem,
-                                  "reasoning": ReasoningItem}  # fmt: skip
+_ITEMS: dict[str, type[_Base]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
+}
 
 
 def _text(content: str | list[dict[str, Any]], where: str) -> str:
@@ -58,8 +61,11 @@ def _text(content: str | list[dict[str, Any]], where: str) -> str:
     for k, part in enumerate(content):
         kind = part.get("type")
         if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"{where}.{k}: only input_text and output_text parts are "
-                           f"supported (got {kind!r})", f"{where}.{k}.type")  # fmt: skip
+            raise ApiError(
+                400,
+                f"{where}.{k}: only input_text and output_text parts are supported (got {kind!r})",
+                f"{where}.{k}.type",
+            )
         out.append(part["text"])
     return "".join(out)
 
@@ -82,10 +88,14 @@ def messages_of(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             try:
                 args = json.loads(item.arguments or "{}")
             except ValueError:
-                raise ApiError(400, f"input.{i}.arguments: not valid JSON",
-                               f"input.{i}.arguments") from None  # fmt: skip
-            call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": args}}  # fmt: skip
+                raise ApiError(
+                    400, f"input.{i}.arguments: not valid JSON", f"input.{i}.arguments"
+                ) from None
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": args},
+            }
             if out and out[-1]["role"] == "assistant" and not thought:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -102,8 +112,11 @@ def _item(i: int, raw: dict[str, Any]) -> _Base:
     kind = raw.get("type", "message")
     model = _ITEMS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise ApiError(400, f"input.{i}.type: {kind!r} items are not supported (only "
-                       f"{', '.join(_ITEMS)})", f"input.{i}.type")  # fmt: skip
+        raise ApiError(
+            400,
+            f"input.{i}.type: {kind!r} items are not supported (only {', '.join(_ITEMS)})",
+            f"input.{i}.type",
+        )
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -90,9 +90,12 @@ class ResponsesRequest(_Base):
     def to_chat(self) -> ChatRequest:
         """The chat request of the same conversation (every refusal a 400 naming its field)."""
         if self.previous_response_id is not None:
-            raise ApiError(400, "previous_response_id: not supported: this server stores no "
-                           "responses; send the whole conversation as input",
-                           "previous_response_id")  # fmt: skip
+            raise ApiError(
+                400,
+                "previous_response_id: not supported: this server stores no "
+                "responses; send the whole conversation as input",
+                "previous_response_id",
+            )
         if self.reasoning is not None:
             raise ApiError(400, "reasoning: not supported by this model", "reasoning")
         if self.top_logprobs is not None and LOGPROBS not in (self.include or ()):
@@ -114,9 +117,18 @@ class ResponsesRequest(_Base):
             "top_logprobs": self.top_logprobs,
         }
         if self.tools:
-            chat["tools"] = [{"type": "function", "function": {"name": t.name,
-                              "description": t.description or "", "parameters": t.parameters,
-                              "strict": t.strict}} for t in self.tools]  # fmt: skip
+            chat["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description or "",
+                        "parameters": t.parameters,
+                        "strict": t.strict,
+                    },
+                }
+                for t in self.tools
+            ]
         if isinstance(self.tool_choice, ToolChoiceFunction):
             chat["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
         else:
@@ -125,10 +137,17 @@ class ResponsesRequest(_Base):
             chat["response_format"] = {"type": fmt.type}
             if fmt.type == "json_schema":
                 if fmt.schema_ is None:
-                    raise ApiError(400, "text.format.schema: required for type json_schema",
-                                   "text.format.schema")  # fmt: skip
-                chat["response_format"]["json_schema"] = {"name": fmt.name,
-                    "description": fmt.description, "schema": fmt.schema_, "strict": fmt.strict}  # fmt: skip
+                    raise ApiError(
+                        400,
+                        "text.format.schema: required for type json_schema",
+                        "text.format.schema",
+                    )
+                chat["response_format"]["json_schema"] = {
+                    "name": fmt.name,
+                    "description": fmt.description,
+                    "schema": fmt.schema_,
+                    "strict": fmt.strict,
+                }
         try:
             return ChatRequest.model_validate(chat)
         except ValidationError as exc:
@@ -173,8 +192,15 @@ class ResponseWriter:
     text), each tool call a ``function_call`` item after it; text after a call opens a new
     message. The whole response is built by the same writer, so it equals the stream."""
 
-    def __init__(self, body: ResponsesRequest, rid: str, model: str, reader: ReplyReader,
-                 tokenizer: TextTokenizer, logprobs: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        body: ResponsesRequest,
+        rid: str,
+        model: str,
+        reader: ReplyReader,
+        tokenizer: TextTokenizer,
+        logprobs: bool,
+    ) -> None:
         self.rid, self.body, self.model = rid, body, model
         self.created_at = int(time.time())
         self.reader = reader
@@ -193,21 +219,36 @@ class ResponseWriter:
         usage = None
         if self.first is not None and self.last is not None and self.status != "in_progress":
             n_in, n_out = self.first.num_prompt_tokens, self.last.num_generated_tokens
-            usage = {"input_tokens": n_in,
-                     "input_tokens_details": {"cached_tokens": self.first.num_cached_tokens,
-                                              "cache_write_tokens": 0},
-                     "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": n_in + n_out}  # fmt: skip
+            usage = {
+                "input_tokens": n_in,
+                "input_tokens_details": {
+                    "cached_tokens": self.first.num_cached_tokens,
+                    "cache_write_tokens": 0,
+                },
+                "output_tokens": n_out,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": n_in + n_out,
+            }
         incomplete = {"reason": "max_output_tokens"} if self.status == "incomplete" else None
-        return {"id": self.rid, "object": "response", "created_at": self.created_at,
-                "status": self.status, "background": False, "error": self.error,
-                "incomplete_details": incomplete, "model": self.model,
-                "output": [dict(item) for item in self.output], "usage": usage,
-                **self.body.echo()}  # fmt: skip
+        return {
+            "id": self.rid,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "background": False,
+            "error": self.error,
+            "incomplete_details": incomplete,
+            "model": self.model,
+            "output": [dict(item) for item in self.output],
+            "usage": usage,
+            **self.body.echo(),
+        }
 
     def start(self) -> list[dict[str, Any]]:
-        return [self._event("response.created", response=self.response()),
-                self._event("response.in_progress", response=self.response())]  # fmt: skip
+        return [
+            self._event("response.created", response=self.response()),
+            self._event("response.in_progress", response=self.response()),
+        ]
 
     def feed(self, ev: TokenEvent) -> list[dict[str, Any]]:
         self.first = self.first or ev
@@ -246,12 +287,21 @@ class ResponseWriter:
             return []
         events, item = [], self._reasoning
         if item is None:
-            item = self._reasoning = {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex,
-                                      "summary": [], "content": [], "status": "in_progress"}  # fmt: skip
+            item = self._reasoning = {
+                "type": "reasoning",
+                "id": "rs_" + uuid.uuid4().hex,
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
             self.output.append(item)
-            events.append(self._event("response.output_item.added",
-                                      output_index=len(self.output) - 1,
-                                      item=copy.deepcopy(item)))  # fmt: skip
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=len(self.output) - 1,
+                    item=copy.deepcopy(item),
+                )
+            )
             item["content"].append({"type": "reasoning_text", "text": ""})
         item["content"][0]["text"] += text
         at = {"item_id": item["id"], "output_index": self.output.index(item), "content_index": 0}
@@ -263,9 +313,14 @@ class ResponseWriter:
             return []
         item["status"] = "completed"
         at = {"item_id": item["id"], "output_index": self.output.index(item), "content_index": 0}
-        return [self._event("response.reasoning_text.done", **at, text=item["content"][0]["text"]),
-                self._event("response.output_item.done", output_index=at["output_index"],
-                            item=copy.deepcopy(item))]  # fmt: skip
+        return [
+            self._event("response.reasoning_text.done", **at, text=item["content"][0]["text"]),
+            self._event(
+                "response.output_item.done",
+                output_index=at["output_index"],
+                item=copy.deepcopy(item),
+            ),
+        ]
 
     def _emit(self, text: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
         events = [] if not (text or calls) else self._close_reasoning()
@@ -278,8 +333,11 @@ class ResponseWriter:
             part["text"] += text
             lps = self._logprobs()
             part["logprobs"] += lps
-            events.append(self._event("response.output_text.delta", **self._at(message),
-                                      delta=text, logprobs=lps))  # fmt: skip
+            events.append(
+                self._event(
+                    "response.output_text.delta", **self._at(message), delta=text, logprobs=lps
+                )
+            )
         for call in calls:
             events += self._close_message()
             events += self._call(call)
@@ -291,21 +349,30 @@ class ResponseWriter:
 
     def _at(self, message: dict[str, Any]) -> dict[str, Any]:
         """Where the open message's text is (it is always the last item while open)."""
-        return {"item_id": message["id"], "output_index": len(self.output) - 1,
-                "content_index": 0}  # fmt: skip
+        return {"item_id": message["id"], "output_index": len(self.output) - 1, "content_index": 0}
 
     def _open_message(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        message: dict[str, Any] = {"type": "message", "id": "msg_" + uuid.uuid4().hex,
-                                   "status": "in_progress", "role": "assistant", "content": []}  # fmt: skip
+        message: dict[str, Any] = {
+            "type": "message",
+            "id": "msg_" + uuid.uuid4().hex,
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
         self._message = message
         self.output.append(message)
-        added = self._event("response.output_item.added", output_index=len(self.output) - 1,
-                            item=copy.deepcopy(message))  # fmt: skip
+        added = self._event(
+            "response.output_item.added",
+            output_index=len(self.output) - 1,
+            item=copy.deepcopy(message),
+        )
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         message["content"].append(part)
         at = self._at(message)
-        return message, [added, self._event("response.content_part.added", **at,
-                                            part=copy.deepcopy(part))]  # fmt: skip
+        return message, [
+            added,
+            self._event("response.content_part.added", **at, part=copy.deepcopy(part)),
+        ]
 
     def _close_message(self) -> list[dict[str, Any]]:
         message, self._message = self._message, None
@@ -316,29 +383,47 @@ class ResponseWriter:
         at = self._at(message)
         message["status"] = "incomplete" if self.status == "incomplete" else "completed"
         return [
-            self._event("response.output_text.done", **at, text=part["text"],
-                        logprobs=part["logprobs"]),
+            self._event(
+                "response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]
+            ),
             self._event("response.content_part.done", **at, part=copy.deepcopy(part)),
-            self._event("response.output_item.done", output_index=at["output_index"],
-                        item=copy.deepcopy(message)),
-        ]  # fmt: skip
+            self._event(
+                "response.output_item.done",
+                output_index=at["output_index"],
+                item=copy.deepcopy(message),
+            ),
+        ]
 
     def _call(self, call: ToolCall) -> list[dict[str, Any]]:
-        item = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
-                "name": call.name, "arguments": "", "status": "in_progress"}  # fmt: skip
+        item = {
+            "type": "function_call",
+            "id": "fc_" + uuid.uuid4().hex,
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
         self.output.append(item)
         at = {"item_id": item["id"], "output_index": len(self.output) - 1}
-        added = self._event("response.output_item.added", output_index=at["output_index"],
-                            item=copy.deepcopy(item))  # fmt: skip
+        added = self._event(
+            "response.output_item.added", output_index=at["output_index"], item=copy.deepcopy(item)
+        )
         item.update(arguments=call.arguments, status="completed")
         return [
             added,
             self._event("response.function_call_arguments.delta", **at, delta=call.arguments),
-            self._event("response.function_call_arguments.done", **at, name=call.name,
-                        arguments=call.arguments),
-            self._event("response.output_item.done", output_index=at["output_index"],
-                        item=copy.deepcopy(item)),
-        ]  # fmt: skip
+            self._event(
+                "response.function_call_arguments.done",
+                **at,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+            self._event(
+                "response.output_item.done",
+                output_index=at["output_index"],
+                item=copy.deepcopy(item),
+            ),
+        ]
 
 
 def _sse(event: dict[str, Any]) -> str:
@@ -353,8 +438,14 @@ async def create_response(svc: Service, request: Request) -> Response:
     backend = svc.backend
     try:
         chat = body.to_chat()
-        plan = plan_chat(chat, backend.tokenizer, svc.opts.tool_format, backend.supports_grammar,
-                         svc.opts.grammar.max_bytes, svc.opts.reasoning_parser)  # fmt: skip
+        plan = plan_chat(
+            chat,
+            backend.tokenizer,
+            svc.opts.tool_format,
+            backend.supports_grammar,
+            svc.opts.grammar.max_bytes,
+            svc.opts.reasoning_parser,
+        )
         await svc.check_grammar(plan)
     except ApiError as exc:
         raise _renamed(exc) from None
@@ -363,8 +454,14 @@ async def create_response(svc: Service, request: Request) -> Response:
     svc.check_alive()
     if plan.needs_special_tokens:
         gen = replace(gen, skip_special_tokens=False)
-    writer = ResponseWriter(body, "resp_" + gen.request_id, backend.model_name, plan.reader(),
-                            backend.tokenizer, logprobs is not None)  # fmt: skip
+    writer = ResponseWriter(
+        body,
+        "resp_" + gen.request_id,
+        backend.model_name,
+        plan.reader(),
+        backend.tokenizer,
+        logprobs is not None,
+    )
     if not body.stream:
 
         def on_event(_: int, ev: TokenEvent) -> None:

@@ -166,8 +166,9 @@ class _Host:
                 self.cancel_early.discard(cmd.key)
                 self.cancel(cmd.key)
 
-        fut = self.sched.submit_threadsafe(agent, cmd.prompt, cmd.max_tokens, on_tokens,
-                                           cmd.sampling)  # fmt: skip
+        fut = self.sched.submit_threadsafe(
+            agent, cmd.prompt, cmd.max_tokens, on_tokens, cmd.sampling
+        )
         fut.add_done_callback(submitted)
 
     def cancel(self, key: int) -> None:
@@ -218,8 +219,9 @@ class _Host:
         )
 
 
-def host_main(config: Config, options: RuntimeOptions, inbox: Any, outbox: Any,
-              parent_pid: int) -> None:  # fmt: skip
+def host_main(
+    config: Config, options: RuntimeOptions, inbox: Any, outbox: Any, parent_pid: int
+) -> None:
     """Process entry point: start the runtime, serve commands, shut down on ``StopCmd``."""
     from dualpath.runtime.env import set_process_name
     from dualpath.runtime.liveness import adopt_orphans

@@ -26,8 +26,13 @@ class ApiError(Exception):
         self.status, self.message, self.param = status, message, param
 
 
-_KINDS = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-          503: "server_error", 504: "timeout_error"}  # fmt: skip
+_KINDS = {
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    503: "server_error",
+    504: "timeout_error",
+}
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -42,15 +47,26 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 
 _KIND_WORDS = {
-    "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer",
-    "int_from_float": "an integer", "float_type": "a number", "float_parsing": "a number",
-    "bool_type": "a boolean", "bool_parsing": "a boolean", "list_type": "an array",
-    "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
     "none_required": "null",
-}  # fmt: skip
-_BOUND_WORDS = {"greater_than_equal": ("greater than or equal to", "ge"),
-                "less_than_equal": ("less than or equal to", "le"),
-                "greater_than": ("greater than", "gt"), "less_than": ("less than", "lt")}  # fmt: skip
+}
+_BOUND_WORDS = {
+    "greater_than_equal": ("greater than or equal to", "ge"),
+    "less_than_equal": ("less than or equal to", "le"),
+    "greater_than": ("greater than", "gt"),
+    "less_than": ("less than", "lt"),
+}
 
 
 def _json_words(text: str) -> str:
@@ -92,8 +108,10 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"} |
-                        {"ContentPart", "NamedToolChoice", "FunctionCallIn"})  # fmt: skip
+_UNION_TAGS = frozenset(
+    {"str", "int", "float", "bool", "list", "dict", "none"}
+    | {"ContentPart", "NamedToolChoice", "FunctionCallIn"}
+)
 
 
 def describe(exc: ValidationError) -> tuple[str, str | None]:

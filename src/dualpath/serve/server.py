@@ -218,8 +218,14 @@ class HttpServer:
             self.log_filter.flush()
 
 
-def http_server(app: Any, host: str, port: int, log_level: str, graceful_s: float,
-                limits: ConnectionLimits | None = None) -> HttpServer:  # fmt: skip
+def http_server(
+    app: Any,
+    host: str,
+    port: int,
+    log_level: str,
+    graceful_s: float,
+    limits: ConnectionLimits | None = None,
+) -> HttpServer:
     """uvicorn serving ``app`` on h11 with ``serve/guard.py``'s connection hygiene and
     ``serve/logs.py``'s rate-limited log."""
     import uvicorn

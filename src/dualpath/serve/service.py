@@ -153,8 +153,15 @@ class Service:
             message, param = describe(exc)
             raise ApiError(400, message, param) from None
 
-    def to_request(self, body: Sampling, prompt: list[int], request: Request, grammar: str = "",
-                   logprobs: int | None = None, prompt_param: str = "") -> GenerateRequest:  # fmt: skip
+    def to_request(
+        self,
+        body: Sampling,
+        prompt: list[int],
+        request: Request,
+        grammar: str = "",
+        logprobs: int | None = None,
+        prompt_param: str = "",
+    ) -> GenerateRequest:
         """``prompt_param``: the field a too-long prompt is blamed on (default: messages for a
         chat request, else prompt)."""
         backend, opts = self.backend, self.opts
@@ -177,11 +184,13 @@ class Service:
         bias: list[tuple[int, float]] = []
         for key, value in sorted((body.logit_bias or {}).items()):
             if not key.isdigit() or int(key) >= backend.vocab_size:
-                raise ApiError(400, f"logit_bias: {key!r} is not a token id of this model",
-                               "logit_bias")  # fmt: skip
+                raise ApiError(
+                    400, f"logit_bias: {key!r} is not a token id of this model", "logit_bias"
+                )
             if not -100 <= value <= 100:
-                raise ApiError(400, f"logit_bias: {value} for {key} is outside [-100, 100]",
-                               "logit_bias")  # fmt: skip
+                raise ApiError(
+                    400, f"logit_bias: {value} for {key} is outside [-100, 100]", "logit_bias"
+                )
             bias.append((int(key), float(value)))
         return GenerateRequest(
             request_id=uuid.uuid4().hex,
@@ -216,8 +225,9 @@ class Service:
         if failure is not None:
             raise ApiError(503, f"the runtime failed: {failure}")
 
-    async def tokens(self, gens: list[GenerateRequest],
-                     arrived: float) -> AsyncGenerator[tuple[int, TokenEvent], None]:  # fmt: skip
+    async def tokens(
+        self, gens: list[GenerateRequest], arrived: float
+    ) -> AsyncGenerator[tuple[int, TokenEvent], None]:
         """``(choice, event)`` of every ``gens[choice]`` as they come, until all have ended;
         raises the backend's failure, or ``DeadlinePassed`` at ``request_timeout_s`` after
         ``arrived``. Closing it early (use ``contextlib.aclosing``) frees
@@ -274,8 +284,13 @@ class Service:
             for last in lasts:
                 self._observe(t, last)  # also when the client went away (finished_reason abort)
 
-    async def whole(self, request: Request, gens: list[GenerateRequest], arrived: float,
-                    on_event: Callable[[int, TokenEvent], None]) -> list[TokenEvent] | None:  # fmt: skip
+    async def whole(
+        self,
+        request: Request,
+        gens: list[GenerateRequest],
+        arrived: float,
+        on_event: Callable[[int, TokenEvent], None],
+    ) -> list[TokenEvent] | None:
         """Run ``gens`` to their end, ``on_event`` for each event; their last events, or None
         when the client went away first (the requests are then freed). A backend failure or
         an aborted request is a 503."""

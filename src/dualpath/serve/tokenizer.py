@@ -93,8 +93,12 @@ class ChatInputs:
     template_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
-def render_template(template: str, messages: Sequence[dict[str, Any]],
-                    inputs: ChatInputs | None = None, **specials: Any) -> str:  # fmt: skip
+def render_template(
+    template: str,
+    messages: Sequence[dict[str, Any]],
+    inputs: ChatInputs | None = None,
+    **specials: Any,
+) -> str:
     """``template`` rendered by transformers' renderer (its jinja environment: sandboxed,
     ``loopcontrols``, ``raise_exception``, ``strftime_now``, an unescaped ``tojson``); a
     template error is a ValueError with the template's own words."""
@@ -188,8 +192,13 @@ class HFTokenizer:
     def render_chat(
         self, messages: Sequence[dict[str, Any]], inputs: ChatInputs | None = None
     ) -> str:
-        return render_template(self._template, messages, inputs,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")  # fmt: skip
+        return render_template(
+            self._template,
+            messages,
+            inputs,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
 
 
 class TinyTokenizer:

@@ -172,8 +172,10 @@ class DeepSeekV3(ToolParser):
         lines, names = [], []
         for i, t in enumerate(tools):
             names.append(f"c{i}")
-            lines.append(f'c{i}: {json.dumps(t.name)} "\\n{cls.FENCE[:-1]}\\n" '
-                         f'{json_value(t.grammar_schema())} "\\n```"')  # fmt: skip
+            lines.append(
+                f'c{i}: {json.dumps(t.name)} "\\n{cls.FENCE[:-1]}\\n" '
+                f'{json_value(t.grammar_schema())} "\\n```"'
+            )
         head = json.dumps(cls.BEGIN + cls.CALL + "function" + cls.SEP)
         tail = json.dumps(cls.CALL_END + cls.END)
         return f"start: {head} ({' | '.join(names)}) {tail}\n" + "\n".join(lines) + "\n"

@@ -33,8 +33,9 @@ class Qwen3Coder(ToolParser):
         name, pos, pieces = m.group(1).strip(), m.end(), []
         while (p := _PARAM.match(body, pos)) is not None:
             key, value = p.group(1).strip(), self._value(name, p.group(1).strip(), p.group(2))
-            pieces.append(f"{json.dumps(key, ensure_ascii=False)}: "
-                          f"{json.dumps(value, ensure_ascii=False)}")  # fmt: skip
+            pieces.append(
+                f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
+            )
             pos = p.end()
         args = "{" + ", ".join(pieces)
         if body[pos:].strip().startswith(_FUNCTION_END):

@@ -38,8 +38,11 @@ class Tool:
         """As chat templates take it (``tools=[{"type": "function", "function": …}]``)."""
         # description always there (as transformers' get_json_schema writes tools): templates
         # such as vLLM's hermes read it unguarded
-        fn: dict[str, Any] = {"name": self.name, "description": self.description,
-                              "parameters": self.schema()}  # fmt: skip
+        fn: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.schema(),
+        }
         return {"type": "function", "function": fn}
 
 

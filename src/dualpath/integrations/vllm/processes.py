@@ -52,8 +52,9 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
     while (left := group_members(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
     if left:
-        print(f"dualpath: process group {proc.pid}: {left} still there after SIGKILL",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"dualpath: process group {proc.pid}: {left} still there after SIGKILL", file=sys.stderr
+        )
 
 
 _SEGMENT = re.compile(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+)")  # Python's anonymous shm / semaphores
@@ -117,8 +118,14 @@ class Launched:
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def _popen(self, name: str, cmd: list[str], env: dict[str, str] | None,
-               procs: list[subprocess.Popen[bytes]], index: int) -> subprocess.Popen[bytes]:  # fmt: skip
+    def _popen(
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str] | None,
+        procs: list[subprocess.Popen[bytes]],
+        index: int,
+    ) -> subprocess.Popen[bytes]:
         with self._lock:
             if self.stopped:
                 raise RuntimeError(f"not starting {name}: the deployment is stopping")
@@ -126,8 +133,9 @@ class Launched:
             if old is not None:
                 old.close()
             log = self.logs[name] = self.log_path(name).open("ab")  # a restart appends
-            p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)  # fmt: skip
+            p = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             if index < len(procs):
                 procs[index] = p
             else:
@@ -139,25 +147,35 @@ class Launched:
         """Start node ``index``'s side-car (it creates the node's buffer: one a dead side-car
         left behind is removed first)."""
         unlink_buffer(self.deployment.nodes[index])
-        return self._popen(f"sidecar{index}", self.sidecar_commands[index], None,
-                           self.sidecars, index)  # fmt: skip
+        return self._popen(
+            f"sidecar{index}", self.sidecar_commands[index], None, self.sidecars, index
+        )
 
     def start_service(self, index: int) -> subprocess.Popen[bytes]:
-        return self._popen(f"service{index}", self.service_commands[index], None,
-                           self.services, index)  # fmt: skip
+        return self._popen(
+            f"service{index}", self.service_commands[index], None, self.services, index
+        )
 
     def start_instance(self, index: int) -> subprocess.Popen[bytes]:
         inst = self.deployment.instances[index]
-        return self._popen(f"vllm{inst.node}-{inst.kind}", self.instance_commands[index],
-                           self.instance_envs[index], self.instances, index)  # fmt: skip
+        return self._popen(
+            f"vllm{inst.node}-{inst.kind}",
+            self.instance_commands[index],
+            self.instance_envs[index],
+            self.instances,
+            index,
+        )
 
     def _write_pids(self) -> None:
         dep = self.deployment  # (during the launch, the later processes are not there yet)
-        pids = {"sidecars": {s.node: p.pid for s, p in zip(dep.nodes, self.sidecars, strict=False)},
-                "instances": {i.node: p.pid for i, p in zip(dep.instances, self.instances,
-                                                             strict=False)},
-                "services": {i: p.pid for i, p in enumerate(self.services)},
-                "urls": {i.node: i.url for i in dep.instances}}  # fmt: skip
+        pids = {
+            "sidecars": {s.node: p.pid for s, p in zip(dep.nodes, self.sidecars, strict=False)},
+            "instances": {
+                i.node: p.pid for i, p in zip(dep.instances, self.instances, strict=False)
+            },
+            "services": {i: p.pid for i, p in enumerate(self.services)},
+            "urls": {i.node: i.url for i in dep.instances},
+        }
         (self.log_dir / "processes.json").write_text(json.dumps(pids))  # operators and tests
 
     def stop(self, grace_s: float = 10.0) -> None:

@@ -24,8 +24,10 @@ def set_cached_tokens(payload: Any, cached_tokens: int) -> bool:
     if not isinstance(usage, dict):
         return False
     details = usage.get("prompt_tokens_details")
-    usage["prompt_tokens_details"] = {**(details if isinstance(details, dict) else {}),
-                                      "cached_tokens": cached_tokens}  # fmt: skip
+    usage["prompt_tokens_details"] = {
+        **(details if isinstance(details, dict) else {}),
+        "cached_tokens": cached_tokens,
+    }
     return True
 
 

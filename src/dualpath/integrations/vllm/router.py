@@ -35,10 +35,24 @@ from dualpath.integrations.vllm.relay import EventRelay, with_cached_tokens
 from dualpath.serve.schema import error_body
 
 # sampling-length and streaming fields the prefill does not take from the client
-_PREFILL_DROP = ("stream", "stream_options", "min_tokens", "max_completion_tokens", "logprobs",
-                 "top_logprobs", "prompt_logprobs")  # fmt: skip
-_TOKENIZE_CHAT = ("messages", "tools", "add_generation_prompt", "continue_final_message",
-                  "chat_template", "chat_template_kwargs", "add_special_tokens")  # fmt: skip
+_PREFILL_DROP = (
+    "stream",
+    "stream_options",
+    "min_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+)
+_TOKENIZE_CHAT = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_special_tokens",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +70,9 @@ class RouterOptions:
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s={self.request_timeout_s} is invalid: must be > 0")
         if self.default_max_tokens < 1:
-            raise ValueError(f"default_max_tokens={self.default_max_tokens} is invalid: must "
-                             "be >= 1")  # fmt: skip
+            raise ValueError(
+                f"default_max_tokens={self.default_max_tokens} is invalid: must be >= 1"
+            )
 
 
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -99,7 +114,9 @@ class _Relay(StreamingResponse):
     """A stream whose request is closed however the response ends, started or not (a client
     gone before the first byte never runs the body's ``finally``)."""
 
-    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Coroutine[Any, Any, None]]) -> None:  # fmt: skip
+    def __init__(
+        self, body: AsyncIterator[bytes], on_close: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
         super().__init__(body, media_type="text/event-stream")
         self._on_close = on_close
 
@@ -113,8 +130,12 @@ class _Relay(StreamingResponse):
 class Router:
     """Routes OpenAI requests through a ``TurnFlow`` to the deployment's instances."""
 
-    def __init__(self, flow: TurnFlow, options: RouterOptions | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        flow: TurnFlow,
+        options: RouterOptions | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         """``transport``: how the instances are reached (tests: in-process fake instances)."""
         self.flow = flow
         self.dep = flow.dep
@@ -191,8 +212,11 @@ class Router:
                 raise
             if held.ended:
                 raise FlowError(503, held.ended) from None
-            raise FlowError(504, f"the request did not finish within request_timeout_s="
-                                 f"{self.opts.request_timeout_s:g} s (it waited for {what})") from None  # fmt: skip
+            raise FlowError(
+                504,
+                f"the request did not finish within request_timeout_s="
+                f"{self.opts.request_timeout_s:g} s (it waited for {what})",
+            ) from None
         finally:
             held.timer = None
 
@@ -206,8 +230,11 @@ class Router:
             if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
                 return list(prompt)
             if not isinstance(prompt, str):
-                raise FlowError(400, "prompt: must be a string or a list of token ids (one "
-                                     "prompt per request through the DualPath router)")  # fmt: skip
+                raise FlowError(
+                    400,
+                    "prompt: must be a string or a list of token ids (one "
+                    "prompt per request through the DualPath router)",
+                )
             req: dict[str, Any] = {"model": self.dep.model, "prompt": prompt}
             if "add_special_tokens" in body:
                 req["add_special_tokens"] = body["add_special_tokens"]
@@ -234,11 +261,16 @@ class Router:
     async def serve(self, kind: str, path: str, body: Any, tenant: str = "") -> Response:
         if not isinstance(body, dict):
             return error_response(400, "the request body must be a JSON object")
-        for name, ok in (("n", body.get("n", 1) in (1, None)),
-                         ("kv_transfer_params", body.get("kv_transfer_params") is None)):  # fmt: skip
+        for name, ok in (
+            ("n", body.get("n", 1) in (1, None)),
+            ("kv_transfer_params", body.get("kv_transfer_params") is None),
+        ):
             if not ok:
-                return error_response(400, f"{name}: not supported through the DualPath router "
-                                   f"(got {body.get(name)!r})", name)  # fmt: skip
+                return error_response(
+                    400,
+                    f"{name}: not supported through the DualPath router (got {body.get(name)!r})",
+                    name,
+                )
         if self.down:
             return error_response(503, self._not_ready())
         held = self._open()
@@ -290,8 +322,9 @@ class Router:
                 await self.flow.hand_over(prep)
         self.flow.prefilled(prep)
 
-    async def _post(self, held: _Held, engine: int, role: str, path: str,
-                    body: dict[str, Any]) -> httpx.Response:  # fmt: skip
+    async def _post(
+        self, held: _Held, engine: int, role: str, path: str, body: dict[str, Any]
+    ) -> httpx.Response:
         """A whole answer of engine ``engine``'s instance, within the request's deadline; an
         error status is passed on to the client as the instance gave it."""
         node = self.flow.topology.node_of(engine)
@@ -299,8 +332,9 @@ class Router:
             try:
                 r = await self.client.post(self._url(engine, path), json=body)
             except httpx.HTTPError as err:
-                raise FlowError(503, f"{role} instance failed: {type(err).__name__}: "
-                                     f"{err}") from None  # fmt: skip
+                raise FlowError(
+                    503, f"{role} instance failed: {type(err).__name__}: {err}"
+                ) from None
         if r.status_code != 200:
             raise _Answered(Response(r.content, r.status_code, media_type="application/json"))
         return r
@@ -308,8 +342,9 @@ class Router:
     def _cached_tokens(self, prep: Prepared) -> int:
         return prep.hit_blocks * self.dep.block_tokens
 
-    async def _whole(self, held: _Held, path: str, dbody: dict[str, Any],
-                     prep: Prepared) -> Response:  # fmt: skip
+    async def _whole(
+        self, held: _Held, path: str, dbody: dict[str, Any], prep: Prepared
+    ) -> Response:
         with self.flow.stats.time_stage("decode"):
             r = await self._post(held, prep.assign.de, "decode", path, dbody)
         self.flow.decoding(prep)
@@ -317,8 +352,9 @@ class Router:
         content = with_cached_tokens(r.content, self._cached_tokens(prep))
         return Response(content, 200, media_type="application/json")
 
-    async def _stream(self, held: _Held, path: str, dbody: dict[str, Any],
-                      prep: Prepared) -> Response:  # fmt: skip
+    async def _stream(
+        self, held: _Held, path: str, dbody: dict[str, Any], prep: Prepared
+    ) -> Response:
         """The decode's answer as SSE, once its first bytes came (then the decode has loaded
         its slots: ``flow.decoding``)."""
         node = self.flow.topology.node_of(prep.assign.de)
@@ -329,13 +365,15 @@ class Router:
                     r = held.upstream = await self.client.send(req, stream=True)
                     if r.status_code != 200:
                         content = await r.aread()
-                        raise _Answered(Response(content, r.status_code,
-                                                 media_type="application/json"))  # fmt: skip
+                        raise _Answered(
+                            Response(content, r.status_code, media_type="application/json")
+                        )
                     chunks = r.aiter_raw()
                     first = await anext(chunks, b"")
                 except httpx.HTTPError as err:
-                    raise FlowError(503, f"decode instance failed: {type(err).__name__}: "
-                                         f"{err}") from None  # fmt: skip
+                    raise FlowError(
+                        503, f"decode instance failed: {type(err).__name__}: {err}"
+                    ) from None
         self.flow.decoding(prep)
         relay = EventRelay(self._cached_tokens(prep))
         what = f"the decode instance on node {node}"

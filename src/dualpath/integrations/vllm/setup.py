@@ -57,8 +57,9 @@ class ModelShape:
         return 2 * self.num_kv_heads * self.head_dim * KV_DTYPES[self.dtype]
 
 
-def kv_namespace(weights_digest: str, shape: ModelShape, block_tokens: int, engine: str,
-                 tenant: str = "") -> str:  # fmt: skip
+def kv_namespace(
+    weights_digest: str, shape: ModelShape, block_tokens: int, engine: str, tenant: str = ""
+) -> str:
     """The hash chain's namespace of blocks written by ``engine`` (e.g. ``vllm-cpu-0.32.0``):
     the weights, the KV shape and dtype, the block size, the engine's byte layout, the tenant.
     Blocks of our own runtime (another layout) never hit here, nor the reverse."""
@@ -108,8 +109,7 @@ class Deployment:
         return sum(1 for n in self.nodes if n.kind == "de")
 
     def namespace(self, tenant: str = "") -> str:
-        return kv_namespace(self.weights_digest, self.shape, self.block_tokens, self.engine,
-                            tenant)  # fmt: skip
+        return kv_namespace(self.weights_digest, self.shape, self.block_tokens, self.engine, tenant)
 
     def instance(self, node: int) -> Instance:
         return next(i for i in self.instances if i.node == node)
@@ -152,8 +152,9 @@ class VllmOptions:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid: must be >= 1")
         if self.block_tokens < 32 or self.block_tokens % 32:
-            raise ValueError(f"block_tokens={self.block_tokens} is invalid: vLLM needs a "
-                             "multiple of 32")  # fmt: skip
+            raise ValueError(
+                f"block_tokens={self.block_tokens} is invalid: vLLM needs a multiple of 32"
+            )
         if self.read_side not in ("policy", "pe", "de"):
             raise ValueError(f"read_side={self.read_side!r} is invalid: must be policy, pe or de")
         if self.device not in ("cpu", "cuda"):
@@ -161,8 +162,10 @@ class VllmOptions:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts={self.max_restarts} is invalid: must be >= 0")
         if self.cluster and self.snic_bytes_per_s:
-            raise ValueError("--snic-mb-per-s is invalid with --cluster: the kernel shapes a "
-                             "cluster's SNICs (dualpath cluster up --snic-mbit)")  # fmt: skip
+            raise ValueError(
+                "--snic-mb-per-s is invalid with --cluster: the kernel shapes a "
+                "cluster's SNICs (dualpath cluster up --snic-mbit)"
+            )
 
 
 def core_masks(num_instances: int, num_cores: int) -> list[str]:
@@ -196,19 +199,51 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
         kind = "pe" if node < opts.num_prefill else "de"
         seat = seats[node]
         port = opts.first_port + node if opts.first_port else seat.port or free_port()
-        nodes.append(NodeSpec(node, kind, f"{tag}n{node}", num_slots,
-                              str(run_dir / f"node{node}.lock"), str(run_dir / f"node{node}.sock"),
-                              opts.kv_root, shape.num_layers, opts.block_tokens, shape.row_bytes,
-                              "", opts.snic_bytes_per_s, seat.cnic, SIDECAR_PORT if seat.cnic else 0,
-                              seat.snic, opts.store_url))  # fmt: skip
+        nodes.append(
+            NodeSpec(
+                node,
+                kind,
+                f"{tag}n{node}",
+                num_slots,
+                str(run_dir / f"node{node}.lock"),
+                str(run_dir / f"node{node}.sock"),
+                opts.kv_root,
+                shape.num_layers,
+                opts.block_tokens,
+                shape.row_bytes,
+                "",
+                opts.snic_bytes_per_s,
+                seat.cnic,
+                SIDECAR_PORT if seat.cnic else 0,
+                seat.snic,
+                opts.store_url,
+            )
+        )
         instances.append(Instance(node, kind, f"http://{seat.cnic or '127.0.0.1'}:{port}"))
     kv_tokens = opts.kv_cache_gib * 2**30 // (shape.num_layers * shape.row_bytes)
-    dep = Deployment(tuple(nodes), tuple(instances), Path(opts.model_dir).name or "model",
-                     opts.block_tokens, weights_digest, shape, engine, kv_tokens)  # fmt: skip
+    dep = Deployment(
+        tuple(nodes),
+        tuple(instances),
+        Path(opts.model_dir).name or "model",
+        opts.block_tokens,
+        weights_digest,
+        shape,
+        engine,
+        kv_tokens,
+    )
     ns = dep.namespace("")  # the tenant-free namespace in every block header
-    return Deployment(tuple(_with_ns(n, ns) for n in nodes), dep.instances, dep.model,
-                      dep.block_tokens, weights_digest, shape, engine, kv_tokens,
-                      seats[-1].snic or "127.0.0.1", opts.cluster)  # fmt: skip
+    return Deployment(
+        tuple(_with_ns(n, ns) for n in nodes),
+        dep.instances,
+        dep.model,
+        dep.block_tokens,
+        weights_digest,
+        shape,
+        engine,
+        kv_tokens,
+        seats[-1].snic or "127.0.0.1",
+        opts.cluster,
+    )
 
 
 STORE_PORT = 7200  # a Mooncake Store master started on a cluster's storage host
@@ -239,8 +274,10 @@ def placement(opts: VllmOptions) -> list[Seat]:
     pes = [n for n in spec.nodes if n.kind == "prefill"]
     des = [n for n in spec.nodes if n.kind == "decode"]
     if opts.num_prefill > len(pes) or opts.num_decode > len(des):
-        raise ValueError(f"--cluster {opts.cluster} has {len(pes)} prefill and {len(des)} decode "
-                         f"nodes: {opts.num_prefill}P{opts.num_decode}D does not fit")  # fmt: skip
+        raise ValueError(
+            f"--cluster {opts.cluster} has {len(pes)} prefill and {len(des)} decode "
+            f"nodes: {opts.num_prefill}P{opts.num_decode}D does not fit"
+        )
     chosen = pes[: opts.num_prefill] + des[: opts.num_decode]
     seats = [Seat(n.namespace, n.cnic_addr, n.snic_addr, INSTANCE_PORT) for n in chosen]
     return [*seats, Seat("", spec.head_cnic_addr, spec.head_snic_addr)]
@@ -260,35 +297,57 @@ def _with_ns(spec: NodeSpec, ns: str) -> NodeSpec:
     return NodeSpec(**d)
 
 
-def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance,
-                     python: str) -> list[str]:  # fmt: skip
+def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance, python: str) -> list[str]:
     """The vLLM server command of one instance, our connector loaded by module path."""
     kv_config = {
         "kv_connector": "DualPathConnector",
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"node": inst.node,
-                                      "nodes": [json.loads(n.to_json()) for n in dep.nodes]},
-    }  # fmt: skip
+        "kv_connector_extra_config": {
+            "node": inst.node,
+            "nodes": [json.loads(n.to_json()) for n in dep.nodes],
+        },
+    }
     host, port = inst.url.removeprefix("http://").rsplit(":", 1)
     return [
-        python, "-m", "vllm.entrypoints.openai.api_server", "--model", opts.model_dir,
-        "--served-model-name", dep.model, "--host", host, "--port", port,
-        "--dtype", opts.dtype, "--block-size", str(opts.block_tokens),
-        "--max-model-len", str(opts.max_model_len), "--no-enable-prefix-caching",
-        "--kv-transfer-config", json.dumps(kv_config),
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        opts.model_dir,
+        "--served-model-name",
+        dep.model,
+        "--host",
+        host,
+        "--port",
+        port,
+        "--dtype",
+        opts.dtype,
+        "--block-size",
+        str(opts.block_tokens),
+        "--max-model-len",
+        str(opts.max_model_len),
+        "--no-enable-prefix-caching",
+        "--kv-transfer-config",
+        json.dumps(kv_config),
         # the field the router writes the store's hits into (usage.prompt_tokens_details)
         "--enable-prompt-tokens-details",
-        *(["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_parser]
-          if opts.tool_parser else []),
+        *(
+            ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_parser]
+            if opts.tool_parser
+            else []
+        ),
         *(["--reasoning-parser", opts.reasoning_parser] if opts.reasoning_parser else []),
         *(["--seed", str(opts.seed)] if opts.seed else []),
         # the instances share the GPU(s): each takes its part of the memory
-        *(["--gpu-memory-utilization", f"{0.8 / len(dep.instances):.2f}"]
-          if opts.device == "cuda" else []),
+        *(
+            ["--gpu-memory-utilization", f"{0.8 / len(dep.instances):.2f}"]
+            if opts.device == "cuda"
+            else []
+        ),
         *opts.extra_vllm_args,
-    ]  # fmt: skip
+    ]
 
 
 def vllm_env(opts: VllmOptions, mask: str) -> dict[str, str]:
@@ -323,5 +382,7 @@ def auto_tool_parser(model_dir: str | Path) -> str:
 def check_parser(flag: str, name: str, accepted: list[str], engine: str) -> None:
     """A one-line ValueError when vLLM (``engine``) has no parser ``name`` for ``flag``."""
     if name and name not in accepted:
-        raise ValueError(f"{flag} {name!r} is not a parser of {engine}: must be one of "
-                         f"{', '.join(sorted(accepted))}")  # fmt: skip
+        raise ValueError(
+            f"{flag} {name!r} is not a parser of {engine}: must be one of "
+            f"{', '.join(sorted(accepted))}"
+        )

@@ -114,9 +114,13 @@ class NodeSidecar:
         """A client of the node's store; across the network its transfer engine binds the
         SNIC's address (the blocks cross that interface) and reads land in the slots."""
         spec = self.spec
-        store = open_store(spec.store, spec.layout, spec.store_namespace,
-                           local_hostname=spec.snic_host or "127.0.0.1",
-                           timeout_s=STORE_CALL_TIMEOUT_S)  # fmt: skip
+        store = open_store(
+            spec.store,
+            spec.layout,
+            spec.store_namespace,
+            local_hostname=spec.snic_host or "127.0.0.1",
+            timeout_s=STORE_CALL_TIMEOUT_S,
+        )
         if isinstance(store, MooncakeBlockStore):
             store.register(self.buffer.data)
         return store
@@ -136,8 +140,12 @@ class NodeSidecar:
         if self._region is None:
             raise ValueError("region: this node has no transfer engine (not networked)")
         r = self._region
-        return {"endpoint": r.endpoint, "name": r.name, "address": r.address,
-                "size_bytes": r.size_bytes}  # fmt: skip
+        return {
+            "endpoint": r.endpoint,
+            "name": r.name,
+            "address": r.address,
+            "size_bytes": r.size_bytes,
+        }
 
     def _peer(self, address: str, fresh: bool = False) -> RegionHandle:
         if fresh or address not in self._peers:
@@ -157,8 +165,12 @@ class NodeSidecar:
         for attempt in (0, 1):  # a peer restarted since: its buffer registered anew
             peer = self._peer(to, fresh=attempt > 0)
             try:
-                moves = [self._engine.write(self._region, s * stride, peer, d * stride,
-                                            (k - 1) * stride + nbytes) for s, d, k in runs]  # fmt: skip
+                moves = [
+                    self._engine.write(
+                        self._region, s * stride, peer, d * stride, (k - 1) * stride + nbytes
+                    )
+                    for s, d, k in runs
+                ]
                 for move in moves:
                     move.wait()
                 break
@@ -197,8 +209,9 @@ class NodeSidecar:
         paces them one by one."""
         return isinstance(self.store, MooncakeBlockStore) and self.snic_read is None
 
-    def _read_job(self, store: KVStore | MooncakeBlockStore, keys: list[str],
-                  slots: list[int]) -> list[bool]:  # fmt: skip
+    def _read_job(
+        self, store: KVStore | MooncakeBlockStore, keys: list[str], slots: list[int]
+    ) -> list[bool]:
         if not isinstance(store, MooncakeBlockStore) or not self._batched():
             return list(self.readers.map(self._read_one, keys, slots))
         errs = store.read_blocks(keys, [self.buffer.slot(s) for s in slots])
@@ -301,8 +314,9 @@ class NodeSidecar:
         with self._write_done:
             waited = any(k in self._queued for k in keys)
             if waited:
-                self._write_done.wait_for(lambda: not any(k in self._queued for k in keys),
-                                          timeout=timeout_s)  # fmt: skip
+                self._write_done.wait_for(
+                    lambda: not any(k in self._queued for k in keys), timeout=timeout_s
+                )
             return {"waited": waited, "pending": sum(k in self._queued for k in keys)}
 
     def stats(self) -> dict[str, Any]:
@@ -348,8 +362,10 @@ class NodeSidecar:
             return self.region()
         if kind == "push":
             return {"bytes": self.push(list(op["slots"]), str(op["to"]), list(op["to_slots"]))}
-        return {"error": f"op={kind!r} is invalid: must be read, write, settle, stats, ping, "
-                         "describe, alloc, release, release_owner, region or push"}  # fmt: skip
+        return {
+            "error": f"op={kind!r} is invalid: must be read, write, settle, stats, ping, "
+            "describe, alloc, release, release_owner, region or push"
+        }
 
     # ---------------------------------------------------------------- serving
     def serve_forever(self) -> None:
@@ -369,8 +385,9 @@ class NodeSidecar:
         if self.spec.networked:
             self.start_engine()
             socketserver.ThreadingTCPServer.allow_reuse_address = True
-            server = socketserver.ThreadingTCPServer((self.spec.host, self.spec.control_port),
-                                                     Handler)  # fmt: skip
+            server = socketserver.ThreadingTCPServer(
+                (self.spec.host, self.spec.control_port), Handler
+            )
         else:
             Path(self.spec.socket_path).unlink(missing_ok=True)
             server = socketserver.ThreadingUnixStreamServer(self.spec.socket_path, Handler)
@@ -378,8 +395,10 @@ class NodeSidecar:
         # batched reads: two requests' reads in flight, so that the SNIC is busy while the
         # next request's batch starts (a store across the network: its round trips)
         readers = READ_JOBS_IN_FLIGHT if self._batched() else 1
-        threads = [threading.Thread(target=self._read_loop, args=(i,), name=f"reader{i}",
-                                    daemon=True) for i in range(readers)]  # fmt: skip
+        threads = [
+            threading.Thread(target=self._read_loop, args=(i,), name=f"reader{i}", daemon=True)
+            for i in range(readers)
+        ]
         threads.append(threading.Thread(target=self._write_loop, name="writer", daemon=True))
         for t in threads:
             t.start()
@@ -423,8 +442,10 @@ def _runs(slots: list[int], to_slots: list[int]) -> list[tuple[int, int, int]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2):
-        print("usage: python -m dualpath.integrations.vllm.sidecar SPEC_JSON [FACTS_JSON]",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "usage: python -m dualpath.integrations.vllm.sidecar SPEC_JSON [FACTS_JSON]",
+            file=sys.stderr,
+        )
         return 2
     facts = json.loads(args[1]) if len(args) == 2 else {}
     NodeSidecar(NodeSpec.from_json(args[0]), facts).serve_forever()

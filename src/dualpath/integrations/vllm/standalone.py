@@ -36,10 +36,22 @@ def deployment_facts(weights_digest: str, shape: ModelShape, engine: str) -> dic
     return {"weights_digest": weights_digest, "shape": dataclasses.asdict(shape), "engine": engine}
 
 
-def sidecar_spec(node: int, kind: str, host: str, port: int, model_dir: str, dtype: str,
-                 block_tokens: int, buffer_mib: int, store: str, engine: str, weights_digest: str,
-                 run_dir: Path, snic_host: str = "",
-                 snic_bytes_per_s: float = 0.0) -> tuple[NodeSpec, dict[str, Any]]:  # fmt: skip
+def sidecar_spec(
+    node: int,
+    kind: str,
+    host: str,
+    port: int,
+    model_dir: str,
+    dtype: str,
+    block_tokens: int,
+    buffer_mib: int,
+    store: str,
+    engine: str,
+    weights_digest: str,
+    run_dir: Path,
+    snic_host: str = "",
+    snic_bytes_per_s: float = 0.0,
+) -> tuple[NodeSpec, dict[str, Any]]:
     """The spec and facts of a side-car started by hand (``dualpath sidecar``): node ``node``
     of kind ``kind`` answering at ``host:port``, its buffer ``buffer_mib`` MiB of Full Blocks
     of the checkpoint at ``model_dir``, its store ``store`` (a path, or mooncake://)."""
@@ -50,26 +62,48 @@ def sidecar_spec(node: int, kind: str, host: str, port: int, model_dir: str, dty
         raise ValueError(f"--buffer-mib {buffer_mib} holds no Full Block of {full_block} bytes")
     namespace = kv_namespace(weights_digest, shape, block_tokens, engine)
     kv_root = "" if "://" in store else store
-    spec = NodeSpec(node, kind, f"dpv-n{node}-{os.getpid()}", num_slots,
-                    str(run_dir / "node.lock"), str(run_dir / "node.sock"), kv_root,
-                    shape.num_layers, block_tokens, shape.row_bytes, namespace, snic_bytes_per_s,
-                    host, port, snic_host or host, store if "://" in store else "")  # fmt: skip
+    spec = NodeSpec(
+        node,
+        kind,
+        f"dpv-n{node}-{os.getpid()}",
+        num_slots,
+        str(run_dir / "node.lock"),
+        str(run_dir / "node.sock"),
+        kv_root,
+        shape.num_layers,
+        block_tokens,
+        shape.row_bytes,
+        namespace,
+        snic_bytes_per_s,
+        host,
+        port,
+        snic_host or host,
+        store if "://" in store else "",
+    )
     return spec, deployment_facts(weights_digest, shape, engine)
 
 
 def kv_transfer_config(node: int, sidecars: list[str]) -> str:
     """``vllm serve --kv-transfer-config`` of the instance on node ``node``: our connector,
     loaded by module path, given every node's side-car address."""
-    return json.dumps({
-        "kv_connector": "DualPathConnector", "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"node": node, "sidecars": sidecars},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "kv_connector": "DualPathConnector",
+            "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"node": node, "sidecars": sidecars},
+        }
+    )
 
 
-def deployment_from_sidecars(sidecars: list[str], prefill_urls: list[str],
-                             decode_urls: list[str], model: str,
-                             hbm_tokens: int) -> Deployment:  # fmt: skip
+def deployment_from_sidecars(
+    sidecars: list[str],
+    prefill_urls: list[str],
+    decode_urls: list[str],
+    model: str,
+    hbm_tokens: int,
+) -> Deployment:
     """The router's view of a deployment started by hand: every node as its side-car describes
     it, prefill nodes ``0..P-1`` serving ``prefill_urls`` in order, decode nodes ``P..`` serving
     ``decode_urls``. ValueError naming what does not fit (nodes, kinds, facts that differ)."""
@@ -79,19 +113,33 @@ def deployment_from_sidecars(sidecars: list[str], prefill_urls: list[str],
     want = [("pe" if i < num_p else "de") for i in range(num_p + num_d)]
     got = [s.kind for s in specs]
     if [s.node for s in specs] != list(range(len(specs))) or got != want:
-        raise ValueError(f"the side-cars describe nodes {[(s.node, s.kind) for s in specs]}: "
-                         f"{num_p} --prefill and {num_d} --decode need nodes 0..{num_p - 1} "
-                         f"of kind pe and {num_p}..{num_p + num_d - 1} of kind de")  # fmt: skip
+        raise ValueError(
+            f"the side-cars describe nodes {[(s.node, s.kind) for s in specs]}: "
+            f"{num_p} --prefill and {num_d} --decode need nodes 0..{num_p - 1} "
+            f"of kind pe and {num_p}..{num_p + num_d - 1} of kind de"
+        )
     facts = described[0][1]
     for (spec, other), address in zip(described, sidecars, strict=True):
         if other != facts:
-            raise ValueError(f"side-car {address} (node {spec.node}) was started for another "
-                             f"model or engine: {other} vs {facts}")  # fmt: skip
+            raise ValueError(
+                f"side-car {address} (node {spec.node}) was started for another "
+                f"model or engine: {other} vs {facts}"
+            )
     shape = ModelShape(**facts["shape"])
-    instances = [Instance(s.node, s.kind, url.rstrip("/"))
-                 for s, url in zip(specs, [*prefill_urls, *decode_urls], strict=True)]  # fmt: skip
-    return Deployment(tuple(specs), tuple(instances), model, specs[0].block_tokens,
-                      facts["weights_digest"], shape, facts["engine"], hbm_tokens)  # fmt: skip
+    instances = [
+        Instance(s.node, s.kind, url.rstrip("/"))
+        for s, url in zip(specs, [*prefill_urls, *decode_urls], strict=True)
+    ]
+    return Deployment(
+        tuple(specs),
+        tuple(instances),
+        model,
+        specs[0].block_tokens,
+        facts["weights_digest"],
+        shape,
+        facts["engine"],
+        hbm_tokens,
+    )
 
 
 _BLOCKS = re.compile(r'^vllm:cache_config_info\{.*?num_gpu_blocks="(\d+)"', re.MULTILINE)
@@ -102,6 +150,8 @@ def hbm_tokens_of(metrics_text: str, block_tokens: int) -> int:
     ``num_gpu_blocks``); ValueError if it is not there."""
     found = _BLOCKS.search(metrics_text)
     if found is None:
-        raise ValueError("the decode instance's /metrics has no vllm:cache_config_info with "
-                         "num_gpu_blocks: pass --hbm-tokens")  # fmt: skip
+        raise ValueError(
+            "the decode instance's /metrics has no vllm:cache_config_info with "
+            "num_gpu_blocks: pass --hbm-tokens"
+        )
     return int(found.group(1)) * block_tokens

@@ -67,10 +67,18 @@ class Supervisor:
     """Looks at every process each ``poll_s``; restarts what died (``run``, an asyncio task
     in the router's event loop)."""
 
-    def __init__(self, launched: Launched, router: Availability, flow: Buffers,
-                 startup_timeout_s: float, max_restarts: int, on_fatal: Callable[[str], None],
-                 poll_s: float = POLL_S, backoff_s: float = BACKOFF_S,
-                 restarts: Counter[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        launched: Launched,
+        router: Availability,
+        flow: Buffers,
+        startup_timeout_s: float,
+        max_restarts: int,
+        on_fatal: Callable[[str], None],
+        poll_s: float = POLL_S,
+        backoff_s: float = BACKOFF_S,
+        restarts: Counter[str] | None = None,
+    ) -> None:
         """``restarts``: where the restarts per process are counted (``/metrics`` reads it)."""
         self.launched, self.router, self.flow = launched, router, flow
         self.dep = launched.deployment
@@ -90,16 +98,19 @@ class Supervisor:
 
     def dead(self) -> list[tuple[str, int]]:
         """The processes that exited (side-cars first)."""
-        return [("sidecar", i) for i, p in enumerate(self.launched.sidecars) if p.poll() is not None] + [
-            ("instance", i) for i, p in enumerate(self.launched.instances) if p.poll() is not None
-        ]  # fmt: skip
+        return [
+            ("sidecar", i) for i, p in enumerate(self.launched.sidecars) if p.poll() is not None
+        ] + [("instance", i) for i, p in enumerate(self.launched.instances) if p.poll() is not None]
 
     def dependents(self, node: int) -> list[int]:
         """The instances that map node ``node``'s buffer: its own, and every prefill instance
         when it is a DE node."""
         de = self.dep.nodes[node].kind == "de"
-        return [j for j, inst in enumerate(self.dep.instances)
-                if inst.node == node or (de and inst.kind == "pe")]  # fmt: skip
+        return [
+            j
+            for j, inst in enumerate(self.dep.instances)
+            if inst.node == node or (de and inst.kind == "pe")
+        ]
 
     def _note_segments(self, j: int) -> None:
         self.segments[j] = group_segments(self.launched.instances[j].pid)
@@ -114,8 +125,11 @@ class Supervisor:
                 if dead:
                     await self.recover(dead)
         except Exception as err:  # Fatal, or a bug here: nothing restarts what dies any more
-            reason = str(err) if isinstance(err, Fatal) else (
-                f"the supervisor failed: {type(err).__name__}: {err}")  # fmt: skip
+            reason = (
+                str(err)
+                if isinstance(err, Fatal)
+                else (f"the supervisor failed: {type(err).__name__}: {err}")
+            )
             self.router.lose("deployment", [n.node for n in self.dep.nodes], reason)
             print(f"dualpath: {reason}", file=sys.stderr, flush=True)
             self.on_fatal(reason)
@@ -130,24 +144,30 @@ class Supervisor:
         procs = {"sidecar": self.launched.sidecars, "instance": self.launched.instances}
         for kind, i in dead:
             name = self.name(kind, i)
-            self._lose(kind, i, f"{name} exited with code {procs[kind][i].returncode}; "
-                                "restarting it")  # fmt: skip
+            self._lose(
+                kind, i, f"{name} exited with code {procs[kind][i].returncode}; restarting it"
+            )
         for j in [i for kind, i in dead if kind == "instance"]:  # what a dead one leaves
             await self._clean_up(j)
         for kind, i in dead:
             name = self.name(kind, i)
             self.restarts[name] += 1
             if self.restarts[name] > self.max_restarts:
-                raise Fatal(f"{name} exited with code {procs[kind][i].returncode} (restarted "
-                            f"{self.max_restarts} times already): the deployment stops")  # fmt: skip
+                raise Fatal(
+                    f"{name} exited with code {procs[kind][i].returncode} (restarted "
+                    f"{self.max_restarts} times already): the deployment stops"
+                )
         await asyncio.sleep(self.backoff_s)
         instances = sorted({i for kind, i in dead if kind == "instance"})
         sidecars = [i for kind, i in dead if kind == "sidecar"]
         for i in sidecars:
             for j in self.dependents(self.dep.nodes[i].node):
                 if j not in instances:
-                    self._lose("instance", j, f"restarting with {self.name('sidecar', i)} "
-                                              "(it maps that node's buffer)")  # fmt: skip
+                    self._lose(
+                        "instance",
+                        j,
+                        f"restarting with {self.name('sidecar', i)} (it maps that node's buffer)",
+                    )
                     await self._clean_up(j)
                     instances.append(j)
         for i in sidecars:
@@ -171,8 +191,11 @@ class Supervisor:
             try:
                 buf.release_owner(tag)
             except (ValueError, OSError):  # a buffer closed by a re-attach, a side-car gone
-                print(f"dualpath: node {node}'s buffer: cannot free the slots of "
-                      f"{self.name('instance', j)}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"dualpath: node {node}'s buffer: cannot free the slots of "
+                    f"{self.name('instance', j)}",
+                    file=sys.stderr,
+                )
 
     async def _restart_sidecar(self, i: int) -> None:
         spec = self.dep.nodes[i]
@@ -191,8 +214,10 @@ class Supervisor:
                 break
             except OSError:
                 if loop.time() > deadline:
-                    raise Fatal(f"{self.name('sidecar', i)} not ready "
-                                f"{self.startup_timeout_s:g} s after its restart") from None  # fmt: skip
+                    raise Fatal(
+                        f"{self.name('sidecar', i)} not ready "
+                        f"{self.startup_timeout_s:g} s after its restart"
+                    ) from None
                 await asyncio.sleep(0.05)
         self.flow.reattach(spec.node)
         self.router.restore(self.name("sidecar", i))
@@ -213,5 +238,6 @@ class Supervisor:
                 except httpx.HTTPError:
                     pass
                 await asyncio.sleep(0.5)
-        raise Fatal(f"{self.name('instance', j)} not ready {self.startup_timeout_s:g} s "
-                    "after its restart")  # fmt: skip
+        raise Fatal(
+            f"{self.name('instance', j)} not ready {self.startup_timeout_s:g} s after its restart"
+        )

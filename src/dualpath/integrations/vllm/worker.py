@@ -34,9 +34,12 @@ class WorkerSide:
     """One vLLM worker's view of the node buffers (``nodes``) from node ``node``."""
 
     def __init__(
-        self, nodes: dict[int, NodeSpec], node: int, block_tokens: int,
+        self,
+        nodes: dict[int, NodeSpec],
+        node: int,
+        block_tokens: int,
         sidecar: SidecarCall = call,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if node not in nodes:
             raise ValueError(f"node={node} is invalid: the node specs list {sorted(nodes)}")
         self.nodes = nodes
@@ -110,8 +113,11 @@ class WorkerSide:
             self._count(self._load_path(job.node), nbytes)
 
     def _fail(self, job: BlockCopy, err: BaseException) -> None:
-        print(f"dualpath connector: load of {job.request_id} failed ({err}); vLLM recomputes "
-              f"its {len(job.block_ids)} blocks", file=sys.stderr)  # fmt: skip
+        print(
+            f"dualpath connector: load of {job.request_id} failed ({err}); vLLM recomputes "
+            f"its {len(job.block_ids)} blocks",
+            file=sys.stderr,
+        )
         self._failed_loads.add(job.request_id)
         self._load_errors.update(job.block_ids)
 
