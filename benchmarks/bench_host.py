@@ -13,8 +13,8 @@ import argparse
 import time
 
 from dualpath.config import preset
+from dualpath.kv.pacer import Pacer
 from dualpath.models.calibrate import fit
-from dualpath.runtime.pacer import Pacer
 from dualpath.runtime.profile import memory_bytes_per_s, profile_host
 from dualpath.types import TrafficClass
 

@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 from dualpath.config import MODEL_PRESETS
 from dualpath.config.scheduler import SchedulerConfig
+from dualpath.kv.mooncake_store import MooncakeBlockStore, StoreServer
+from dualpath.kv.store import BlockLayout, KVStore, block_keys
 from dualpath.net import free_port
-from dualpath.runtime.kvstore import BlockLayout, KVStore, block_keys
-from dualpath.runtime.mooncake_store import MooncakeBlockStore, StoreServer
 
 HOST = "127.0.0.1"
 

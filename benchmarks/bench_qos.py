@@ -88,10 +88,10 @@ def role_pe(args: argparse.Namespace) -> None:
     """One PE: announce the exchange region, take the peers', run timed passes."""
     import torch
 
+    from dualpath.kv.transport import make_collective_transport
+    from dualpath.kv.transport.base import RegionHandle
     from dualpath.runtime.exchange import HiddenExchange, region_bytes
     from dualpath.runtime.messages import ExchangePlan
-    from dualpath.runtime.transport import make_collective_transport
-    from dualpath.runtime.transport.base import RegionHandle
 
     torch.set_num_threads(1)
     _pin(args, "pe")
@@ -151,8 +151,8 @@ def role_pe(args: argparse.Namespace) -> None:
 def role_kv(args: argparse.Namespace) -> None:
     """One node's KV mover: a registered buffer (its HBM or DRAM buffer) that peers write
     into, and writes of 256 KiB blocks to the targets it is given, four in flight."""
-    from dualpath.runtime.transport import make_transport
-    from dualpath.runtime.transport.base import RegionHandle
+    from dualpath.kv.transport import make_transport
+    from dualpath.kv.transport.base import RegionHandle
 
     _pin(args, "kv")
     xport = make_transport("tcp")  # unmarked: KV falls into the default (low) class

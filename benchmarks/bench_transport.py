@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
-from dualpath.runtime.transport.base import KVTransport, RegionHandle, Transfer
-from dualpath.runtime.transport.shm import ShmTransport
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.transport.base import KVTransport, RegionHandle, Transfer
+from dualpath.kv.transport.shm import ShmTransport
 
 LAYER_BLOCK_BYTES = 64 * 1024  # 64 tokens × 1 KiB (tiny model, one layer)
 IN_FLIGHT = 64  # Layer-Block transfers outstanding at once
@@ -73,7 +73,7 @@ def bench_transport(
 
 
 def _tcp_peer(nbytes: int, q: Any, stop: Any) -> None:
-    from dualpath.runtime.transport.tcp import TcpTransport
+    from dualpath.kv.transport.tcp import TcpTransport
 
     tx = TcpTransport()
     region = mmap.mmap(-1, nbytes)
@@ -100,7 +100,7 @@ def bench_peer(target: Any, make: Any, nbytes: int, repeat: int) -> tuple[float,
 
 
 def _mooncake_peer(nbytes: int, q: Any, stop: Any) -> None:
-    from dualpath.runtime.transport.mooncake import MooncakeTransport
+    from dualpath.kv.transport.mooncake import MooncakeTransport
 
     tx = MooncakeTransport()
     region = mmap.mmap(-1, nbytes)
@@ -130,13 +130,13 @@ def main() -> None:
     finally:
         peer_buf.close()
 
-    from dualpath.runtime.transport.tcp import TcpTransport
+    from dualpath.kv.transport.tcp import TcpTransport
 
     big, small = bench_peer(_tcp_peer, TcpTransport, nbytes, args.repeat)
     print(f"TCP transport (loopback)         {big:6.2f} GB/s   64 KiB pieces {small:6.2f} GB/s")
 
     try:
-        from dualpath.runtime.transport.mooncake import MooncakeTransport, load_engine_class
+        from dualpath.kv.transport.mooncake import MooncakeTransport, load_engine_class
 
         load_engine_class()
     except ImportError as err:

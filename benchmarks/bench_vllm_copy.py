@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from dualpath.integrations.vllm.blocks import PagedLayout, SlotView, copy_layer
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
-from dualpath.runtime.pacer import LinkLock
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.pacer import LinkLock
 
 
 def batched_copy(

@@ -1,5 +1,6 @@
-"""STYLE §2: imports point down the layer stack only; sim and runtime never import each other;
-no import circle; the policy core touches no clock, sockets, processes or torch."""
+"""STYLE §2: imports point down the layer stack only; sim and runtime never import each other,
+nor the vLLM integration and the runtime; no import circle; the policy core touches no clock,
+sockets, processes or torch."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ RANK = {
     "deploy": 2,
     "policy": 3,
     "ledger": 4,
+    "kv": 4,  # the KV machinery every shell shares: store, buffers, pacers, transports
     "sim": 5,
     "runtime": 5,
     "serve": 6,
@@ -74,6 +76,10 @@ def test_imports_point_down(path: Path) -> None:
         assert RANK[target] <= RANK[own], f"{path} ({own}) imports {module} ({target}): points up"
         assert {own, target} != {"sim", "runtime"}, (
             f"{path}: sim and runtime never import each other"
+        )
+        assert {own, target} != {"integrations", "runtime"}, (
+            f"{path}: the vLLM integration and the runtime never import each other "
+            "(what they share lives in kv/)"
         )
 
 

@@ -32,9 +32,9 @@ from dualpath.integrations.vllm.params import TransferParams
 from dualpath.integrations.vllm.processes import Launched, unlink_unmapped
 from dualpath.integrations.vllm.router import Router, RouterOptions
 from dualpath.integrations.vllm.setup import Deployment, Instance, VllmOptions, plan
+from dualpath.kv.store import KVStore, block_keys
 from dualpath.net import free_port
 from dualpath.policy import make_policy
-from dualpath.runtime.kvstore import KVStore, block_keys
 
 MODEL_CONFIG = {
     "num_hidden_layers": 2,

@@ -20,8 +20,8 @@ from dualpath.config.systems import system_spec
 from dualpath.integrations.vllm import flow as flow_mod
 from dualpath.integrations.vllm.flow import TurnFlow
 from dualpath.integrations.vllm.node import call
+from dualpath.kv.store import block_keys
 from dualpath.policy import make_policy
-from dualpath.runtime.kvstore import block_keys
 from dualpath.types import ReadSide
 
 

@@ -11,7 +11,7 @@ from dualpath.integrations.vllm.params import (
     TransferParams,
 )
 from dualpath.integrations.vllm.plan import StepPlanner
-from dualpath.runtime.kvstore import block_keys
+from dualpath.kv.store import block_keys
 
 BS = 4
 

@@ -21,8 +21,8 @@ from dualpath.integrations.vllm.standalone import (
     hbm_tokens_of,
     kv_transfer_config,
 )
+from dualpath.kv.weights import checkpoint_digest
 from dualpath.net import free_port
-from dualpath.runtime.weights import checkpoint_digest
 
 pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda is not installed")
 

@@ -31,7 +31,7 @@ from dualpath.integrations.vllm.params import (  # noqa: E402
 )
 from dualpath.integrations.vllm.plan import StepPlanner  # noqa: E402
 from dualpath.integrations.vllm.worker import WorkerSide  # noqa: E402
-from dualpath.runtime.kvstore import KVStore, block_keys  # noqa: E402
+from dualpath.kv.store import KVStore, block_keys  # noqa: E402
 
 BS, LAYERS, HEADS, C = 32, 3, 2, 16  # vLLM CPU: kv_layer is [blocks, kv heads, block, 2·head_dim]
 ROW = 2 * HEADS * (C // 2) * 2  # K and V of every head, bfloat16

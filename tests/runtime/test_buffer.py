@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
 
 
 def _spec(num_slots: int = 4) -> BufferSpec:

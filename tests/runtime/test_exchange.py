@@ -14,10 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dualpath.kv.transport import make_collective_transport  # noqa: E402
+from dualpath.kv.transport.shm import ShmTransport  # noqa: E402
 from dualpath.runtime.exchange import SLOT_BYTES, HiddenExchange, region_bytes  # noqa: E402
 from dualpath.runtime.messages import ExchangePlan  # noqa: E402
-from dualpath.runtime.transport import make_collective_transport  # noqa: E402
-from dualpath.runtime.transport.shm import ShmTransport  # noqa: E402
 
 HIDDEN = 256
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import dualpath.runtime.kvstore as kvs
+import dualpath.kv.store as kvs
+from dualpath.kv.store import BlockLayout, KVStore, KVStoreError
 from dualpath.runtime.env import kv_namespace
-from dualpath.runtime.kvstore import BlockLayout, KVStore, KVStoreError
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.session import Runtime
 from dualpath.workload.scripts import AgentScript, agent_scripts, small_trajectories
@@ -96,7 +96,7 @@ def test_changed_dependency_on_one_store_gives_reference_tokens(
 # ---------------------------------------------------------------- durable acknowledgement
 _WRITER = """
 import sys, time
-from dualpath.runtime.kvstore import BlockLayout, KVStore
+from dualpath.kv.store import BlockLayout, KVStore
 root, pause = sys.argv[1], float(sys.argv[2])
 store = KVStore(root, BlockLayout(4, 256, 8192), namespace="crash")  # 8 MiB blocks
 for i in range(10_000):
@@ -262,7 +262,7 @@ BIG = BlockLayout(2, 64, 64)  # payload above one header page: the injected fail
 def test_failed_persist_is_retried_and_leaves_no_temporary_file(
     tmp_path: Path, failures: int, code: int, attempts: int
 ) -> None:
-    from dualpath.runtime import storage
+    from dualpath.kv import worker as storage
 
     fault = storage.FailingWrites(failures, code)
     store = KVStore(tmp_path, BIG, namespace="disk", write_fn=fault)
@@ -289,8 +289,8 @@ def test_failed_persist_leaves_the_node_buffer_closable(tmp_path: Path) -> None:
     import threading
     import uuid
 
-    from dualpath.runtime import storage
-    from dualpath.runtime.buffer import BufferSpec, SlotBuffer
+    from dualpath.kv import worker as storage
+    from dualpath.kv.buffer import BufferSpec, SlotBuffer
 
     store = KVStore(tmp_path, BIG, namespace="disk", write_fn=storage.FailingWrites(-1))
     spec = BufferSpec(f"dpt-{uuid.uuid4().hex[:12]}", 2, BIG.full_block_bytes)
@@ -343,8 +343,8 @@ def test_stalled_engine_is_declared_dead_and_its_requests_requeued(tmp_path: Pat
 
 # ---------------------------------------------------------------- open ports
 def test_shm_transport_opens_no_socket() -> None:
-    from dualpath.runtime.transport import make_transport
-    from dualpath.runtime.transport.mooncake import listening_sockets
+    from dualpath.kv.transport import make_transport
+    from dualpath.kv.transport.mooncake import listening_sockets
 
     before = set(listening_sockets())
     t = make_transport("shm")
@@ -362,7 +362,7 @@ def test_shm_transport_opens_no_socket() -> None:
 )
 def test_mooncake_listens_on_loopback_only() -> None:
     try:
-        from dualpath.runtime.transport.mooncake import (
+        from dualpath.kv.transport.mooncake import (
             MooncakeTransport,
             listening_sockets,
             load_engine_class,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath.runtime.kvstore import (
+from dualpath.kv.store import (
     HEADER_BYTES,
     BlockCorrupt,
     BlockLayout,

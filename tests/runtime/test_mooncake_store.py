@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath.runtime.kvstore import (
+from dualpath.kv.store import (
     BlockCorrupt,
     BlockForeign,
     BlockLayout,
@@ -26,18 +26,18 @@ from dualpath.runtime.kvstore import (
     KVStoreError,
     block_keys,
 )
-from dualpath.runtime.storage import persist_with_retry, read_or_miss
+from dualpath.kv.worker import persist_with_retry, read_or_miss
 
 pytest.importorskip("mooncake.store", reason="mooncake is not installed")
 
-from dualpath.net import free_port
-from dualpath.runtime.mooncake_store import (
+from dualpath.kv.mooncake_store import (
     OBJECT_HEADER_BYTES,
     MooncakeBlockStore,
     StoreServer,
     load_client_class,
 )
-from dualpath.runtime.stores import open_store
+from dualpath.kv.stores import open_store
+from dualpath.net import free_port
 
 HOST = "127.0.0.1"
 LAYOUT = BlockLayout(num_layers=2, block_tokens=4, row_bytes=64)
@@ -301,7 +301,7 @@ def test_stop_leaves_no_process() -> None:
 
 def test_serve_cli_runs_until_sigterm() -> None:
     port = free_port(HOST)
-    cmd = [sys.executable, "-m", "dualpath.runtime.mooncake_store", "serve"]
+    cmd = [sys.executable, "-m", "dualpath.kv.mooncake_store", "serve"]
     proc = subprocess.Popen(
         [*cmd, "--host", HOST, "--port", str(port), "--segment-mib", "16"],
         stdout=subprocess.PIPE,

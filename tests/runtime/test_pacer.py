@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath.runtime.pacer import NicPacer, Pacer
+from dualpath.kv.pacer import NicPacer, Pacer
 from dualpath.types import TrafficClass
 
 
@@ -78,7 +78,7 @@ def test_a_shared_link_serialises_transfers_of_two_processes(tmp_path: Path) -> 
     import multiprocessing as mp
     import time
 
-    from dualpath.runtime.pacer import SharedLink
+    from dualpath.kv.pacer import SharedLink
 
     ctx = mp.get_context("spawn")
     link = SharedLink.create(ctx, str(tmp_path / "link.lock"))
@@ -111,7 +111,7 @@ def test_a_process_killed_holding_the_link_lock_does_not_stall_the_link(tmp_path
     import os
     import signal
 
-    from dualpath.runtime.pacer import SharedLink
+    from dualpath.kv.pacer import SharedLink
 
     ctx = mp.get_context("spawn")
     link = SharedLink.create(ctx, str(tmp_path / "link.lock"))
@@ -144,8 +144,8 @@ def test_a_process_killed_holding_the_link_lock_does_not_stall_the_link(tmp_path
 
 
 def test_transfer_all_paces_every_link_and_a_dead_owners_ticket_is_skipped() -> None:
-    import dualpath.runtime.pacer as pacer_mod
-    from dualpath.runtime.pacer import transfer_all
+    import dualpath.kv.pacer as pacer_mod
+    from dualpath.kv.pacer import transfer_all
 
     class _Local:  # SharedLink's shape over in-process state (no other process needed)
         def __init__(self) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dualpath.kv.store import BlockLayout, KVStore, block_keys
 from dualpath.runtime.env import kv_namespace
-from dualpath.runtime.kvstore import BlockLayout, KVStore, block_keys
 from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.options import FaultPlan, RuntimeOptions
 from dualpath.runtime.requests import AgentState
@@ -213,7 +213,7 @@ def test_bad_options_are_clear_errors() -> None:
 @pytest.mark.mooncake
 def test_mooncake_transport_moves_the_kv(tmp_path: Path) -> None:
     try:
-        from dualpath.runtime.transport.mooncake import load_engine_class
+        from dualpath.kv.transport.mooncake import load_engine_class
 
         load_engine_class()
     except ImportError as err:

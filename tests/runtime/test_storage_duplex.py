@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 
 from dualpath.config import preset
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
 from dualpath.ledger import Topology
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.messages import (
     PersistedMsg,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dualpath.runtime.kvstore import QUARANTINE, BlockLayout, BlockUnreadable, KVStore
-from dualpath.runtime.storage import persist_with_retry, read_or_miss
+from dualpath.kv.store import QUARANTINE, BlockLayout, BlockUnreadable, KVStore
+from dualpath.kv.worker import persist_with_retry, read_or_miss
 
 LAYOUT = BlockLayout(2, 4, 8)
 KEY = "ab" * 16
@@ -76,8 +76,8 @@ def test_a_path_that_cannot_be_cleared_fails_without_retries(tmp_path: Path) -> 
 def test_a_directory_at_a_block_path_heals_in_a_real_run(tmp_path: Path) -> None:
     """A directory planted at the path of turn 0's first Full Block: the run writes the
     block anyway (the directory moved aside), and a second run hits it."""
+    from dualpath.kv.store import block_keys
     from dualpath.runtime.env import kv_namespace
-    from dualpath.runtime.kvstore import block_keys
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.runtime.session import Runtime
     from dualpath.workload.scripts import AgentScript

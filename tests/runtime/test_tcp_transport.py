@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from dualpath.runtime.transport import KV_DSCP_ENV, KV_HOST_ENV, make_transport
-from dualpath.runtime.transport.base import RegionHandle
-from dualpath.runtime.transport.mooncake import listening_sockets, non_loopback
-from dualpath.runtime.transport.tcp import TcpTransport, TransportError
+from dualpath.kv.transport import KV_DSCP_ENV, KV_HOST_ENV, make_transport
+from dualpath.kv.transport.base import RegionHandle
+from dualpath.kv.transport.mooncake import listening_sockets, non_loopback
+from dualpath.kv.transport.tcp import TcpTransport, TransportError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,7 +17,7 @@ def test_pure_runtime_tests_import_no_torch() -> None:
     tests = [HERE / name for name in TORCH_FREE if name != Path(__file__).name]
     assert tests and all(p.is_file() for p in tests)
     ran = executed_closure([HERE / "conftest.py", *tests], module_files())
-    assert {"dualpath.runtime.pacer", "dualpath.runtime.buffer", "dualpath.runtime.kvstore"} <= ran
+    assert {"dualpath.kv.pacer", "dualpath.kv.buffer", "dualpath.kv.store"} <= ran
     assert sorted(ran & HEAVY) == []
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
-from dualpath.runtime.transport import ShmTransport, make_transport
-from dualpath.runtime.transport.base import RegionHandle
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.transport import ShmTransport, make_transport
+from dualpath.kv.transport.base import RegionHandle
 
 
 def _pattern(n: int, seed: int) -> bytes:
@@ -45,7 +45,7 @@ def test_unknown_transport_is_a_clear_error() -> None:
 
 
 def _mooncake_peer(q: Any, done: Any) -> None:
-    from dualpath.runtime.transport.mooncake import MooncakeTransport
+    from dualpath.kv.transport.mooncake import MooncakeTransport
 
     tx = MooncakeTransport()
     region = mmap.mmap(-1, 1 << 20)
@@ -56,7 +56,7 @@ def _mooncake_peer(q: Any, done: Any) -> None:
 
 def test_mooncake_write_and_read_across_processes() -> None:
     try:
-        from dualpath.runtime.transport.mooncake import MooncakeTransport, load_engine_class
+        from dualpath.kv.transport.mooncake import MooncakeTransport, load_engine_class
 
         load_engine_class()
     except ImportError as err:

@@ -211,7 +211,7 @@ def check_transport_library(transport: str) -> None:
     any process starts (in an engine it would be a traceback per process)."""
     if transport != "mooncake":
         return
-    from dualpath.runtime.transport.mooncake import load_engine_class
+    from dualpath.kv.transport.mooncake import load_engine_class
 
     try:
         load_engine_class()

@@ -51,7 +51,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
     from dualpath.integrations.vllm.launch import engine_name, find_vllm_python
     from dualpath.integrations.vllm.sidecar import NodeSidecar
     from dualpath.integrations.vllm.standalone import kv_transfer_config, sidecar_spec
-    from dualpath.runtime.weights import checkpoint_digest
+    from dualpath.kv.weights import checkpoint_digest
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is invalid: must be 1..65535")

@@ -11,7 +11,7 @@ header scatters into / gathers from a small registered scratch, the payload stra
 the caller's memory (one object, not a header key beside it: two puts could leave one without
 the other; benchmarks/bench_mooncake_store.py: batched zero-copy reads ~1.0–1.3 GB/s on loopback,
 the copying ``get`` path 0.5–0.8). A corrupt block is removed (``remove``; ``path(key).unlink``
-for ``storage.read_or_miss``). Owns no pacing and no retries (``persist_with_retry`` retries).
+for ``worker.read_or_miss``). Owns no pacing and no retries (``persist_with_retry`` retries).
 
 Mooncake return codes relied on (``mooncake-store/include/types.h``): -200 no space
 (NO_AVAILABLE_HANDLE), -600 buffer too small / invalid params, -703 replica not ready (a put in
@@ -44,9 +44,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, TypeVar
 
-from dualpath.net import free_port
-from dualpath.runtime.kvstore import _HEADER as FILE_HEADER  # the file store's header fields
-from dualpath.runtime.kvstore import (
+from dualpath.kv.store import _HEADER as FILE_HEADER  # the file store's header fields
+from dualpath.kv.store import (
     MAGIC,
     VERSION,
     BlockCorrupt,
@@ -58,6 +57,7 @@ from dualpath.runtime.kvstore import (
     block_header,
     fingerprint,
 )
+from dualpath.net import free_port
 
 OBJECT_HEADER_BYTES = 64  # FILE_HEADER (46 bytes) padded: no O_DIRECT alignment to keep here
 LOCAL_BUFFER_BYTES = 64 << 20  # the client's own buffer: what the bytes path copies through
@@ -107,7 +107,7 @@ def address_of(view: memoryview) -> int | None:
 
 class ObjectPath:
     """A block's place in the store, shaped like the file store's ``Path`` for the callers
-    that remove a corrupt block (``storage.read_or_miss``: ``store.path(key).unlink``)."""
+    that remove a corrupt block (``worker.read_or_miss``: ``store.path(key).unlink``)."""
 
     def __init__(self, store: MooncakeBlockStore, key: str) -> None:
         self.store = store
@@ -724,7 +724,7 @@ def serve(host: str, port: int, segment_mib: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dualpath.runtime.mooncake_store")
+    parser = argparse.ArgumentParser(prog="python -m dualpath.kv.mooncake_store")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("serve", help="run a master and one memory owner until SIGTERM")
     run.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")

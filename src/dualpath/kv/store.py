@@ -167,7 +167,7 @@ class KVStore:
     """Full Blocks under ``root`` (a local directory or a shared file-system mount).
 
     ``write_fn`` writes each block file's header, then its payload (``write_all``; a test
-    or ``FaultPlan.fail_writes`` injects failing writes here, see ``storage.FailingWrites``)."""
+    or ``FaultPlan.fail_writes`` injects failing writes here, see ``worker.FailingWrites``)."""
 
     def __init__(
         self,

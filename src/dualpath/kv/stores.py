@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from dualpath.runtime.kvstore import BlockLayout, KVStore
+from dualpath.kv.store import BlockLayout, KVStore
 
 if TYPE_CHECKING:
-    from dualpath.runtime.mooncake_store import MooncakeBlockStore
+    from dualpath.kv.mooncake_store import MooncakeBlockStore
 
 URL_FORMS = "a path, file://PATH or mooncake://MASTER_HOST:PORT"
 
@@ -45,7 +45,7 @@ def open_store(
             host = port = None
         if not host or not port or parts.path not in ("", "/") or parts.query:
             raise ValueError(f"store url {url!r} is invalid: must be {URL_FORMS}")
-        from dualpath.runtime.mooncake_store import MooncakeBlockStore
+        from dualpath.kv.mooncake_store import MooncakeBlockStore
 
         master = f"{host}:{port}"
         if timeout_s is None:

@@ -18,16 +18,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from dualpath.kv.pacer import NicPacer, Pacer, transfer_all
+from dualpath.kv.transport import make_transport
+from dualpath.kv.transport.base import RegionHandle, Transfer
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import GpuTime
 from dualpath.runtime.hbm import HbmPool
 from dualpath.runtime.messages import ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.model import CacheBatch, KVCache, RuntimeModel
-from dualpath.runtime.pacer import NicPacer, Pacer, transfer_all
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import Chooser, GrammarCache, build_tokenizer
-from dualpath.runtime.transport import make_transport
-from dualpath.runtime.transport.base import RegionHandle, Transfer
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5

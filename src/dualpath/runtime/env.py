@@ -17,13 +17,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import dualpath.runtime.kvstore as kvs
+import dualpath.kv.store as kvs
 from dualpath.config import Config
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.transport.base import RegionHandle
 from dualpath.ledger import Topology
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.liveness import start_time
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.transport.base import RegionHandle
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +42,9 @@ HEARTBEAT_S = 0.2  # children's heartbeat period (liveness_timeout_s is many of 
 def weights_digest(config: Config, weight_seed: int, model_dir: str = "") -> str:
     """Fingerprint of the weights the engines run: blake2b of every weight tensor of the tiny
     model (built from its seed, so a change of generator, init or shapes changes it too), or of
-    a checkpoint's files (``weights.checkpoint_digest``)."""
+    a checkpoint's files (``kv.weights.checkpoint_digest``)."""
     if model_dir:
-        from dualpath.runtime.weights import checkpoint_digest
+        from dualpath.kv.weights import checkpoint_digest
 
         return checkpoint_digest(model_dir)
     from dualpath.runtime.tiny import TinyTransformer
@@ -63,7 +63,7 @@ def kv_namespace(
     config, the weights (a digest, or the tiny model's seed), the KV dtype, the block size and
     the store's layout version — plus an optional per-tenant salt (blocks are never shared
     across tenants)."""
-    from dualpath.runtime.kvstore import VERSION
+    from dualpath.kv.store import VERSION
 
     digest = weights if isinstance(weights, str) else weights_digest(config, weights)
     parts = {

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dualpath.kv.transport.base import KVTransport, RegionHandle
 from dualpath.runtime.messages import ExchangePlan
-from dualpath.runtime.transport.base import KVTransport, RegionHandle
 
 if TYPE_CHECKING:
     import torch

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dualpath.runtime.buffer import PAGE_BYTES
+from dualpath.kv.buffer import PAGE_BYTES
 
 
 class HbmPool:

@@ -27,18 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.config import Config
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.pacer import LinkLock, Pacer, PacerStats, SharedLink
+from dualpath.kv.store import BlockLayout
+from dualpath.kv.transport.base import RegionHandle
 from dualpath.ledger import Topology
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
 from dualpath.runtime.env import ProcEnv, child_setup, weights_digest
 from dualpath.runtime.exchange import region_bytes
-from dualpath.runtime.kvstore import BlockLayout
 from dualpath.runtime.liveness import ProcId, is_running, kill_confirmed, wait_gone
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, RegionsMsg, StopMsg
 from dualpath.runtime.options import RuntimeOptions
-from dualpath.runtime.pacer import LinkLock, Pacer, PacerStats, SharedLink
 from dualpath.runtime.queues import DeathSafeQueue, discard_queue
 from dualpath.runtime.storage import storage_main
-from dualpath.runtime.transport.base import RegionHandle
 
 JOIN_TIMEOUT_S = 10.0
 READY_POLL_S = 0.1  # how often start-up checks that children are still alive
@@ -74,7 +74,7 @@ def startup_warning(options: RuntimeOptions) -> str | None:
     """The one line a run prints at start-up about its transport's exposure, if any."""
     if options.transport != "mooncake":
         return None
-    from dualpath.runtime.transport.mooncake import BIND_WARNING
+    from dualpath.kv.transport.mooncake import BIND_WARNING
 
     return BIND_WARNING
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath.kv.transport.base import RegionHandle
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import TokenLogprob
-from dualpath.runtime.transport.base import RegionHandle
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,9 @@ from typing import Any
 
 import torch
 
+from dualpath.kv.pacer import transfer_all
+from dualpath.kv.transport import make_collective_transport
+from dualpath.kv.transport.base import KVTransport, Transfer
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange, region_bytes
@@ -30,11 +33,8 @@ from dualpath.runtime.gputime import LayerFloor
 from dualpath.runtime.hbm import PagedKV
 from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
-from dualpath.runtime.pacer import transfer_all
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import choose_batch
-from dualpath.runtime.transport import make_collective_transport
-from dualpath.runtime.transport.base import KVTransport, Transfer
 from dualpath.types import TrafficClass
 
 

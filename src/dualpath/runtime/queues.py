@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing.queues as mp_queues
 from typing import Any
 
-from dualpath.runtime.pacer import LinkLock
+from dualpath.kv.pacer import LinkLock
 
 
 class DeathSafeQueue(mp_queues.Queue):

@@ -17,10 +17,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.transport import KV_HOST_ENV
+from dualpath.kv.transport.base import RegionHandle
 from dualpath.runtime.env import ProcEnv
-from dualpath.runtime.transport import KV_HOST_ENV
-from dualpath.runtime.transport.base import RegionHandle
 
 ALLOC_POLL_S = 0.002
 MAIL_GROUP = "mail"  # the one-thread concurrency group of every actor's ``deliver``

@@ -24,10 +24,10 @@ from typing import Any
 
 from dualpath.config import Config
 from dualpath.deploy.ray_address import check_gcs_address
+from dualpath.kv.buffer import BufferSpec
+from dualpath.kv.store import BlockLayout
 from dualpath.ledger import Topology
-from dualpath.runtime.buffer import BufferSpec
 from dualpath.runtime.env import ProcEnv, weights_digest
-from dualpath.runtime.kvstore import BlockLayout
 from dualpath.runtime.launcher import (
     JOIN_TIMEOUT_S,
     Launcher,

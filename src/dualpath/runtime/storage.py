@@ -11,7 +11,6 @@ recomputed block gets persisted again.
 
 from __future__ import annotations
 
-import errno
 import os
 import queue
 import sys
@@ -20,11 +19,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import dualpath.runtime.kvstore as kvs
-from dualpath.runtime.buffer import SlotBuffer
+import dualpath.kv.store as kvs
+from dualpath.kv.buffer import SlotBuffer
+from dualpath.kv.pacer import Pacer, transfer_all
+from dualpath.kv.store import KVStore
+from dualpath.kv.transport import make_transport
+from dualpath.kv.worker import (
+    PATH_ERRNOS,
+    FailingWrites,
+    persist_with_retry,
+    read_or_miss,
+    snic_pacers,
+)
 from dualpath.runtime.env import ProcEnv, child_setup
 from dualpath.runtime.hops import hop
-from dualpath.runtime.kvstore import HEADER_BYTES, BlockCorrupt, KVStore, KVStoreError
 from dualpath.runtime.messages import (
     ErrorMsg,
     PersistedMsg,
@@ -34,84 +42,11 @@ from dualpath.runtime.messages import (
     ReadyMsg,
     StopMsg,
 )
-from dualpath.runtime.pacer import Pacer, transfer_all
-from dualpath.runtime.transport import make_transport
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
-# SNIC pacer quantum: 10 ms, not the CNICs' 1 ms (there HIGH must not wait long behind a LOW
-# quantum; no HIGH crosses a SNIC): at 10 MB/s a Full Block's read wakes its thread 3 times,
-# not 26 (the runtime's CPU per turn, benchmarks/bench_cpu.py)
-SNIC_QUANTUM_S = 0.01
-PERSIST_ATTEMPTS = 3  # a failed block write (I/O error) is retried ...
-PERSIST_BACKOFF_S = 0.05  # ... after 0.05 s, then 0.2 s (×4 each time); then it is dropped
-# a full disk (or quota), a path in the way, no permission, a read-only store: not retried
-# (waiting 0.25 s changes none of them, and every block behind it in the write queue, and
-# every turn waiting for its writes' acks, would wait too)
-PATH_ERRNOS = frozenset(
-    {errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS}
-)
-NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, *PATH_ERRNOS})
 UNWRITABLE_KEYS = 4096  # blocks a worker remembers it could not write (never tried again)
 FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
-
-
-def read_or_miss(store: kvs.BlockStore, key: str, out: memoryview) -> bool:
-    """Read block ``key`` into ``out``; False if it cannot be used (missing, foreign, corrupt:
-    a corrupt file is removed, so that the recomputed block gets persisted again)."""
-    try:
-        store.read_block(key, out)
-    except BlockCorrupt:
-        store.path(key).unlink(missing_ok=True)
-        return False
-    except KVStoreError:
-        return False
-    return True
-
-
-def persist_with_retry(
-    store: kvs.BlockStore,
-    key: str,
-    payload: memoryview,
-    attempts: int = PERSIST_ATTEMPTS,
-    backoff_s: float = PERSIST_BACKOFF_S,
-) -> OSError | None:
-    """Write one block, retrying OSErrors (but ENOSPC / EDQUOT) with exponential backoff; the
-    last error, or None. A failed attempt leaves no temporary file (``KVStore.write_block``
-    removes it). The error comes back without its traceback: the traceback's frames hold
-    ``payload``, a view of the node buffer, whose shared memory could then not be closed."""
-    err: OSError | None = None
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(backoff_s * 4 ** (attempt - 1))
-        try:
-            store.write_block(key, payload)
-            return None
-        except OSError as e:
-            err = e.with_traceback(None)
-            if e.errno in NO_RETRY_ERRNOS:
-                break
-    return err
-
-
-class FailingWrites:
-    """Fault injection (``FaultPlan.fail_writes``), a ``KVStore`` write hook: the next ``count``
-    block writes (-1: all) fail with ``code`` (a full disk) after half the payload reached the
-    temporary file. ``attempts`` counts the payload writes it saw (failed or not)."""
-
-    def __init__(self, count: int, code: int = errno.ENOSPC) -> None:
-        self.left = count
-        self.code = code
-        self.attempts = 0
-
-    def __call__(self, fd: int, data: memoryview | bytes) -> None:
-        if len(data) > HEADER_BYTES:  # the payload (a header is written whole)
-            self.attempts += 1
-            if self.left != 0:
-                self.left -= 1
-                kvs.write_all(fd, memoryview(data)[: len(data) // 2])
-                raise OSError(self.code, f"{os.strerror(self.code)} (injected)")
-        kvs.write_all(fd, data)
 
 
 def write_faults(env: ProcEnv) -> FailingWrites | None:
@@ -132,8 +67,7 @@ class StorageWorker:
         now = env.clock.now  # the process's one clock
         # the SNIC carries LOW only (reads, persists): one FIFO, so the quantum changes no
         # grant and no completion time, only how often a waiter wakes (``SNIC_QUANTUM_S``)
-        self.snic_read = Pacer(rate, f"node{node}.snic.read", quantum_s=SNIC_QUANTUM_S, clock=now)
-        self.snic_write = Pacer(rate, f"node{node}.snic.write", quantum_s=SNIC_QUANTUM_S, clock=now)
+        self.snic_read, self.snic_write = snic_pacers(rate, f"node{node}.snic", clock=now)
         # the node's DRAM (shared with its engines): a read lands in it, a persist leaves it
         link = env.dram_link(node)
         dram = (

@@ -4,7 +4,6 @@ fingerprints the KV namespace. Used by ``hf_model``; no hub access."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import mmap
@@ -63,16 +62,3 @@ def load_safetensors(path: str | Path) -> dict[str, Tensor]:
             continue
         out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=base + begin).view(shape)
     return out
-
-
-def checkpoint_digest(model_dir: str | Path) -> str:
-    """blake2b over ``config.json`` and every ``*.safetensors`` shard's bytes (the KV
-    namespace's fingerprint of the weights; ≈ 1 GB/s, once per run in the launcher)."""
-    root = Path(model_dir)
-    h = hashlib.blake2b(digest_size=16)
-    for path in [root / "config.json", *sorted(root.glob("*.safetensors"))]:
-        h.update(path.name.encode())
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dualpath.runtime.kvstore import BlockLayout
+from dualpath.kv.store import BlockLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,10 @@ from typing import Any, TypeVar
 from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
+from dualpath.kv.buffer import SlotBuffer
+from dualpath.kv.mooncake_store import MooncakeBlockStore
+from dualpath.kv.store import block_keys
+from dualpath.kv.stores import open_store
 from dualpath.ledger import Core, Phase, Topology
 from dualpath.ledger.core import Read
 from dualpath.ledger.turn import Turn, usable_hit_tokens
@@ -60,10 +64,6 @@ from dualpath.policy import Assign
 from dualpath.policy.base import Policy
 from dualpath.policy.core import PolicyCore
 from dualpath.policy.forced import ForcedSide
-from dualpath.runtime.buffer import SlotBuffer
-from dualpath.runtime.kvstore import block_keys
-from dualpath.runtime.mooncake_store import MooncakeBlockStore
-from dualpath.runtime.stores import open_store
 from dualpath.types import EngineKind, KVPath, ReadSide
 
 SLOT_WAIT_S = 0.005  # a full buffer is retried this often (backpressure, nothing dropped)

@@ -83,7 +83,7 @@ def store_service(opts: VllmOptions) -> tuple[VllmOptions, list[list[str]]]:
     cmd = [
         sys.executable,
         "-m",
-        "dualpath.runtime.mooncake_store",
+        "dualpath.kv.mooncake_store",
         "serve",
         "--host",
         seat.snic,
@@ -305,8 +305,8 @@ def serve_vllm(
     from dualpath.integrations.vllm.flow import TurnFlow
     from dualpath.integrations.vllm.router import Router, RouterOptions
     from dualpath.integrations.vllm.supervise import Supervisor
+    from dualpath.kv.weights import checkpoint_digest
     from dualpath.policy import make_policy
-    from dualpath.runtime.weights import checkpoint_digest
     from dualpath.serve.server import http_server
     from dualpath.types import ReadSide
 

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 from multiprocessing import resource_tracker
 from typing import Any
 
-from dualpath.runtime.buffer import BufferSpec, SlotBuffer
-from dualpath.runtime.kvstore import BlockLayout
-from dualpath.runtime.pacer import LinkLock
+from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.pacer import LinkLock
+from dualpath.kv.store import BlockLayout
 from dualpath.types import EngineKind
 
 
@@ -46,7 +46,7 @@ class NodeSpec:
     host: str = ""
     control_port: int = 0
     snic_host: str = ""
-    store_url: str = ""  # "" : the file store at kv_root; else ``runtime.stores.open_store``'s
+    store_url: str = ""  # "" : the file store at kv_root; else ``kv.stores.open_store``'s
 
     def __post_init__(self) -> None:
         if self.kind not in (EngineKind.PE.value, EngineKind.DE.value):
@@ -74,7 +74,7 @@ class NodeSpec:
 
     @property
     def store(self) -> str:
-        """The store its side-car reads and writes (``runtime.stores.open_store``'s URL)."""
+        """The store its side-car reads and writes (``kv.stores.open_store``'s URL)."""
         return self.store_url or self.kv_root
 
     @property

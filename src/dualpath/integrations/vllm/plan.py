@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dualpath.integrations.vllm.params import TransferParams
-from dualpath.runtime.kvstore import block_keys
+from dualpath.kv.store import block_keys
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,7 +144,7 @@ class VllmOptions:
     seed: int = 0  # vLLM's --seed (its default: 0)
     max_restarts: int = 3  # per process; one more death: the deployment exits non-zero
     cluster: str = ""  # place the nodes on ``dualpath cluster up``'s namespaces ("": this host)
-    store_url: str = ""  # the KV store (``runtime.stores.open_store``); "": the files at kv_root
+    store_url: str = ""  # the KV store (``kv.stores.open_store``); "": the files at kv_root
     store_mib: int = 512  # ``store_url`` "mooncake": the memory of the store server started
 
     def __post_init__(self) -> None:

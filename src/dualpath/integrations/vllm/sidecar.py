@@ -28,7 +28,7 @@ through shared memory:
   slots), answered once every byte landed: the DE read path's hit KV (DE buffer → PE node)
   and the prefill's KV (PE node → DE buffer).
 
-The SNIC is emulated by ``runtime.pacer.Pacer`` (both directions LOW: KV traffic), unpaced
+The SNIC is emulated by ``kv.pacer.Pacer`` (both directions LOW: KV traffic), unpaced
 (``snic_bytes_per_s`` 0), or, in a cluster made by ``dualpath cluster up``, shaped by the
 kernel on the node's ``snic`` interface. Owns no policy: what to read where is the router's.
 The TCP port is unauthenticated, like Mooncake's own: bind it to a private network only.
@@ -52,13 +52,13 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.integrations.vllm.node import NodeSpec, call
-from dualpath.runtime.buffer import ANONYMOUS, SlotBuffer
-from dualpath.runtime.kvstore import BlockCorrupt, KVStore
-from dualpath.runtime.mooncake_store import MooncakeBlockStore
-from dualpath.runtime.pacer import LinkLock, Pacer
-from dualpath.runtime.storage import SNIC_QUANTUM_S, persist_with_retry, read_or_miss
-from dualpath.runtime.stores import open_store
-from dualpath.runtime.transport.base import RegionHandle
+from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
+from dualpath.kv.mooncake_store import MooncakeBlockStore
+from dualpath.kv.pacer import LinkLock, Pacer
+from dualpath.kv.store import BlockCorrupt, KVStore
+from dualpath.kv.stores import open_store
+from dualpath.kv.transport.base import RegionHandle
+from dualpath.kv.worker import persist_with_retry, read_or_miss, snic_pacers
 from dualpath.types import TrafficClass
 
 READ_JOBS_IN_FLIGHT = 2  # requests a batched store reads at once
@@ -83,8 +83,9 @@ class NodeSidecar:
         self.store = self._open_store()
         rate = spec.snic_bytes_per_s
         name = f"node{spec.node}.snic"
-        self.snic_read = Pacer(rate, f"{name}.read", quantum_s=SNIC_QUANTUM_S) if rate else None
-        self.snic_write = Pacer(rate, f"{name}.write", quantum_s=SNIC_QUANTUM_S) if rate else None
+        pacers = snic_pacers(rate, name) if rate else (None, None)
+        self.snic_read: Pacer | None = pacers[0]
+        self.snic_write: Pacer | None = pacers[1]
         # a store across the network gets a client per reader and one for the writes: one
         # client carries out its transfers one batch after the other, so a turn's few blocks
         # to persist would wait behind seconds of another request's reads (measured: a put of
@@ -131,7 +132,7 @@ class NodeSidecar:
     # ---------------------------------------------------------------- compute network
     def start_engine(self) -> None:
         """A networked node's transfer engine on its CNIC address, its buffer registered."""
-        from dualpath.runtime.transport.mooncake import MooncakeTransport
+        from dualpath.kv.transport.mooncake import MooncakeTransport
 
         self._engine = MooncakeTransport(hostname=self.spec.host)
         self._region = self._engine.register(self.spec.buffer_name, self.buffer.data)

@@ -31,7 +31,7 @@ from dualpath.integrations.vllm.processes import (
     kill_group,
     unlink_unmapped,
 )
-from dualpath.runtime.buffer import SlotBuffer
+from dualpath.kv.buffer import SlotBuffer
 
 POLL_S = 0.2  # how often the processes are looked at
 # a restart waits this long first: the requests that used what died end before its buffer or

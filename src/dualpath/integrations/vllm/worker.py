@@ -24,7 +24,7 @@ import torch
 from dualpath.integrations.vllm.blocks import PagedLayout, SlotView, load_layer, save_layer
 from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, instance_owner
 from dualpath.integrations.vllm.plan import BlockCopy, StepMeta
-from dualpath.runtime.buffer import SlotBuffer
+from dualpath.kv.buffer import SlotBuffer
 from dualpath.types import KVPath
 
 SidecarCall = Callable[[str, dict[str, Any]], dict[str, Any]]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from dualpath.runtime.transport.base import KVTransport, RegionHandle, Transfer
-from dualpath.runtime.transport.shm import ShmTransport
+from dualpath.kv.transport.base import KVTransport, RegionHandle, Transfer
+from dualpath.kv.transport.shm import ShmTransport
 
 __all__ = [
     "KVTransport",
@@ -48,7 +48,7 @@ def make_collective_transport(name: str) -> KVTransport | None:
     if name == "shm":
         return None
     from dualpath.deploy.qos import COLLECTIVE_DSCP
-    from dualpath.runtime.transport.tcp import TcpTransport
+    from dualpath.kv.transport.tcp import TcpTransport
 
     host = os.environ.get(KV_HOST_ENV, "127.0.0.1")
     return TcpTransport(host, dscp=_dscp_from_env(COLLECTIVE_DSCP_ENV, COLLECTIVE_DSCP))
@@ -60,11 +60,11 @@ def make_transport(name: str) -> KVTransport:
     if name == "shm":
         return ShmTransport()
     if name == "tcp":
-        from dualpath.runtime.transport.tcp import TcpTransport
+        from dualpath.kv.transport.tcp import TcpTransport
 
         return TcpTransport(host, dscp=_dscp_from_env())
     if name == "mooncake":
-        from dualpath.runtime.transport.mooncake import MooncakeTransport
+        from dualpath.kv.transport.mooncake import MooncakeTransport
 
         protocol = os.environ.get(KV_PROTOCOL_ENV, "tcp")
         if protocol not in ("tcp", "rdma"):

@@ -18,7 +18,7 @@ import re
 import time
 from typing import Any
 
-from dualpath.runtime.transport.base import KVTransport, RegionHandle, Transfer, check_range
+from dualpath.kv.transport.base import KVTransport, RegionHandle, Transfer, check_range
 
 _PENDING, _DONE = 0, 1  # transfer_check_status: 0 pending, 1 completed, negative failed
 

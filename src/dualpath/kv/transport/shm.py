@@ -12,7 +12,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
-from dualpath.runtime.transport.base import (
+from dualpath.kv.transport.base import (
     FutureTransfer,
     KVTransport,
     RegionHandle,

@@ -19,7 +19,7 @@ import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from dualpath.runtime.transport.base import (
+from dualpath.kv.transport.base import (
     FutureTransfer,
     KVTransport,
     RegionHandle,

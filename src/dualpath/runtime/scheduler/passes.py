@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from dualpath.kv.transport.base import RegionHandle
 from dualpath.ledger import Core, EventBus, ForwardDone, ForwardStarted, Phase, Topology
 from dualpath.ledger.counters import RunCounters
 from dualpath.policy import PendingPrefill
@@ -17,7 +18,6 @@ from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.messages import ChunkWork, ExchangePlan, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.requests import Req
 from dualpath.runtime.scheduler.slots import Slots
-from dualpath.runtime.transport.base import RegionHandle
 from dualpath.types import KVPath, ReadSide
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from dualpath.kv.buffer import SlotBuffer
 from dualpath.ledger import Topology
-from dualpath.runtime.buffer import SlotBuffer
 from dualpath.runtime.requests import Req
 from dualpath.types import ReadSide
 
