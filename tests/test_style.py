@@ -1,5 +1,5 @@
-"""The formatter decides the layout: no `# fmt: skip` / `# fmt: off` opt-outs anywhere, and
-`ruff format --check` passes on the whole tree (pyproject.toml: line length 100)."""
+"""The formatter decides the layout: no opt-out comments (the fmt skip and fmt off markers)
+anywhere, and `ruff format --check` passes on the whole tree (pyproject.toml: line length 100)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ engine report (free HBM, tokens generated) and, per pull, the view the policy sa
 assignments it made; per forward pass, the PE's queue and the plan. ``replay`` feeds the
 events to a new ledger and the pulls and plans to a new policy, and raises ``ReplayMismatch``
 at the first record whose view or decision differs. Both shells write the same records, so
-one replay checks both (STYLE §1: one policy core, two shells).
+one replay checks both (STYLE §1: one policy core; the simulator and the runtime both journal).
 """
 
 from __future__ import annotations
