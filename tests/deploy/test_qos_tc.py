@@ -33,8 +33,8 @@ def test_tc_commands_realise_the_arbiter() -> None:
     cmds = [" ".join(argv) for argv in tc_commands(opt, "cnic", 100e6 / 8, "ns1")]
     assert all(c.startswith("tc -n ns1 ") for c in cmds)
     assert "root handle 1: htb default 20" in cmds[0]
-    assert "classid 1:10 htb rate 99000000bit ceil 100000000bit prio 0" in cmds[2]
-    assert "classid 1:20 htb rate 1000000bit ceil 100000000bit prio 1" in cmds[3]
+    assert "classid 1:10 htb rate 99000000bit prio 0 ceil 100000000bit" in cmds[2]
+    assert "classid 1:20 htb rate 1000000bit prio 1 ceil 100000000bit" in cmds[3]
     assert "bfifo limit 625000" in cmds[5]  # the low queue: 50 ms at the rate, as tbf's
     assert "match ip dsfield 0x68 0xfc flowid 1:10" in cmds[6]  # DSCP 26 << 2
     assert "match u16 0x680 0x0fc0 at 0 flowid 1:10" in cmds[7]  # IPv6 traffic class

@@ -241,8 +241,9 @@ TC_LOW_QUEUE_S = 0.05  # the low class's queue holds 50 ms at the link rate (as 
 TC_HIGH_QUEUE_PACKETS = 1000  # collectives are paced by their own lockstep: never deep
 
 
-def _tc(netns: str | None, *argv: str) -> list[str]:
-    return ["tc", *(["-n", netns] if netns else []), *argv]
+def _tc(netns: str | None, line: str) -> list[str]:
+    """``tc [-n NETNS] LINE...`` as argv (``line``: words separated by spaces)."""
+    return ["tc", *(["-n", netns] if netns else []), *line.split()]
 
 
 def tc_commands(
@@ -255,159 +256,54 @@ def tc_commands(
         rate_bytes_per_s * 8 / 1e6,
         "a positive link rate",
     )
+    require(bool(iface) and not any(c.isspace() for c in iface), "--iface", iface, "a name")
     rate = int(rate_bytes_per_s * 8)  # bit/s
     high = max(1, round(rate * (1 - opt.low_share)))
     low = max(1, rate - high)
-    burst = str(max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_BURST_S)))
-    queue = str(max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_LOW_QUEUE_S)))
+    burst = max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_BURST_S))
+    queue = max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_LOW_QUEUE_S))
     r2q = max(1, math.ceil(rate_bytes_per_s / 200_000))  # the root class's quantum <= 200 kB
     tos = f"0x{opt.collective_dscp << 2:02x}"
     tclass = f"0x{opt.collective_dscp << 6:03x}"  # IPv6 traffic class sits 4 bits higher
-    dev = ("dev", iface)
-    shape = ("burst", burst, "cburst", burst, "quantum", str(TC_QUANTUM_BYTES))
+    dev = f"dev {iface}"
+    leaf = f"ceil {rate}bit burst {burst} cburst {burst} quantum {TC_QUANTUM_BYTES}"
     return [
+        _tc(netns, f"qdisc replace {dev} root handle 1: htb default {TC_LOW} r2q {r2q}"),
         _tc(
             netns,
-            "qdisc",
-            "replace",
-            *dev,
-            "root",
-            "handle",
-            "1:",
-            "htb",
-            "default",
-            str(TC_LOW),
-            "r2q",
-            str(r2q),
+            f"class replace {dev} parent 1: classid 1:1 htb rate {rate}bit "
+            f"ceil {rate}bit burst {burst} cburst {burst}",
         ),
         _tc(
             netns,
-            "class",
-            "replace",
-            *dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:1",
-            "htb",
-            "rate",
-            f"{rate}bit",
-            "ceil",
-            f"{rate}bit",
-            "burst",
-            burst,
-            "cburst",
-            burst,
+            f"class replace {dev} parent 1:1 classid 1:{TC_HIGH} htb rate {high}bit prio 0 {leaf}",
         ),
         _tc(
             netns,
-            "class",
-            "replace",
-            *dev,
-            "parent",
-            "1:1",
-            "classid",
-            f"1:{TC_HIGH}",
-            "htb",
-            "rate",
-            f"{high}bit",
-            "ceil",
-            f"{rate}bit",
-            "prio",
-            "0",
-            *shape,
+            f"class replace {dev} parent 1:1 classid 1:{TC_LOW} htb rate {low}bit prio 1 {leaf}",
         ),
         _tc(
             netns,
-            "class",
-            "replace",
-            *dev,
-            "parent",
-            "1:1",
-            "classid",
-            f"1:{TC_LOW}",
-            "htb",
-            "rate",
-            f"{low}bit",
-            "ceil",
-            f"{rate}bit",
-            "prio",
-            "1",
-            *shape,
+            f"qdisc replace {dev} parent 1:{TC_HIGH} handle {TC_HIGH}: pfifo "
+            f"limit {TC_HIGH_QUEUE_PACKETS}",
+        ),
+        _tc(netns, f"qdisc replace {dev} parent 1:{TC_LOW} handle {TC_LOW}: bfifo limit {queue}"),
+        _tc(
+            netns,
+            f"filter replace {dev} parent 1: protocol ip prio 1 u32 "
+            f"match ip dsfield {tos} 0xfc flowid 1:{TC_HIGH}",
         ),
         _tc(
             netns,
-            "qdisc",
-            "replace",
-            *dev,
-            "parent",
-            f"1:{TC_HIGH}",
-            "handle",
-            f"{TC_HIGH}:",
-            "pfifo",
-            "limit",
-            str(TC_HIGH_QUEUE_PACKETS),
-        ),
-        _tc(
-            netns,
-            "qdisc",
-            "replace",
-            *dev,
-            "parent",
-            f"1:{TC_LOW}",
-            "handle",
-            f"{TC_LOW}:",
-            "bfifo",
-            "limit",
-            queue,
-        ),
-        _tc(
-            netns,
-            "filter",
-            "replace",
-            *dev,
-            "parent",
-            "1:",
-            "protocol",
-            "ip",
-            "prio",
-            "1",
-            "u32",
-            "match",
-            "ip",
-            "dsfield",
-            tos,
-            "0xfc",
-            "flowid",
-            f"1:{TC_HIGH}",
-        ),
-        _tc(
-            netns,
-            "filter",
-            "replace",
-            *dev,
-            "parent",
-            "1:",
-            "protocol",
-            "ipv6",
-            "prio",
-            "2",
-            "u32",
-            "match",
-            "u16",
-            tclass,
-            "0x0fc0",
-            "at",
-            "0",
-            "flowid",
-            f"1:{TC_HIGH}",
+            f"filter replace {dev} parent 1: protocol ipv6 prio 2 u32 "
+            f"match u16 {tclass} 0x0fc0 at 0 flowid 1:{TC_HIGH}",
         ),
     ]
 
 
 def tc_remove_commands(iface: str, netns: str | None = None) -> list[list[str]]:
     """``tc`` argv that drop the classes (the interface's default qdisc comes back)."""
-    return [_tc(netns, "qdisc", "del", "dev", iface, "root")]
+    return [_tc(netns, f"qdisc del dev {iface} root")]
 
 
 def tc_script(commands: list[list[str]], header: str) -> str:
