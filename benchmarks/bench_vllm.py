@@ -42,7 +42,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,18 +56,11 @@ from dualpath.workload.scripts import chat_scripts
 FLAGS = ["--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "4096"]
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 400) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url}: not ready after {timeout_s} s")
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until ``url/health`` answers 200 (400 s at most; the log's tail if the process exits)."""
+    from stock_pd import wait_healthy  # type: ignore[import-not-found]
+
+    wait_healthy(url, proc, log, 400.0)
 
 
 CLUSTER = "bench"  # the cluster --cluster makes (and removes)
@@ -105,7 +97,7 @@ def _serve(
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    _wait(url, proc)
+    _wait(url, proc, log)
     return proc, url
 
 
@@ -137,7 +129,7 @@ def _plain(ckpt: Path, log: Path, cluster: bool = False) -> tuple[Any, str]:
             cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     url = f"http://{host}:{port}"
-    _wait(url, proc)
+    _wait(url, proc, log)
     return proc, url
 
 
