@@ -9,26 +9,134 @@ from pathlib import Path
 import pytest
 from tests.integrations.nodes import vllm_python
 
-from dualpath.integrations.vllm.launch import find_vllm_python, vllm_parsers
+from dualpath.integrations.vllm.launch import find_vllm_python, refusal, vllm_parsers
 from dualpath.integrations.vllm.setup import (
     ModelShape,
+    Parallelism,
     VllmOptions,
     auto_tool_parser,
     core_masks,
     instance_command,
+    kv_namespace,
     plan,
 )
 
 
-def test_cores_split_between_instances() -> None:
-    assert core_masks(2, 2) == ["0", "1"]
-    assert core_masks(2, 8) == ["0-3", "4-7"]
-    assert core_masks(3, 2) == ["nobind"] * 3
+def test_cores_split_between_instances_and_their_ranks() -> None:
+    assert core_masks([1, 1], 2) == ["0", "1"]
+    assert core_masks([1, 1], 8) == ["0-3", "4-7"]
+    assert core_masks([2, 1], 6) == ["0-1|2-3", "4-5"]  # one list per rank, as vLLM takes it
+    # more ranks than cores: each rank still bound, ranks share cores
+    assert core_masks([2, 1], 2) == ["0|1", "0"]
+    assert core_masks([2, 2], 2) == ["0|1", "0|1"]
+    assert core_masks([1, 1, 1], 2) == ["0", "1", "0"]
+
+
+def _config(root: Path, name: str, **cfg: object) -> Path:
+    (root / name).mkdir()
+    (root / name / "config.json").write_text(json.dumps(cfg))
+    return root / name
+
+
+def test_model_shapes_of_the_families_people_deploy(tmp_path: Path) -> None:
+    """The canonical Full Block per family: MLA's latent once (576 values, no V), fp8 one
+    byte a value, a multimodal config's text model; DSA and DeepSeek-V4 refused by name."""
+    ds = _config(
+        tmp_path,
+        "ds",
+        model_type="deepseek_v3",
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        hidden_size=256,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+    )
+    mla = ModelShape.from_checkpoint(ds, "bfloat16")
+    assert (mla.mla, mla.num_kv_heads, mla.head_dim, mla.row_bytes) == (True, 1, 576, 576 * 2)
+    assert mla.default_block_tokens("cpu") == 128 and mla.default_block_tokens("cuda") == 32
+    dep = plan(VllmOptions(str(ds), buffer_mib=4, max_model_len=512), "w" * 32, tmp_path, "e")
+    assert dep.block_tokens == 128
+    assert dep.nodes[0].layout.full_block_bytes == 3 * 128 * 576 * 2  # once, not per rank
+    llama = _config(
+        tmp_path,
+        "l",
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=256,
+    )
+    fp8 = ModelShape.from_checkpoint(llama, "bfloat16", "fp8")
+    bf16 = ModelShape.from_checkpoint(llama, "bfloat16")
+    assert (fp8.row_bytes, bf16.row_bytes) == (2 * 2 * 64, 2 * 2 * 64 * 2)
+    # an fp8 and a bf16 deployment never read each other's blocks; TP is not in the name
+    assert kv_namespace("w", fp8, 32, "e") != kv_namespace("w", bf16, 32, "e")
+    gemma = _config(
+        tmp_path,
+        "g",
+        text_config={
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+            "hidden_size": 128,
+        },
+    )
+    assert ModelShape.from_checkpoint(gemma, "bfloat16").row_bytes == 2 * 64 * 2
+    for model_type, name in (("deepseek_v32", "DSA"), ("deepseek_v4", "DeepSeek-V4")):
+        bad = _config(
+            tmp_path,
+            model_type,
+            model_type=model_type,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=64,
+        )
+        with pytest.raises(ValueError, match=name):
+            ModelShape.from_checkpoint(bad, "bfloat16")
+
+
+def test_vllm_flags_per_role_parallelism_and_cache_dtype() -> None:
+    opts = VllmOptions(
+        "m",
+        extra_vllm_args=("--kv-cache-dtype=fp8",),
+        prefill_vllm_args=("--tensor-parallel-size", "2"),
+        decode_vllm_args=("-pp=2",),
+    )
+    assert opts.parallelism("pe") == Parallelism(2, 1)
+    assert opts.parallelism("de") == Parallelism(1, 2) and opts.parallelism("de").world == 2
+    assert opts.cache_dtype("pe") == opts.cache_dtype("de") == "fp8"
+    with pytest.raises(ValueError, match="--kv-cache-dtype differs: fp8 on the prefill"):
+        VllmOptions("m", prefill_vllm_args=("--kv-cache-dtype", "fp8"))
+    with pytest.raises(ValueError, match="--kv-cache-dtype 'int4'"):
+        VllmOptions("m", extra_vllm_args=("--kv-cache-dtype=int4",))
+    with pytest.raises(ValueError, match="--tensor-parallel-size 'two'"):
+        VllmOptions("m", extra_vllm_args=("--tensor-parallel-size=two",))
+    with pytest.raises(ValueError, match="--block-size is invalid in --vllm-arg"):
+        VllmOptions("m", extra_vllm_args=("--block-size=64",))
+
+
+def test_a_refusal_in_an_instance_log_is_one_line() -> None:
+    log = (
+        "INFO starting\n(EngineCore pid=7) ERROR Traceback (most recent call last):\n"
+        "  File x\nValueError: DualPathConnector: KV cache group 1 (a…) is MambaSpec: the "
+        "connector handles FullAttentionSpec\nRuntimeError: Engine core initialization failed."
+        " See root cause above.\n"
+    )
+    assert refusal(log) == (
+        "DualPathConnector: KV cache group 1 (a…) is MambaSpec: the connector handles "
+        "FullAttentionSpec"
+    )
+    vllm_own = "x\nNotImplementedError: Sparse Attention is not supported on CPU\n"
+    assert refusal(vllm_own) == "NotImplementedError: Sparse Attention is not supported on CPU"
+    assert refusal("all fine\n") is None
 
 
 def test_bad_options_name_the_field() -> None:
-    with pytest.raises(ValueError, match="block_tokens=48"):
-        VllmOptions("m", block_tokens=48)
+    with pytest.raises(ValueError, match="block_tokens=40"):
+        VllmOptions("m", block_tokens=40)
     with pytest.raises(ValueError, match="read_side='x'"):
         VllmOptions("m", read_side="x")
     with pytest.raises(ValueError, match="num_decode=0"):

@@ -103,3 +103,62 @@ def test_plain_requests_are_not_tracked() -> None:
     assert plan.matched_tokens("r", None, [1, 2, 3], 3, 0) == 0
     assert not plan.knows("r")
     assert plan.step([("r", [1], 0, 3)], []).is_empty()
+
+
+def test_hybrid_groups_load_only_what_each_window_still_sees() -> None:
+    """Two KV cache groups (full attention, a sliding window of 6 tokens): a prefill with 12
+    hit tokens loads every block of the full group and, of the window group, only the blocks
+    the tokens from 12 on can see (tokens 7..): block 0 becomes vLLM's null block.
+    Saves copy every group's blocks (a Full Block holds every layer)."""
+    plan = StepPlanner(BS, windows=(0, 6))
+    params = TransferParams(BlockLoad(0, (7, 8, 9), 12), BlockSave(1, (20, 21, 22, 23), 0))
+    assert plan.matched_tokens("r", params, list(range(14)), 14, 0) == 12
+    plan.allocated("r", 12)
+    meta = plan.step([("r", ([100, 101, 102, 103], [200, 201, 202, 203]), 12, 2)], [])
+    (load,) = meta.loads
+    assert load.block_ids == (100, 101, 102) and load.group(1) == (0, 201, 202)
+    (save,) = meta.saves
+    assert save.group(0) == (100, 101, 102, 103) and save.group(1) == (200, 201, 202, 203)
+    # blocks vLLM adds later extend every group
+    later = plan.step([], [("r", ([104], [204]), False, 14, 4)])
+    assert later.saves == [] or later.saves[0].group(1)[-1] == 204
+    with pytest.raises(ValueError, match="windows"):
+        StepPlanner(BS, windows=(-1,))
+
+
+def test_generated_blocks_get_slots_and_a_job_each() -> None:
+    """A decode's generated blocks are copied into slots the scheduler half allocates (so
+    every worker of a TP / PP instance copies its part into the same ones), each persist a
+    job of its own name; without slots to give, nothing is planned to persist."""
+
+    class Owners:
+        def __init__(self, free: int) -> None:
+            self.free = free
+
+        def alloc(self, node: int, n: int) -> list[int] | None:
+            if n > self.free:
+                return None
+            self.free -= n
+            return list(range(50, 50 + n))
+
+        def claim(self, node: int, slots: object, lease: int) -> bool:
+            return True
+
+        def release(self, node: int, slots: object, lease: int) -> int:
+            return 0
+
+    plan = StepPlanner(BS, Owners(1), job_prefix="t")
+    tokens = list(range(9))  # 2 full blocks and one token
+    params = TransferParams(load=BlockLoad(1, (30, 31, 32), 9), persist=BlockPersist(1, 1, "ns"))
+    assert plan.matched_tokens("d", params, tokens, 9, 0) == 8
+    plan.allocated("d", 8)
+    meta = plan.step([("d", [10, 11, 12], 8, 1)], [])
+    (sp,) = meta.slot_persists  # block 1 is new to the store: from its slot; 0 and 2 freed
+    assert sp.job == "t:1" and sp.slots == (31,) and sp.free == (30, 32)
+    tokens += [9, 10, 11]  # vLLM's live token list grows as the decode generates
+    meta = plan.step([], [("d", None, False, 9, 3)])
+    (bp,) = meta.block_persists
+    assert (bp.block_ids, bp.slots, bp.job) == ((12,), (50,), "t:2")
+    assert bp.keys == tuple(block_keys(tokens, BS, "ns")[2:3])
+    tokens += [12, 13, 14, 15]  # the buffer has no slot left: nothing to persist from
+    assert plan.step([], [("d", [13], False, 12, 4)]).block_persists == []

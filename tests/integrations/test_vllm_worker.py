@@ -30,7 +30,7 @@ from dualpath.integrations.vllm.params import (  # noqa: E402
     TransferParams,
 )
 from dualpath.integrations.vllm.plan import StepPlanner  # noqa: E402
-from dualpath.integrations.vllm.worker import WorkerSide  # noqa: E402
+from dualpath.integrations.vllm.worker import Rank, WorkerSide  # noqa: E402
 from dualpath.kv.store import KVStore, block_keys  # noqa: E402
 
 BS, LAYERS, HEADS, C = 32, 3, 2, 16  # vLLM CPU: kv_layer is [blocks, kv heads, block, 2·head_dim]
@@ -134,11 +134,12 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         p2 = TransferParams(load=BlockLoad(0, tuple(pe_slots), 2 * BS))
         assert plan2.matched_tokens("b", p2, tokens, len(tokens), 0) == 2 * BS
         plan2.allocated("b", 2 * BS)
-        prefill2.start_step(plan2.step([("b", [6, 0, 2], 2 * BS, len(tokens) - 2 * BS)], []))
+        # (paged block 0 is vLLM's null block: never a request's)
+        prefill2.start_step(plan2.step([("b", [6, 7, 2], 2 * BS, len(tokens) - 2 * BS)], []))
         _run_layers(prefill2, again)
         for name in src:
             assert torch.equal(again[name][6], src[name][5])
-            assert torch.equal(again[name][0], src[name][2])
+            assert torch.equal(again[name][7], src[name][2])
         assert prefill2.bytes_by_path["pe_buffer_to_pe_hbm"] == 2 * LAYERS * BS * ROW
         # a missing block ends the readable prefix
         miss = call(
@@ -223,3 +224,91 @@ def test_settle_waits_for_the_writes_of_its_keys(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def _half(caches: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """What rank ``rank`` of a TP=2 instance holds of ``caches``: its KV head."""
+    return {k: v[:, rank : rank + 1].clone() for k, v in caches.items()}
+
+
+def test_tensor_parallel_workers_write_and_read_the_canonical_block(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    """Two TP=2 workers (one KV head each) save a prompt's blocks into the DE buffer: the
+    slots hold exactly what one TP=1 worker (both heads) saves. A TP=1 decode loads them
+    whole, and persists them through the side-car only once both TP=2 workers of a decode
+    said they are done with them (``parts``): one part is not enough."""
+    tokens = list(range(2 * BS))
+    src = _caches(6, seed=5)
+    de = attach_buffer(nodes[1])
+    try:
+        whole_slots, split_slots = de.alloc(2), de.alloc(2)
+        assert whole_slots is not None and split_slots is not None
+        for slots, workers in (
+            (whole_slots, [(WorkerSide(nodes, 0, BS), src)]),
+            (
+                split_slots,
+                [
+                    (WorkerSide(nodes, 0, BS, rank=Rank(r, 2, total_heads=HEADS)), _half(src, r))
+                    for r in (0, 1)
+                ],
+            ),
+        ):
+            params = TransferParams(save=BlockSave(1, tuple(slots), 0))
+            for worker, caches in workers:
+                worker.register(caches)
+                plan = StepPlanner(BS)
+                plan.matched_tokens("a", params, tokens, len(tokens), 0)
+                worker.start_step(plan.step([("a", [4, 2], 0, len(tokens))], []))
+                _run_layers(worker, caches)
+                worker.close()
+        for a, b in zip(whole_slots, split_slots, strict=True):
+            assert bytes(de.slot(a)) == bytes(de.slot(b))
+
+        # a TP=2 decode: each worker loads its head; the persist waits for both parts
+        owners = BufferOwners(nodes, instance_owner(1))
+        dparams = TransferParams(
+            load=BlockLoad(1, tuple(split_slots), len(tokens)), persist=BlockPersist(1, 0, "n")
+        )
+        plan_d = StepPlanner(BS, owners, job_prefix="tp")
+        plan_d.matched_tokens("d", dparams, tokens, len(tokens), 0)
+        plan_d.allocated("d", len(tokens) - 1)
+        meta = plan_d.step([("d", [1, 3], len(tokens) - 1, 1)], [])
+        got = []
+        for r in (0, 1):
+            dst = {k: torch.zeros_like(v) for k, v in _half(src, r).items()}
+            worker = WorkerSide(nodes, 1, BS, rank=Rank(r, 2, total_heads=HEADS))
+            worker.register(dst)
+            worker.start_step(meta)
+            _run_layers(worker, dst)
+            got.append(int(call(nodes[1].socket_path, {"op": "stats"})["waiting_jobs"]))
+            for name in dst:
+                assert torch.equal(dst[name][1], src[name][4, r : r + 1])
+                assert torch.equal(dst[name][3], src[name][2, r : r + 1])
+            worker.close()
+        keys = block_keys(tokens, BS, "n")
+        store = KVStore(nodes[1].kv_root, nodes[1].layout, namespace="ns0")
+        call(nodes[1].socket_path, {"op": "settle", "keys": keys, "timeout_s": 30})
+        assert store.lookup(keys) == 2 * BS  # both parts in: written
+        assert got == [1, 0]  # after one part the job waits for the other
+        owners.close()
+    finally:
+        de.close()
+
+
+def test_an_mla_latent_is_written_by_one_rank_and_loaded_by_all() -> None:
+    """MLA: every TP rank holds the whole latent (``[blocks, 1, N, 576]`` here as 1 head of
+    16): rank 0 writes it, rank 1 only loads; a KV head split across ranks that the paged
+    KV does not show is an error naming the shape."""
+    from dualpath.integrations.vllm.blocks import RankSlice
+
+    r0 = RankSlice.of_rank((1, BS, 16), 0, 2, 1, mla=True)
+    r1 = RankSlice.of_rank((1, BS, 16), 1, 2, 1, mla=True)
+    assert (r0.writer, r1.writer, r0.heads_dim) == (True, False, None)
+    assert Rank(1, 2, total_heads=1, mla=True).num_writers == 1
+    assert Rank(1, 2, pp_rank=1, pp_size=2, total_heads=8).num_writers == 4
+    assert Rank(0, 4, total_heads=2).num_writers == 2  # 2 heads over 4 ranks: 2 replicas each
+    rep = RankSlice.of_rank((1, BS, 16), 3, 4, 2)
+    assert (rep.first_head, rep.writer) == (1, False)
+    with pytest.raises(ValueError, match="no dimension of 2 heads"):
+        RankSlice.of_rank((3, BS, 16), 0, 2, 4)

@@ -168,7 +168,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "the DualPath connector, behind the DualPath router",
     )
     v.add_argument("--vllm-python", help="the Python that runs vLLM (default: .venv-vllm)")
-    v.add_argument("--vllm-block-tokens", type=int, default=32, help="vLLM block size (default 32)")
+    v.add_argument(
+        "--vllm-block-tokens",
+        type=int,
+        default=0,
+        help="vLLM block size (default: the model's: 128 for MLA on CPU, else 32)",
+    )
     v.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="KV cache GiB per instance")
     v.add_argument("--vllm-max-model-len", type=int, default=4096)
     v.add_argument("--vllm-buffer-mib", type=int, default=64, help="each node buffer, MiB")
@@ -181,6 +186,18 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     v.add_argument(
         "--vllm-arg", action="append", default=[], help="one more argument for every instance"
+    )
+    v.add_argument(
+        "--vllm-prefill-arg",
+        action="append",
+        default=[],
+        help="one more argument for the prefill instances (e.g. --tensor-parallel-size=2)",
+    )
+    v.add_argument(
+        "--vllm-decode-arg",
+        action="append",
+        default=[],
+        help="one more argument for the decode instances",
     )
     v.add_argument(
         "--cluster",
@@ -283,6 +300,8 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         device=args.device,
         log_dir=args.vllm_log_dir,
         extra_vllm_args=tuple(args.vllm_arg),
+        prefill_vllm_args=tuple(args.vllm_prefill_arg),
+        decode_vllm_args=tuple(args.vllm_decode_arg),
         read_side=args.read_side,
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
@@ -306,9 +325,16 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         )
         print(f"dualpath serve: wrote a tiny random checkpoint to {args.model_dir}", flush=True)
     _warn_exposure(args.host, router_opts.metrics_open, bool(router_opts.api_keys))
-    return serve_vllm(
-        opts, config, args.system, router_opts, args.log_level, connection_limits(args)
-    )
+    try:
+        return serve_vllm(
+            opts, config, args.system, router_opts, args.log_level, connection_limits(args)
+        )
+    except RuntimeError as err:  # a process of the deployment did not start: why, first
+        first, _, rest = str(err).partition("\n")
+        print(f"dualpath serve: {first}", file=sys.stderr)
+        if rest:
+            print(rest, file=sys.stderr)
+        return 1
 
 
 def _warn_exposure(host: str, metrics_open: bool, has_keys: bool) -> None:

@@ -15,8 +15,59 @@ from typing import Any
 from dualpath.serve.tokenizer import DEFAULT_CHAT_TEMPLATE
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-ARCHS = ("llama", "qwen2", "qwen3")  # transformers' config / model class prefixes below
-_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+# transformers' config / model class prefixes below; deepseek_v3 (MLA + MoE) and gemma3
+# (sliding-window + full attention) are the shapes `serve --engine vllm` is tested on
+ARCHS = ("llama", "qwen2", "qwen3", "deepseek_v3", "gemma3")
+_CLASSES = {
+    "llama": "Llama",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "deepseek_v3": "DeepseekV3",
+    "gemma3": "Gemma3",
+}
+
+
+def _family_config(arch: str, common: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The config of ``arch`` beyond ``common`` and the config class's name."""
+    if arch == "deepseek_v3":
+        # MLA (the 576-wide latent vLLM's CPU MLA backends take: 512 + 64 rope) + a small
+        # MoE after one dense layer; vLLM loads the router's correction bias only with
+        # noaux_tc (a KeyError on ...gate.e_score_correction_bias otherwise)
+        heads = common["num_attention_heads"]
+        return {
+            **common,
+            "num_key_value_heads": heads,
+            "q_lora_rank": 128,
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "head_dim": 64,
+            "first_k_dense_replace": 1,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": common["intermediate_size"] // 2,
+            "n_group": 1,
+            "topk_group": 1,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "rope_scaling": None,
+        }, "DeepseekV3Config"
+    if arch == "gemma3":
+        # sliding-window layers of a 64-token window and a full-attention layer every 4th:
+        # vLLM's hybrid KV cache manager (one group per layer kind and position)
+        return {
+            **common,
+            "sliding_window": 64,
+            "layer_types": [
+                "full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
+                for i in range(common["num_hidden_layers"])
+            ],
+            "query_pre_attn_scalar": common["head_dim"],
+        }, "Gemma3TextConfig"
+    return common, f"{_CLASSES[arch]}Config"
+
 
 _CORPUS = (
     "You are a helpful coding agent. Read the file, run the tests, fix the bug.",
@@ -95,12 +146,13 @@ def write_tiny_checkpoint(
     common["initializer_range"] = 0.2
     common["head_dim"] = hidden_size // num_heads  # Qwen3's default (128) is not derived
     prefix = _CLASSES[arch]
-    config_cls = getattr(transformers, f"{prefix}Config")
+    cfg, config_name = _family_config(arch, common)
+    config_cls = getattr(transformers, config_name)
     model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     model: Any
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config_cls(**common))
+        model = model_cls(config_cls(**cfg))
         for layer in model.model.layers:  # make what differs per family matter in comparisons
             attn = layer.self_attn
             if arch == "qwen2":  # biases start at zero
@@ -110,4 +162,9 @@ def write_tiny_checkpoint(
                 for norm in (attn.q_norm, attn.k_norm):
                     torch.nn.init.normal_(norm.weight, mean=1.0, std=0.3)
     model.save_pretrained(str(out))
+    if arch == "deepseek_v3":  # what vLLM reads to build the MoE router (see above)
+        path = out / "config.json"
+        saved = json.loads(path.read_text())
+        saved.update(topk_method="noaux_tc", scoring_func="sigmoid")
+        path.write_text(json.dumps(saved, indent=2))
     return out

@@ -35,7 +35,12 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -92,6 +97,7 @@ class Instance:
         max_batched: int = 2048,
         max_seqs: int = 8,
         cache_dtype: str = "auto",
+        local_chunk: int = 0,
     ) -> None:
         extra = {"node": node, "nodes": [json.loads(s.to_json()) for s in nodes.values()]}
         config = VllmConfig(
@@ -104,7 +110,9 @@ class Instance:
                 is_encoder_decoder=False,
             ),
             cache_config=CacheConfig(
-                block_size=BS, enable_prefix_caching=False, cache_dtype=cache_dtype
+                block_size=BS,
+                enable_prefix_caching=False,
+                cache_dtype=cache_dtype,
             ),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="DualPathConnector",
@@ -116,9 +124,17 @@ class Instance:
             device_config=DeviceConfig("cpu"),
         )
         config.cache_config.num_gpu_blocks = num_blocks
-        spec = FullAttentionSpec(
+        spec: Any = FullAttentionSpec(
             block_size=BS, num_kv_heads=1, head_size=HEAD_DIM, dtype=torch.float32
         )
+        if local_chunk:  # chunked local attention (Llama 4's): a group kind not handled
+            spec = ChunkedLocalAttentionSpec(
+                block_size=BS,
+                num_kv_heads=1,
+                head_size=HEAD_DIM,
+                dtype=torch.float32,
+                attention_chunk_size=local_chunk,
+            )
         kv_config = KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=[],
@@ -371,5 +387,9 @@ def test_chunked_prefill_loads_once_and_saves_every_block(
 def test_a_layout_the_connector_does_not_handle_is_refused_when_vllm_builds_it(
     nodes: dict[int, NodeSpec],
 ) -> None:
-    with pytest.raises(ValueError, match=r"^DualPathConnector: kv_cache_dtype=fp8"):
-        Instance(nodes, DE, num_blocks=16, cache_dtype="fp8")
+    """A KV cache group of a kind the connector has no copy for: refused, one line naming
+    it (fp8 caches, MLA, TP, PP and sliding windows are served: test_vllm_shapes.py)."""
+    with pytest.raises(
+        ValueError, match=r"^DualPathConnector: KV cache group 0 .* is ChunkedLocalAttentionSpec"
+    ):
+        Instance(nodes, DE, num_blocks=16, local_chunk=64)

@@ -1,12 +1,14 @@
 """Layer Blocks between vLLM's paged KV and a node buffer's Full-Block slots (design §3).
 
-vLLM hands a connector each attention layer's paged KV as a tensor whose dim 0 is the block
-(its standardized ``[B, H, N, C]`` view, strides as the attention backend laid it out). One
-vLLM block of one layer, ``kv_layer[b]``, is one Layer Block here, copied as it is: a Full Block
-in a slot is ``num_layers`` such Layer Blocks back to back, layer-major, so a Layer Block is a
-contiguous slice of a Full Block and no layout is converted anywhere. Both ends of a transfer
-are instances of one model under one vLLM build and config, so they agree on that layout; the
-store's namespace names the engine, the KV shape and dtype (``setup.kv_namespace``), so blocks written under another never hit.
+vLLM hands a connector each attention layer's paged KV as a tensor whose dim 0 is the block.
+One vLLM block of one layer, ``kv_layer[b]``, is one Layer Block here. A Full Block in a slot
+is the model's ``num_layers`` Layer Blocks back to back, layer-major, each in the **canonical**
+layout: the one a single-worker instance has, every KV head (or MLA's one latent). So a block
+is the same bytes whatever the parallelism of the instance that wrote it: a worker of a
+tensor-parallel instance copies its own heads' slice of each Layer Block (``RankSlice``), a
+pipeline stage only its own layers (their global index: the number in the layer's name), and
+the store's namespace (``setup.kv_namespace``) names the engine, the KV shape, dtype and cache
+dtype, never the parallelism.
 
 No vLLM import: plain torch over memoryviews; the tests drive it with tensors of vLLM's shapes.
 """
@@ -19,23 +21,111 @@ from typing import Any
 
 import torch
 
+from dualpath.integrations.vllm.plan import NULL_BLOCK
 from dualpath.kv.store import BlockLayout
 
 
 @dataclass(frozen=True, slots=True)
+class RankSlice:
+    """The part of a canonical Layer Block that one worker holds: KV heads ``first_head`` ..
+    ``first_head + num_heads - 1`` of ``total_heads``, along dim ``heads_dim`` of its
+    ``kv_layer[b]`` (None: the whole block, e.g. MLA's latent, which every rank holds whole).
+    ``writer``: this worker saves its part (one replica of each part does; the others only
+    load, as vLLM replicates KV heads, or MLA's latent, across tensor-parallel ranks)."""
+
+    heads_dim: int | None = None
+    first_head: int = 0
+    num_heads: int = 1
+    total_heads: int = 1
+    writer: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.first_head <= self.total_heads - self.num_heads:
+            raise ValueError(
+                f"heads {self.first_head}..{self.first_head + self.num_heads - 1} are invalid: "
+                f"the Layer Block has {self.total_heads}"
+            )
+
+    @classmethod
+    def of_rank(
+        cls,
+        block_shape: Sequence[int],
+        tp_rank: int,
+        tp_size: int,
+        total_heads: int,
+        mla: bool = False,
+    ) -> RankSlice:
+        """Rank ``tp_rank`` of ``tp_size``'s slice of a model with ``total_heads`` KV heads,
+        given its ``kv_layer[b]`` shape. vLLM gives each rank ``total // tp`` heads, or one
+        head replicated over ``tp // total`` ranks when there are fewer heads than ranks."""
+        if tp_size == 1:
+            return cls()
+        if mla:  # the latent is the same on every rank: one writes it, all load it
+            return cls(writer=tp_rank == 0)
+        local = max(1, total_heads // tp_size)
+        replicas = max(1, tp_size // total_heads)
+        dims = [i for i, d in enumerate(block_shape) if d == local]
+        if not dims:
+            raise ValueError(
+                f"a KV block of shape {tuple(block_shape)} has no dimension of "
+                f"{local} heads (rank {tp_rank} of {tp_size}, {total_heads} KV heads)"
+            )
+        return cls(
+            dims[0], (tp_rank // replicas) * local, local, total_heads, tp_rank % replicas == 0
+        )
+
+    def canonical(self, block_shape: Sequence[int]) -> tuple[int, ...]:
+        """The canonical Layer Block's shape, given this worker's ``kv_layer[b]`` shape."""
+        shape = list(block_shape)
+        if self.heads_dim is not None:
+            shape[self.heads_dim] = self.total_heads
+        return tuple(shape)
+
+    def part(self, block: torch.Tensor) -> torch.Tensor:
+        """This worker's part of a canonical Layer Block (a view)."""
+        if self.heads_dim is None:
+            return block
+        return block.narrow(self.heads_dim, self.first_head, self.num_heads)
+
+
+@dataclass(frozen=True, slots=True)
 class PagedLayout:
-    """The paged KV of one vLLM instance as this module sees it: the layers in model order,
-    each ``kv_layer[b]`` of ``block_shape`` and ``dtype``, ``block_tokens`` tokens a block."""
+    """The paged KV of one vLLM worker as this module sees it: its layers in model order, each
+    at its global index in the Full Block (``layer_index``), each ``kv_layer[b]`` of
+    ``block_shape`` and ``dtype``, ``block_tokens`` tokens a block; ``num_layers`` layers in a
+    Full Block (the model's: more than this worker's under pipeline parallelism)."""
 
     layer_names: tuple[str, ...]
     block_shape: tuple[int, ...]
     dtype: torch.dtype
     block_tokens: int
+    layer_index: tuple[int, ...] = ()  # the global index of each of ``layer_names``
+    num_layers: int = 0  # a Full Block's layers; 0: this worker's
+    rank: RankSlice = RankSlice()
+
+    def __post_init__(self) -> None:
+        if not self.layer_index:
+            object.__setattr__(self, "layer_index", tuple(range(len(self.layer_names))))
+        if not self.num_layers:
+            object.__setattr__(self, "num_layers", len(self.layer_names))
+        bad = [i for i in self.layer_index if not 0 <= i < self.num_layers]
+        if bad or len(set(self.layer_index)) != len(self.layer_index):
+            raise ValueError(
+                f"layers {list(self.layer_index)} are invalid for a Full Block of "
+                f"{self.num_layers} layers (each once, each below {self.num_layers})"
+            )
 
     @classmethod
-    def of(cls, kv_caches: dict[str, Any], block_tokens: int) -> PagedLayout:
+    def of(
+        cls,
+        kv_caches: dict[str, Any],
+        block_tokens: int,
+        num_layers: int = 0,
+        rank: RankSlice | None = None,
+    ) -> PagedLayout:
         """From the ``{layer name: paged KV tensor}`` vLLM registers (layers sorted by the
-        index in their name, ``model.layers.<i>.…``, so every instance orders them alike)."""
+        index in their name, ``model.layers.<i>.…``, which is their place in the Full Block
+        when ``num_layers`` is given: a pipeline stage registers only its own)."""
         if not kv_caches:
             raise ValueError("no KV cache layers registered")
         names = tuple(sorted(kv_caches, key=layer_index))
@@ -48,18 +138,20 @@ class PagedLayout:
                     f"layer {name}: KV {tuple(t.shape)} {t.dtype} differs from "
                     f"{names[0]}'s {tuple(first.shape)} {dtype}"
                 )
-        return cls(names, shape, dtype, block_tokens)
+        index = tuple(layer_index(n)[0] for n in names) if num_layers else ()
+        return cls(names, shape, dtype, block_tokens, index, num_layers, rank or RankSlice())
+
+    @property
+    def canonical_shape(self) -> tuple[int, ...]:
+        return self.rank.canonical(self.block_shape)
 
     @property
     def layer_block_bytes(self) -> int:
+        """Bytes of one canonical Layer Block (every head, whatever this worker holds)."""
         n = 1
-        for d in self.block_shape:
+        for d in self.canonical_shape:
             n *= d
         return n * torch.empty((), dtype=self.dtype).element_size()
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layer_names)
 
     def store_layout(self) -> BlockLayout:
         """The store's Full Block for this layout (``row_bytes``: one token of one layer)."""
@@ -83,8 +175,8 @@ def layer_index(name: str) -> tuple[int, str]:
 
 class SlotView:
     """Layer Blocks of one buffer as tensors over its memory (no copy): ``layer(l)`` is a
-    ``[num_slots, *block_shape]`` tensor whose row ``s`` is slot ``s``'s Layer Block ``l``
-    (rows ``stride_bytes`` apart: slots are page-aligned)."""
+    ``[num_slots, *canonical_shape]`` tensor whose row ``s`` is slot ``s``'s Layer Block ``l``
+    (``l`` global; rows ``stride_bytes`` apart: slots are page-aligned)."""
 
     def __init__(self, memory: memoryview, stride_bytes: int, layout: PagedLayout) -> None:
         self.layout = layout
@@ -102,7 +194,7 @@ class SlotView:
             lay = self.layout
             nbytes = lay.layer_block_bytes
             raw = self._rows[:, layer * nbytes : (layer + 1) * nbytes]
-            view = self._layers[layer] = raw.view(lay.dtype).view(-1, *lay.block_shape)
+            view = self._layers[layer] = raw.view(lay.dtype).view(-1, *lay.canonical_shape)
         return view
 
     def layer_block(self, slot: int, layer: int) -> torch.Tensor:
@@ -117,19 +209,27 @@ def copy_layer(
     layer: int,
     to_buffer: bool,
 ) -> int:
-    """Layer ``layer`` between paged blocks ``block_ids`` and slots ``slots`` (pairwise): into
-    the slots (``to_buffer``) or out of them; returns the bytes copied. One ``copy_`` a block:
-    a gather and a scatter through one tensor copy every byte twice and measured 0.58x as
-    fast at 8B-class shapes, 1.07x at the tiny model's (``benchmarks/bench_vllm_copy.py``)."""
+    """Global layer ``layer`` between paged blocks ``block_ids`` and slots ``slots``
+    (pairwise): this worker's part of each canonical Layer Block, into the slots
+    (``to_buffer``) or out of them; returns the bytes copied. vLLM's null block (a sliding
+    window's skipped one) is skipped. One ``copy_`` a block: a gather and a scatter through
+    one tensor copy every byte twice and measured 0.58x as fast at 8B-class shapes, 1.07x at
+    the tiny model's (``benchmarks/bench_vllm_copy.py``)."""
     if len(block_ids) != len(slots):
         raise ValueError(f"{len(block_ids)} blocks for {len(slots)} slots")
     rows = buffer.layer(layer)
+    part = buffer.layout.rank.part
+    done = 0
     for b, s in zip(block_ids, slots, strict=True):
+        if b == NULL_BLOCK:
+            continue
         if to_buffer:
-            rows[s].copy_(kv_layer[b])
+            part(rows[s]).copy_(kv_layer[b])
         else:
-            kv_layer[b].copy_(rows[s])
-    return len(slots) * buffer.layout.layer_block_bytes
+            kv_layer[b].copy_(part(rows[s]))
+        done += 1
+    nbytes = kv_layer[0].numel() * kv_layer.element_size() if len(kv_layer) else 0
+    return done * nbytes
 
 
 def load_layer(

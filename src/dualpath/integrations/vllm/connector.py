@@ -14,6 +14,8 @@ plain vLLM. Needs vLLM (imported here only; nothing else of ``dualpath`` imports
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +24,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.logger import init_logger
 
 from dualpath.integrations.vllm.node import BufferOwners, NodeSpec, describe, instance_owner
 from dualpath.integrations.vllm.params import KEY, TransferParams
 from dualpath.integrations.vllm.plan import StepMeta, StepPlanner
-from dualpath.integrations.vllm.worker import WorkerSide
+from dualpath.integrations.vllm.worker import Rank, WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -71,36 +74,78 @@ def _node_specs(extra: dict[str, Any]) -> tuple[int, dict[int, NodeSpec]]:
     return node, nodes
 
 
+# the KV cache groups the connector copies: full attention (MLA's latent too) and sliding
+# windows (a hybrid model's groups; vLLM's null block stands for what a window skipped)
+SUPPORTED_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec")
+
+
 def unsupported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) -> str | None:
     """What of this instance's model or layout the connector does not handle, in one line
     (None: nothing). Checked when vLLM builds the connector, before any request."""
-    par = vllm_config.parallel_config
-    if par.tensor_parallel_size > 1 or par.pipeline_parallel_size > 1:
-        return (
-            f"tensor_parallel_size={par.tensor_parallel_size}, pipeline_parallel_size="
-            f"{par.pipeline_parallel_size}: the connector handles one worker per instance "
-            "(a KV head split across workers is not in its block layout)"
-        )
     model = vllm_config.model_config
-    if model is not None and model.use_mla:
+    if model is not None and getattr(model, "use_sparse", False):  # DeepSeek-V3.2's DSA
         return (
-            f"{model.model}: MLA attention (a latent KV cache) is not in the connector's "
-            "block layout"
+            f"{model.model}: sparse attention (DSA: an indexer cache beside the latent) is "
+            "not in the connector's block layout"
         )
-    dtype = vllm_config.cache_config.cache_dtype
-    if dtype != "auto":
-        return f"kv_cache_dtype={dtype}: the connector handles the model dtype's KV only"
-    if kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1:
-        return (
-            f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (sliding-window or "
-            "hybrid layers): the connector handles one group of full attention"
-        )
+    if kv_cache_config is not None:
+        for i, group in enumerate(kv_cache_config.kv_cache_groups):
+            kind = type(group.kv_cache_spec).__name__
+            if kind not in SUPPORTED_SPECS:
+                return (
+                    f"KV cache group {i} ({', '.join(group.layer_names[:2])}…) is {kind}: the "
+                    f"connector handles {', '.join(SUPPORTED_SPECS)}"
+                )
     return None
 
 
-class DualPathConnector(KVConnectorBase_V1):
+def _rank(vllm_config: VllmConfig) -> Rank:
+    """This worker's place in its instance (vLLM's process groups exist by now)."""
+    from vllm.distributed.parallel_state import (
+        get_pp_group,
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+
+    model = vllm_config.model_config
+    pp = get_pp_group()
+    return Rank(
+        get_tensor_model_parallel_rank(),
+        get_tensor_model_parallel_world_size(),
+        pp.rank_in_group,
+        pp.world_size,
+        model.get_total_num_kv_heads() if not model.use_mla else 1,
+        bool(model.use_mla),
+    )
+
+
+def _layer_groups(kv_cache_config: KVCacheConfig | None) -> dict[str, int]:
+    if kv_cache_config is None:
+        return {}
+    return {
+        name: g
+        for g, group in enumerate(kv_cache_config.kv_cache_groups)
+        for name in group.layer_names
+    }
+
+
+def _windows(kv_cache_config: KVCacheConfig | None) -> list[int]:
+    """Each KV cache group's sliding window in tokens (0: full attention)."""
+    if kv_cache_config is None:
+        return []
+    return [
+        int(getattr(g.kv_cache_spec, "sliding_window", 0) or 0)
+        if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec"
+        else 0
+        for g in kv_cache_config.kv_cache_groups
+    ]
+
+
+class DualPathConnector(KVConnectorBase_V1, SupportsHMA):
     """Loads hit KV layer by layer from a node buffer (PE or DE read path), saves a prefill's
-    KV per layer toward the decode node's buffer, persists a decode's blocks to the store."""
+    KV per layer toward the decode node's buffer, persists a decode's blocks to the store.
+    Every worker of a tensor- or pipeline-parallel instance copies its own heads and layers
+    of the canonical blocks; a hybrid model's KV cache groups each copy their own blocks."""
 
     def __init__(
         self,
@@ -115,12 +160,26 @@ class DualPathConnector(KVConnectorBase_V1):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._node, self._nodes = _node_specs(extra)
         self._block_tokens = vllm_config.cache_config.block_size
+        mine = self._nodes[self._node]
+        if mine.block_tokens != self._block_tokens:
+            raise ValueError(
+                f"DualPathConnector: node {self._node}'s side-car stores blocks of "
+                f"{mine.block_tokens} tokens, this instance's block size is {self._block_tokens}"
+                f" (--block-size {mine.block_tokens})"
+            )
         self._owners = BufferOwners(self._nodes, instance_owner(self._node))
-        self._planner = StepPlanner(self._block_tokens, self._owners)
+        # persist jobs are named apart from any other instance or restart on the side-car
+        job_prefix = f"n{self._node}-{os.getpid()}-{time.monotonic_ns()}"
+        self._planner = StepPlanner(
+            self._block_tokens, self._owners, job_prefix, _windows(kv_cache_config)
+        )
         self._worker: WorkerSide | None = None
         self._bound: KVConnectorMetadata | None = None  # the step metadata the worker has
+        self._groups = _layer_groups(kv_cache_config)
         if role == KVConnectorRole.WORKER:
-            self._worker = WorkerSide(self._nodes, self._node, self._block_tokens)
+            self._worker = WorkerSide(
+                self._nodes, self._node, self._block_tokens, rank=_rank(vllm_config)
+            )
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -159,7 +218,7 @@ class DualPathConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         counts = scheduler_output.num_scheduled_tokens
         new = [
-            (r.req_id, r.block_ids[0], r.num_computed_tokens, counts.get(r.req_id, 0))
+            (r.req_id, r.block_ids, r.num_computed_tokens, counts.get(r.req_id, 0))
             for r in scheduler_output.scheduled_new_reqs
             if self._planner.knows(r.req_id)
         ]
@@ -167,7 +226,7 @@ class DualPathConnector(KVConnectorBase_V1):
         cached = [
             (
                 rid,
-                c.new_block_ids[i][0] if c.new_block_ids[i] is not None else None,
+                c.new_block_ids[i],
                 rid in c.resumed_req_ids,
                 c.num_computed_tokens[i],
                 counts.get(rid, 0),
@@ -186,19 +245,31 @@ class DualPathConnector(KVConnectorBase_V1):
         self._planner.finished(request.request_id, params)
         return False, None  # saves and persists finish inside their step: free at once
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """A hybrid model's request left vLLM: as ``request_finished`` (every group's blocks
+        may be freed at once: nothing is copied out of them after the step)."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
     # ------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
-        self._worker.register(kv_caches)
+        self._worker.register(kv_caches, self._groups)
         lay = self._worker.layout
         assert lay is not None
         logger.info(
-            "DualPath connector: node %d, %d layers, Layer Block %s %s (%d bytes)",
+            "DualPath connector: node %d, rank %s, layers %s of %d, Layer Block %s of %s %s "
+            "(%d bytes), %d KV cache group(s)",
             self._node,
+            self._worker.rank.name,
+            list(lay.layer_index),
             lay.num_layers,
             lay.block_shape,
+            lay.canonical_shape,
             lay.dtype,
             lay.layer_block_bytes,
+            len(set(self._groups.values())) or 1,
         )
 
     def _sync_step(self) -> WorkerSide:

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -109,7 +110,8 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     log_dir.mkdir(parents=True, exist_ok=True)
-    masks = core_masks(len(dep.instances), os.cpu_count() or 1)
+    ranks = [opts.parallelism(i.kind).world for i in dep.instances]
+    masks = core_masks(ranks, os.cpu_count() or 1)
     seats = placement(opts)
     facts = json.dumps(deployment_facts(dep.weights_digest, dep.shape, dep.engine))
     out = Launched(
@@ -191,9 +193,10 @@ def _wait_healthy(out: Launched, timeout_s: float) -> None:
     while pending:
         inst, proc = pending[0]
         if proc.poll() is not None:
+            why = refusal(log_text(out, inst))
             raise RuntimeError(
                 f"vLLM instance on node {inst.node} ({inst.kind}) exited with "
-                f"{proc.returncode}:\n{log_tail(out, inst)}"
+                f"{proc.returncode}" + (f": {why}" if why else "") + f"\n{log_tail(out, inst)}"
             )
         try:
             if httpx.get(inst.url + "/health", timeout=2.0).status_code == 200:
@@ -209,12 +212,35 @@ def _wait_healthy(out: Launched, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def log_tail(out: Launched, inst: Instance, lines: int = 15) -> str:
+def log_text(out: Launched, inst: Instance) -> str:
     try:
-        text = out.log_path(f"vllm{inst.node}-{inst.kind}").read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+        return out.log_path(f"vllm{inst.node}-{inst.kind}").read_text(errors="replace")
     except OSError:
-        return "(no log)"
+        return ""
+
+
+def log_tail(out: Launched, inst: Instance, lines: int = 15) -> str:
+    text = log_text(out, inst)
+    return "\n".join(text.splitlines()[-lines:]) if text else "(no log)"
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:\w+\.)*(\w*(?:Error|Exception)): (.+)$")
+
+
+def refusal(log: str) -> str | None:
+    """Why an instance stopped at start, in one line, from its log: the connector's own
+    refusal (``DualPathConnector: …``) first, else the first exception vLLM raised (its
+    engine core's, before the "Engine core initialization failed" that follows it)."""
+    lines = log.splitlines()
+    for line in lines:
+        at = line.find("DualPathConnector: ")
+        if at >= 0:
+            return line[at:].strip()
+    for line in lines:
+        m = _ERROR_LINE.match(line)
+        if m and "initialization failed" not in m.group(2):
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
 
 
 def _run_in(

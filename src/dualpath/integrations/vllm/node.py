@@ -111,7 +111,8 @@ def attach_buffer(spec: NodeSpec) -> SlotBuffer:
 
 class BufferOwners:
     """``plan.SlotOwners`` over the node buffers, for instance ``owner`` (its tag): claims a
-    decode's leased slots, gives back a lease never claimed. Attaches each buffer at first use."""
+    decode's leased slots, gives back a lease never claimed, allocates the slots its generated
+    blocks are persisted from. Attaches each buffer at first use."""
 
     def __init__(self, nodes: dict[int, NodeSpec], owner: int) -> None:
         self.nodes = nodes
@@ -123,6 +124,12 @@ class BufferOwners:
         if buf is None:
             buf = self._buffers[node] = attach_buffer(self.nodes[node])
         return buf
+
+    def alloc(self, node: int, n: int) -> list[int] | None:
+        try:
+            return self.buffer(node).alloc(n, owner=self.owner)
+        except (OSError, KeyError, IndexError):  # no such node or buffer: nothing to give
+            return None
 
     def claim(self, node: int, slots: Sequence[int], lease: int) -> bool:
         try:

@@ -36,38 +36,57 @@ from typing import Protocol
 from dualpath.integrations.vllm.params import TransferParams
 from dualpath.kv.store import block_keys
 
+NULL_BLOCK = 0  # vLLM's null block (``BlockPool.null_block``): a sliding window's skipped block
+
 
 @dataclass(frozen=True, slots=True)
 class BlockCopy:
-    """Paged blocks ``block_ids`` ↔ node ``node``'s buffer slots ``slots`` (pairwise)."""
+    """Paged blocks ``block_ids`` ↔ node ``node``'s buffer slots ``slots`` (pairwise).
+    ``block_ids`` are KV cache group 0's; ``other_groups[g - 1]`` group ``g``'s blocks at the
+    same positions (a hybrid model's groups: each layer's KV lives in its group's blocks)."""
 
     request_id: str
     node: int
     block_ids: tuple[int, ...]
     slots: tuple[int, ...]
+    other_groups: tuple[tuple[int, ...], ...] = ()
+
+    def group(self, g: int) -> tuple[int, ...]:
+        return self.block_ids if g == 0 else self.other_groups[g - 1]
 
 
 @dataclass(frozen=True, slots=True)
 class SlotPersist:
     """Slots of node ``node``'s buffer that already hold Full Blocks ``keys``: persist them
-    (the side-car frees each once durable); ``free``: the request's other slots, now unused."""
+    (the side-car frees each once durable); ``free``: the request's other slots, now unused.
+    ``job``: the side-car carries it out once every worker that loads from the slots said
+    it is done with them (``worker.WorkerSide.end_step``)."""
 
     request_id: str
     node: int
     keys: tuple[str, ...]
     slots: tuple[int, ...]
     free: tuple[int, ...]
+    job: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PagedPersist:
-    """Paged blocks ``block_ids`` (every layer) to copy into fresh slots of node ``node``'s
-    buffer and persist as ``keys``."""
+    """Paged blocks ``block_ids`` (every layer; group ``g``'s at ``other_groups[g - 1]``) to
+    copy into slots ``slots`` of node ``node``'s buffer (allocated by the scheduler half, so
+    that every worker of the instance copies its part into the same ones) and persist as
+    ``keys`` once every worker that writes a part is done (``job``)."""
 
     request_id: str
     node: int
     block_ids: tuple[int, ...]
     keys: tuple[str, ...]
+    slots: tuple[int, ...] = ()
+    job: str = ""
+    other_groups: tuple[tuple[int, ...], ...] = ()
+
+    def group(self, g: int) -> tuple[int, ...]:
+        return self.block_ids if g == 0 else self.other_groups[g - 1]
 
 
 @dataclass(slots=True)
@@ -87,7 +106,11 @@ class StepMeta:
 
 
 class SlotOwners(Protocol):
-    """Who holds a node buffer's slots (``SlotBuffer.transfer`` / ``release`` of the node)."""
+    """Who holds a node buffer's slots (``SlotBuffer.transfer`` / ``release`` / ``alloc``)."""
+
+    def alloc(self, node: int, n: int) -> list[int] | None:
+        """``n`` free slots of ``node`` for this instance (None: not that many free)."""
+        ...
 
     def claim(self, node: int, slots: Sequence[int], lease: int) -> bool:
         """Take ``slots`` of ``node`` out of lease ``lease`` for this instance, all or none."""
@@ -105,10 +128,31 @@ class _Req:
     prompt_tokens: int
     local_tokens: int = 0  # computed from the instance's own prefix cache
     load_tokens: int = 0  # tokens the load supplies (0: no load)
-    block_ids: list[int] = field(default_factory=list)
+    groups: list[list[int]] = field(default_factory=lambda: [[]])  # block ids per KV group
     saved_blocks: int = 0  # save: blocks before this one are done
     persisted_blocks: int = 0  # persist: blocks before this one are on their way to the store
     loaded: bool = False
+
+    @property
+    def block_ids(self) -> list[int]:
+        return self.groups[0]
+
+    def at(self, first: int, end: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """Group 0's block ids at positions ``first..end-1``, and the other groups'."""
+        parts = [tuple(g[first:end]) for g in self.groups]
+        return parts[0], tuple(parts[1:])
+
+
+BlockIds = Sequence[int] | Sequence[Sequence[int]]
+
+
+def _groups(ids: BlockIds | None) -> list[list[int]]:
+    """Block ids per KV cache group, from one group's list or vLLM's tuple of lists."""
+    if not ids:
+        return [[]]
+    if isinstance(ids[0], int):
+        return [[int(b) for b in ids if isinstance(b, int)]]
+    return [[int(b) for b in g] for g in ids if not isinstance(g, int)]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -119,14 +163,33 @@ class StepPlanner:
     """Scheduler-side state of one vLLM instance's DualPath connector (``block_tokens``: its
     paged block size, the store's Full Block)."""
 
-    def __init__(self, block_tokens: int, owners: SlotOwners | None = None) -> None:
-        """``owners``: claims leased slots; None: leases are not checked (the planner's own
-        tests of what it plans)."""
+    def __init__(
+        self,
+        block_tokens: int,
+        owners: SlotOwners | None = None,
+        job_prefix: str = "j",
+        windows: Sequence[int] = (),
+    ) -> None:
+        """``owners``: claims leased slots and allocates the slots of generated blocks; None:
+        leases are not checked and generated blocks get no slots (the planner's own tests of
+        what it plans). ``job_prefix``: makes the persist jobs' names unique among the
+        instances (and restarts) that share a side-car. ``windows``: each KV cache group's
+        sliding window in tokens (0: full attention): a load skips the blocks of a window
+        group that no token computed after it can see, as vLLM's own manager skips them."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens={block_tokens} is invalid: must be >= 1")
+        if any(w < 0 for w in windows):
+            raise ValueError(f"windows={list(windows)} is invalid: each must be >= 0")
         self.block_tokens = block_tokens
+        self.windows = tuple(windows)
         self._owners = owners
         self._reqs: dict[str, _Req] = {}
+        self._job_prefix = job_prefix
+        self._num_jobs = 0
+
+    def _job(self) -> str:
+        self._num_jobs += 1
+        return f"{self._job_prefix}:{self._num_jobs}"
 
     def matched_tokens(
         self,
@@ -159,19 +222,20 @@ class StepPlanner:
 
     def step(
         self,
-        new: Sequence[tuple[str, Sequence[int], int, int]],
-        cached: Sequence[tuple[str, Sequence[int] | None, bool, int, int]],
+        new: Sequence[tuple[str, BlockIds, int, int]],
+        cached: Sequence[tuple[str, BlockIds | None, bool, int, int]],
     ) -> StepMeta:
         """The worker's jobs for a step. ``new``: (request id, its block ids, tokens computed
         before the step, tokens scheduled now) of requests scheduled for the first time;
         ``cached``: (request id, blocks added this step or None, resumed after preemption,
-        tokens computed before, tokens scheduled) of the others."""
+        tokens computed before, tokens scheduled) of the others. Block ids: one group's list,
+        or one list per KV cache group (vLLM's tuple)."""
         meta = StepMeta()
         for rid, block_ids, computed, scheduled in new:
             req = self._reqs.get(rid)
             if req is None:
                 continue
-            req.block_ids = list(block_ids)
+            req.groups = _groups(block_ids)
             if req.load_tokens and not req.loaded:
                 self._load(rid, req, meta)
             self._after(rid, req, computed + scheduled, meta)
@@ -180,10 +244,13 @@ class StepPlanner:
             if req is None:
                 continue
             if resumed:  # preempted: its blocks are new, what they held is gone
-                req.block_ids = list(added or ())
+                req.groups = _groups(added)
                 req.saved_blocks = min(req.saved_blocks, computed // self.block_tokens)
             elif added:
-                req.block_ids.extend(added)
+                for g, more in enumerate(_groups(added)):
+                    while len(req.groups) <= g:
+                        req.groups.append([])
+                    req.groups[g].extend(more)
             self._after(rid, req, computed + scheduled, meta)
         return meta
 
@@ -195,9 +262,8 @@ class StepPlanner:
         end = min(
             _ceil_div(req.load_tokens, self.block_tokens), len(load.slots), len(req.block_ids)
         )
-        copy = BlockCopy(
-            rid, load.node, tuple(req.block_ids[first:end]), tuple(load.slots[first:end])
-        )
+        ids, others = self._visible(req, first, end, min(req.load_tokens, req.prompt_tokens - 1))
+        copy = BlockCopy(rid, load.node, ids, tuple(load.slots[first:end]), others)
         owners, persist = self._owners, req.params.persist
         handed = persist is not None  # a decode: its slots become the instance's
         if handed and owners is not None and not owners.claim(load.node, load.slots, load.lease):
@@ -216,9 +282,25 @@ class StepPlanner:
         kept = set(range(start, full))
         free = tuple(s for i, s in enumerate(load.slots) if i not in kept)
         meta.slot_persists.append(
-            SlotPersist(rid, load.node, tuple(keys), tuple(load.slots[start:full]), free)
+            SlotPersist(
+                rid, load.node, tuple(keys), tuple(load.slots[start:full]), free, self._job()
+            )
         )
         req.persisted_blocks = full
+
+    def _visible(
+        self, req: _Req, first: int, end: int, computed: int
+    ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """The block ids at positions ``first..end-1`` that the tokens after ``computed`` can
+        still see: a sliding-window group's blocks wholly before its window are the null
+        block (the worker skips it; vLLM frees them and never reads them)."""
+        groups = [list(g[first:end]) for g in req.groups]
+        for g, window in enumerate(self.windows[: len(groups)]):
+            if window:
+                skipped = max(0, computed - window + 1) // self.block_tokens  # vLLM's rule
+                for i in range(first, min(skipped, end)):
+                    groups[g][i - first] = NULL_BLOCK
+        return tuple(groups[0]), tuple(tuple(g) for g in groups[1:])
 
     def _after(self, rid: str, req: _Req, computed_after: int, meta: StepMeta) -> None:
         """Saves and persists due once the step has computed ``computed_after`` tokens."""
@@ -229,14 +311,9 @@ class StepPlanner:
             first = max(req.saved_blocks, save.first_block)
             end = min(_ceil_div(done, bs), save.first_block + len(save.slots), len(req.block_ids))
             if end > first:
-                meta.saves.append(
-                    BlockCopy(
-                        rid,
-                        save.node,
-                        tuple(req.block_ids[first:end]),
-                        tuple(save.slots[i - save.first_block] for i in range(first, end)),
-                    )
-                )
+                ids, others = req.at(first, end)
+                slots = tuple(save.slots[i - save.first_block] for i in range(first, end))
+                meta.saves.append(BlockCopy(rid, save.node, ids, slots, others))
             # a partial last block is saved again as it fills; the whole prompt ends the save
             req.saved_blocks = end if done == req.prompt_tokens else done // bs
         persist = req.params.persist
@@ -245,9 +322,15 @@ class StepPlanner:
             first = max(req.persisted_blocks, persist.first_block)
             if full > first:
                 keys = block_keys(req.token_ids[: full * bs], bs, persist.namespace)[first:full]
-                meta.block_persists.append(
-                    PagedPersist(rid, persist.node, tuple(req.block_ids[first:full]), tuple(keys))
-                )
+                got = self._owners.alloc(persist.node, full - first) if self._owners else []
+                ids, others = req.at(first, full)
+                # no slots (the DE buffer is full): these blocks are recomputed next turn
+                if got is not None:
+                    meta.block_persists.append(
+                        PagedPersist(
+                            rid, persist.node, ids, tuple(keys), tuple(got), self._job(), others
+                        )
+                    )
                 req.persisted_blocks = full
 
     def finished(self, request_id: str, params: TransferParams | None) -> None:

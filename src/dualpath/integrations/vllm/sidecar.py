@@ -11,6 +11,12 @@ by name and allocates), and serves a few operations as JSON lines on a Unix sock
   removed so that the recomputed block gets persisted again);
 - ``write``: slots written to the store through the SNIC's write direction, in order, each
   slot freed once its block is durable (``KVStore.write_block``: temp file, fsync, rename);
+- ``parts``: the workers of an instance (tensor- and pipeline-parallel ranks) each report
+  their part of a persist job (``plan.SlotPersist`` / ``PagedPersist``): the slots they
+  loaded from, or the slots they copied their heads and layers into. Once every part of a
+  job is in, the side-car frees the job's unused slots and queues its blocks for a write (or,
+  when a worker's load failed, frees them all); a job whose parts never all arrive (its
+  instance died meanwhile) is dropped after ``JOB_TIMEOUT_S`` (its slots go with its owner);
 - ``settle``: waits (bounded) until none of given keys is queued for a write any more (written,
   skipped or failed): the router asks it before it looks up a new turn's hits, so that a turn
   sent right after the one that wrote its prefix hits that prefix (the store advertises only
@@ -48,6 +54,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +73,23 @@ READ_JOBS_IN_FLIGHT = 2  # requests a batched store reads at once
 # router's request timeout bounds the request; this bounds a call stuck on a dead store)
 STORE_CALL_TIMEOUT_S = 120.0
 WRITE_BATCH = 32  # blocks queued for the store written in one batched put, at most
+# a persist job whose parts have not all arrived within this is dropped: a worker of its
+# instance died (its slots are freed with the instance's owner tag)
+JOB_TIMEOUT_S = 60.0
+
+
+@dataclass(slots=True)
+class _Job:
+    """A persist job while its parts arrive (``NodeSidecar.part``)."""
+
+    parts: int
+    keys: list[str]
+    slots: list[int]
+    free: list[int]
+    owner: int
+    since: float
+    seen: set[str] = field(default_factory=set)
+    failed: bool = False
 
 
 class NodeSidecar:
@@ -110,6 +134,7 @@ class NodeSidecar:
         self._engine: Any = None  # the transfer engine of a networked node (``start_engine``)
         self._region: RegionHandle | None = None
         self._peers: dict[str, RegionHandle] = {}  # control address → its registered buffer
+        self._jobs: dict[str, _Job] = {}  # persist jobs some of whose parts arrived
 
     def _open_store(self) -> KVStore | MooncakeBlockStore:
         """A client of the node's store; across the network its transfer engine binds the
@@ -301,11 +326,65 @@ class NodeSidecar:
         # over does not take them along (its slots are freed by owner tag)
         held = set(self.buffer.adopt(slots, ANONYMOUS))
         pairs = [(k, s) for k, s in zip(keys, slots, strict=True) if s in held]
+        self._queue_writes(pairs)
+        return len(pairs)
+
+    def _queue_writes(self, pairs: list[tuple[str, int]]) -> None:
         with self._lock:
             self._queued.update(k for k, _ in pairs)
         for pair in pairs:
             self.writes.put(pair)
-        return len(pairs)
+
+    def part(self, op: dict[str, Any]) -> bool:
+        """One worker's part of persist job ``op["job"]`` (of ``op["parts"]``); whether the
+        job is now complete (and carried out). Its keys count as queued from the first part
+        on, so that ``settle`` waits for them."""
+        keys, slots = [str(k) for k in op["keys"]], [int(s) for s in op["slots"]]
+        if len(keys) != len(slots):
+            raise ValueError(f"parts: {len(keys)} keys for {len(slots)} slots")
+        now = time.monotonic()
+        with self._write_done:
+            self._drop_stale(now)
+            job = self._jobs.get(str(op["job"]))
+            if job is None:
+                job = self._jobs[str(op["job"])] = _Job(
+                    int(op["parts"]),
+                    keys,
+                    slots,
+                    [int(s) for s in op.get("free", [])],
+                    int(op["owner"]),
+                    now,
+                )
+                self._queued.update(keys)
+            job.seen.add(str(op["part"]))
+            job.failed |= bool(op.get("failed"))
+            if len(job.seen) < job.parts:
+                return False
+            del self._jobs[str(op["job"])]
+            self._unqueue(job.keys)
+        if job.failed:  # a worker could not load what the slots hold: not to be trusted
+            self.buffer.release([*job.slots, *job.free], job.owner)
+            return True
+        if job.free:
+            self.buffer.release(job.free, job.owner)
+        # the slots become the side-car's, all or none: slots the instance no longer holds
+        # (it died and they were freed by its tag) may be someone else's by now
+        if self.buffer.transfer(job.slots, job.owner, ANONYMOUS):
+            self._queue_writes(list(zip(job.keys, job.slots, strict=True)))
+        return True
+
+    def _unqueue(self, keys: list[str]) -> None:
+        """(Under the lock) ``keys`` no longer pending for this job."""
+        for k in keys:
+            self._queued[k] -= 1
+            if self._queued[k] <= 0:
+                del self._queued[k]
+        self._write_done.notify_all()
+
+    def _drop_stale(self, now: float) -> None:
+        """(Under the lock) jobs whose parts stopped arriving: their instance died."""
+        for name in [n for n, j in self._jobs.items() if now - j.since > JOB_TIMEOUT_S]:
+            self._unqueue(self._jobs.pop(name).keys)
 
     def settle(self, keys: list[str], timeout_s: float) -> dict[str, Any]:
         """Wait until none of ``keys`` is queued for a write (at most ``timeout_s``): how
@@ -330,6 +409,7 @@ class NodeSidecar:
                 "failed_writes": self.num_failed_writes,
                 "skipped_writes": self.num_skipped_writes,
                 "unfinished_writes": sum(self._queued.values()),  # queued or in hand
+                "waiting_jobs": len(self._jobs),  # persist jobs with parts still to come
             }
             out["bytes_pushed"] = self.bytes_pushed
             out["push_busy_s"] = self.push_busy_s
@@ -345,6 +425,8 @@ class NodeSidecar:
             return {"num_ok": self.read(list(op["keys"]), list(op["slots"]))}
         if kind == "write":
             return {"queued": self.persist(list(op["keys"]), list(op["slots"]))}
+        if kind == "parts":
+            return {"done": sum(self.part(dict(p)) for p in op["parts"])}
         if kind == "settle":
             return self.settle(list(op["keys"]), op["timeout_s"])
         if kind == "stats":
@@ -364,7 +446,7 @@ class NodeSidecar:
         if kind == "push":
             return {"bytes": self.push(list(op["slots"]), str(op["to"]), list(op["to_slots"]))}
         return {
-            "error": f"op={kind!r} is invalid: must be read, write, settle, stats, ping, "
+            "error": f"op={kind!r} is invalid: must be read, write, parts, settle, stats, ping, "
             "describe, alloc, release, release_owner, region or push"
         }
 

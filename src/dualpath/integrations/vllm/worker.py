@@ -8,6 +8,13 @@ layer's attention has written its KV (``save_layer``). At the end of the step (`
 the decode's loaded slots are handed to its side-car for persistence (or freed), and the blocks
 its generation filled are copied into fresh slots and persisted.
 
+Each worker of a tensor- or pipeline-parallel instance runs its own ``WorkerSide`` over the
+same ``StepMeta`` (``Rank``): it loads and saves its own KV heads of its own layers
+(``blocks.RankSlice``), and a persist is carried out by the side-car once every worker's part
+is in (``sidecar.NodeSidecar.part``): every loader's for slots a decode loaded from, every
+writer's for slots its generated blocks were copied into. A hybrid model's layers each copy
+their KV cache group's blocks.
+
 A load that fails (a buffer that cannot be attached, a slot out of range) marks the request's
 blocks as failed (``take_load_errors``): vLLM recomputes them (``kv_load_failure_policy``
 ``recompute``). Bytes moved are counted per path for the router's metrics.
@@ -17,17 +24,60 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dualpath.integrations.vllm.blocks import PagedLayout, SlotView, load_layer, save_layer
+from dualpath.integrations.vllm.blocks import (
+    PagedLayout,
+    RankSlice,
+    SlotView,
+    load_layer,
+    save_layer,
+)
 from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, instance_owner
-from dualpath.integrations.vllm.plan import BlockCopy, StepMeta
+from dualpath.integrations.vllm.plan import BlockCopy, PagedPersist, StepMeta
 from dualpath.kv.buffer import SlotBuffer
 from dualpath.types import KVPath
 
 SidecarCall = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """One worker among its instance's: tensor-parallel rank and size, pipeline stage and
+    count, and the model's KV heads (``total_heads``; MLA: one latent, the same on every
+    tensor-parallel rank)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    total_heads: int = 1
+    mla: bool = False
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.tp_rank < self.tp_size and 0 <= self.pp_rank < self.pp_size):
+            raise ValueError(
+                f"rank tp {self.tp_rank}/{self.tp_size} pp {self.pp_rank}/{self.pp_size} "
+                "is invalid: each rank must be below its size"
+            )
+
+    @property
+    def name(self) -> str:
+        return f"{self.pp_rank}.{self.tp_rank}"
+
+    @property
+    def num_loaders(self) -> int:
+        """Workers that load a block: every one of the instance."""
+        return self.tp_size * self.pp_size
+
+    @property
+    def num_writers(self) -> int:
+        """Workers that write a part of a block: one per distinct slice of each stage."""
+        per_stage = 1 if self.tp_size == 1 or self.mla else min(self.tp_size, self.total_heads)
+        return per_stage * self.pp_size
 
 
 class WorkerSide:
@@ -39,13 +89,16 @@ class WorkerSide:
         node: int,
         block_tokens: int,
         sidecar: SidecarCall = call,
+        rank: Rank | None = None,
     ) -> None:
         if node not in nodes:
             raise ValueError(f"node={node} is invalid: the node specs list {sorted(nodes)}")
         self.nodes = nodes
         self.node = node
         self.block_tokens = block_tokens
+        self.rank = rank or Rank()
         self._sidecar = sidecar
+        self._group_of: dict[str, int] = {}
         self._buffers: dict[int, SlotBuffer] = {}
         self._views: dict[int, SlotView] = {}
         self.layout: PagedLayout | None = None
@@ -57,18 +110,39 @@ class WorkerSide:
         self.bytes_by_path: dict[str, int] = {}
 
     # ---------------------------------------------------------------- setup
-    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """The paged KV per layer; checks that a slot holds exactly one Full Block of it."""
-        self.layout = PagedLayout.of(kv_caches, self.block_tokens)
+    def register(
+        self, kv_caches: dict[str, torch.Tensor], layer_groups: dict[str, int] | None = None
+    ) -> None:
+        """The paged KV per layer (``layer_groups``: each layer's KV cache group, 0 if not
+        given); checks that a slot holds exactly one canonical Full Block of it: a mismatch
+        is a ValueError naming both sides' layout."""
+        first = next(iter(kv_caches.values()), None)
+        shape = tuple(first.shape[1:]) if first is not None else ()
+        r = self.rank
+        try:
+            part = RankSlice.of_rank(shape, r.tp_rank, r.tp_size, r.total_heads, r.mla)
+        except ValueError as err:
+            raise ValueError(f"DualPathConnector: {err}") from None
+        mine = self.nodes[self.node].layout
+        self.layout = PagedLayout.of(kv_caches, self.block_tokens, mine.num_layers, part)
         self.kv_caches = kv_caches
-        self._layer_of = {n: i for i, n in enumerate(self.layout.layer_names)}
-        want = self.layout.store_layout().full_block_bytes
+        self._layer_of = dict(zip(self.layout.layer_names, self.layout.layer_index, strict=True))
+        self._group_of = dict(layer_groups or {})
+        got = self.layout.store_layout()
         for spec in self.nodes.values():
-            if spec.layout.full_block_bytes != want:
+            want = spec.layout
+            if (want.num_layers, want.block_tokens, want.row_bytes) != (
+                got.num_layers,
+                got.block_tokens,
+                got.row_bytes,
+            ):
                 raise ValueError(
-                    f"node {spec.node}: a buffer slot holds {spec.layout.full_block_bytes} bytes, "
-                    f"vLLM's Full Block is {want} ({self.layout.num_layers} layers of "
-                    f"{self.layout.block_shape} {self.layout.dtype})"
+                    f"DualPathConnector: node {spec.node}'s buffer holds blocks of "
+                    f"{want.num_layers} layers x {want.block_tokens} tokens x {want.row_bytes} "
+                    f"bytes, this instance's are {got.num_layers} x {got.block_tokens} x "
+                    f"{got.row_bytes} (a layer block {self.layout.canonical_shape} "
+                    f"{self.layout.dtype}): the deployment was planned for another model, "
+                    "block size or cache dtype"
                 )
 
     def _view(self, node: int) -> SlotView:
@@ -102,11 +176,13 @@ class WorkerSide:
         if layer is None or not self.meta.loads:
             return
         kv = self.kv_caches[layer_name]
+        group = self._group_of.get(layer_name, 0)
         for job in self.meta.loads:
             if job.request_id in self._failed_loads:
                 continue
             try:
-                nbytes = load_layer(kv, job.block_ids, self._view(job.node), job.slots, layer)
+                ids = job.group(group)
+                nbytes = load_layer(kv, ids, self._view(job.node), job.slots, layer)
             except (OSError, ValueError, IndexError, RuntimeError) as err:
                 self._fail(job, err)
                 continue
@@ -124,53 +200,74 @@ class WorkerSide:
     def save_layer(self, layer_name: str, kv_layer: torch.Tensor) -> None:
         """Layer ``layer_name``'s saves of this step, as its attention wrote its KV."""
         layer = self._layer_of.get(layer_name)
-        if layer is None:
+        if layer is None or self.layout is None or not self.layout.rank.writer:
             return
+        kv = self.kv_caches[layer_name]  # as registered (MLA hands a view of other shape)
+        group = self._group_of.get(layer_name, 0)
         for job in self.meta.saves:
-            nbytes = save_layer(kv_layer, job.block_ids, self._view(job.node), job.slots, layer)
+            nbytes = save_layer(kv, job.group(group), self._view(job.node), job.slots, layer)
             self._count(KVPath.PE_HBM_TO_DE_BUFFER, nbytes)
 
     def end_step(self) -> None:
-        """After every layer ran: persistence of the decode's blocks, then the step is over."""
-        meta = self.meta
+        """After every layer ran: this worker's parts of the step's persist jobs, handed to
+        each node's side-car in one request (inside the step: the write must be queued there
+        before the answer ends, so that the router's ``settle`` for the next turn sees it; a
+        hand-over on a thread of its own lost that race: the next turn missed its hits)."""
+        meta, r = self.meta, self.rank
         mine = instance_owner(self.node)
+        parts: dict[int, list[dict[str, Any]]] = {}
         for sp in meta.slot_persists:
-            if sp.request_id in self._failed_loads:  # what the slots hold is not trusted
-                self._buffer(sp.node).release([*sp.slots, *sp.free], mine)
-                continue
-            if sp.free:
-                self._buffer(sp.node).release(list(sp.free), mine)
-            if sp.keys:
-                self._persist(sp.node, list(sp.keys), list(sp.slots))
+            parts.setdefault(sp.node, []).append(
+                {
+                    "job": sp.job,
+                    "parts": r.num_loaders,
+                    "part": r.name,
+                    "keys": list(sp.keys),
+                    "slots": list(sp.slots),
+                    "free": list(sp.free),
+                    "owner": mine,
+                    "failed": sp.request_id in self._failed_loads,
+                }
+            )
+        writer = self.layout is not None and self.layout.rank.writer
         for bp in meta.block_persists:
-            self._persist_blocks(bp.node, list(bp.block_ids), list(bp.keys))
+            if not bp.slots or not writer:
+                continue
+            self._copy_blocks(bp.node, bp)
+            parts.setdefault(bp.node, []).append(
+                {
+                    "job": bp.job,
+                    "parts": r.num_writers,
+                    "part": r.name,
+                    "keys": list(bp.keys),
+                    "slots": list(bp.slots),
+                    "free": [],
+                    "owner": mine,
+                }
+            )
+        for node, ops in sorted(parts.items()):
+            self._hand_over(node, ops)
         self.meta = StepMeta()
 
     def _buffer(self, node: int) -> SlotBuffer:
         self._view(node)
         return self._buffers[node]
 
-    def _persist(self, node: int, keys: list[str], slots: list[int]) -> None:
-        """Hand the slots to the node's side-car, inside the step: the write must be queued
-        there before the answer ends, so that the router's ``settle`` for the next turn sees
-        it (a hand-over on a thread of its own lost that race: the next turn missed its hits)."""
+    def _hand_over(self, node: int, ops: list[dict[str, Any]]) -> None:
         spec = self.nodes[node]
         try:
-            self._sidecar(spec.control, {"op": "write", "keys": keys, "slots": slots})
+            self._sidecar(spec.control, {"op": "parts", "parts": ops})
         except (OSError, ValueError) as err:  # the side-car is gone: the blocks stay uncached
+            # (its restart recreates the buffer: nothing of it is held any more)
             print(f"dualpath connector: persist on node {node} failed ({err})", file=sys.stderr)
-            # what it did not take is still this instance's
-            self._buffer(node).release(slots, instance_owner(self.node))
 
-    def _persist_blocks(self, node: int, block_ids: list[int], keys: list[str]) -> None:
-        buf, view = self._buffer(node), self._view(node)
-        slots = buf.alloc(len(block_ids), owner=instance_owner(self.node))
-        if slots is None:  # the DE buffer is full: these blocks are recomputed next turn
-            return
+    def _copy_blocks(self, node: int, bp: PagedPersist) -> None:
+        """This worker's part of generated blocks ``bp``: its layers, its heads."""
+        view = self._view(node)
         assert self.layout is not None
-        for layer, name in enumerate(self.layout.layer_names):
-            save_layer(self.kv_caches[name], block_ids, view, slots, layer)
-        self._persist(node, keys, slots)
+        for name, layer in self._layer_of.items():
+            ids = bp.group(self._group_of.get(name, 0))
+            save_layer(self.kv_caches[name], ids, view, bp.slots, layer)
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
