@@ -56,6 +56,7 @@ def test_model_shapes_of_the_families_people_deploy(tmp_path: Path) -> None:
     mla = ModelShape.from_checkpoint(ds, "bfloat16")
     assert (mla.mla, mla.num_kv_heads, mla.head_dim, mla.row_bytes) == (True, 1, 576, 576 * 2)
     assert mla.default_block_tokens("cpu") == 128 and mla.default_block_tokens("cuda") == 32
+    assert ModelShape.from_checkpoint(ds, "float32").default_block_tokens("cpu") == 16
     dep = plan(VllmOptions(str(ds), buffer_mib=4, max_model_len=512), "w" * 32, tmp_path, "e")
     assert dep.block_tokens == 128
     assert dep.nodes[0].layout.full_block_bytes == 3 * 128 * 576 * 2  # once, not per rank

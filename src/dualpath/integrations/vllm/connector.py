@@ -15,6 +15,7 @@ plain vLLM. Needs vLLM (imported here only; nothing else of ``dualpath`` imports
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -258,18 +259,15 @@ class DualPathConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.register(kv_caches, self._groups)
         lay = self._worker.layout
         assert lay is not None
-        logger.info(
-            "DualPath connector: node %d, rank %s, layers %s of %d, Layer Block %s of %s %s "
-            "(%d bytes), %d KV cache group(s)",
-            self._node,
-            self._worker.rank.name,
-            list(lay.layer_index),
-            lay.num_layers,
-            lay.block_shape,
-            lay.canonical_shape,
-            lay.dtype,
-            lay.layer_block_bytes,
-            len(set(self._groups.values())) or 1,
+        # one line per worker in the instance's log, whatever vLLM's log level: what it copies
+        print(
+            f"dualpath connector: node {self._node}, rank {self._worker.rank.name} (pp.tp), "
+            f"layers {list(lay.layer_index)} of {lay.num_layers}, Layer Block "
+            f"{list(lay.block_shape)} of {list(lay.canonical_shape)} {lay.dtype} "
+            f"({lay.layer_block_bytes} bytes), {len(set(self._groups.values())) or 1} "
+            f"KV cache group(s), writer {lay.rank.writer}",
+            file=sys.stderr,
+            flush=True,
         )
 
     def _sync_step(self) -> WorkerSide:

@@ -57,7 +57,10 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
         )
 
 
-_SEGMENT = re.compile(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+)")  # Python's anonymous shm / semaphores
+# Python's anonymous shared memory and semaphores, and the segments a tensor- or pipeline-
+# parallel vLLM CPU instance shares among its ranks (``vllm_dist_<id>-tp:0-[0-1]-cpushm_<r>``):
+# an instance killed, or even stopped, leaves them behind
+_SEGMENT = re.compile(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+|vllm_dist_[\w:\[\]-]+)")
 
 
 def _mapped_segments(pids: list[int]) -> set[str]:
@@ -70,8 +73,8 @@ def _mapped_segments(pids: list[int]) -> set[str]:
 
 def group_segments(pgid: int) -> set[str]:
     """The ``/dev/shm`` segments of Python's multiprocessing that process group ``pgid``
-    maps (a vLLM instance's message queues and semaphores: a SIGKILLed instance cannot unlink
-    them)."""
+    maps (a vLLM instance's message queues and semaphores, its ranks' shared memory: a
+    SIGKILLed instance cannot unlink them)."""
     return _mapped_segments(group_members(pgid))
 
 
@@ -183,6 +186,9 @@ class Launched:
         ``grace_s``), then the side-cars; their buffers unlinked. No process is left."""
         with self._lock:
             self.stopped = True
+        segments: set[str] = set()
+        for p in self.instances:  # what they map now: gone with them, or left for us to unlink
+            segments |= group_segments(p.pid)
         for group in (self.instances, self.sidecars, self.services):
             for p in group:
                 kill_group(p, signal.SIGTERM)
@@ -194,6 +200,7 @@ class Launched:
                 kill_group(p, signal.SIGKILL)
         for spec in self.deployment.nodes:  # a side-car killed hard left its buffer behind
             unlink_buffer(spec)
+        unlink_unmapped(segments)
         for f in self.logs.values():
             f.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -37,8 +37,10 @@ REFUSED_MODEL_TYPES = {
     "deepseek_v32": "DeepSeek-V3.2's sparse attention (DSA: an indexer cache beside the latent)",
     "deepseek_v4": "DeepSeek-V4's attention (compressed caches of several kinds per layer)",
 }
-# DeepSeek's MLA blocks on vLLM's CPU backend (AMX_MLA in bf16 takes 128-token blocks)
+# DeepSeek's MLA blocks on vLLM's CPU backends: AMX_MLA (bf16) takes 128-token blocks, CPU_MLA
+# (fp32, ``--attention-backend CPU_MLA``) 16-token ones
 MLA_CPU_BLOCK_TOKENS = 128
+MLA_CPU_FP32_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +110,11 @@ class ModelShape:
         return self.num_kv_heads * per_head * self.value_bytes
 
     def default_block_tokens(self, device: str) -> int:
-        """vLLM's block size for this model: 128 for MLA on CPU (AMX_MLA), else 32."""
-        return MLA_CPU_BLOCK_TOKENS if self.mla and device == "cpu" else 32
+        """vLLM's block size for this model: for MLA on CPU 128 in bf16 / fp16 (AMX_MLA)
+        and 16 in fp32 (CPU_MLA, which takes no other), else 32."""
+        if self.mla and device == "cpu":
+            return MLA_CPU_FP32_BLOCK_TOKENS if self.dtype == "float32" else MLA_CPU_BLOCK_TOKENS
+        return 32
 
 
 def kv_namespace(
