@@ -2,8 +2,9 @@
 ``make test`` installs), a tiny random HF Llama (head_dim 64), real HTTP on 127.0.0.1 through
 the official ``openai`` client.
 
-Greedy answers through ``dualpath serve --engine vllm`` equal those of one plain vLLM
-instance on the same checkpoint, for a first turn and a second turn whose hit blocks come
+Greedy answers through ``dualpath serve --engine vllm`` (its prefill instance at TP=2, its
+decode at TP=1; in the preemption case the decode at TP=2; both at PP=2) equal those of one
+plain vLLM instance on the same checkpoint, for a first turn and a second turn whose hit blocks come
 from the store: once with every read forced to the PE side, once to the DE side (then
 ``/metrics`` counts bytes on ``storage_to_de_buffer``). A killed side-car (the node's storage
 worker) and a killed prefill instance give clean errors, never a wrong answer, never a hang.
@@ -57,15 +58,19 @@ def _unmapped_segments(names: set[str]) -> list[Path]:
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            mapped.update(re.findall(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+)", maps.read_text()))
+            mapped.update(
+                re.findall(r"/dev/shm/((?:psm_|sem\.mp-|vllm_dist_)[^\s/]+)", maps.read_text())
+            )
         except OSError:  # a process that ended meanwhile
             continue
     return [Path("/dev/shm", n) for n in sorted(names - mapped)]
 
 
 def _vllm_segments() -> list[str]:
-    """The names of ``/dev/shm``'s anonymous Python shared memory and semaphores."""
-    return [p.name for pat in ("psm_*", "sem.mp-*") for p in Path("/dev/shm").glob(pat)]
+    """The names of ``/dev/shm``'s anonymous Python shared memory and semaphores, and a TP /
+    PP instance's shared memory among its ranks."""
+    pats = ("psm_*", "sem.mp-*", "vllm_dist_*")
+    return [p.name for pat in pats for p in Path("/dev/shm").glob(pat)]
 
 
 def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
@@ -273,7 +278,12 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     reference: dict[str, Any], served: Any
 ) -> None:
     segments_before = set(_vllm_segments())
-    pe = served("pe")
+    # the prefill instance at TP=2, the decode at TP=1: each TP rank copies its KV head of
+    # the canonical blocks, the TP=1 decode loads them whole, and the reverse on later turns
+    pe = served("pe", "--vllm-prefill-arg=--tensor-parallel-size=2")
+    prefill_log = "".join(p.read_text() for p in pe.logs.glob("vllm0-*.log"))
+    for rank in ("0.0", "0.1"):
+        assert f"node 0, rank {rank} (pp.tp), layers [0, 1, 2, 3] of 4" in prefill_log
     got = _turns(pe.client, MODEL)
     assert got == reference["turns"]
     assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') > 0
@@ -323,7 +333,12 @@ def test_preempted_and_aborted_requests_through_the_router(
     """vLLM preempts a decode that loaded from the DE buffer: the answer still equals plain
     vLLM's (it recomputes, never reads stale pages); streams closed before and after their
     first byte give every slot back and the next requests are all answered."""
-    srv = served("policy", "--vllm-arg=--num-gpu-blocks-override=65")
+    # the decode instance at TP=2: both ranks load, the persists wait for both
+    srv = served(
+        "policy",
+        "--vllm-arg=--num-gpu-blocks-override=65",
+        "--vllm-decode-arg=--tensor-parallel-size=2",
+    )
     urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
 
     def preemptions() -> float:
@@ -366,6 +381,27 @@ def test_preempted_and_aborted_requests_through_the_router(
     for _ in range(4):
         r = srv.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
         assert r.choices[0].text is not None
+    assert srv.stop() == 0
+
+
+def test_pipeline_parallel_stages_each_copy_their_own_layers(
+    reference: dict[str, Any], served: Any
+) -> None:
+    """Both instances at PP=2: each stage loads, saves and persists only its own layers of
+    the Full Block (a block is a hit once both stages' parts are written); the answers on
+    both read sides equal plain vLLM's."""
+    srv = served("pe", "--vllm-arg=--pipeline-parallel-size=2")
+    for node in (0, 1):
+        log = "".join(p.read_text() for p in srv.logs.glob(f"vllm{node}-*.log"))
+        assert f"node {node}, rank 0.0 (pp.tp), layers [0, 1] of 4" in log
+        assert f"node {node}, rank 1.0 (pp.tp), layers [2, 3] of 4" in log
+    assert _turns(srv.client, MODEL) == reference["turns"]
+    assert srv.metric("dualpath:prefix_cache_hits_total") > 0
+    assert (
+        httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "de"}).status_code == 200
+    )
+    assert _turns(srv.client, MODEL) == reference["turns"]
+    assert srv.metric("dualpath:kv_bytes_total", 'path="de_buffer_to_pe_hbm"') > 0
     assert srv.stop() == 0
 
 
