@@ -2,9 +2,13 @@
 and the router's cost against talking to one vLLM instance directly.
 
 Run: .venv/bin/python benchmarks/bench_vllm.py [--agents 16 --turns 6 --snic-mb-per-s 2 ...]
+     .venv/bin/python benchmarks/bench_vllm.py --model deepseek-v3 --tp 2 --variants basic,dualpath
 
-Writes a tiny random Llama (4 layers, hidden 256, head_dim 64) to a temporary folder, then
-starts, one after the other, on 127.0.0.1:
+Writes a tiny random checkpoint to a temporary folder (``--model``: llama, 4 layers, hidden
+256, head_dim 64; deepseek-v3, MLA + MoE, 3 layers, the 576-wide latent; gemma3, sliding-window
+and full layers), each instance with vLLM's flags for ``--tp`` / ``--pp`` /
+``--prefill-tp`` / ``--decode-tp`` / ``--kv-cache-dtype``, then starts, one after the other, on
+127.0.0.1:
 
   basic      serve --engine vllm --system basic: 1 prefill + 1 decode vLLM instance, every hit
              read through the prefill node's emulated SNIC
@@ -53,7 +57,31 @@ from dualpath.serve.checkpoint import write_tiny_checkpoint
 from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
 
-FLAGS = ["--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "4096"]
+MODELS = ("llama", "deepseek-v3", "gemma3")
+
+
+def _checkpoint(root: Path, model: str) -> Path:
+    """The tiny random checkpoint of ``model`` (``MODELS``)."""
+    arch = {"llama": "llama", "deepseek-v3": "deepseek_v3", "gemma3": "gemma3"}[model]
+    return write_tiny_checkpoint(
+        root / f"{model}-tiny",
+        arch=arch,
+        num_layers=3 if arch == "deepseek_v3" else 4,
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=688,
+    )
+
+
+def _vllm_args(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
+    """vLLM's flags for every instance, the prefill and the decode instances."""
+    every = [f"--kv-cache-dtype={args.kv_cache_dtype}"] if args.kv_cache_dtype else []
+    if args.pp > 1:
+        every.append(f"--pipeline-parallel-size={args.pp}")
+    prefill = [f"--tensor-parallel-size={args.prefill_tp or args.tp}"]
+    decode = [f"--tensor-parallel-size={args.decode_tp or args.tp}"]
+    return every, prefill, decode
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -67,7 +95,13 @@ CLUSTER = "bench"  # the cluster --cluster makes (and removes)
 
 
 def _serve(
-    ckpt: Path, kv_root: Path, system: str, snic: float, log: Path, cluster: bool = False
+    ckpt: Path,
+    kv_root: Path,
+    system: str,
+    snic: float,
+    log: Path,
+    cluster: bool = False,
+    vllm: tuple[list[str], list[str], list[str]] = ([], [], []),
 ) -> tuple[Any, str]:
     port = free_port()
     cmd = [
@@ -89,6 +123,9 @@ def _serve(
         "bfloat16",
         "--vllm-max-model-len",
         "4096",
+        *[f"--vllm-arg={a}" for a in vllm[0]],
+        *[f"--vllm-prefill-arg={a}" for a in vllm[1]],
+        *[f"--vllm-decode-arg={a}" for a in vllm[2]],
     ]
     if cluster:
         cmd += ["--cluster", CLUSTER, "--store", "mooncake"]
@@ -101,8 +138,11 @@ def _serve(
     return proc, url
 
 
-def _plain(ckpt: Path, log: Path, cluster: bool = False) -> tuple[Any, str]:
-    """One plain vLLM instance: on 127.0.0.1, or on the cluster's prefill node."""
+def _plain(
+    ckpt: Path, log: Path, cluster: bool = False, vllm: list[str] | None = None
+) -> tuple[Any, str]:
+    """One plain vLLM instance (vLLM's own block size and prefix cache, the prefill
+    instances' parallelism): on 127.0.0.1, or on the cluster's prefill node."""
     ns, host, port = "", "127.0.0.1", free_port()
     if cluster:
         node = _cluster_node("p0")
@@ -119,11 +159,22 @@ def _plain(ckpt: Path, log: Path, cluster: bool = False) -> tuple[Any, str]:
         host,
         "--port",
         str(port),
-        *FLAGS,
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        *(vllm or []),
     ]
     if ns:
         cmd = ["ip", "netns", "exec", ns, *cmd]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    from dualpath.integrations.vllm.setup import Parallelism, core_masks
+
+    ranks = Parallelism.from_args(vllm or []).world
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": core_masks([ranks], os.cpu_count() or 1)[0],
+    }
     with log.open("wb") as f:
         proc = subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -237,6 +288,12 @@ def main() -> None:
     ap.add_argument("--overhead-agents", type=int, default=4)
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--json", help="write every summary here")
+    ap.add_argument("--model", default="llama", choices=MODELS, help="the tiny checkpoint's family")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallelism of every instance")
+    ap.add_argument("--prefill-tp", type=int, default=0, help="the prefill instances' (--tp)")
+    ap.add_argument("--decode-tp", type=int, default=0, help="the decode instances' (--tp)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline parallelism of every instance")
+    ap.add_argument("--kv-cache-dtype", default="", help="vLLM's --kv-cache-dtype (e.g. fp8)")
     ap.add_argument(
         "--cluster",
         action="store_true",
@@ -269,13 +326,12 @@ def _main(args: argparse.Namespace) -> None:
     solo = chat_scripts(args.overhead_agents, 3, args.token_scale, args.max_gen, 32, seed=1)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = write_tiny_checkpoint(
-            Path(tmp) / "llama-4l-256",
-            num_layers=4,
-            hidden_size=256,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=688,
+        ckpt = _checkpoint(Path(tmp), args.model)
+        vllm = _vllm_args(args)
+        print(
+            f"model {args.model} (tiny), vLLM flags: every {vllm[0]}, prefill {vllm[1]}, "
+            f"decode {vllm[2]}",
+            flush=True,
         )
         shaped = None  # the SNIC rate the cluster has now
         for name in [v for v in args.variants.split(",") if v]:
@@ -289,16 +345,22 @@ def _main(args: argparse.Namespace) -> None:
             before = _snic_bytes() if args.cluster else {}
             if storage_bound:
                 proc, url = _serve(
-                    ckpt, Path(tmp) / f"kv-{name}", name, args.snic_mb_per_s, log, args.cluster
+                    ckpt,
+                    Path(tmp) / f"kv-{name}",
+                    name,
+                    args.snic_mb_per_s,
+                    log,
+                    args.cluster,
+                    vllm,
                 )
                 work, conc = scripts, args.agents
             elif name == "router":
                 proc, url = _serve(
-                    ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log, args.cluster
+                    ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log, args.cluster, vllm
                 )
                 work, conc = solo, 1
             elif name == "vllm":
-                proc, url = _plain(ckpt, log, args.cluster)
+                proc, url = _plain(ckpt, log, args.cluster, [*vllm[0], *vllm[1]])
                 work, conc = solo, 1
             elif name == "stockpd" and args.cluster:
                 proc, url = _stockpd(ckpt, Path(tmp) / "stockpd")

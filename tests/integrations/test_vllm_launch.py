@@ -339,3 +339,20 @@ def test_vllm_lists_the_parsers_we_translate_to() -> None:
     tools, reasoning = vllm_parsers(python)
     assert {"hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder"} <= set(tools)
     assert {"qwen3", "deepseek_r1"} <= set(reasoning)
+
+
+def test_a_decode_instance_holds_kv_tokens_per_rank(tmp_path: Path) -> None:
+    """vLLM's CPU KV cache space is per rank: TP splits a Llama's heads (twice the tokens at
+    TP=2), never MLA's latent (every rank holds it whole); PP splits the layers."""
+    from dualpath.integrations.vllm.setup import decode_kv_tokens
+
+    llama = ModelShape(4, 2, 64, "bfloat16")
+    mla = ModelShape(4, 1, 576, "bfloat16", mla=True)
+    one = VllmOptions("m")
+    tp2 = VllmOptions("m", decode_vllm_args=("--tensor-parallel-size=2",))
+    pp2 = VllmOptions("m", decode_vllm_args=("--pipeline-parallel-size=2",))
+    base = decode_kv_tokens(one, llama)
+    assert base == 2**30 // (4 * llama.row_bytes)
+    assert decode_kv_tokens(tp2, llama) == 2 * base
+    assert decode_kv_tokens(pp2, llama) == 2 * base
+    assert decode_kv_tokens(tp2, mla) == decode_kv_tokens(one, mla)

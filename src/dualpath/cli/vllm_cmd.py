@@ -32,7 +32,17 @@ def add_sidecar_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     )
     p.add_argument("--model-dir", required=True, help="the checkpoint vLLM serves (its shape)")
     p.add_argument("--dtype", default="bfloat16", help="vLLM's --dtype (default bfloat16)")
-    p.add_argument("--block-tokens", type=int, default=32, help="vLLM's --block-size (32)")
+    p.add_argument(
+        "--block-tokens",
+        type=int,
+        default=0,
+        help="vLLM's --block-size (default: the model's on CPU: 128 for MLA in bf16, else 32)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="vLLM's --kv-cache-dtype of this node's instance (auto, fp8, fp8_e4m3, fp8_e5m2)",
+    )
     p.add_argument("--buffer-mib", type=int, default=64, help="the node buffer, MiB (64)")
     p.add_argument(
         "--vllm-python",
@@ -73,6 +83,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
             run_dir,
             args.snic_host,
             args.snic_mb_per_s * 1e6,
+            args.kv_cache_dtype,
         )
         print(
             f"dualpath sidecar: node {spec.node} ({spec.kind}) at {spec.control}, "
@@ -81,7 +92,8 @@ def run_sidecar(args: argparse.Namespace) -> int:
         )
         print(
             "  vLLM on this node: vllm serve MODEL --block-size "
-            f"{spec.block_tokens} --no-enable-prefix-caching --kv-transfer-config "
+            f"{spec.block_tokens} --kv-cache-dtype {spec.cache_dtype} "
+            "--no-enable-prefix-caching --kv-transfer-config "
             f"'{kv_transfer_config(spec.node, ['tcp://HOST:PORT of every side-car, node 0 first'])}'",
             flush=True,
         )

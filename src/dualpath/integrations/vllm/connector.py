@@ -130,6 +130,11 @@ def _layer_groups(kv_cache_config: KVCacheConfig | None) -> dict[str, int]:
     }
 
 
+def _fp8_kind(cache_dtype: str) -> str:
+    """A cache dtype's byte encoding ("fp8" is vLLM's name for fp8_e4m3)."""
+    return "fp8_e4m3" if cache_dtype == "fp8" else cache_dtype
+
+
 def _windows(kv_cache_config: KVCacheConfig | None) -> list[int]:
     """Each KV cache group's sliding window in tokens (0: full attention)."""
     if kv_cache_config is None:
@@ -167,6 +172,13 @@ class DualPathConnector(KVConnectorBase_V1, SupportsHMA):
                 f"DualPathConnector: node {self._node}'s side-car stores blocks of "
                 f"{mine.block_tokens} tokens, this instance's block size is {self._block_tokens}"
                 f" (--block-size {mine.block_tokens})"
+            )
+        cache = vllm_config.cache_config.cache_dtype
+        if _fp8_kind(cache) != _fp8_kind(mine.cache_dtype):
+            raise ValueError(
+                f"DualPathConnector: node {self._node}'s side-car holds blocks of "
+                f"kv_cache_dtype={mine.cache_dtype}, this instance's cache is {cache} "
+                f"(--kv-cache-dtype {mine.cache_dtype})"
             )
         self._owners = BufferOwners(self._nodes, instance_owner(self._node))
         # persist jobs are named apart from any other instance or restart on the side-car

@@ -47,6 +47,7 @@ class NodeSpec:
     control_port: int = 0
     snic_host: str = ""
     store_url: str = ""  # "" : the file store at kv_root; else ``kv.stores.open_store``'s
+    cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype of the instances its blocks are for
 
     def __post_init__(self) -> None:
         if self.kind not in (EngineKind.PE.value, EngineKind.DE.value):

@@ -369,10 +369,11 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
                 SIDECAR_PORT if seat.cnic else 0,
                 seat.snic,
                 opts.store_url,
+                shape.cache_dtype,
             )
         )
         instances.append(Instance(node, kind, f"http://{seat.cnic or '127.0.0.1'}:{port}"))
-    kv_tokens = opts.kv_cache_gib * 2**30 // (shape.num_layers * shape.row_bytes)
+    kv_tokens = decode_kv_tokens(opts, shape)
     dep = Deployment(
         tuple(nodes),
         tuple(instances),
@@ -396,6 +397,16 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
         seats[-1].snic or "127.0.0.1",
         opts.cluster,
     )
+
+
+def decode_kv_tokens(opts: VllmOptions, shape: ModelShape) -> int:
+    """KV tokens one decode instance holds: each of its ranks has ``kv_cache_gib`` (vLLM's CPU
+    KV cache space is per rank) for its stage's layers and its tensor-parallel share of the
+    heads (MLA's latent is whole on every rank)."""
+    par = opts.parallelism("de")
+    split = 1 if shape.mla else min(par.tp, shape.num_kv_heads)
+    per_rank = -(-shape.num_layers // par.pp) * shape.row_bytes // split
+    return opts.kv_cache_gib * 2**30 // max(1, per_rank)
 
 
 def resolve_block_tokens(opts: VllmOptions, shape: ModelShape) -> VllmOptions:

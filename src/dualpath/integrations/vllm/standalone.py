@@ -51,11 +51,14 @@ def sidecar_spec(
     run_dir: Path,
     snic_host: str = "",
     snic_bytes_per_s: float = 0.0,
+    cache_dtype: str = "auto",
 ) -> tuple[NodeSpec, dict[str, Any]]:
     """The spec and facts of a side-car started by hand (``dualpath sidecar``): node ``node``
     of kind ``kind`` answering at ``host:port``, its buffer ``buffer_mib`` MiB of Full Blocks
-    of the checkpoint at ``model_dir``, its store ``store`` (a path, or mooncake://)."""
-    shape = ModelShape.from_checkpoint(model_dir, dtype)
+    of the checkpoint at ``model_dir`` (its instances' ``--kv-cache-dtype`` ``cache_dtype``),
+    its store ``store`` (a path, or mooncake://)."""
+    shape = ModelShape.from_checkpoint(model_dir, dtype, cache_dtype)
+    block_tokens = block_tokens or shape.default_block_tokens("cpu")
     full_block = shape.num_layers * block_tokens * shape.row_bytes
     num_slots = buffer_mib * 2**20 // full_block
     if num_slots < 1:
@@ -79,6 +82,7 @@ def sidecar_spec(
         port,
         snic_host or host,
         store if "://" in store else "",
+        shape.cache_dtype,
     )
     return spec, deployment_facts(weights_digest, shape, engine)
 
