@@ -68,7 +68,9 @@ class Plain:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": bind}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+        if bind:  # (else vLLM's own)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
         cmd = [
             python,
             "-m",

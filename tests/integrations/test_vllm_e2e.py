@@ -2,9 +2,9 @@
 ``make test`` installs), a tiny random HF Llama (head_dim 64), real HTTP on 127.0.0.1 through
 the official ``openai`` client.
 
-Greedy answers through ``dualpath serve --engine vllm`` (its prefill instance at TP=2, its
-decode at TP=1; in the preemption case the decode at TP=2; both at PP=2) equal those of one
-plain vLLM instance on the same checkpoint, for a first turn and a second turn whose hit blocks come
+Greedy answers through ``dualpath serve --engine vllm`` (the prefill instance at PP=2 and the
+decode at TP=2; in the preemption case the prefill at TP=2 and the decode at PP=2: blocks are
+canonical, whatever wrote them) equal those of one plain vLLM instance on the same checkpoint, for a first turn and a second turn whose hit blocks come
 from the store: once with every read forced to the PE side, once to the DE side (then
 ``/metrics`` counts bytes on ``storage_to_de_buffer``). A killed side-car (the node's storage
 worker) and a killed prefill instance give clean errors, never a wrong answer, never a hang.
@@ -33,6 +33,9 @@ pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from tests.integrations.deployments import Plain  # noqa: E402
+from tests.integrations.deployments import stop as _stop  # noqa: E402
+from tests.integrations.deployments import wait_health as _wait_health  # noqa: E402
 from tests.integrations.nodes import vllm_python  # noqa: E402
 
 from dualpath.net import free_port  # noqa: E402
@@ -71,31 +74,6 @@ def _vllm_segments() -> list[str]:
     PP instance's shared memory among its ranks."""
     pats = ("psm_*", "sem.mp-*", "vllm_dist_*")
     return [p.name for pat in pats for p in Path("/dev/shm").glob(pat)]
-
-
-def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"not ready after {timeout_s} s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return int(proc.returncode)
 
 
 @pytest.fixture(scope="module")
@@ -155,41 +133,32 @@ def _two_long_chats(client: Any, model: str) -> list[str]:
         return list(pool.map(one, range(2)))
 
 
+class Reference:
+    """The same turns through one plain vLLM instance (no connector, vLLM's defaults), started
+    with the module and asked once, when a test first needs its answers: it starts while the
+    first deployment does (a vLLM start here mostly waits)."""
+
+    def __init__(self, plain: Plain) -> None:
+        self.plain = plain
+        self._got: dict[str, Any] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if self._got is None:
+            try:
+                client = self.plain.ready(300).client
+                self._got = {"turns": _turns(client, MODEL), "two": _two_long_chats(client, MODEL)}
+            finally:
+                self.plain.stop()
+        return self._got[key]
+
+
 @pytest.fixture(scope="module")
-def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The same turns through one plain vLLM instance (no connector, vLLM's defaults)."""
-    python = vllm_python()
-    port = free_port()
+def reference(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
     log = tmp_path_factory.mktemp("ref") / "vllm.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            [
-                python,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(checkpoint),
-                "--served-model-name",
-                MODEL,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *FLAGS,
-                *(["--gpu-memory-utilization", "0.3"] if DEVICE == "cuda" else []),
-            ],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        _wait_health(f"http://127.0.0.1:{port}", proc, log, 300)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=120)
-        return {"turns": _turns(client, MODEL), "two": _two_long_chats(client, MODEL)}
-    finally:
-        _stop(proc)
+    cuda = ["--gpu-memory-utilization", "0.3"] if DEVICE == "cuda" else []
+    ref = Reference(Plain(vllm_python(), checkpoint, MODEL, log, [*FLAGS, *cuda], ""))
+    yield ref
+    ref.plain.stop()
 
 
 class Served:
@@ -278,12 +247,20 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     reference: dict[str, Any], served: Any
 ) -> None:
     segments_before = set(_vllm_segments())
-    # the prefill instance at TP=2, the decode at TP=1: each TP rank copies its KV head of
-    # the canonical blocks, the TP=1 decode loads them whole, and the reverse on later turns
-    pe = served("pe", "--vllm-prefill-arg=--tensor-parallel-size=2")
+    # the prefill instance at PP=2 (each stage copies its own layers), the decode at TP=2
+    # (each rank its KV head of the canonical blocks; a block goes to the store once both
+    # ranks are done with it)
+    pe = served(
+        "pe",
+        "--vllm-prefill-arg=--pipeline-parallel-size=2",
+        "--vllm-decode-arg=--tensor-parallel-size=2",
+    )
     prefill_log = "".join(p.read_text() for p in pe.logs.glob("vllm0-*.log"))
+    assert "node 0, rank 0.0 (pp.tp), layers [0, 1] of 4" in prefill_log
+    assert "node 0, rank 1.0 (pp.tp), layers [2, 3] of 4" in prefill_log
+    decode_log = "".join(p.read_text() for p in pe.logs.glob("vllm1-*.log"))
     for rank in ("0.0", "0.1"):
-        assert f"node 0, rank {rank} (pp.tp), layers [0, 1, 2, 3] of 4" in prefill_log
+        assert f"node 1, rank {rank} (pp.tp), layers [0, 1, 2, 3] of 4" in decode_log
     got = _turns(pe.client, MODEL)
     assert got == reference["turns"]
     assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') > 0
@@ -333,11 +310,13 @@ def test_preempted_and_aborted_requests_through_the_router(
     """vLLM preempts a decode that loaded from the DE buffer: the answer still equals plain
     vLLM's (it recomputes, never reads stale pages); streams closed before and after their
     first byte give every slot back and the next requests are all answered."""
-    # the decode instance at TP=2: both ranks load, the persists wait for both
+    # the prefill instance at TP=2 saves its KV heads, the decode (TP=1, PP=2) loads each
+    # stage's layers of them, whole heads
     srv = served(
         "policy",
         "--vllm-arg=--num-gpu-blocks-override=65",
-        "--vllm-decode-arg=--tensor-parallel-size=2",
+        "--vllm-prefill-arg=--tensor-parallel-size=2",
+        "--vllm-decode-arg=--pipeline-parallel-size=2",
     )
     urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
 
@@ -381,27 +360,6 @@ def test_preempted_and_aborted_requests_through_the_router(
     for _ in range(4):
         r = srv.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
         assert r.choices[0].text is not None
-    assert srv.stop() == 0
-
-
-def test_pipeline_parallel_stages_each_copy_their_own_layers(
-    reference: dict[str, Any], served: Any
-) -> None:
-    """Both instances at PP=2: each stage loads, saves and persists only its own layers of
-    the Full Block (a block is a hit once both stages' parts are written); the answers on
-    both read sides equal plain vLLM's."""
-    srv = served("pe", "--vllm-arg=--pipeline-parallel-size=2")
-    for node in (0, 1):
-        log = "".join(p.read_text() for p in srv.logs.glob(f"vllm{node}-*.log"))
-        assert f"node {node}, rank 0.0 (pp.tp), layers [0, 1] of 4" in log
-        assert f"node {node}, rank 1.0 (pp.tp), layers [2, 3] of 4" in log
-    assert _turns(srv.client, MODEL) == reference["turns"]
-    assert srv.metric("dualpath:prefix_cache_hits_total") > 0
-    assert (
-        httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "de"}).status_code == 200
-    )
-    assert _turns(srv.client, MODEL) == reference["turns"]
-    assert srv.metric("dualpath:kv_bytes_total", 'path="de_buffer_to_pe_hbm"') > 0
     assert srv.stop() == 0
 
 

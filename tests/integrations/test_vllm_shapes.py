@@ -3,17 +3,18 @@
 together), greedy, two turns of one agent (the second repeats the first and its answer), once
 with every read on the PE side and once on the DE side.
 
-- DeepSeek-V3 tiny (MLA + MoE; fp32: vLLM's CPU_MLA, 16-token blocks) at TP=1 and at TP=2:
-  the latent is stored once per block (3 layers x 16 tokens x 576 x 4 bytes), written by one
-  rank and loaded by both;
-- Gemma 3 tiny (sliding-window + full layers: 4 KV cache groups under vLLM's hybrid manager),
-  with its model dtype's KV and with an fp8 KV cache on the same store: the fp8 deployment
-  never loads the bf16 blocks of the same prompt.
+- DeepSeek-V3 tiny (MLA + MoE; fp32: vLLM's CPU_MLA, 16-token blocks), the prefill instance at
+  TP=1 and the decode at TP=2: the latent is stored once per block (3 layers x 16 tokens x 576
+  x 4 bytes), written by one rank, loaded by every rank, the same bytes whatever wrote it;
+- Gemma 3 tiny (sliding-window + full layers: 4 KV cache groups under vLLM's hybrid manager)
+  with an fp8 KV cache, on a store that already holds this prompt's blocks under the bf16
+  deployment's namespace (in the fp8 byte layout: only the namespace tells them apart): the fp8
+  deployment never loads them.
 
-(Llama at prefill TP=2 / decode TP=1, decode TP=2 under preemption and PP=2: test_vllm_e2e.py.)
-Each answer equals plain vLLM's; each turn's ``cached_tokens`` is the store's hits: on the
-second pass every full block of each prompt (all written by the first), as
-``/metrics``' hit count says too.
+(Llama at prefill PP=2 / decode TP=2 and prefill TP=2 / decode PP=2: test_vllm_e2e.py.) Each
+answer equals plain vLLM's; each turn's ``cached_tokens`` is the store's hits: on the second
+pass every full block of each prompt (all written by the first), as ``/metrics``' hit count
+says too.
 """
 
 from __future__ import annotations
@@ -74,8 +75,16 @@ class Case:
     waits, so several overlap well on two cores); ``turns()`` waits for the plain instance,
     takes its answers and stops it (its cores back), ``ready()`` waits for the deployment."""
 
-    def __init__(self, shape: Shape, checkpoint: Path, kv_root: Path, tmp: Path) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        checkpoint: Path,
+        kv_root: Path,
+        tmp: Path,
+        decode_args: list[str] = [],  # noqa: B006 (never changed)
+    ) -> None:
         self.model = checkpoint.name
+        self.checkpoint = checkpoint
         tmp.mkdir(parents=True, exist_ok=True)
         self.plain = Plain(
             vllm_python(),
@@ -97,6 +106,7 @@ class Case:
                 "--read-side",
                 "pe",
                 *[f"--vllm-arg={a}" for a in shape.vllm_args],
+                *[f"--vllm-decode-arg={a}" for a in decode_args],
             ],
             {},
         )
@@ -124,10 +134,9 @@ class Case:
 # MLA's absorbed path), with or without DualPath; bf16 is what bench_vllm.py runs
 MLA_FP32 = ("--attention-backend", "CPU_MLA")
 CASES = {
-    "ds-tp1": ("deepseek_v3", Shape("float32", MLA_FP32)),
-    "ds-tp2": ("deepseek_v3", Shape("float32", (*MLA_FP32, "--tensor-parallel-size", "2"), "0|1")),
-    "gemma-auto": ("gemma3", Shape("bfloat16", ("--kv-cache-dtype", "auto"))),
-    "gemma-fp8": ("gemma3", Shape("bfloat16", ("--kv-cache-dtype", "fp8"))),
+    # the plain instance at TP=1: in fp32 its answers are a TP=2 instance's too
+    "deepseek": ("deepseek_v3", Shape("float32", MLA_FP32), ["--tensor-parallel-size=2"]),
+    "gemma-fp8": ("gemma3", Shape("bfloat16", ("--kv-cache-dtype", "fp8")), []),
 }
 
 
@@ -136,15 +145,15 @@ def start(
     checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[[str], Case]]:
     """Starts a case of ``CASES`` (its plain instance and its deployment together: more at
-    once starve vLLM's start-up compilation on two cores); every case stopped at the end.
-    The Gemma cases share one store."""
+    once starve vLLM's start-up compilation on two cores); every case stopped at the end."""
     root = tmp_path_factory.mktemp("cases")
     started: list[Case] = []
 
     def one(name: str) -> Case:
-        arch, shape = CASES[name]
-        kv = root / ("gemma-kv" if arch == "gemma3" else f"{name}-kv")
-        started.append(Case(shape, checkpoints[arch], kv, root / name))
+        arch, shape, decode_args = CASES[name]
+        started.append(
+            Case(shape, checkpoints[arch], root / f"{name}-kv", root / name, decode_args)
+        )
         return started[-1]
 
     yield one
@@ -177,31 +186,62 @@ def _check_both_read_sides(dep: Deployment, want: list[Any], model: str, bs: int
     assert dep.metric("dualpath:prefix_cache_hits_total") == cached
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_deepseek_v3_mla_latent_stored_once_at_tp(tp: int, start: Callable[[str], Case]) -> None:
-    case = start(f"ds-tp{tp}")
+def test_deepseek_v3_mla_latent_stored_once_prefill_tp1_decode_tp2(
+    start: Callable[[str], Case],
+) -> None:
+    case = start("deepseek")
     want = case.turns()
     dep = case.ready()
     _check_both_read_sides(dep, want, case.model, 16)
     sizes = {p.stat().st_size for p in Path(dep.kv_root).rglob("*.kvb")}
     # layers x block tokens x the 576-wide latent x fp32: once, not per rank
     assert sizes == {HEADER_BYTES + 3 * 16 * 576 * 4}
-    for node in (0, 1):  # every rank copies; one writes the latent
-        log = dep.instance_log(node)
-        assert f"node {node}, rank 0.0 (pp.tp), layers [0, 1, 2] of 3" in log
-        if tp == 2:
-            assert "rank 0.1 (pp.tp)" in log and "writer False" in log
+    prefill, decode = dep.instance_log(0), dep.instance_log(1)
+    assert "node 0, rank 0.0 (pp.tp), layers [0, 1, 2] of 3" in prefill
+    assert "rank 0.1" not in prefill
+    for rank, writer in (("0.0", True), ("0.1", False)):  # both load, one writes
+        line = f"node 1, rank {rank} (pp.tp), layers [0, 1, 2] of 3"
+        assert line in decode and f"writer {writer}" in decode
     case.stop()
 
 
-def test_gemma3_hybrid_groups_and_an_fp8_cache_that_never_reads_bf16_blocks(
+def _other_namespace_blocks(ckpt: Path, kv_root: Path, tokens: list[int]) -> int:
+    """This prompt's Full Blocks written as a bf16 deployment of ``ckpt`` keys and stamps them
+    (its namespace) but in the fp8 deployment's byte layout, with random bytes: only the
+    namespace keeps the fp8 deployment from loading them. How many."""
+    import random
+
+    from dualpath.integrations.vllm.launch import engine_name
+    from dualpath.integrations.vllm.setup import ModelShape, kv_namespace
+    from dualpath.kv.store import BlockLayout, KVStore, block_keys
+    from dualpath.kv.weights import checkpoint_digest
+
+    bf16 = ModelShape.from_checkpoint(ckpt, "bfloat16", "auto")
+    fp8 = ModelShape.from_checkpoint(ckpt, "bfloat16", "fp8")
+    ns = kv_namespace(checkpoint_digest(ckpt), bf16, 32, engine_name(vllm_python()))
+    layout = BlockLayout(fp8.num_layers, 32, fp8.row_bytes)
+    store = KVStore(kv_root, layout, namespace=ns)
+    rng = random.Random(0)
+    keys = block_keys(tokens, 32, ns)
+    for key in keys:
+        store.write_block(key, rng.randbytes(layout.full_block_bytes))
+    return len(keys)
+
+
+def test_gemma3_hybrid_groups_with_an_fp8_cache_that_never_reads_bf16_blocks(
     start: Callable[[str], Case],
 ) -> None:
-    for name in ("gemma-auto", "gemma-fp8"):  # one store: the fp8 pass finds bf16 blocks
-        case = start(name)
-        want = case.turns()
-        dep = case.ready()
-        # the fp8 pass starts on a store full of this prompt's bf16 blocks: no hit cold
-        _check_both_read_sides(dep, want, case.model, 32)
-        assert "4 KV cache group(s)" in dep.instance_log(0)  # 3 sliding, 1 full
-        case.stop()
+    import httpx
+
+    case = start("gemma-fp8")
+    plain = case.plain.ready()
+    tokens = httpx.post(
+        plain.url + "/tokenize", json={"model": case.model, "prompt": PROMPT}, timeout=60
+    ).json()["tokens"]
+    kv = Path(case.dep.kv_root)
+    assert _other_namespace_blocks(case.checkpoint, kv, tokens) >= 5
+    want = case.turns()
+    dep = case.ready()
+    _check_both_read_sides(dep, want, case.model, 32)  # cold: no hit in bf16's blocks
+    assert "4 KV cache group(s)" in dep.instance_log(0)  # 3 sliding, 1 full
+    case.stop()
