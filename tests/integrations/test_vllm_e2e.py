@@ -44,6 +44,14 @@ REPO = Path(__file__).resolve().parents[2]
 # scripts/gpu_check.py runs this file with "cuda" where a GPU (and vLLM's CUDA build) is there
 DEVICE = os.environ.get("DUALPATH_VLLM_TEST_DEVICE", "cpu")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# the parallel shapes on CPU (each rank a process on the host's cores); a GPU check machine has
+# one GPU: there every instance is one rank
+
+
+def _parallel(*flags: str) -> list[str]:
+    return list(flags) if DEVICE == "cpu" else []
+
+
 MODEL = "tiny"
 FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-model-len", "2048"]
 SYSTEM = "You are a helpful coding agent. Read the file, run the tests, fix the bug. " * 3
@@ -252,15 +260,18 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     # ranks are done with it)
     pe = served(
         "pe",
-        "--vllm-prefill-arg=--pipeline-parallel-size=2",
-        "--vllm-decode-arg=--tensor-parallel-size=2",
+        *_parallel(
+            "--vllm-prefill-arg=--pipeline-parallel-size=2",
+            "--vllm-decode-arg=--tensor-parallel-size=2",
+        ),
     )
-    prefill_log = "".join(p.read_text() for p in pe.logs.glob("vllm0-*.log"))
-    assert "node 0, rank 0.0 (pp.tp), layers [0, 1] of 4" in prefill_log
-    assert "node 0, rank 1.0 (pp.tp), layers [2, 3] of 4" in prefill_log
-    decode_log = "".join(p.read_text() for p in pe.logs.glob("vllm1-*.log"))
-    for rank in ("0.0", "0.1"):
-        assert f"node 1, rank {rank} (pp.tp), layers [0, 1, 2, 3] of 4" in decode_log
+    if DEVICE == "cpu":
+        prefill_log = "".join(p.read_text() for p in pe.logs.glob("vllm0-*.log"))
+        assert "node 0, rank 0.0 (pp.tp), layers [0, 1] of 4" in prefill_log
+        assert "node 0, rank 1.0 (pp.tp), layers [2, 3] of 4" in prefill_log
+        decode_log = "".join(p.read_text() for p in pe.logs.glob("vllm1-*.log"))
+        for rank in ("0.0", "0.1"):
+            assert f"node 1, rank {rank} (pp.tp), layers [0, 1, 2, 3] of 4" in decode_log
     got = _turns(pe.client, MODEL)
     assert got == reference["turns"]
     assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"') > 0
@@ -315,8 +326,10 @@ def test_preempted_and_aborted_requests_through_the_router(
     srv = served(
         "policy",
         "--vllm-arg=--num-gpu-blocks-override=65",
-        "--vllm-prefill-arg=--tensor-parallel-size=2",
-        "--vllm-decode-arg=--pipeline-parallel-size=2",
+        *_parallel(
+            "--vllm-prefill-arg=--tensor-parallel-size=2",
+            "--vllm-decode-arg=--pipeline-parallel-size=2",
+        ),
     )
     urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
 
