@@ -138,6 +138,7 @@ class FakeInstances:
     stall_s: float = 0.0
     stall_at: int = 0
     seen: list[dict[str, Any]] = field(default_factory=list)  # the bodies the decode got
+    requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (url, headers)
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -145,8 +146,18 @@ class FakeInstances:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content or b"{}")
         path = request.url.path
+        self.requests.append((str(request.url), dict(request.headers)))
         if path == "/tokenize":
             return httpx.Response(200, json={"tokens": fake_tokens(_prompt_text(body))})
+        if path == "/detokenize":
+            return httpx.Response(200, json={"prompt": "".join(chr(t) for t in body["tokens"])})
+        if path == "/version":
+            return httpx.Response(200, json={"version": "fake"})
+        if path == "/v1/models":
+            model = {"id": self.dep.model, "object": "model", "max_model_len": 512}
+            return httpx.Response(200, json={"object": "list", "data": [model]})
+        if path.startswith("/v1/responses"):
+            return httpx.Response(200, json={"id": "resp_1", "object": "response"})
         params = TransferParams.from_request(body.get("kv_transfer_params"))
         assert params is not None, "a request without DualPath params"
         if params.save is not None:  # the prefill: max_tokens 1
@@ -178,8 +189,11 @@ class FakeInstances:
         )
 
     async def _events(self, chat: bool, usage: dict[str, Any] | None) -> AsyncIterator[bytes]:
+        rid = f"cmpl-{len(self.seen)}"  # one id per stream, as vLLM's
+
         def event(payload: dict[str, Any]) -> bytes:
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+            text = json.dumps({"id": rid, **payload}, separators=(",", ":"))
+            return b"data: " + text.encode() + b"\n\n"
 
         if self.stall_s and self.stall_at == 0:
             await asyncio.sleep(self.stall_s)

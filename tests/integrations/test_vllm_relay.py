@@ -45,3 +45,43 @@ def test_whole_answers_get_the_field_always() -> None:
     assert got["usage"] == {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 32}}
     assert with_cached_tokens(b'{"error": {"message": "x"}}', 32) == b'{"error": {"message": "x"}}'
     assert with_cached_tokens(b"not json", 32) == b"not json"
+
+
+def _chunk(index: int, text: str, so_far: int | None) -> bytes:
+    """A choice event as vLLM writes it with ``continuous_usage_stats`` (None: without)."""
+    usage = (
+        f',"usage":{{"prompt_tokens":9,"total_tokens":{9 + so_far},"completion_tokens":{so_far}}}'
+        if so_far is not None
+        else ""
+    )
+    return (
+        f'data: {{"id":"c","object":"chat.completion.chunk","choices":[{{"index":{index},'
+        f'"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":null}}]{usage}}}\n\n'
+    ).encode()
+
+
+def test_tokens_are_counted_from_the_usage_when_vllm_merges_steps() -> None:
+    # choice 0 sends 3 tokens in one event (merged steps), then 1; choice 1 sends 2 then 2
+    wire = _chunk(0, "a b c", 3) + _chunk(1, "x y", 2) + _chunk(0, "d", 4) + _chunk(1, "z w", 4)
+    relay = EventRelay(0, include_usage=False, continuous=False)
+    out = relay.feed(wire)
+    assert relay.take_tokens() == 8
+    # the client asked for no usage: every event is vLLM's own without it
+    plain = _chunk(0, "a b c", None) + _chunk(1, "x y", None)
+    plain += _chunk(0, "d", None) + _chunk(1, "z w", None)
+    assert out == plain
+    closing = USAGE.replace(b'"completion_tokens":4', b'"completion_tokens":8')
+    assert relay.feed(closing + DONE) == DONE and relay.done
+
+
+def test_usage_the_client_asked_for_stays() -> None:
+    wire = _chunk(0, "a b", 2) + USAGE
+    only_closing = EventRelay(5, include_usage=True, continuous=False)
+    out = only_closing.feed(wire).split(b"\n\n")
+    assert out[0] + b"\n\n" == _chunk(0, "a b", None)
+    assert json.loads(out[1][6:])["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
+    every = EventRelay(5, include_usage=True, continuous=True)
+    first = json.loads(every.feed(_chunk(0, "a b", 2)).split(b"\n\n")[0][6:])
+    assert first["usage"]["completion_tokens"] == 2
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
+    assert every.take_tokens() == 2

@@ -79,7 +79,9 @@ def test_keys_gate_every_route_but_health(serve: Any) -> None:
         for headers in ({}, _auth("wrong"), {"Authorization": "Bearer key-c"}):
             r = httpx.request(method, s.url + path, headers=headers, json={})
             assert r.status_code == 401, (path, headers, r.text)
-            assert r.json()["error"]["type"] == "authentication_error"
+            # vLLM's error shape: its type word, the status as code
+            assert r.json()["error"]["type"] == "Unauthorized"
+            assert r.json()["error"]["code"] == 401
     assert httpx.get(s.url + "/health").status_code == 200  # a probe has no key
     assert httpx.get(s.url + "/v1/models", headers=_auth("key-b")).status_code == 200
     assert httpx.get(s.url + "/metrics", headers=_auth("key-a")).status_code == 200
@@ -160,7 +162,7 @@ def test_every_request_ends_by_its_timeout(serve: Any) -> None:
     assert time.monotonic() - t0 < 10
     fakes.stall_at = 1  # the first event comes, then nothing
     events = _stream(s.url, "", {"model": "m", "prompt": "x" * 70, "max_tokens": 4, "stream": True})
-    assert events[-1]["error"]["type"] == "timeout_error", events
+    assert events[-1]["error"]["type"] == "Gateway Timeout", events
     assert [e["choices"][0]["text"] for e in events[:-1]] == ["t"]
     assert _free_slots(s) == (total, total)
     assert s.metric("dualpath:requests_failed_total") == 2
@@ -196,7 +198,7 @@ def test_a_lost_process_ends_its_requests_at_once(serve: Any) -> None:
     assert time.monotonic() - t0 < 5
     (events,) = got
     assert (
-        events[-1]["error"]["type"] == "server_error"
+        events[-1]["error"]["type"] == "ServiceUnavailableError"
         and "exited with code -9" in events[-1]["error"]["message"]
     )
     health = httpx.get(s.url + "/health")
@@ -223,3 +225,57 @@ def test_slot_gauges_and_waiters(serve: Any) -> None:
         assert f'dualpath:buffer_slots{{node="{node}"}}' in text
     assert "dualpath:slot_waiters 0.0" in text
     assert 'dualpath:snic_busy_seconds{direction="read",node="1"}' in text
+
+
+def test_vllm_routes_and_fields_pass_through(serve: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    """vLLM's other routes reach an instance and come back as it answered; ``x-request-id``
+    reaches both instances; ``n`` reaches only the decode; batched prompts come back as one
+    answer (choices numbered across the batch, usage summed), whole and streamed."""
+    s, fakes = serve(api_keys=KEYS)
+    auth = _auth("key-a")
+    r = httpx.post(s.url + "/tokenize", json={"model": "m", "prompt": "hi"})
+    assert r.status_code == 200 and r.json() == {"tokens": [104, 105]}
+    r = httpx.post(s.url + "/detokenize", json={"model": "m", "tokens": [104, 105]})
+    assert r.status_code == 200 and r.json() == {"prompt": "hi"}
+    assert httpx.get(s.url + "/version").json() == {"version": "fake"}
+    models = httpx.get(s.url + "/v1/models", headers=auth).json()["data"]
+    assert models[0]["max_model_len"] == 512
+    assert httpx.get(s.url + "/v1/models").status_code == 401  # /v1: the key, as vLLM's
+    fakes.requests.clear()
+    r = httpx.post(s.url + "/v1/responses", json={"model": "m", "input": "hi"}, headers=auth)
+    assert r.status_code == 200 and r.json()["id"] == "resp_1"
+    decode = s.router.dep.instance(1).url
+    assert [u for u, _ in fakes.requests] == [decode + "/v1/responses"]  # its state lives there
+
+    fakes.requests.clear()
+    fakes.seen.clear()
+    body = {"model": "m", "prompt": SYSTEM + "two", "max_tokens": 4, "n": 2}
+    r = httpx.post(s.url + "/v1/completions", json=body, headers={**auth, "X-Request-Id": "r-7"})
+    assert r.status_code == 200, r.text
+    sent = [(u.rsplit("/", 2)[0], h.get("x-request-id")) for u, h in fakes.requests]
+    assert (s.router.dep.instance(0).url, "r-7") in sent and (decode, "r-7") in sent
+    assert fakes.seen[-1]["n"] == 2  # the decode samples the choices; the prefill ran once
+
+    batch = {"model": "m", "prompt": [SYSTEM + "a", SYSTEM + "b", SYSTEM + "c"], "max_tokens": 4}
+    r = httpx.post(s.url + "/v1/completions", json=batch, headers=auth)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [c["index"] for c in got["choices"]] == [0, 1, 2]
+    assert got["usage"]["completion_tokens"] == 3 * fakes.num_tokens
+    assert got["usage"]["prompt_tokens"] == sum(len(SYSTEM) + 1 for _ in range(3))
+    streamed = _stream(
+        s.url, "key-a", {**batch, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    texts = [e for e in streamed if e["choices"]]
+    assert sorted(e["choices"][0]["index"] for e in texts) == [0] * 4 + [1] * 4 + [2] * 4
+    assert streamed[-1]["choices"] == [] and streamed[-1]["usage"]["completion_tokens"] == 12
+    assert len({e["id"] for e in streamed}) == 1
+
+    r = httpx.post(s.url + "/v1/completions", json={"model": "m", "prompt": 7}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+    assert r.json()["error"]["code"] == 400
+    log = capfd.readouterr().err
+    assert '"POST /v1/completions" 200' in log and "x-request-id=r-7" in log
+    assert '"POST /v1/completions" 400' in log
+    free = s.metric("dualpath:buffer_free_slots{", headers=auth)
+    assert free == s.metric("dualpath:buffer_slots{", headers=auth)  # every slot back

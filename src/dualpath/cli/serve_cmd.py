@@ -140,7 +140,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         default=10.0,
         help="longest pause between two reads of a request body (else 408)",
     )
-    c.add_argument("--keepalive-s", type=float, default=5.0, help="idle keep-alive, seconds")
+    c.add_argument(
+        "--keepalive-s",
+        type=float,
+        default=75.0,
+        help="idle keep-alive, seconds (default 75: longer than clients keep an idle "
+        "connection, e.g. aiohttp's 15-60 s, httpx's 5 s, so that a client never sends on a "
+        "connection the server is closing)",
+    )
     c.add_argument(
         "--keepalive-requests",
         type=int,
@@ -168,6 +175,16 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "the DualPath connector, behind the DualPath router",
     )
     v.add_argument("--vllm-python", help="the Python that runs vLLM (default: .venv-vllm)")
+    v.add_argument(
+        "--served-model-name",
+        default="",
+        help="the model id clients name, as vLLM's flag (default: the checkpoint folder's name)",
+    )
+    v.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per request on stderr (status, duration, x-request-id)",
+    )
     v.add_argument(
         "--vllm-block-tokens",
         type=int,
@@ -309,6 +326,8 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         max_restarts=args.vllm_max_restarts,
         cluster=args.cluster,
         store_url=args.store,
+        served_model_name=args.served_model_name,
+        access_log=not args.no_access_log,
     )
     if args.init_tiny_checkpoint and not (Path(args.model_dir) / "config.json").exists():
         from dualpath.serve.checkpoint import write_tiny_checkpoint

@@ -44,7 +44,7 @@ class ConnectionLimits:
     max_per_client: int = 512
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
-    keepalive_s: float = 5.0
+    keepalive_s: float = 75.0  # longer than clients keep idle connections (aiohttp: 15-60 s)
     keepalive_requests: int = 1000
 
     def __post_init__(self) -> None:

@@ -1,14 +1,14 @@
 """The router's ASGI app (FastAPI): the OpenAI routes, ``/health``, ``/metrics`` and
 ``/v1/dualpath/decisions`` over a ``router.Router``, each behind the default engine's key
-check (``serve.service.tenant_of``) but ``/health``; its lifespan runs the background tasks
-(the supervisor) and stops them.
+check (``serve.service.tenant_of``) but ``/health``; vLLM's other routes passed to an instance
+(``Router.forward``); its lifespan runs the background tasks (the supervisor, the event
+loop's lag) and stops them; an access log line per request (``access.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from dualpath.integrations.vllm.access import AccessLog, LoopLag
 from dualpath.integrations.vllm.collector import FlowCollector, take_snapshot
 from dualpath.integrations.vllm.router import Router, error_response
 from dualpath.serve.schema import ApiError
@@ -27,19 +28,24 @@ Background = Callable[[], Coroutine[Any, Any, None]]
 
 
 def create_app(
-    router: Router, background: Sequence[Background] = (), restarts: Mapping[str, int] | None = None
+    router: Router,
+    background: Sequence[Background] = (),
+    restarts: Mapping[str, int] | None = None,
+    access_log: bool = True,
 ) -> FastAPI:
     """The router's ASGI app; ``background``: tasks run while it serves (the supervisor);
-    ``restarts``: the supervisor's restarts per process, for ``/metrics``."""
+    ``restarts``: the supervisor's restarts per process, for ``/metrics``; ``access_log``:
+    a line per request on stderr (``access.AccessLog``)."""
     registry = CollectorRegistry()
     collector = FlowCollector(router.flow, restarts)
     registry.register(collector)
-    started = time.time()
+    lag = LoopLag()
+    registry.register(lag)
     keys = router.opts.api_keys
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(run()) for run in background]
+        tasks = [asyncio.create_task(run()) for run in [lag.run, *background]]
         try:
             yield
         finally:
@@ -51,6 +57,8 @@ def create_app(
             await router.close()
 
     app = FastAPI(title="dualpath router (vLLM)", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if access_log:
+        app.add_middleware(AccessLog)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -65,29 +73,41 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         tenant = tenant_of(keys, request)
-        return await router.serve("chat", "/v1/chat/completions", await body_of(request), tenant)
+        body = await body_of(request)
+        return await router.serve("chat", "/v1/chat/completions", body, tenant, request.headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         tenant = tenant_of(keys, request)
-        return await router.serve("completions", "/v1/completions", await body_of(request), tenant)
+        body = await body_of(request)
+        return await router.serve("completions", "/v1/completions", body, tenant, request.headers)
+
+    # vLLM's routes the DualPath flow has no part in: passed to an instance as they are
+    # (open or behind the key as vLLM's own --api-key has them: only /v1 needs one)
+    async def forwarded(request: Request, stateful: bool = False) -> Response:
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        content = await request.body()
+        return await router.forward(request.method, path, content, request.headers, stateful)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         tenant_of(keys, request)
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": router.dep.model,
-                        "object": "model",
-                        "created": int(started),
-                        "owned_by": "dualpath",
-                    }
-                ],
-            }
-        )
+        return await forwarded(request)
+
+    @app.post("/tokenize")
+    @app.post("/detokenize")
+    @app.get("/version")
+    async def open_routes(request: Request) -> Response:
+        return await forwarded(request)
+
+    @app.post("/v1/responses")
+    @app.get("/v1/responses/{response_id}")
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def responses(request: Request) -> Response:
+        """The Responses API on the first decode instance, whose memory keeps the responses
+        (``previous_response_id``): not through the DualPath flow."""
+        tenant_of(keys, request)
+        return await forwarded(request, stateful=True)
 
     @app.get("/health")
     async def health() -> Response:  # open, as the default engine's: a probe has no key

@@ -87,6 +87,7 @@ class FlowCollector(Collector):
             busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
         yield busy
         yield from self._slots()
+        yield from self._writes()
         stage = CounterMetricFamily(
             "dualpath:router_stage_seconds",
             "Seconds requests spent in each stage of the router",
@@ -119,3 +120,29 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily(
             "dualpath:slot_waiters", "Requests waiting for buffer slots", value=waiters
         )
+
+    def _writes(self) -> Iterator[Metric]:
+        """KV writes that did not land, and why: none is ever dropped silently."""
+        nodes = [n for n in self.snapshot.nodes if not n.get("down")]
+        st = self._flow.stats
+        failed = CounterMetricFamily(
+            "dualpath:kv_writes_failed",
+            "Blocks the store did not take after retries (each named in the side-car's log)",
+            labels=["node"],
+        )
+        pending = GaugeMetricFamily(
+            "dualpath:kv_writes_pending", "Blocks queued for a write or in hand", labels=["node"]
+        )
+        for n in nodes:
+            failed.add_metric([str(n["node"])], n.get("failed_writes", 0))
+            pending.add_metric([str(n["node"])], n.get("unfinished_writes", 0))
+        yield failed
+        yield pending
+        settle = CounterMetricFamily(
+            "dualpath:settle_waits_failed",
+            "Waits for a prefix's writes that did not end in a clear answer",
+            labels=["reason"],
+        )
+        settle.add_metric(["sidecar_error"], st.settle_failures)
+        settle.add_metric(["timeout"], st.settle_timeouts)
+        yield settle

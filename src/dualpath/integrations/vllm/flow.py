@@ -44,13 +44,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call
+from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, SidecarPool, attach_buffer
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.kv.buffer import SlotBuffer
@@ -117,6 +118,8 @@ class FlowStats:
     num_done: int = 0
     num_failed: int = 0
     slot_waiters: int = 0  # requests waiting for buffer slots now
+    settle_failures: int = 0  # a DE side-car that could not say what it still writes
+    settle_timeouts: int = 0  # writes of a prefix still queued after SETTLE_WAIT_S
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per router stage
 
     @contextlib.contextmanager
@@ -144,11 +147,12 @@ class TurnFlow:
         dep: Deployment,
         policy: PolicyCore,
         kv_root: str,
-        sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] = call,
+        sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
         force_side: ReadSide | None = None,
         slot_deadline_s: float = SLOT_DEADLINE_S,
     ) -> None:
-        """``force_side``: every read from that side, whatever the policy chose
+        """``sidecar``: how side-cars are asked (default: a ``SidecarPool``'s kept
+        connections); ``force_side``: every read from that side, whatever the policy chose
         (``ForcedSide``); ``slot_deadline_s``: how long a request waits for buffer slots
         (then a 503 naming the node)."""
         self.dep = dep
@@ -169,11 +173,15 @@ class TurnFlow:
             local_hostname=dep.router_store_host,
         )
         self.networked = any(n.networked for n in dep.nodes)
+        self._pool = SidecarPool() if sidecar is None else None
+        ask: Callable[[str, dict[str, Any]], dict[str, Any]] = (
+            self._pool.call if self._pool is not None else sidecar  # type: ignore[assignment]
+        )
         self.buffers: dict[int, SlotBuffer | RemoteSlots] = {
-            n.node: RemoteSlots(n, sidecar) if n.networked else attach_buffer(n) for n in dep.nodes
+            n.node: RemoteSlots(n, ask) if n.networked else attach_buffer(n) for n in dep.nodes
         }
         self.full_block_bytes = spec0.layout.full_block_bytes
-        self._sidecar = sidecar
+        self._sidecar = ask
         self._ids = itertools.count()
         self._placed: dict[int, asyncio.Future[tuple[Assign, list[Read]]]] = {}
         self._epoch = time.monotonic()
@@ -205,10 +213,11 @@ class TurnFlow:
         bs = self.dep.block_tokens
         self._check_fits(len(tokens))
         keys = block_keys(tokens, bs, self.dep.namespace(tenant))
-        stored = self.store.lookup(keys) // bs
+        # the store's index off the event loop: files to stat, or a master across the network
+        stored = await self._off_loop(self.store.lookup, keys) // bs
         usable = (len(tokens) - 1) // bs  # usable_hit_tokens' cap
         if stored < usable and await self._settle(keys[stored:usable]):
-            stored = self.store.lookup(keys) // bs
+            stored = await self._off_loop(self.store.lookup, keys) // bs
         hit_tokens = usable_hit_tokens(stored * bs, len(tokens), bs)
         rid = next(self._ids)
         turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
@@ -253,9 +262,20 @@ class TurnFlow:
         def ask(spec: NodeSpec) -> bool:
             op = {"op": "settle", "keys": keys, "timeout_s": SETTLE_WAIT_S}
             try:
-                return bool(self._sidecar(spec.control, op)["waited"])
-            except (OSError, ValueError, KeyError):
+                answer = self._sidecar(spec.control, op)
+            except (OSError, ValueError) as err:  # counted and said, never skipped silently
+                self.stats.settle_failures += 1
+                print(
+                    f"dualpath router: node {spec.node}'s side-car did not say whether "
+                    f"{len(keys)} block(s) are still being written ({err}): the turn goes "
+                    "with what the store holds",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return False
+            if answer.get("pending"):  # still queued after SETTLE_WAIT_S: a SNIC far behind
+                self.stats.settle_timeouts += 1
+            return bool(answer.get("waited"))
 
         with self.stats.time_stage("settle"):
             des = [n for n in self.dep.nodes if n.kind == EngineKind.DE.value]
@@ -526,7 +546,13 @@ class TurnFlow:
         return give_back
 
     def _give_back(self, engine: int, slots: list[int], lease: int) -> None:
-        self.buffers[self.topology.node_of(engine)].release(slots, lease)
+        buf = self.buffers[self.topology.node_of(engine)]
+        if isinstance(buf, RemoteSlots):  # a side-car request: never on the event loop
+            with contextlib.suppress(RuntimeError):  # (no loop: a plain call, at once)
+                asyncio.get_running_loop()
+                self._calls.submit(buf.release, slots, lease)
+                return
+        buf.release(slots, lease)
 
     def free_slots(self) -> dict[int, tuple[int, int]]:
         """Per node: (free slots, slots) of its buffer."""
@@ -567,3 +593,5 @@ class TurnFlow:
         if isinstance(self.store, MooncakeBlockStore):
             self.store.close()
         self._calls.shutdown(wait=False)
+        if self._pool is not None:
+            self._pool.close()

@@ -371,7 +371,7 @@ def serve_vllm(
             file=sys.stderr,
             flush=True,
         )
-        app = create_app(router, [supervisor.run], supervisor.restarts)
+        app = create_app(router, [supervisor.run], supervisor.restarts, opts.access_log)
         http = http_server(app, opts.host, opts.port, log_level, opts.graceful_s, limits)
         http.run()
         if failed:

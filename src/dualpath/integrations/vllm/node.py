@@ -11,7 +11,9 @@ docs/deploy.md). The side-car itself is ``sidecar.py``.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -150,8 +152,19 @@ class BufferOwners:
         self._buffers.clear()
 
 
-def _connect(address: str, timeout_s: float) -> socket.socket:
-    """A connection to a side-car at ``tcp://HOST:PORT`` or at a Unix socket's path."""
+# A side-car's listening socket queues this many connections not yet accepted (Python's
+# default, 5, refused most of a burst: 64 pings at once lost 41–46); the kernel caps it at
+# net.core.somaxconn (4096 on current kernels)
+LISTEN_BACKLOG = 1024
+# A connect refused (nothing listens: a side-car restarting) or turned away (a Unix socket's
+# queue full: EAGAIN) is tried again this many times, the wait doubling from CONNECT_BACKOFF_S
+CONNECT_TRIES = 6
+CONNECT_BACKOFF_S = 0.02
+IDLE_PER_ADDRESS = 64  # connections a pool keeps open to one side-car, idle, at most
+_RETRIED = (ConnectionRefusedError, BlockingIOError, InterruptedError)
+
+
+def _connect_once(address: str, timeout_s: float) -> socket.socket:
     if address.startswith("tcp://"):
         host, _, port = address[len("tcp://") :].rpartition(":")
         return socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -165,19 +178,117 @@ def _connect(address: str, timeout_s: float) -> socket.socket:
     return s
 
 
-def call(address: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
-    """One request to the side-car at ``address`` (``NodeSpec.control``), blocking; its
-    answer, or OSError / ValueError."""
-    with _connect(address, timeout_s) as s:
-        s.settimeout(timeout_s)
-        s.sendall(json.dumps(op).encode() + b"\n")
-        line = s.makefile("rb").readline()
+def _connect(address: str, timeout_s: float) -> socket.socket:
+    """A connection to a side-car at ``tcp://HOST:PORT`` or at a Unix socket's path; a refused
+    or turned-away connect is tried again (``CONNECT_TRIES``, ~0.6 s in all)."""
+    for attempt in range(CONNECT_TRIES):
+        try:
+            return _connect_once(address, timeout_s)
+        except _RETRIED:
+            if attempt == CONNECT_TRIES - 1:
+                raise
+            time.sleep(CONNECT_BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _exchange(s: socket.socket, op: dict[str, Any], timeout_s: float) -> bytes:
+    """One request line out, one answer line back (b"" if the side-car closed first)."""
+    s.settimeout(timeout_s)
+    s.sendall(json.dumps(op).encode() + b"\n")
+    out = bytearray()
+    while not out.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            return b""
+        out += chunk
+    return bytes(out)
+
+
+def _answer(address: str, line: bytes) -> dict[str, Any]:
     if not line:
         raise OSError(f"side-car {address} closed the connection")
     answer: dict[str, Any] = json.loads(line)
     if "error" in answer:
         raise ValueError(f"side-car {address}: {answer['error']}")
     return answer
+
+
+def call(address: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+    """One request to the side-car at ``address`` (``NodeSpec.control``) on a connection of
+    its own, blocking; its answer, or OSError / ValueError. Many calls: ``SidecarPool``."""
+    with _connect(address, timeout_s) as s:
+        return _answer(address, _exchange(s, op, timeout_s))
+
+
+class SidecarPool:
+    """Side-car requests over kept-open connections (a pool per address, thread-safe): a burst
+    of requests costs no connect each, and no listening queue fills up.
+
+    ``call`` is ``call``'s signature. A kept connection that turns out closed by its side-car
+    (it restarted: the send fails or the answer is an immediate end of stream) is replaced by
+    a fresh one and the request sent once more; a request whose answer timed out is never
+    resent (its connection is closed). A forked child starts with an empty pool."""
+
+    def __init__(self, idle_per_address: int = IDLE_PER_ADDRESS) -> None:
+        self.idle_per_address = idle_per_address
+        self._idle: dict[str, list[socket.socket]] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.num_connects = 0  # connections opened (tests: kept ones are reused)
+
+    def _take(self, address: str) -> socket.socket | None:
+        with self._lock:
+            if self._pid != os.getpid():  # a fork: the parent's sockets are not ours
+                self._idle, self._pid = {}, os.getpid()
+            idle = self._idle.get(address)
+            return idle.pop() if idle else None
+
+    def _give(self, address: str, s: socket.socket) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(address, [])
+            if len(idle) < self.idle_per_address and self._pid == os.getpid():
+                idle.append(s)
+                return
+        s.close()
+
+    def _fresh(self, address: str, timeout_s: float) -> socket.socket:
+        s = _connect(address, timeout_s)
+        with self._lock:
+            self.num_connects += 1
+        return s
+
+    def call(self, address: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+        s = self._take(address)
+        if s is not None:
+            try:
+                line = _exchange(s, op, timeout_s)
+            except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                line = b""
+            except OSError:  # a timeout: the answer may still come, the connection is spent
+                s.close()
+                raise
+            if line:
+                self._give(address, s)
+                return _answer(address, line)
+            s.close()  # closed by the side-car while kept: send once more on a fresh one
+        s = self._fresh(address, timeout_s)
+        try:
+            line = _exchange(s, op, timeout_s)
+        except OSError:
+            s.close()
+            raise
+        if line:
+            self._give(address, s)
+        else:
+            s.close()
+        return _answer(address, line)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for sockets in idle.values():
+            for s in sockets:
+                s.close()
 
 
 def describe(address: str, timeout_s: float = 10.0) -> tuple[NodeSpec, dict[str, Any]]:

@@ -24,18 +24,21 @@ import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from dualpath.integrations.vllm.fanout import StreamJoin, batch_prompts, join_whole
 from dualpath.integrations.vllm.flow import FlowError, Prepared, TurnFlow
 from dualpath.integrations.vllm.relay import EventRelay, with_cached_tokens
-from dualpath.serve.schema import error_body
+from dualpath.integrations.vllm.setup import Instance
 
 # sampling-length and streaming fields the prefill does not take from the client
 _PREFILL_DROP = (
+    "n",  # the prefill computes the prompt's KV once; the decode samples the n choices
     "stream",
     "stream_options",
     "min_tokens",
@@ -44,6 +47,9 @@ _PREFILL_DROP = (
     "top_logprobs",
     "prompt_logprobs",
 )
+# the client's headers passed on to the instances (the key check is the router's)
+_PASSED_HEADERS = ("x-request-id",)
+_FORWARDED_HEADERS = ("x-request-id", "content-type", "accept")
 _TOKENIZE_CHAT = (
     "messages",
     "tools",
@@ -75,12 +81,30 @@ class RouterOptions:
             )
 
 
+# vLLM's error ``type`` per status (``vllm.entrypoints.serve.exception_handling``); others:
+# the status's phrase, as vLLM's ``GracefulHTTPError``
+_VLLM_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    422: "UnprocessableEntityError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
+
+
+def vllm_error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """An error as vLLM's OpenAI server writes it: its ``type`` and the status as ``code``."""
+    kind = _VLLM_TYPES.get(status) or HTTPStatus(status).phrase
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
+    return JSONResponse(vllm_error_body(status, message, param), status_code=status)
 
 
 def _sse_error(status: int, message: str) -> bytes:
-    return f"data: {json.dumps(error_body(status, message))}\n\n".encode()
+    return f"data: {json.dumps(vllm_error_body(status, message))}\n\n".encode()
 
 
 class _Answered(Exception):
@@ -118,6 +142,7 @@ class _Relay(StreamingResponse):
         self, body: AsyncIterator[bytes], on_close: Callable[[], Coroutine[Any, Any, None]]
     ) -> None:
         super().__init__(body, media_type="text/event-stream")
+        self.events = body
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,6 +150,51 @@ class _Relay(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self._on_close()
+
+    async def discard(self) -> None:
+        """Never sent: its request closed (what it holds given back)."""
+        with contextlib.suppress(Exception):
+            await self.events.aclose()  # type: ignore[attr-defined]
+        await self._on_close()
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _joined(streams: list[_Relay], join: StreamJoin) -> AsyncIterator[bytes]:
+    """The streams of a batch's prompts, interleaved as their events come, as one stream
+    (``fanout.StreamJoin``); every stream's request closed however it ends."""
+    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: _Relay) -> None:
+        tail = b""
+        try:
+            async for chunk in stream.events:
+                tail += chunk
+                *events, tail = tail.split(b"\n\n")
+                for e in events:
+                    await queue.put((i, e))
+            if tail:
+                await queue.put((i, tail))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, event = await queue.get()
+            if event is None:
+                left -= 1
+            elif out := join.event(i, event):
+                yield out
+        yield join.close()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.discard()
 
 
 class Router:
@@ -258,35 +328,50 @@ class Router:
                 last = err
         raise FlowError(503, f"no vLLM instance answers /tokenize: {last}")
 
-    async def serve(self, kind: str, path: str, body: Any, tenant: str = "") -> Response:
+    async def serve(
+        self,
+        kind: str,
+        path: str,
+        body: Any,
+        tenant: str = "",
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """One OpenAI request through the flow; ``headers``: the client's to pass on to the
+        instances (``x-request-id``: vLLM names the answer after it)."""
         if not isinstance(body, dict):
             return error_response(400, "the request body must be a JSON object")
-        for name, ok in (
-            ("n", body.get("n", 1) in (1, None)),
-            ("kv_transfer_params", body.get("kv_transfer_params") is None),
-        ):
-            if not ok:
-                return error_response(
-                    400,
-                    f"{name}: not supported through the DualPath router (got {body.get(name)!r})",
-                    name,
-                )
+        if body.get("kv_transfer_params") is not None:
+            return error_response(
+                400,
+                "kv_transfer_params: not supported through the DualPath router (the router "
+                "sets it)",
+                "kv_transfer_params",
+            )
         if self.down:
             return error_response(503, self._not_ready())
+        passed = {k: v for k, v in (headers or {}).items() if k.lower() in _PASSED_HEADERS}
+        prompts = batch_prompts(body) if kind == "completions" else None
+        if prompts is not None:
+            return await self._batch(path, body, prompts, tenant, passed)
+        return await self._one(kind, path, body, tenant, passed)
+
+    async def _one(
+        self, kind: str, path: str, body: dict[str, Any], tenant: str, headers: dict[str, str]
+    ) -> Response:
         held = self._open()
         handed_over = False  # to the stream's response, which closes it
         try:
             prep = await self._place(held, kind, body, tenant)
-            await self._prefill(held, path, body, prep)
+            await self._prefill(held, path, body, prep, headers)
             limit = body.get("max_completion_tokens") or body.get("max_tokens")
             dbody = dict(body, kv_transfer_params=self.flow.decode_params(prep, tenant))
             if not (isinstance(limit, int) and limit > 0):
                 dbody["max_tokens"] = self.opts.default_max_tokens
             if body.get("stream"):
-                response = await self._stream(held, path, dbody, prep)
+                response = await self._stream(held, path, dbody, prep, headers)
                 handed_over = True
                 return response
-            return await self._whole(held, path, dbody, prep)
+            return await self._whole(held, path, dbody, prep, headers)
         except FlowError as err:
             return error_response(err.status, err.message)
         except _Answered as err:
@@ -294,6 +379,36 @@ class Router:
         finally:
             if not handed_over:
                 await self._close(held)
+
+    async def _batch(
+        self,
+        path: str,
+        body: dict[str, Any],
+        prompts: list[Any],
+        tenant: str,
+        headers: dict[str, str],
+    ) -> Response:
+        """A batched completion request: each prompt through the flow on its own, the answers
+        joined as vLLM joins them (``fanout.py``); the first failure is the batch's."""
+        n = body["n"] if isinstance(body.get("n"), int) else 1
+        subs = [dict(body, prompt=p) for p in prompts]
+        answers = await asyncio.gather(
+            *(self._one("completions", path, sub, tenant, headers) for sub in subs)
+        )
+        failed = next((a for a in answers if a.status_code != 200), None)
+        if failed is not None or not body.get("stream"):
+            for a in answers:
+                if isinstance(a, _Relay):
+                    await a.discard()
+            if failed is not None:
+                return failed
+            whole = join_whole([bytes(a.body) for a in answers], n)
+            return Response(whole, 200, media_type="application/json")
+        options = body.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return _Relay(
+            _joined([a for a in answers if isinstance(a, _Relay)], StreamJoin(n, usage)), _nothing
+        )
 
     async def _place(self, held: _Held, kind: str, body: dict[str, Any], tenant: str) -> Prepared:
         stage = self.flow.stats.time_stage
@@ -310,27 +425,40 @@ class Router:
                 held.nodes = frozenset((topo.node_of(prep.assign.pe), topo.node_of(prep.assign.de)))
         return prep
 
-    async def _prefill(self, held: _Held, path: str, body: dict[str, Any], prep: Prepared) -> None:
+    async def _prefill(
+        self,
+        held: _Held,
+        path: str,
+        body: dict[str, Any],
+        prep: Prepared,
+        headers: dict[str, str],
+    ) -> None:
         pbody = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         pbody["max_tokens"] = 1
         pbody["kv_transfer_params"] = self.flow.prefill_params(prep)
         self.flow.prefilling(prep)
         with self.flow.stats.time_stage("prefill"):
-            await self._post(held, prep.assign.pe, "prefill", path, pbody)
+            await self._post(held, prep.assign.pe, "prefill", path, pbody, headers)
         with self.flow.stats.time_stage("cnic_kv"):
             async with self._bounded(held, "the prefill's KV on its way to the decode node"):
                 await self.flow.hand_over(prep)
         self.flow.prefilled(prep)
 
     async def _post(
-        self, held: _Held, engine: int, role: str, path: str, body: dict[str, Any]
+        self,
+        held: _Held,
+        engine: int,
+        role: str,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
     ) -> httpx.Response:
         """A whole answer of engine ``engine``'s instance, within the request's deadline; an
         error status is passed on to the client as the instance gave it."""
         node = self.flow.topology.node_of(engine)
         async with self._bounded(held, f"the {role} instance on node {node}"):
             try:
-                r = await self.client.post(self._url(engine, path), json=body)
+                r = await self.client.post(self._url(engine, path), json=body, headers=headers)
             except httpx.HTTPError as err:
                 raise FlowError(
                     503, f"{role} instance failed: {type(err).__name__}: {err}"
@@ -343,22 +471,41 @@ class Router:
         return prep.hit_blocks * self.dep.block_tokens
 
     async def _whole(
-        self, held: _Held, path: str, dbody: dict[str, Any], prep: Prepared
+        self,
+        held: _Held,
+        path: str,
+        dbody: dict[str, Any],
+        prep: Prepared,
+        headers: dict[str, str],
     ) -> Response:
         with self.flow.stats.time_stage("decode"):
-            r = await self._post(held, prep.assign.de, "decode", path, dbody)
+            r = await self._post(held, prep.assign.de, "decode", path, dbody, headers)
         self.flow.decoding(prep)
         self._finish(held)
         content = with_cached_tokens(r.content, self._cached_tokens(prep))
         return Response(content, 200, media_type="application/json")
 
     async def _stream(
-        self, held: _Held, path: str, dbody: dict[str, Any], prep: Prepared
+        self,
+        held: _Held,
+        path: str,
+        dbody: dict[str, Any],
+        prep: Prepared,
+        headers: dict[str, str],
     ) -> Response:
         """The decode's answer as SSE, once its first bytes came (then the decode has loaded
-        its slots: ``flow.decoding``)."""
+        its slots: ``flow.decoding``). The decode is asked for a usage on every event (the
+        exact tokens generated: ``EventRelay``), which the relay takes out again where the
+        client did not ask for it."""
         node = self.flow.topology.node_of(prep.assign.de)
-        req = self.client.build_request("POST", self._url(prep.assign.de, path), json=dbody)
+        asked = dbody.get("stream_options")
+        asked = asked if isinstance(asked, dict) else {}
+        dbody = dict(
+            dbody, stream_options={**asked, "include_usage": True, "continuous_usage_stats": True}
+        )
+        req = self.client.build_request(
+            "POST", self._url(prep.assign.de, path), json=dbody, headers=headers
+        )
         with self.flow.stats.time_stage("decode_first_byte"):
             async with self._bounded(held, f"the decode instance on node {node}"):
                 try:
@@ -375,7 +522,11 @@ class Router:
                         503, f"decode instance failed: {type(err).__name__}: {err}"
                     ) from None
         self.flow.decoding(prep)
-        relay = EventRelay(self._cached_tokens(prep))
+        relay = EventRelay(
+            self._cached_tokens(prep),
+            bool(asked.get("include_usage")),
+            bool(asked.get("continuous_usage_stats")),
+        )
         what = f"the decode instance on node {node}"
 
         async def events() -> AsyncIterator[bytes]:
@@ -402,6 +553,47 @@ class Router:
                 yield rest
 
         return _Relay(events(), lambda: self._close(held))
+
+    # ------------------------------------------------------------ vLLM's other routes
+    async def forward(
+        self,
+        method: str,
+        path: str,
+        content: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        stateful: bool = False,
+    ) -> Response:
+        """A route of vLLM's that the DualPath flow has no part in (``/tokenize``,
+        ``/v1/models``, ``/v1/responses``, …), passed to an instance and its answer back as
+        it is (a stream as it comes). Stateless routes go to the first instance that answers
+        (prefill instances first); ``stateful`` ones (the Responses API keeps its responses
+        in the instance) always to the first decode instance."""
+        sent = {k: v for k, v in (headers or {}).items() if k.lower() in _FORWARDED_HEADERS}
+        last: Exception | None = None
+        for inst in self._forward_order(stateful):
+            req = self.client.build_request(method, inst.url + path, content=content, headers=sent)
+            try:
+                r = await self.client.send(req, stream=True)
+            except httpx.HTTPError as err:
+                last = err
+                continue
+            kind = r.headers.get("content-type", "application/json")
+            if kind.startswith("text/event-stream"):
+                return _Relay(r.aiter_raw(), r.aclose)
+            try:
+                body = await r.aread()
+            except httpx.HTTPError as err:
+                return error_response(503, f"vLLM instance {inst.url} failed: {err}")
+            finally:
+                await r.aclose()
+            return Response(body, r.status_code, media_type=kind)
+        return error_response(503, f"no vLLM instance answers {path}: {last}")
+
+    def _forward_order(self, stateful: bool) -> list[Instance]:
+        order = sorted(self.dep.instances, key=lambda i: (i.kind != "pe", i.node))
+        if stateful:
+            return [min((i for i in self.dep.instances if i.kind == "de"), key=lambda i: i.node)]
+        return order
 
     async def close(self) -> None:
         await self.client.aclose()

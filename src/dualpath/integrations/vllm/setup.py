@@ -254,6 +254,8 @@ class VllmOptions:
     cluster: str = ""  # place the nodes on ``dualpath cluster up``'s namespaces ("": this host)
     store_url: str = ""  # the KV store (``kv.stores.open_store``); "": the files at kv_root
     store_mib: int = 512  # ``store_url`` "mooncake": the memory of the store server started
+    served_model_name: str = ""  # the model id clients name; "": the checkpoint folder's name
+    access_log: bool = True  # the router's line per request on stderr
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "max_model_len", "kv_cache_gib", "buffer_mib"):
@@ -287,6 +289,11 @@ class VllmOptions:
             raise ValueError(
                 "--block-size is invalid in --vllm-arg: the block size is --vllm-block-tokens "
                 "(the router and the store use it too)"
+            )
+        if vllm_flag(self.vllm_args("pe") + self.vllm_args("de"), "--served-model-name"):
+            raise ValueError(
+                "--served-model-name is invalid in --vllm-arg: give it to dualpath serve "
+                "(the router names the model too)"
             )
 
     def vllm_args(self, kind: str) -> tuple[str, ...]:
@@ -377,7 +384,7 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
     dep = Deployment(
         tuple(nodes),
         tuple(instances),
-        Path(opts.model_dir).name or "model",
+        opts.served_model_name or Path(opts.model_dir).name or "model",
         opts.block_tokens,
         weights_digest,
         shape,

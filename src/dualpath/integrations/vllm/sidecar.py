@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualpath.integrations.vllm.node import NodeSpec, call
+from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec, call
 from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
 from dualpath.kv.mooncake_store import MooncakeBlockStore
 from dualpath.kv.pacer import LinkLock, Pacer
@@ -316,8 +316,12 @@ class NodeSidecar:
                 self.bytes_written += nbytes
             else:  # e.g. a full disk: the tokens were served, the block is not cached
                 self.num_failed_writes += 1
-        if err is not None and self.num_failed_writes == 1:
-            print(f"dualpath: node{self.spec.node}: block not cached: {err}", file=sys.stderr)
+        if err is not None:  # counted (``failed_writes`` in /metrics) and named
+            print(
+                f"dualpath: node{self.spec.node}: block {key} not cached: {err}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def persist(self, keys: list[str], slots: list[int]) -> int:
         if len(keys) != len(slots):
@@ -461,20 +465,19 @@ class NodeSidecar:
                         answer = sidecar.handle(json.loads(line))
                     except (KeyError, TypeError, ValueError) as err:
                         answer = {"error": f"{type(err).__name__}: {err}"}
-                    self.wfile.write(json.dumps(answer).encode() + b"\n")
-                    self.wfile.flush()
+                    try:
+                        self.wfile.write(json.dumps(answer).encode() + b"\n")
+                        self.wfile.flush()
+                    except OSError:  # the caller left (its timeout): nothing to answer
+                        return
 
         server: socketserver.BaseServer
         if self.spec.networked:
             self.start_engine()
-            socketserver.ThreadingTCPServer.allow_reuse_address = True
-            server = socketserver.ThreadingTCPServer(
-                (self.spec.host, self.spec.control_port), Handler
-            )
+            server = _TcpServer((self.spec.host, self.spec.control_port), Handler)
         else:
             Path(self.spec.socket_path).unlink(missing_ok=True)
-            server = socketserver.ThreadingUnixStreamServer(self.spec.socket_path, Handler)
-        server.daemon_threads = True  # type: ignore[attr-defined,unused-ignore]
+            server = _UnixServer(self.spec.socket_path, Handler)
         # batched reads: two requests' reads in flight, so that the SNIC is busy while the
         # next request's batch starts (a store across the network: its round trips)
         readers = READ_JOBS_IN_FLIGHT if self._batched() else 1
@@ -509,6 +512,20 @@ class NodeSidecar:
             self.buffer.close()
             Path(self.spec.socket_path).unlink(missing_ok=True)
             Path(self.spec.lock_path).unlink(missing_ok=True)
+
+
+class _TcpServer(socketserver.ThreadingTCPServer):
+    """A thread per connection (callers keep theirs open: ``node.SidecarPool``), a listening
+    queue that takes a burst (``LISTEN_BACKLOG``)."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+
+class _UnixServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
 
 def _runs(slots: list[int], to_slots: list[int]) -> list[tuple[int, int, int]]:

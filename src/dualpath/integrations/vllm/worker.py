@@ -36,7 +36,7 @@ from dualpath.integrations.vllm.blocks import (
     load_layer,
     save_layer,
 )
-from dualpath.integrations.vllm.node import NodeSpec, attach_buffer, call, instance_owner
+from dualpath.integrations.vllm.node import NodeSpec, SidecarPool, attach_buffer, instance_owner
 from dualpath.integrations.vllm.plan import BlockCopy, PagedPersist, StepMeta
 from dualpath.kv.buffer import SlotBuffer
 from dualpath.types import KVPath
@@ -88,16 +88,18 @@ class WorkerSide:
         nodes: dict[int, NodeSpec],
         node: int,
         block_tokens: int,
-        sidecar: SidecarCall = call,
+        sidecar: SidecarCall | None = None,
         rank: Rank | None = None,
     ) -> None:
+        """``sidecar``: how side-cars are asked (default: a ``SidecarPool``: the step's
+        hand-overs reuse kept connections)."""
         if node not in nodes:
             raise ValueError(f"node={node} is invalid: the node specs list {sorted(nodes)}")
         self.nodes = nodes
         self.node = node
         self.block_tokens = block_tokens
         self.rank = rank or Rank()
-        self._sidecar = sidecar
+        self._sidecar = sidecar or SidecarPool().call
         self._group_of: dict[str, int] = {}
         self._buffers: dict[int, SlotBuffer] = {}
         self._views: dict[int, SlotView] = {}
@@ -255,11 +257,18 @@ class WorkerSide:
 
     def _hand_over(self, node: int, ops: list[dict[str, Any]]) -> None:
         spec = self.nodes[node]
-        try:
+        try:  # (a refused connect is tried again: ``node.CONNECT_TRIES``)
             self._sidecar(spec.control, {"op": "parts", "parts": ops})
-        except (OSError, ValueError) as err:  # the side-car is gone: the blocks stay uncached
-            # (its restart recreates the buffer: nothing of it is held any more)
-            print(f"dualpath connector: persist on node {node} failed ({err})", file=sys.stderr)
+        except (OSError, ValueError) as err:
+            # the side-car is gone: the blocks stay uncached, and no later try could cache
+            # them (its restart recreates the buffer: the slots hold nothing any more)
+            keys = [k for op in ops for k in op["keys"]]
+            print(
+                f"dualpath connector: {len(keys)} block(s) not persisted on node {node} "
+                f"({type(err).__name__}: {err}): {' '.join(keys)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _copy_blocks(self, node: int, bp: PagedPersist) -> None:
         """This worker's part of generated blocks ``bp``: its layers, its heads."""
