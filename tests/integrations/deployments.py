@@ -192,3 +192,61 @@ def agent_turns(client: Any, model: str, prompt: str, max_tokens: int = 12) -> l
         out.append((r.choices[0].text, r.usage.prompt_tokens, details and details.cached_tokens))
         prompt = prompt + r.choices[0].text + " Next."
     return out
+
+
+def _output_text(answer: dict[str, Any]) -> str:
+    """The text of a Responses API answer (its message items' output_text parts)."""
+    return "".join(
+        part.get("text", "")
+        for item in answer.get("output") or []
+        if item.get("type") == "message"
+        for part in item.get("content") or []
+    )
+
+
+def route_answers(url: str, model: str) -> dict[str, Any]:
+    """What vLLM's routes and fields answer at ``url``: each probe's status and the facts two
+    servers of one checkpoint share (greedy texts, token ids, ids named by ``x-request-id``,
+    error types), for a plain vLLM instance and the router alike."""
+    client = httpx.Client(base_url=url, timeout=120)
+    out: dict[str, Any] = {}
+    r = client.post("/tokenize", json={"model": model, "prompt": "Hello agent world"})
+    tokens = r.json().get("tokens")
+    out["tokenize"] = (r.status_code, tokens)
+    r = client.post("/detokenize", json={"model": model, "tokens": tokens})
+    out["detokenize"] = (r.status_code, r.json().get("prompt"))
+    r = client.get("/version")
+    out["version"] = (r.status_code, r.json().get("version"))
+    r = client.get("/v1/models")
+    card = r.json()["data"][0]
+    out["models"] = (r.status_code, card["id"], card.get("max_model_len"))
+    greedy = {"model": model, "temperature": 0, "max_tokens": 8, "ignore_eos": True}
+    prompt = "The agent read the file and ran the tests. " * 3
+    sampled = {**greedy, "temperature": 1.0, "seed": 7, "n": 2}  # (vLLM: n > 1 samples)
+    r = client.post("/v1/completions", json={**sampled, "prompt": prompt})
+    out["n=2"] = (r.status_code, [c["text"] for c in r.json().get("choices", [])])
+    batch = [prompt + "First.", prompt + "Second, longer."]
+    r = client.post("/v1/completions", json={**greedy, "prompt": batch})
+    got = r.json()
+    usage = got.get("usage") or {}
+    out["batch"] = (
+        r.status_code,
+        [(c["index"], c["text"]) for c in got.get("choices", [])],
+        usage.get("prompt_tokens"),
+        usage.get("completion_tokens"),
+    )
+    r = client.post(
+        "/v1/completions", json={**greedy, "prompt": prompt}, headers={"X-Request-Id": "probe-7"}
+    )
+    out["x-request-id"] = (r.status_code, r.json().get("id"))
+    r = client.post(
+        "/v1/responses",
+        json={"model": model, "input": prompt, "max_output_tokens": 8, "temperature": 0},
+    )
+    out["responses"] = (r.status_code, r.json().get("object"), _output_text(r.json()))
+    for name, bad in (("max_tokens=-1", {"max_tokens": -1}), ("n=0", {"n": 0})):
+        r = client.post("/v1/completions", json={**greedy, "prompt": prompt, **bad})
+        err = r.json().get("error") or {}
+        out[name] = (r.status_code, err.get("type"), err.get("code"))
+    client.close()
+    return out

@@ -33,7 +33,7 @@ pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from tests.integrations.deployments import Plain  # noqa: E402
+from tests.integrations.deployments import Plain, route_answers  # noqa: E402
 from tests.integrations.deployments import stop as _stop  # noqa: E402
 from tests.integrations.deployments import wait_health as _wait_health  # noqa: E402
 from tests.integrations.nodes import vllm_python  # noqa: E402
@@ -154,7 +154,11 @@ class Reference:
         if self._got is None:
             try:
                 client = self.plain.ready(300).client
-                self._got = {"turns": _turns(client, MODEL), "two": _two_long_chats(client, MODEL)}
+                self._got = {
+                    "turns": _turns(client, MODEL),
+                    "two": _two_long_chats(client, MODEL),
+                    "routes": route_answers(self.plain.url, MODEL),
+                }
             finally:
                 self.plain.stop()
         return self._got[key]
@@ -279,6 +283,10 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     assert pe.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"') == 0
     assert pe.metric("dualpath:prefix_cache_hits_total") > 0
     assert pe.metric("dualpath:requests_done_total") == 4
+    # every route and field of vLLM's that clients use: the same status and answer
+    routes = route_answers(pe.url, MODEL)
+    assert routes == reference["routes"]
+    assert routes["n=2"][0] == 200 and len(routes["n=2"][1]) == 2
 
     # the same deployment with every read forced to the DE side from now on (one start less
     # than a second deployment): the same store, so now even the first turns hit

@@ -162,3 +162,45 @@ def test_generated_blocks_get_slots_and_a_job_each() -> None:
     assert bp.keys == tuple(block_keys(tokens, BS, "ns")[2:3])
     tokens += [12, 13, 14, 15]  # the buffer has no slot left: nothing to persist from
     assert plan.step([], [("d", [13], False, 12, 4)]).block_persists == []
+
+
+def test_choices_of_one_request_load_the_same_slots() -> None:
+    """vLLM's ``n`` > 1: its choices are requests of one set of params (``shares`` 3), which
+    vLLM schedules one step after the other. Each loads the slots the first claimed (none
+    recomputes: that would also draw its sampler's random numbers for a token thrown away);
+    the slots are handed over once, after the last sharer loaded or left."""
+
+    class Owners:
+        def __init__(self) -> None:
+            self.claims = 0
+
+        def alloc(self, node: int, n: int) -> list[int] | None:
+            return None
+
+        def claim(self, node: int, slots: object, lease: int) -> bool:
+            self.claims += 1
+            return self.claims == 1  # a lease is claimed once
+
+        def release(self, node: int, slots: object, lease: int) -> int:
+            return 0
+
+    owners = Owners()
+    plan = StepPlanner(BS, owners)
+    tokens = list(range(9))
+    load = BlockLoad(1, (30, 31, 32), 9, lease=7, shares=3)
+    params = TransferParams(load=load, persist=BlockPersist(1, 0, "ns"))
+    assert TransferParams.from_request({"dualpath": params.to_dict()}) == params
+    steps = []
+    for i, rid in enumerate(("0_r", "1_r")):
+        assert plan.matched_tokens(rid, params, tokens, 9, 0) == 8
+        plan.allocated(rid, 8)
+        steps.append(plan.step([(rid, [10 * i, 10 * i + 1, 10 * i + 2], 8, 1)], []))
+    assert [(j.request_id, j.slots) for s in steps for j in s.loads] == [
+        ("0_r", (30, 31, 32)),
+        ("1_r", (30, 31, 32)),
+    ]
+    assert owners.claims == 1 and not any(s.slot_persists or s.lost for s in steps)
+    plan.finished("2_r", params)  # the third choice left before vLLM scheduled it
+    (sp,) = plan.step([], []).slot_persists  # now the slots go: once
+    assert sp.request_id == "0_r" and sp.slots == (30, 31) and sp.free == (32,)
+    assert plan.step([], []).is_empty()

@@ -34,6 +34,7 @@ from dualpath.integrations.vllm.processes import group_members  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 KEYS = {"acme": "key-a", "beta": "key-b"}
+SERVED = "agent-model"  # --served-model-name: the model id clients name
 PROMPT = (
     "The user asked for a summary of the repository layout and the failing test. "
     "def main(): print('hello world') return 0. Tool call: ls -la src/ "
@@ -90,6 +91,8 @@ class Served:
             "hermes",
             "--request-timeout-s",
             "120",
+            "--served-model-name",
+            SERVED,
             *[a for t, k in KEYS.items() for a in ("--api-key", f"{t}={k}")],
         ]
         with self.out.open("wb") as f:
@@ -161,7 +164,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 def _chat(user: str, **extra: Any) -> dict[str, Any]:
     return {
-        "model": "tiny",
+        "model": SERVED,
         "messages": [{"role": "user", "content": user}],
         "max_tokens": 8,
         "temperature": 0,
@@ -184,7 +187,7 @@ def test_keys_gate_every_route_but_health(served: Served) -> None:
     assert httpx.get(served.url + "/health").status_code == 200
     assert (
         served.post(
-            "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}, KEYS["beta"]
+            "/v1/completions", {"model": SERVED, "prompt": "hi", "max_tokens": 2}, KEYS["beta"]
         ).status_code
         == 200
     )
@@ -257,10 +260,53 @@ def test_cached_tokens_are_the_store_hits_and_loadgen_sees_them(
     assert summary["hit_ratio"] == pytest.approx(hits / queries)
 
 
+def test_a_burst_of_chats_sharing_a_stored_prefix_all_hit(served: Served) -> None:
+    """48 chats at once, each a new question after one long shared context whose blocks the
+    store holds: every one answered, every one with hits (no side-car call refused, no KV
+    write dropped), and ``/health`` answered meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    context = "Repository notes. " + PROMPT * 6  # ~1,000 tokens, shared by every chat
+    first = served.post("/v1/chat/completions", _chat(context + " Question 0?"))
+    assert first.status_code == 200, first.text
+    failed0 = served.metric("dualpath:requests_failed_total")
+
+    def ask(i: int) -> tuple[int, int, int]:
+        r = served.post("/v1/chat/completions", _chat(context + f" Question {i + 1}?"))
+        usage = r.json().get("usage") or {} if r.status_code == 200 else {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        return r.status_code, int(usage.get("prompt_tokens", 0)), int(cached)
+
+    health: list[float] = []
+    with ThreadPoolExecutor(49) as pool:
+        answers = pool.map(ask, range(48))
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert httpx.get(served.url + "/health", timeout=10).status_code == 200
+            health.append(time.monotonic() - t0)
+        got = list(answers)
+    assert [code for code, _, _ in got] == [200] * 48
+    # the context's whole blocks: the tokens two of the prompts share (/tokenize, as vLLM's)
+    a, b = (
+        httpx.post(
+            served.url + "/tokenize",
+            json={"model": SERVED, "messages": _chat(context + q)["messages"]},
+        ).json()["tokens"]
+        for q in (" Question 0?", " Question 1?")
+    )
+    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    shared = common // 32 * 32
+    assert all(cached >= shared > 0 for _, _, cached in got), got
+    assert served.metric("dualpath:requests_failed_total") == failed0
+    assert served.metric("dualpath:kv_writes_failed_total") == 0
+    logs = "".join(p.read_text(errors="replace") for p in served.logs.glob("vllm*.log"))
+    assert "not persisted" not in logs
+
+
 def _stream(url: str, i: int, out: dict[int, list[str]]) -> None:
     """A long stream; its events (or, refused before its first byte, its status and body)."""
     body = {
-        "model": "tiny",
+        "model": SERVED,
         "prompt": f"stream {i} " * 20,
         "max_tokens": 1500,
         "stream": True,
@@ -307,12 +353,12 @@ def test_a_killed_decode_is_replaced_and_sigterm_leaves_nothing(served: Served) 
         assert time.monotonic() < deadline, "/health stayed 200 with its decode dead"
         time.sleep(0.05)
     t0 = time.monotonic()
-    r = served.post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    r = served.post("/v1/completions", {"model": SERVED, "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 503 and "decode instance on node 1" in r.text
     assert time.monotonic() - t0 < 2
 
     served.wait_health(240)  # restarted: as long as an instance takes to start
-    r = served.post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    r = served.post("/v1/completions", {"model": SERVED, "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200, r.text
     assert group_members(decode) == []  # its EngineCore and worker went with it
     served.groups |= served.current_groups()

@@ -470,9 +470,11 @@ class TurnFlow:
         self.core.first_token(prep.turn, self.now())
         self._pull()
 
-    def decode_params(self, prep: Prepared, tenant: str) -> dict[str, Any]:
+    def decode_params(self, prep: Prepared, tenant: str, choices: int = 1) -> dict[str, Any]:
+        """``choices``: the request's ``n`` (vLLM runs each choice as a request that loads
+        the same slots: ``BlockLoad.shares``)."""
         de_node = self.topology.node_of(prep.assign.de)
-        load = BlockLoad(de_node, tuple(prep.de_slots), len(prep.tokens), prep.lease)
+        load = BlockLoad(de_node, tuple(prep.de_slots), len(prep.tokens), prep.lease, choices)
         persist = BlockPersist(de_node, prep.stored_blocks, self.dep.namespace(tenant))
         return {"dualpath": TransferParams(load=load, persist=persist).to_dict()}
 

@@ -47,31 +47,43 @@ class BlockLoad:
     ``lease``: the owner tag the router allocated the slots under (0: anonymous). A decode's
     slots are handed over with its load: the instance claims them from that tag when it loads
     (``SlotBuffer.transfer``), and a request that ends before its load gives them back. A
-    prefill's stay the router's (it frees them once the prefill answered)."""
+    prefill's stay the router's (it frees them once the prefill answered).
+
+    ``shares``: the requests vLLM makes of it that load the same slots (``n`` choices: vLLM
+    runs each as a request of its own, with these params); the slots are handed over once
+    the last of them loaded or left."""
 
     node: int
     slots: tuple[int, ...]
     num_tokens: int
     lease: int = 0
+    shares: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "node": self.node,
             "slots": list(self.slots),
             "num_tokens": self.num_tokens,
             "lease": self.lease,
         }
+        if self.shares != 1:
+            out["shares"] = self.shares
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockLoad:
         lease = d.get("lease", 0)
         if not isinstance(lease, int) or isinstance(lease, bool) or lease < 0:
             raise ValueError(f"dualpath.load.lease={lease!r} is invalid: must be an integer >= 0")
+        shares = d.get("shares", 1)
+        if not isinstance(shares, int) or isinstance(shares, bool) or shares < 1:
+            raise ValueError(f"dualpath.load.shares={shares!r} is invalid: must be an integer >= 1")
         return cls(
             _int("load.node", d.get("node")),
             _ints("load.slots", d.get("slots")),
             _int("load.num_tokens", d.get("num_tokens")),
             lease,
+            shares,
         )
 
 

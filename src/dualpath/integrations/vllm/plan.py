@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dualpath.integrations.vllm.params import TransferParams
+from dualpath.integrations.vllm.params import BlockLoad, TransferParams
 from dualpath.kv.store import block_keys
 
 NULL_BLOCK = 0  # vLLM's null block (``BlockPool.null_block``): a sliding window's skipped block
@@ -146,6 +146,19 @@ class _Req:
 BlockIds = Sequence[int] | Sequence[Sequence[int]]
 
 
+@dataclass(slots=True)
+class _Shared:
+    """A load shared by several requests (``BlockLoad.shares``): the sharers still to load,
+    and the hand-over of its slots that waits for them."""
+
+    waiting: int
+    hand_over: SlotPersist
+
+
+def _lease_key(load: BlockLoad) -> tuple[int, int]:
+    return load.node, load.lease
+
+
 def _groups(ids: BlockIds | None) -> list[list[int]]:
     """Block ids per KV cache group, from one group's list or vLLM's tuple of lists."""
     if not ids:
@@ -186,6 +199,8 @@ class StepPlanner:
         self._reqs: dict[str, _Req] = {}
         self._job_prefix = job_prefix
         self._num_jobs = 0
+        self._shared: dict[tuple[int, int], _Shared] = {}  # shared loads: sharers to come
+        self._due: list[SlotPersist] = []  # hand-overs for the next step
 
     def _job(self) -> str:
         self._num_jobs += 1
@@ -231,6 +246,8 @@ class StepPlanner:
         tokens computed before, tokens scheduled) of the others. Block ids: one group's list,
         or one list per KV cache group (vLLM's tuple)."""
         meta = StepMeta()
+        meta.slot_persists.extend(self._due)  # shared loads whose last sharer left
+        self._due = []
         for rid, block_ids, computed, scheduled in new:
             req = self._reqs.get(rid)
             if req is None:
@@ -255,6 +272,10 @@ class StepPlanner:
         return meta
 
     def _load(self, rid: str, req: _Req, meta: StepMeta) -> None:
+        """A load of leased slots. Shared (``BlockLoad.shares``: vLLM's ``n`` choices, each a
+        request of the same params), the first sharer claims the slots and the others load
+        the same ones (rather than recompute, which would also draw a sampler's random numbers
+        for a token thrown away); the hand-over waits for the last sharer (``_share``)."""
         load = req.params.load
         assert load is not None
         req.loaded = True
@@ -266,6 +287,13 @@ class StepPlanner:
         copy = BlockCopy(rid, load.node, ids, tuple(load.slots[first:end]), others)
         owners, persist = self._owners, req.params.persist
         handed = persist is not None  # a decode: its slots become the instance's
+        shared = self._shared.get(_lease_key(load))
+        if handed and shared is not None:  # another sharer claimed them: load the same slots
+            if end > first:
+                meta.loads.append(copy)
+            req.persisted_blocks = min(req.prompt_tokens // self.block_tokens, end)
+            self._left(_lease_key(load), meta.slot_persists)
+            return
         if handed and owners is not None and not owners.claim(load.node, load.slots, load.lease):
             meta.lost.append(copy)  # the router took them back: vLLM recomputes
             return
@@ -281,12 +309,23 @@ class StepPlanner:
         )[start:full]
         kept = set(range(start, full))
         free = tuple(s for i, s in enumerate(load.slots) if i not in kept)
-        meta.slot_persists.append(
-            SlotPersist(
-                rid, load.node, tuple(keys), tuple(load.slots[start:full]), free, self._job()
-            )
+        hand_over = SlotPersist(
+            rid, load.node, tuple(keys), tuple(load.slots[start:full]), free, self._job()
         )
+        if load.shares > 1:  # after the last sharer's load
+            self._shared[_lease_key(load)] = _Shared(load.shares - 1, hand_over)
+        else:
+            meta.slot_persists.append(hand_over)
         req.persisted_blocks = full
+
+    def _left(self, key: tuple[int, int], out: list[SlotPersist]) -> None:
+        """A sharer of a shared load loaded, or left before it did: the last one hands the
+        slots over (into ``out``: this step's or the next one's)."""
+        shared = self._shared[key]
+        shared.waiting -= 1
+        if shared.waiting <= 0:
+            del self._shared[key]
+            out.append(shared.hand_over)
 
     def _visible(
         self, req: _Req, first: int, end: int, computed: int
@@ -337,8 +376,13 @@ class StepPlanner:
         """The request left vLLM (finished, aborted; ``params``: its own, for one vLLM never
         asked about): a lease it never claimed goes back."""
         req = self._reqs.pop(request_id, None)
+        mine = req.params if req is not None else params
+        load = mine.load if mine is not None else None
+        unloaded = req is None or not req.loaded
+        if load is not None and unloaded and _lease_key(load) in self._shared:
+            self._left(_lease_key(load), self._due)  # a sharer that never loaded: one less
+            return
         if (req is not None and req.loaded) or self._owners is None:
             return
-        mine = req.params if req is not None else params
         if mine is not None and mine.load is not None and mine.persist is not None:
             self._owners.release(mine.load.node, mine.load.slots, mine.load.lease)

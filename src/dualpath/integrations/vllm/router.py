@@ -11,8 +11,12 @@ A request lives in one ``_Held`` from arrival to its one exit (``_close``), whic
 what it still holds (``flow.release``) however it ends. Every wait is bounded by its deadline
 (``request_timeout_s``: a 504 naming what it waited for, or an error event in a stream) and
 ends at once when something it needs goes down (``lose``, from the supervisor: a 503 naming
-it). A field the router cannot honour (``n`` > 1, a client's own ``kv_transfer_params``) or a
-prompt no buffer can hold is a 400 naming it; an instance or side-car that fails is a 503.
+it). A field the router cannot honour (a client's own ``kv_transfer_params``) or a prompt no
+buffer can hold is a 400 naming it; an instance or side-car that fails is a 503 (errors in
+vLLM's shape: ``vllm_error_body``). ``n`` > 1 runs the prefill once and lets the decode sample
+the choices; a batched completion prompt runs each prompt through the flow and joins the
+answers (``fanout.py``); vLLM's routes the flow has no part in are passed to an instance
+(``forward``).
 """
 
 from __future__ import annotations
@@ -21,20 +25,20 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from dualpath.integrations.vllm.fanout import StreamJoin, batch_prompts, join_whole
 from dualpath.integrations.vllm.flow import FlowError, Prepared, TurnFlow
 from dualpath.integrations.vllm.relay import EventRelay, with_cached_tokens
 from dualpath.integrations.vllm.setup import Instance
+from dualpath.integrations.vllm.streams import Relay, joined, nothing
 
 # sampling-length and streaming fields the prefill does not take from the client
 _PREFILL_DROP = (
@@ -132,69 +136,6 @@ class _Held:
 
     def uses(self, nodes: Sequence[int]) -> bool:
         return self.nodes is None or any(n in self.nodes for n in nodes)
-
-
-class _Relay(StreamingResponse):
-    """A stream whose request is closed however the response ends, started or not (a client
-    gone before the first byte never runs the body's ``finally``)."""
-
-    def __init__(
-        self, body: AsyncIterator[bytes], on_close: Callable[[], Coroutine[Any, Any, None]]
-    ) -> None:
-        super().__init__(body, media_type="text/event-stream")
-        self.events = body
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
-
-    async def discard(self) -> None:
-        """Never sent: its request closed (what it holds given back)."""
-        with contextlib.suppress(Exception):
-            await self.events.aclose()  # type: ignore[attr-defined]
-        await self._on_close()
-
-
-async def _nothing() -> None:
-    return None
-
-
-async def _joined(streams: list[_Relay], join: StreamJoin) -> AsyncIterator[bytes]:
-    """The streams of a batch's prompts, interleaved as their events come, as one stream
-    (``fanout.StreamJoin``); every stream's request closed however it ends."""
-    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
-
-    async def pump(i: int, stream: _Relay) -> None:
-        tail = b""
-        try:
-            async for chunk in stream.events:
-                tail += chunk
-                *events, tail = tail.split(b"\n\n")
-                for e in events:
-                    await queue.put((i, e))
-            if tail:
-                await queue.put((i, tail))
-        finally:
-            await queue.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(tasks)
-        while left:
-            i, event = await queue.get()
-            if event is None:
-                left -= 1
-            elif out := join.event(i, event):
-                yield out
-        yield join.close()
-    finally:
-        for task in tasks:
-            task.cancel()
-        for stream in streams:
-            await stream.discard()
 
 
 class Router:
@@ -364,8 +305,11 @@ class Router:
             prep = await self._place(held, kind, body, tenant)
             await self._prefill(held, path, body, prep, headers)
             limit = body.get("max_completion_tokens") or body.get("max_tokens")
-            dbody = dict(body, kv_transfer_params=self.flow.decode_params(prep, tenant))
-            if not (isinstance(limit, int) and limit > 0):
+            n = body.get("n")
+            choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+            params = self.flow.decode_params(prep, tenant, choices)
+            dbody = dict(body, kv_transfer_params=params)
+            if limit is None:  # (a bad one is the decode's to refuse, as vLLM's)
                 dbody["max_tokens"] = self.opts.default_max_tokens
             if body.get("stream"):
                 response = await self._stream(held, path, dbody, prep, headers)
@@ -398,7 +342,7 @@ class Router:
         failed = next((a for a in answers if a.status_code != 200), None)
         if failed is not None or not body.get("stream"):
             for a in answers:
-                if isinstance(a, _Relay):
+                if isinstance(a, Relay):
                     await a.discard()
             if failed is not None:
                 return failed
@@ -406,8 +350,8 @@ class Router:
             return Response(whole, 200, media_type="application/json")
         options = body.get("stream_options")
         usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return _Relay(
-            _joined([a for a in answers if isinstance(a, _Relay)], StreamJoin(n, usage)), _nothing
+        return Relay(
+            joined([a for a in answers if isinstance(a, Relay)], StreamJoin(n, usage)), nothing
         )
 
     async def _place(self, held: _Held, kind: str, body: dict[str, Any], tenant: str) -> Prepared:
@@ -552,7 +496,7 @@ class Router:
             if rest:
                 yield rest
 
-        return _Relay(events(), lambda: self._close(held))
+        return Relay(events(), lambda: self._close(held))
 
     # ------------------------------------------------------------ vLLM's other routes
     async def forward(
@@ -579,7 +523,7 @@ class Router:
                 continue
             kind = r.headers.get("content-type", "application/json")
             if kind.startswith("text/event-stream"):
-                return _Relay(r.aiter_raw(), r.aclose)
+                return Relay(r.aiter_raw(), r.aclose)
             try:
                 body = await r.aread()
             except httpx.HTTPError as err:
