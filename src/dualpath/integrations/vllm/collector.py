@@ -116,7 +116,7 @@ class FlowCollector(Collector):
             total.add_metric([str(node)], snap.slots[node])
         yield free
         yield total
-        waiters = getattr(self._flow.stats, "slot_waiters", 0)
+        waiters = self._flow.slot_waiters
         yield GaugeMetricFamily(
             "dualpath:slot_waiters", "Requests waiting for buffer slots", value=waiters
         )

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, SidecarPool, attach_buffer
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.integrations.vllm.setup import Deployment
+from dualpath.integrations.vllm.slotqueue import SlotQueue
 from dualpath.kv.buffer import SlotBuffer
 from dualpath.kv.mooncake_store import MooncakeBlockStore
 from dualpath.kv.store import block_keys
@@ -67,7 +68,6 @@ from dualpath.policy.core import PolicyCore
 from dualpath.policy.forced import ForcedSide
 from dualpath.types import EngineKind, KVPath, ReadSide
 
-SLOT_WAIT_S = 0.005  # a full buffer is retried this often (backpressure, nothing dropped)
 SLOT_DEADLINE_S = 300.0  # and at most this long (the router passes its request timeout)
 # A new turn waits at most this long for writes of its prefix still queued at a DE node's
 # side-car (a fault, or a SNIC far behind: then it goes with what is durable and recomputes)
@@ -117,7 +117,6 @@ class FlowStats:
     hit_tokens: int = 0
     num_done: int = 0
     num_failed: int = 0
-    slot_waiters: int = 0  # requests waiting for buffer slots now
     settle_failures: int = 0  # a DE side-car that could not say what it still writes
     settle_timeouts: int = 0  # writes of a prefix still queued after SETTLE_WAIT_S
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per router stage
@@ -188,6 +187,7 @@ class TurnFlow:
         self.slot_deadline_s = slot_deadline_s
         self._calls = ThreadPoolExecutor(SIDECAR_THREADS, thread_name_prefix="sidecar-call")
         self.stats = FlowStats()
+        self._slot_queues: dict[int, SlotQueue] = {}  # per node: requests waiting for slots
 
     def _off_loop(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` (a side-car request: it blocks) on the flow's own threads. Not
@@ -309,36 +309,48 @@ class TurnFlow:
             )
 
     async def _alloc(self, node: int, num_slots: int, lease: int) -> list[int]:
-        """``num_slots`` slots of ``node``'s buffer under ``lease``, waiting while it is full
-        (at most ``slot_deadline_s``: then a 503 naming the buffer)."""
-        if (slots := await self._try_alloc(node, num_slots, lease)) is not None:
-            return slots
-        deadline = time.monotonic() + self.slot_deadline_s
-        self.stats.slot_waiters += 1
+        """``num_slots`` slots of ``node``'s buffer under ``lease``, waiting in the node's
+        queue while it is full (at most ``slot_deadline_s``: then a 503 naming the buffer)."""
+        queue = self._slot_queues.get(node)
+        if queue is None:
+            queue = self._slot_queues[node] = SlotQueue(
+                lambda n, lease: self._try_alloc(node, n, lease),
+                lambda slots, lease: self._release(node, slots, lease),
+            )
         try:
             with self.stats.time_stage("slot_wait"):
-                while (slots := await self._try_alloc(node, num_slots, lease)) is None:
-                    if time.monotonic() > deadline:
-                        raise FlowError(
-                            503,
-                            f"no {num_slots} free slots in node {node}'s "
-                            f"buffer within {self.slot_deadline_s:g} s",
-                        )
-                    await asyncio.sleep(SLOT_WAIT_S)
-        finally:
-            self.stats.slot_waiters -= 1
-        return slots
+                async with asyncio.timeout(self.slot_deadline_s):
+                    return await queue.alloc(num_slots, lease)
+        except TimeoutError:
+            raise FlowError(
+                503,
+                f"no {num_slots} free slots in node {node}'s buffer within "
+                f"{self.slot_deadline_s:g} s",
+            ) from None
+
+    @property
+    def slot_waiters(self) -> int:
+        """Requests waiting for buffer slots now."""
+        return sum(len(q) for q in self._slot_queues.values())
 
     async def _try_alloc(self, node: int, num_slots: int, lease: int) -> list[int] | None:
-        """One try: the slots, None if the buffer is full; a side-car that cannot be asked
-        (another node's, over the network, off the event loop) fails the request (503)."""
+        """One try, off the event loop (a buffer's lock is shared with other processes; a
+        networked node's side-car is asked): the slots, None if the buffer is full; a
+        side-car that cannot be asked fails the request (503)."""
         buf = self.buffers[node]
-        if isinstance(buf, SlotBuffer):
-            return buf.alloc(num_slots, owner=lease)
+        asked = self._off_loop(buf.alloc, num_slots, lease)
         try:
-            return await self._off_loop(buf.alloc, num_slots, lease)
+            return await asyncio.shield(asked)
         except (OSError, ValueError) as err:
             raise FlowError(503, f"node {node}'s side-car: {err}") from None
+        except asyncio.CancelledError:  # what the thread still allocates goes back
+            asked.add_done_callback(lambda f: self._unasked(buf, f, lease))
+            raise
+
+    @staticmethod
+    def _unasked(buf: SlotBuffer | RemoteSlots, done: asyncio.Future[Any], lease: int) -> None:
+        if not done.cancelled() and done.exception() is None and done.result():
+            buf.release(done.result(), lease)
 
     # ------------------------------------------------------------ 2. read
     async def _read(self, prep: Prepared, keys: list[str], reads: list[Read]) -> None:
@@ -548,12 +560,18 @@ class TurnFlow:
         return give_back
 
     def _give_back(self, engine: int, slots: list[int], lease: int) -> None:
-        buf = self.buffers[self.topology.node_of(engine)]
-        if isinstance(buf, RemoteSlots):  # a side-car request: never on the event loop
-            with contextlib.suppress(RuntimeError):  # (no loop: a plain call, at once)
-                asyncio.get_running_loop()
-                self._calls.submit(buf.release, slots, lease)
-                return
+        self._release(self.topology.node_of(engine), slots, lease)
+
+    def _release(self, node: int, slots: list[int], lease: int) -> None:
+        buf = self.buffers[node]
+        if (queue := self._slot_queues.get(node)) is not None:
+            queue.kick()
+        # never on the event loop: a side-car request, or a buffer lock that another process
+        # may hold while it waits for a CPU (the loop would wait with it)
+        with contextlib.suppress(RuntimeError):  # (no loop: a plain call, at once)
+            asyncio.get_running_loop()
+            self._calls.submit(buf.release, slots, lease)
+            return
         buf.release(slots, lease)
 
     def free_slots(self) -> dict[int, tuple[int, int]]:

@@ -121,12 +121,14 @@ class _Answered(Exception):
 
 @dataclass(slots=True, eq=False)
 class _Held:
-    """One request in the router, from arrival to its one exit: its deadline (loop time), the
-    nodes it uses, the turn it holds, why it must end now ('' while nothing it needs is
-    down)."""
+    """One request in the router, from arrival to its one exit: its deadline (loop time), its
+    route and the client's headers the instances get, the nodes it uses, the turn it holds,
+    why it must end now ('' while nothing it needs is down)."""
 
     rid: int
     deadline: float
+    path: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
     nodes: frozenset[int] | None = None  # None: not placed yet (it may touch any node)
     prep: Prepared | None = None
     finished: bool = False  # the flow counted it answered: nothing to give back
@@ -151,8 +153,14 @@ class Router:
         self.flow = flow
         self.dep = flow.dep
         self.opts = options or RouterOptions()
+        # a connection per request in flight (httpx's default caps them at 100 and keeps 20:
+        # a burst queued inside the pool and reconnected), kept for the next request
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.opts.request_timeout_s, connect=5.0), transport=transport
+            timeout=httpx.Timeout(self.opts.request_timeout_s, connect=5.0),
+            transport=transport,
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=64, keepalive_expiry=30.0
+            ),
         )
         self.down: dict[str, str] = {}  # process → why it is down (the supervisor's word)
         self._held: dict[int, _Held] = {}
@@ -186,9 +194,9 @@ class Router:
         return "the deployment is not ready: " + "; ".join(v for _, v in sorted(self.down.items()))
 
     # ------------------------------------------------------------ one request's life
-    def _open(self) -> _Held:
+    def _open(self, path: str, headers: dict[str, str]) -> _Held:
         loop = asyncio.get_running_loop()
-        held = _Held(next(self._ids), loop.time() + self.opts.request_timeout_s)
+        held = _Held(next(self._ids), loop.time() + self.opts.request_timeout_s, path, headers)
         self._held[held.rid] = held
         return held
 
@@ -299,11 +307,11 @@ class Router:
     async def _one(
         self, kind: str, path: str, body: dict[str, Any], tenant: str, headers: dict[str, str]
     ) -> Response:
-        held = self._open()
+        held = self._open(path, headers)
         handed_over = False  # to the stream's response, which closes it
         try:
             prep = await self._place(held, kind, body, tenant)
-            await self._prefill(held, path, body, prep, headers)
+            await self._prefill(held, body, prep)
             limit = body.get("max_completion_tokens") or body.get("max_tokens")
             n = body.get("n")
             choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
@@ -312,10 +320,10 @@ class Router:
             if limit is None:  # (a bad one is the decode's to refuse, as vLLM's)
                 dbody["max_tokens"] = self.opts.default_max_tokens
             if body.get("stream"):
-                response = await self._stream(held, path, dbody, prep, headers)
+                response = await self._stream(held, dbody, prep)
                 handed_over = True
                 return response
-            return await self._whole(held, path, dbody, prep, headers)
+            return await self._whole(held, dbody, prep)
         except FlowError as err:
             return error_response(err.status, err.message)
         except _Answered as err:
@@ -369,40 +377,29 @@ class Router:
                 held.nodes = frozenset((topo.node_of(prep.assign.pe), topo.node_of(prep.assign.de)))
         return prep
 
-    async def _prefill(
-        self,
-        held: _Held,
-        path: str,
-        body: dict[str, Any],
-        prep: Prepared,
-        headers: dict[str, str],
-    ) -> None:
+    async def _prefill(self, held: _Held, body: dict[str, Any], prep: Prepared) -> None:
         pbody = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         pbody["max_tokens"] = 1
         pbody["kv_transfer_params"] = self.flow.prefill_params(prep)
         self.flow.prefilling(prep)
         with self.flow.stats.time_stage("prefill"):
-            await self._post(held, prep.assign.pe, "prefill", path, pbody, headers)
+            await self._post(held, prep.assign.pe, "prefill", pbody)
         with self.flow.stats.time_stage("cnic_kv"):
             async with self._bounded(held, "the prefill's KV on its way to the decode node"):
                 await self.flow.hand_over(prep)
         self.flow.prefilled(prep)
 
     async def _post(
-        self,
-        held: _Held,
-        engine: int,
-        role: str,
-        path: str,
-        body: dict[str, Any],
-        headers: dict[str, str],
+        self, held: _Held, engine: int, role: str, body: dict[str, Any]
     ) -> httpx.Response:
         """A whole answer of engine ``engine``'s instance, within the request's deadline; an
         error status is passed on to the client as the instance gave it."""
         node = self.flow.topology.node_of(engine)
         async with self._bounded(held, f"the {role} instance on node {node}"):
             try:
-                r = await self.client.post(self._url(engine, path), json=body, headers=headers)
+                r = await self.client.post(
+                    self._url(engine, held.path), json=body, headers=held.headers
+                )
             except httpx.HTTPError as err:
                 raise FlowError(
                     503, f"{role} instance failed: {type(err).__name__}: {err}"
@@ -414,29 +411,15 @@ class Router:
     def _cached_tokens(self, prep: Prepared) -> int:
         return prep.hit_blocks * self.dep.block_tokens
 
-    async def _whole(
-        self,
-        held: _Held,
-        path: str,
-        dbody: dict[str, Any],
-        prep: Prepared,
-        headers: dict[str, str],
-    ) -> Response:
+    async def _whole(self, held: _Held, dbody: dict[str, Any], prep: Prepared) -> Response:
         with self.flow.stats.time_stage("decode"):
-            r = await self._post(held, prep.assign.de, "decode", path, dbody, headers)
+            r = await self._post(held, prep.assign.de, "decode", dbody)
         self.flow.decoding(prep)
         self._finish(held)
         content = with_cached_tokens(r.content, self._cached_tokens(prep))
         return Response(content, 200, media_type="application/json")
 
-    async def _stream(
-        self,
-        held: _Held,
-        path: str,
-        dbody: dict[str, Any],
-        prep: Prepared,
-        headers: dict[str, str],
-    ) -> Response:
+    async def _stream(self, held: _Held, dbody: dict[str, Any], prep: Prepared) -> Response:
         """The decode's answer as SSE, once its first bytes came (then the decode has loaded
         its slots: ``flow.decoding``). The decode is asked for a usage on every event (the
         exact tokens generated: ``EventRelay``), which the relay takes out again where the
@@ -448,7 +431,7 @@ class Router:
             dbody, stream_options={**asked, "include_usage": True, "continuous_usage_stats": True}
         )
         req = self.client.build_request(
-            "POST", self._url(prep.assign.de, path), json=dbody, headers=headers
+            "POST", self._url(prep.assign.de, held.path), json=dbody, headers=held.headers
         )
         with self.flow.stats.time_stage("decode_first_byte"):
             async with self._bounded(held, f"the decode instance on node {node}"):
