@@ -51,6 +51,8 @@ _PREFILL_DROP = (
     "top_logprobs",
     "prompt_logprobs",
 )
+UPSTREAM_KEPT = 64  # idle connections to the instances kept
+UPSTREAM_IDLE_S = 4.0  # and for how long: below vLLM's keep-alive of 5 s
 # the client's headers passed on to the instances (the key check is the router's)
 _PASSED_HEADERS = ("x-request-id",)
 _FORWARDED_HEADERS = ("x-request-id", "content-type", "accept")
@@ -153,13 +155,17 @@ class Router:
         self.flow = flow
         self.dep = flow.dep
         self.opts = options or RouterOptions()
-        # a connection per request in flight (httpx's default caps them at 100 and keeps 20:
-        # a burst queued inside the pool and reconnected), kept for the next request
+        # a connection per request in flight (httpx's default caps them at 100: a burst
+        # queued inside the pool), 64 kept for the next requests (httpcore scans every kept
+        # one per request), each for less than vLLM keeps an idle one (uvicorn's 5 s,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE): never sent on as the instance closes it (a ReadError)
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.opts.request_timeout_s, connect=5.0),
             transport=transport,
             limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=64, keepalive_expiry=30.0
+                max_connections=None,
+                max_keepalive_connections=UPSTREAM_KEPT,
+                keepalive_expiry=UPSTREAM_IDLE_S,
             ),
         )
         self.down: dict[str, str] = {}  # process → why it is down (the supervisor's word)
