@@ -52,7 +52,8 @@ _PREFILL_DROP = (
     "prompt_logprobs",
 )
 UPSTREAM_KEPT = 64  # idle connections to the instances kept
-UPSTREAM_IDLE_S = 4.0  # and for how long: below vLLM's keep-alive of 5 s
+UPSTREAM_IDLE_S = 4.0  # and for how long: below vLLM's default keep-alive of 5 s (the
+# instances we start keep theirs 75 s: setup.INSTANCE_KEEPALIVE_S)
 # the client's headers passed on to the instances (the key check is the router's)
 _PASSED_HEADERS = ("x-request-id",)
 _FORWARDED_HEADERS = ("x-request-id", "content-type", "accept")

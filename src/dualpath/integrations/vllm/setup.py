@@ -527,6 +527,9 @@ def instance_command(opts: VllmOptions, dep: Deployment, inst: Instance, python:
     ]
 
 
+INSTANCE_KEEPALIVE_S = 75  # seconds an instance keeps an idle connection of the router's
+
+
 def vllm_env(opts: VllmOptions, mask: str) -> dict[str, str]:
     """The environment of a vLLM instance: our package importable, its CPU share."""
     env = dict(os.environ)
@@ -536,6 +539,10 @@ def vllm_env(opts: VllmOptions, mask: str) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(opts.kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = mask
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # the router's kept connections idle at most 4 s (router.UPSTREAM_IDLE_S); an instance
+    # keeps them far longer, so that a router whose loop runs late never sends on one the
+    # instance is closing (vLLM's own default, 5 s, left a ReadError under load)
+    env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(INSTANCE_KEEPALIVE_S))
     return env
 
 
