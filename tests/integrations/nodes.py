@@ -40,11 +40,13 @@ def running_sidecars(
     row_bytes: int,
     namespace: str,
     networked: bool = False,
+    token: str = "",
 ) -> Iterator[dict[int, NodeSpec]]:
     """The two nodes' specs while their side-cars serve; on exit both side-cars stopped
     cleanly (exit 0), their sockets and buffers gone. Sockets and locks live in a short
     temporary folder of their own: a Unix socket's path has at most 107 bytes.
-    ``networked``: as nodes of a cluster, on TCP at 127.0.0.1, KV moved by Mooncake TE."""
+    ``networked``: as nodes of a cluster, on TCP at 127.0.0.1, KV moved by Mooncake TE.
+    ``token``: the side-cars' shared secret (their environment's; "": none)."""
     short = Path(tempfile.mkdtemp(prefix="dpn"))
     net = {
         n: {"host": "127.0.0.1", "control_port": free_port()} if networked else {} for n in (0, 1)
@@ -67,10 +69,16 @@ def running_sidecars(
         for n, kind in ((0, "pe"), (1, "de"))
     }
     module = "dualpath.integrations.vllm.sidecar"
-    procs = [subprocess.Popen([sys.executable, "-m", module, s.to_json()]) for s in specs.values()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUALPATH_SIDECAR_TOKEN")}
+    if token:
+        env["DUALPATH_SIDECAR_TOKEN"] = token
+    procs = [
+        subprocess.Popen([sys.executable, "-m", module, s.to_json()], env=env)
+        for s in specs.values()
+    ]
     try:
         for s in specs.values():
-            wait_ready(s.control, timeout_s=30)
+            wait_ready(s.control, timeout_s=30, token=token)
         yield specs
     finally:
         for p in procs:

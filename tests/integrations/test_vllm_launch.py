@@ -281,7 +281,9 @@ def _serve(tmp_path: Path, *flags: str) -> int:
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--runtime", "ray"], "--runtime ray"),
+        (["--runtime", "ray"], "--runtime ray needs --ray-address"),
+        (["--ray-address", "127.0.0.1:1"], "--ray-address is invalid without --runtime ray"),
+        (["--runtime", "ray", "--ray-address", "127.0.0.1:1"], "'127.0.0.1:1' is unreachable"),
         (["--threads", "4"], "--threads 4"),
         (["--block-tokens", "64"], "--block-tokens 64"),
         (["--hbm-tokens", "100"], "--hbm-tokens"),

@@ -4,6 +4,7 @@ connections and outlives a side-car's restart."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -88,3 +89,70 @@ def _restart(pid: int, spec: NodeSpec) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-m", module, spec.to_json()])
     wait_ready(spec.control, timeout_s=30)
     return proc
+
+
+# every operation a side-car serves, each with arguments it would carry out
+def _every_op(spec: NodeSpec, peer: NodeSpec) -> list[dict[str, object]]:
+    return [
+        {"op": "read", "keys": ["k0"], "slots": [0]},
+        {"op": "write", "keys": ["k0"], "slots": [0]},
+        {"op": "parts", "parts": []},
+        {"op": "settle", "keys": ["k0"], "timeout_s": 0.1},
+        {"op": "stats"},
+        {"op": "ping"},
+        {"op": "describe"},
+        {"op": "alloc", "num_slots": 3, "owner": 9},
+        {"op": "release", "slots": [0, 1], "owner": 9},
+        {"op": "release_owner", "owner": 9},
+        {"op": "region"},
+        {"op": "push", "slots": [0], "to": peer.control, "to_slots": [0]},
+    ]
+
+
+def test_a_sidecar_with_a_token_refuses_every_operation_without_it(tmp_path: Path) -> None:
+    secret = "s3cret-" + "ab" * 16
+    with running_sidecars(tmp_path, 16, LAYERS, BS, ROW, "ns0", token=secret) as specs:
+        spec = specs[1]
+        held = call(spec.control, {"op": "alloc", "num_slots": 2, "owner": 9}, token=secret)
+        assert len(held["slots"]) == 2
+        ops = _every_op(spec, specs[0])
+        assert {o["op"] for o in ops} == {
+            "read", "write", "parts", "settle", "stats", "ping", "describe", "alloc",
+            "release", "release_owner", "region", "push",
+        }  # fmt: skip
+        for op in ops:
+            for wrong in ("", "s3cret", secret + "x"):
+                try:
+                    call(spec.control, op, 5.0, token=wrong)
+                except ValueError as err:
+                    assert "unauthorized" in str(err) and secret not in str(err), (op, err)
+                else:
+                    raise AssertionError(f"{op['op']} with token {wrong!r} was carried out")
+        pool = SidecarPool(token="nope")  # a kept connection is refused the same way
+        for _ in range(2):
+            try:
+                pool.call(spec.control, {"op": "release_owner", "owner": 9})
+            except ValueError as err:
+                assert "unauthorized" in str(err)
+            else:
+                raise AssertionError("a pooled call with a wrong token was carried out")
+        pool.close()
+        # nothing was done: the two slots are still held, nothing queued or pushed
+        stats = call(spec.control, {"op": "stats"}, token=secret)
+        assert stats["free_slots"] == 14
+        assert stats["pending_writes"] == 0 and stats.get("bytes_pushed", 0) == 0
+        assert stats["refused_requests"] == 3 * len(ops) + 2
+        # the right token: every operation is carried out, and it is never echoed back
+        described = call(spec.control, {"op": "describe"}, token=secret)
+        assert secret not in json.dumps(described) and secret not in json.dumps(stats)
+        got = call(spec.control, {"op": "release_owner", "owner": 9}, token=secret)
+        assert got["released"] == 2
+        # the nodes reach each other with it too (a side-car asks its peer for its region)
+        for n in specs.values():
+            wait_ready(n.control, token=secret)
+        try:
+            wait_ready(spec.control, timeout_s=2, token="")
+        except ValueError as err:
+            assert "unauthorized" in str(err)
+        else:
+            raise AssertionError("a ping without a token was answered")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dualpath.cli.common import add_config_args, build_config
@@ -12,15 +13,46 @@ if TYPE_CHECKING:
     from dualpath.serve.guard import ConnectionLimits
 
 
-def _api_keys(values: list[str]) -> dict[str, str]:
-    """``KEY`` or ``TENANT=KEY``; a key without a tenant is its own tenant."""
+def _api_keys(values: list[str], files: list[str] | None = None) -> dict[str, str]:
+    """``KEY`` or ``TENANT=KEY``; a key without a tenant is its own tenant. ``files``: more of
+    them, one per line (``--api-key-file``: a mounted secret; blank and ``#`` lines skipped;
+    an error names the file and line, never the key)."""
     keys: dict[str, str] = {}
     for v in values:
         tenant, _, key = v.rpartition("=")
         if not key:
             raise ValueError(f"--api-key {v!r} is invalid: expected KEY or TENANT=KEY")
         keys[key] = tenant or f"key{len(keys)}"
+    for path in files or []:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as err:
+            raise ValueError(f"--api-key-file {path}: cannot read it ({err.strerror})") from None
+        found = 0
+        for no, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            tenant, _, key = line.rpartition("=")
+            if not key:
+                raise ValueError(
+                    f"--api-key-file {path}:{no} is invalid: expected KEY or TENANT=KEY"
+                )
+            keys[key] = tenant or f"key{len(keys)}"
+            found += 1
+        if not found:
+            raise ValueError(f"--api-key-file {path}: no key in it")
     return keys
+
+
+def add_api_key_file_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--api-key-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="more API keys, one [TENANT=]KEY per line (a mounted secret; repeatable)",
+    )
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -69,7 +101,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "emulated (no faster than the preset's GPU by the cost model, docs/runtime.md)",
     )
     p.add_argument(
-        "--runtime", default="local", help="local (processes on this host) or ray (Ray actors)"
+        "--runtime",
+        default="local",
+        help="local (processes on this host) or ray (Ray actors; with --engine vllm: each "
+        "node's side-car and vLLM instance on the Ray node offering dualpath_node<n>)",
     )
     p.add_argument(
         "--ray-address", default="", help="--runtime ray: HEAD:PORT (default: a local Ray)"
@@ -84,6 +119,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument(
         "--api-key", action="append", default=[], metavar="[TENANT=]KEY", help="repeatable"
     )
+    add_api_key_file_arg(p)
     p.add_argument(
         "--metrics-open",
         action="store_true",
@@ -243,8 +279,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 # flags of our own engine (serve/server.py): with --engine vllm a value other than the default
 # is a start-up error naming the flag (the vLLM instances have their own: --vllm-block-tokens …)
 _RUNTIME_ONLY = (
-    ("runtime", "--runtime"),
-    ("ray_address", "--ray-address"),
     ("transport", "--transport"),
     ("threads", "--threads"),
     ("gpu_time", "--gpu-time"),
@@ -289,12 +323,25 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
     if not args.model_dir:
         raise ValueError("--engine vllm needs --model-dir DIR (an HF checkpoint vLLM can load)")
     refuse_runtime_flags(args)
+    if args.runtime not in ("local", "ray"):
+        raise ValueError(f"--runtime {args.runtime!r} is invalid: must be local or ray")
+    if args.runtime == "ray" and not args.ray_address:
+        raise ValueError(
+            "--engine vllm --runtime ray needs --ray-address HEAD:PORT (a Ray cluster whose "
+            "node n offers the resource dualpath_node<n>: dualpath cluster ray starts one)"
+        )
+    if args.ray_address and args.runtime != "ray":
+        raise ValueError("--ray-address is invalid without --runtime ray")
+    if args.ray_address:
+        from dualpath.deploy.ray_address import check_gcs_address
+
+        check_gcs_address(args.ray_address)  # before anything is looked for or started
     if not args.request_timeout_s > 0:
         raise ValueError(f"--request-timeout-s {args.request_timeout_s} is invalid: must be > 0")
     if args.default_max_tokens < 1:
         raise ValueError(f"--default-max-tokens {args.default_max_tokens} is invalid: must be >= 1")
     router_opts = RouterOptions(
-        api_keys=_api_keys(args.api_key),
+        api_keys=_api_keys(args.api_key, args.api_key_file),
         metrics_open=args.metrics_open,
         request_timeout_s=args.request_timeout_s,
         default_max_tokens=args.default_max_tokens,
@@ -327,6 +374,7 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         cluster=args.cluster,
         store_url=args.store,
         served_model_name=args.served_model_name,
+        ray_address=args.ray_address if args.runtime == "ray" else "",
         access_log=not args.no_access_log,
     )
     if args.init_tiny_checkpoint and not (Path(args.model_dir) / "config.json").exists():
@@ -422,7 +470,7 @@ def run_serve(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype or "float32",
         seed=args.seed,
-        api_keys=_api_keys(args.api_key),
+        api_keys=_api_keys(args.api_key, args.api_key_file),
         metrics_open=args.metrics_open,
         system=args.system,
         kv_root=args.kv_root,

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from dualpath.cli.common import add_config_args, build_config
+from dualpath.cli.serve_cmd import add_api_key_file_arg
 
 
 def add_sidecar_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -54,10 +55,50 @@ def add_sidecar_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
         default=0.0,
         help="emulate the SNIC's rate in software (default 0: the NIC's own)",
     )
+    add_token_args(p, side_car=True)
     p.set_defaults(func=run_sidecar)
 
 
+def add_token_args(p: argparse.ArgumentParser, side_car: bool) -> None:
+    p.add_argument(
+        "--sidecar-token-file",
+        metavar="PATH",
+        default="",
+        help="the secret every side-car request carries, shared by the deployment's side-cars, "
+        "vLLM instances and router (default: $DUALPATH_SIDECAR_TOKEN_FILE, "
+        "$DUALPATH_SIDECAR_TOKEN)",
+    )
+    if side_car:
+        p.add_argument(
+            "--no-token",
+            action="store_true",
+            help="serve a non-loopback --host without a token (anyone on that network may "
+            "read and overwrite the node's KV)",
+        )
+
+
+def use_token_file(path: str) -> str:
+    """``--sidecar-token-file``: this process's token from then on (its children's too);
+    the token ("" : none), checked readable now."""
+    import os
+
+    from dualpath.integrations.vllm.token import (
+        TOKEN_ENV,
+        TOKEN_FILE_ENV,
+        read_token_file,
+        sidecar_token,
+    )
+
+    if path:
+        read_token_file(path)
+        os.environ.pop(TOKEN_ENV, None)
+        os.environ[TOKEN_FILE_ENV] = path
+    return sidecar_token()
+
+
 def run_sidecar(args: argparse.Namespace) -> int:
+    import ipaddress
+
     from dualpath.integrations.vllm.launch import engine_name, find_vllm_python
     from dualpath.integrations.vllm.sidecar import NodeSidecar
     from dualpath.integrations.vllm.standalone import kv_transfer_config, sidecar_spec
@@ -65,6 +106,16 @@ def run_sidecar(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is invalid: must be 1..65535")
+    token = use_token_file(args.sidecar_token_file)
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:  # a host name
+        loopback = args.host == "localhost"
+    if not token and not loopback and not args.no_token:
+        raise ValueError(
+            f"--host {args.host} without a side-car token: give --sidecar-token-file (the "
+            "same secret on every node, router and vLLM instance), or --no-token"
+        )
     engine = engine_name(find_vllm_python(args.vllm_python))
     run_dir = Path(tempfile.mkdtemp(prefix="dualpath-sidecar-"))
     try:
@@ -150,6 +201,8 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     p.add_argument("--read-side", default="policy", choices=("policy", "pe", "de"))
     p.add_argument("--api-key", action="append", default=[], metavar="[TENANT=]KEY")
+    add_api_key_file_arg(p)
+    add_token_args(p, side_car=False)
     p.add_argument("--request-timeout-s", type=float, default=300.0)
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
@@ -173,11 +226,12 @@ def run_router(args: argparse.Namespace) -> int:
     from dualpath.serve.server import http_server
     from dualpath.types import ReadSide
 
+    use_token_file(args.sidecar_token_file)
     config = build_config(args)
     if config.scheduler.split_reads:
         raise ValueError("scheduler.split_reads=true is not supported over vLLM: set it false")
     opts = RouterOptions(
-        api_keys=_api_keys(args.api_key),
+        api_keys=_api_keys(args.api_key, args.api_key_file),
         request_timeout_s=args.request_timeout_s,
         default_max_tokens=args.default_max_tokens,
     )

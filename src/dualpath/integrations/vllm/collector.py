@@ -133,11 +133,18 @@ class FlowCollector(Collector):
         pending = GaugeMetricFamily(
             "dualpath:kv_writes_pending", "Blocks queued for a write or in hand", labels=["node"]
         )
+        refused = CounterMetricFamily(
+            "dualpath:sidecar_refused_requests",
+            "Requests a side-car refused for a missing or wrong token",
+            labels=["node"],
+        )
         for n in nodes:
             failed.add_metric([str(n["node"])], n.get("failed_writes", 0))
             pending.add_metric([str(n["node"])], n.get("unfinished_writes", 0))
+            refused.add_metric([str(n["node"])], n.get("refused_requests", 0))
         yield failed
         yield pending
+        yield refused
         settle = CounterMetricFamily(
             "dualpath:settle_waits_failed",
             "Waits for a prefix's writes that did not end in a clear answer",

@@ -32,6 +32,8 @@ from typing import Any
 from dualpath.integrations.vllm.node import wait_ready
 from dualpath.integrations.vllm.processes import Launched
 from dualpath.integrations.vllm.setup import (
+    INSTANCE_PORT,
+    SIDECAR_PORT,
     STORE_PORT,
     Instance,
     Seat,
@@ -46,6 +48,12 @@ from dualpath.integrations.vllm.setup import (
     vllm_env,
 )
 from dualpath.integrations.vllm.standalone import deployment_facts
+from dualpath.integrations.vllm.token import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    new_token_file,
+    read_token_file,
+)
 from dualpath.net import free_port
 
 VLLM_PYTHON_ENV = "DUALPATH_VLLM_PYTHON"
@@ -74,12 +82,14 @@ def find_vllm_python(explicit: str | None = None) -> str:
     )
 
 
-def store_service(opts: VllmOptions) -> tuple[VllmOptions, list[list[str]]]:
+def store_service(
+    opts: VllmOptions, here: str = "127.0.0.1"
+) -> tuple[VllmOptions, list[list[str]]]:
     """``--store mooncake``: a Mooncake Store server (master and the memory it serves) to start
-    on the cluster's storage host, or on loopback; ``opts`` with its URL."""
+    on the cluster's storage host, or on this host at ``here``; ``opts`` with its URL."""
     if opts.store_url != "mooncake":
         return opts, []
-    seat = store_seat(opts.cluster) if opts.cluster else Seat(snic="127.0.0.1")
+    seat = store_seat(opts.cluster) if opts.cluster else Seat(snic=here)
     port = STORE_PORT if opts.cluster else free_port()
     cmd = [
         sys.executable,
@@ -97,40 +107,85 @@ def store_service(opts: VllmOptions) -> tuple[VllmOptions, list[list[str]]]:
     return dataclasses.replace(opts, store_url=url), [in_namespace(seat.namespace, cmd)]
 
 
+def ray_seats(opts: VllmOptions, placer: Any) -> list[Seat]:
+    """Each node's seat on the machine Ray placed its host on, then the router's (this
+    host). On ``dualpath cluster up``'s namespaces: the cluster's seats, checked against
+    Ray's; elsewhere: the machine's address, and ports of the node's own (several nodes may
+    share a machine)."""
+    nodes = range(opts.num_prefill + opts.num_decode)
+    got = {n: placer.address(n) for n in nodes}
+    if opts.cluster:
+        seats = placement(opts)
+        for n in nodes:
+            if got[n] != seats[n].cnic:
+                raise ValueError(
+                    f"node {n}: Ray placed it on {got[n]}, but --cluster {opts.cluster} has it "
+                    f"at {seats[n].cnic} (start the raylets with dualpath cluster ray)"
+                )
+        return seats
+    here = str(placer.ray.util.get_node_ip_address())
+    return [Seat("", got[n], got[n], INSTANCE_PORT + n, SIDECAR_PORT + n) for n in nodes] + [
+        Seat("", here, here)
+    ]
+
+
 def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
     """Start the side-cars and the instances; return once every instance serves ``/health``
-    (RuntimeError naming the instance and its log's last lines if one fails)."""
+    (RuntimeError naming the instance and its log's last lines if one fails). With
+    ``opts.ray_address``, each node's processes start on its Ray node (``rayhost.py``)."""
     python = find_vllm_python(opts.vllm_python)
-    opts, services = store_service(opts)
+    placer: Any = None
+    if opts.ray_address:
+        from dualpath.integrations.vllm.rayhost import RayPlacer
+
+        placer = RayPlacer(opts.ray_address, list(range(opts.num_prefill + opts.num_decode)))
+    try:
+        seats = ray_seats(opts, placer) if placer is not None else placement(opts)
+        opts, services = store_service(opts, seats[-1].snic or "127.0.0.1")
+    except BaseException:
+        if placer is not None:
+            placer.close()
+        raise
     run_dir = Path(tempfile.mkdtemp(prefix="dualpath-vllm-"))
     log_dir = Path(opts.log_dir) if opts.log_dir else run_dir / "logs"
     try:
-        dep = plan(opts, weights_digest, run_dir, engine)
+        dep = plan(opts, weights_digest, run_dir, engine, seats)
     except ValueError:
         shutil.rmtree(run_dir, ignore_errors=True)
+        if placer is not None:
+            placer.close()
         raise
     log_dir.mkdir(parents=True, exist_ok=True)
+    # the deployment's side-car token: in the environment of every side-car and instance
+    token_file = str(new_token_file(run_dir / "sidecar.token"))
+    secret = {TOKEN_FILE_ENV: token_file}
     ranks = [opts.parallelism(i.kind).world for i in dep.instances]
     masks = core_masks(ranks, os.cpu_count() or 1)
-    seats = placement(opts)
     facts = json.dumps(deployment_facts(dep.weights_digest, dep.shape, dep.engine))
+
+    def where(node: int) -> str:  # a Ray node's raylet already runs in its namespace
+        return "" if placer is not None else seats[node].namespace
+
     out = Launched(
         dep,
         run_dir,
         log_dir,
         [
             in_namespace(
-                seats[s.node].namespace,
+                where(s.node),
                 [sys.executable, "-m", "dualpath.integrations.vllm.sidecar", s.to_json(), facts],
             )
             for s in dep.nodes
         ],
         [
-            in_namespace(seats[i.node].namespace, instance_command(opts, dep, i, python))
+            in_namespace(where(i.node), instance_command(opts, dep, i, python))
             for i in dep.instances
         ],
-        [vllm_env(opts, mask) for mask in masks],
+        [with_token(vllm_env(opts, mask), secret) for mask in masks],
         service_commands=services,
+        sidecar_env=with_token(dict(os.environ), secret),
+        token_file=token_file,
+        placer=placer,
     )
     for name in (
         [f"service{i}" for i in range(len(services))]
@@ -145,14 +200,22 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
             wait_store(dep.nodes[0].store, out, opts.startup_timeout_s)
         for i in range(len(dep.nodes)):
             out.start_sidecar(i)
+        token = read_token_file(token_file)
         for spec in dep.nodes:
-            wait_ready(spec.control)
+            wait_ready(spec.control, timeout_s=60.0 if placer else 30.0, token=token)
         for i in range(len(dep.instances)):
             out.start_instance(i)
         _wait_healthy(out, opts.startup_timeout_s)
     except BaseException:
         out.stop(grace_s=2.0)
         raise
+    return out
+
+
+def with_token(env: dict[str, str], secret: dict[str, str]) -> dict[str, str]:
+    """``env`` with the deployment's token file, and no token of the caller's own."""
+    out = {k: v for k, v in env.items() if k != TOKEN_ENV}
+    out.update(secret)
     return out
 
 
@@ -213,10 +276,7 @@ def _wait_healthy(out: Launched, timeout_s: float) -> None:
 
 
 def log_text(out: Launched, inst: Instance) -> str:
-    try:
-        return out.log_path(f"vllm{inst.node}-{inst.kind}").read_text(errors="replace")
-    except OSError:
-        return ""
+    return out.log_text(f"vllm{inst.node}-{inst.kind}", inst.node)
 
 
 def log_tail(out: Launched, inst: Instance, lines: int = 15) -> str:
@@ -348,6 +408,9 @@ def serve_vllm(
     t0 = time.monotonic()
     with _sigterm_raises():
         launched = launch(opts, checkpoint_digest(opts.model_dir), engine)
+    # this process is the router: it reads the deployment's token as every other piece does
+    os.environ.pop(TOKEN_ENV, None)
+    os.environ[TOKEN_FILE_ENV] = launched.token_file
     force = None if opts.read_side == "policy" else ReadSide(opts.read_side)
     flow = TurnFlow(launched.deployment, policy, opts.kv_root, force_side=force)
     failed: list[str] = []

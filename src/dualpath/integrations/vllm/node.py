@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing import resource_tracker
 from typing import Any
 
+from dualpath.integrations.vllm.token import TOKEN_FIELD, sidecar_token
 from dualpath.kv.buffer import BufferSpec, SlotBuffer
 from dualpath.kv.pacer import LinkLock
 from dualpath.kv.store import BlockLayout
@@ -191,10 +192,11 @@ def _connect(address: str, timeout_s: float) -> socket.socket:
     raise AssertionError("unreachable")
 
 
-def _exchange(s: socket.socket, op: dict[str, Any], timeout_s: float) -> bytes:
-    """One request line out, one answer line back (b"" if the side-car closed first)."""
+def _exchange(s: socket.socket, op: dict[str, Any], timeout_s: float, token: str) -> bytes:
+    """One request line out (with ``token`` when there is one), one answer line back (b"" if
+    the side-car closed first)."""
     s.settimeout(timeout_s)
-    s.sendall(json.dumps(op).encode() + b"\n")
+    s.sendall(json.dumps({**op, TOKEN_FIELD: token} if token else op).encode() + b"\n")
     out = bytearray()
     while not out.endswith(b"\n"):
         chunk = s.recv(65536)
@@ -213,11 +215,15 @@ def _answer(address: str, line: bytes) -> dict[str, Any]:
     return answer
 
 
-def call(address: str, op: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+def call(
+    address: str, op: dict[str, Any], timeout_s: float = 60.0, token: str | None = None
+) -> dict[str, Any]:
     """One request to the side-car at ``address`` (``NodeSpec.control``) on a connection of
-    its own, blocking; its answer, or OSError / ValueError. Many calls: ``SidecarPool``."""
+    its own, blocking; its answer, or OSError / ValueError. Many calls: ``SidecarPool``.
+    ``token``: the side-cars' shared secret (None: this process's, ``token.sidecar_token``)."""
+    secret = sidecar_token() if token is None else token
     with _connect(address, timeout_s) as s:
-        return _answer(address, _exchange(s, op, timeout_s))
+        return _answer(address, _exchange(s, op, timeout_s, secret))
 
 
 class SidecarPool:
@@ -227,10 +233,12 @@ class SidecarPool:
     ``call`` is ``call``'s signature. A kept connection that turns out closed by its side-car
     (it restarted: the send fails or the answer is an immediate end of stream) is replaced by
     a fresh one and the request sent once more; a request whose answer timed out is never
-    resent (its connection is closed). A forked child starts with an empty pool."""
+    resent (its connection is closed). A forked child starts with an empty pool. Every
+    request carries ``token`` (None: this process's, ``token.sidecar_token``)."""
 
-    def __init__(self, idle_per_address: int = IDLE_PER_ADDRESS) -> None:
+    def __init__(self, idle_per_address: int = IDLE_PER_ADDRESS, token: str | None = None) -> None:
         self.idle_per_address = idle_per_address
+        self.token = sidecar_token() if token is None else token
         self._idle: dict[str, list[socket.socket]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -261,7 +269,7 @@ class SidecarPool:
         s = self._take(address)
         if s is not None:
             try:
-                line = _exchange(s, op, timeout_s)
+                line = _exchange(s, op, timeout_s, self.token)
             except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
                 line = b""
             except OSError:  # a timeout: the answer may still come, the connection is spent
@@ -273,7 +281,7 @@ class SidecarPool:
             s.close()  # closed by the side-car while kept: send once more on a fresh one
         s = self._fresh(address, timeout_s)
         try:
-            line = _exchange(s, op, timeout_s)
+            line = _exchange(s, op, timeout_s, self.token)
         except OSError:
             s.close()
             raise
@@ -298,12 +306,13 @@ def describe(address: str, timeout_s: float = 10.0) -> tuple[NodeSpec, dict[str,
     return NodeSpec(**got["spec"]), dict(got.get("facts") or {})
 
 
-def wait_ready(address: str, timeout_s: float = 30.0) -> None:
-    """Until the side-car at ``address`` answers a ping (TimeoutError after ``timeout_s``)."""
+def wait_ready(address: str, timeout_s: float = 30.0, token: str | None = None) -> None:
+    """Until the side-car at ``address`` answers a ping (TimeoutError after ``timeout_s``);
+    ``token`` as ``call``'s."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            call(address, {"op": "ping"}, timeout_s=1.0)
+            call(address, {"op": "ping"}, timeout_s=1.0, token=token)
             return
         except OSError:
             if time.monotonic() > deadline:

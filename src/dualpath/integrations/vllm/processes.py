@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from dualpath.integrations.vllm.node import NodeSpec
 from dualpath.integrations.vllm.setup import Deployment
@@ -39,10 +39,14 @@ def group_members(pgid: int) -> list[int]:
     return sorted(out)
 
 
-def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+def kill_group(proc: Any, sig: int = signal.SIGKILL) -> None:
     """Signal ``proc``'s whole process group (its id is the leader's pid: every process here
     starts a session of its own) even when the leader has exited, reap the leader, and, for
-    SIGKILL, wait until no member is left."""
+    SIGKILL, wait until no member is left. A process on another machine (``rayhost.RayProc``)
+    is signalled there."""
+    if not isinstance(proc, subprocess.Popen):
+        proc.kill_group(sig)
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
     if sig != signal.SIGKILL:
@@ -78,6 +82,18 @@ def group_segments(pgid: int) -> set[str]:
     return _mapped_segments(group_members(pgid))
 
 
+def proc_segments(proc: Any) -> set[str]:
+    """``group_segments`` of ``proc``'s group, on whichever machine it runs."""
+    return group_segments(proc.pid) if isinstance(proc, subprocess.Popen) else proc.segments()
+
+
+def unlink_unmapped_of(proc: Any, names: set[str]) -> list[str]:
+    """``unlink_unmapped`` on the machine ``proc`` runs on."""
+    if isinstance(proc, subprocess.Popen):
+        return unlink_unmapped(names)
+    return list(proc.unlink_unmapped(names))
+
+
 def unlink_unmapped(names: set[str]) -> list[str]:
     """Unlink those ``/dev/shm`` segments of ``names`` that no live process maps; which."""
     pids = [int(p.name) for p in Path("/proc").glob("[0-9]*")]
@@ -109,6 +125,10 @@ class Launched:
     sidecar_commands: list[list[str]] = field(default_factory=list)
     instance_commands: list[list[str]] = field(default_factory=list)
     instance_envs: list[dict[str, str]] = field(default_factory=list)
+    # the side-cars' environment (None: this process's), and the file holding the token every
+    # side-car request carries (``token.py``; "" : none)
+    sidecar_env: dict[str, str] | None = None
+    token_file: str = ""
     sidecars: list[subprocess.Popen[bytes]] = field(default_factory=list)
     # what the nodes use and outlive no run: a store server (started first, stopped last)
     service_commands: list[list[str]] = field(default_factory=list)
@@ -116,29 +136,47 @@ class Launched:
     instances: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: dict[str, IO[bytes]] = field(default_factory=dict)
     stopped: bool = False
+    # Ray placement (``rayhost.RayPlacer``): each node's processes start on its machine;
+    # None: all on this host
+    placer: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
+
+    def log_text(self, name: str, node: int | None = None) -> str:
+        """Process ``name``'s log so far (the end of it when it is on another machine)."""
+        if self.placer is not None and node is not None:
+            return str(self.placer.read_text(node, str(self.log_path(name))))
+        try:
+            return self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return ""
 
     def _popen(
         self,
         name: str,
         cmd: list[str],
         env: dict[str, str] | None,
-        procs: list[subprocess.Popen[bytes]],
+        procs: list[Any],
         index: int,
-    ) -> subprocess.Popen[bytes]:
+        node: int | None = None,
+    ) -> Any:
+        """``node``: the node whose machine runs it (with a ``placer``); None: this host."""
         with self._lock:
             if self.stopped:
                 raise RuntimeError(f"not starting {name}: the deployment is stopping")
-            old = self.logs.pop(name, None)
-            if old is not None:
-                old.close()
-            log = self.logs[name] = self.log_path(name).open("ab")  # a restart appends
-            p = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            p: Any
+            if self.placer is not None and node is not None:
+                p = self.placer.start(node, name, cmd, env, str(self.log_path(name)))
+            else:
+                old = self.logs.pop(name, None)
+                if old is not None:
+                    old.close()
+                log = self.logs[name] = self.log_path(name).open("ab")  # a restart appends
+                p = subprocess.Popen(
+                    cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             if index < len(procs):
                 procs[index] = p
             else:
@@ -146,20 +184,31 @@ class Launched:
             self._write_pids()
         return p
 
-    def start_sidecar(self, index: int) -> subprocess.Popen[bytes]:
+    def start_sidecar(self, index: int) -> Any:
         """Start node ``index``'s side-car (it creates the node's buffer: one a dead side-car
         left behind is removed first)."""
-        unlink_buffer(self.deployment.nodes[index])
+        self._unlink_buffer(self.deployment.nodes[index])
         return self._popen(
-            f"sidecar{index}", self.sidecar_commands[index], None, self.sidecars, index
+            f"sidecar{index}",
+            self.sidecar_commands[index],
+            self.sidecar_env,
+            self.sidecars,
+            index,
+            self.deployment.nodes[index].node,
         )
 
-    def start_service(self, index: int) -> subprocess.Popen[bytes]:
+    def _unlink_buffer(self, spec: NodeSpec) -> None:
+        if self.placer is not None:
+            self.placer.unlink_buffer(spec)
+        else:
+            unlink_buffer(spec)
+
+    def start_service(self, index: int) -> Any:
         return self._popen(
             f"service{index}", self.service_commands[index], None, self.services, index
         )
 
-    def start_instance(self, index: int) -> subprocess.Popen[bytes]:
+    def start_instance(self, index: int) -> Any:
         inst = self.deployment.instances[index]
         return self._popen(
             f"vllm{inst.node}-{inst.kind}",
@@ -167,6 +216,7 @@ class Launched:
             self.instance_envs[index],
             self.instances,
             index,
+            inst.node,
         )
 
     def _write_pids(self) -> None:
@@ -186,9 +236,8 @@ class Launched:
         ``grace_s``), then the side-cars; their buffers unlinked. No process is left."""
         with self._lock:
             self.stopped = True
-        segments: set[str] = set()
-        for p in self.instances:  # what they map now: gone with them, or left for us to unlink
-            segments |= group_segments(p.pid)
+        # what they map now: gone with them, or left for us to unlink
+        segments = [(p, proc_segments(p)) for p in self.instances]
         for group in (self.instances, self.sidecars, self.services):
             for p in group:
                 kill_group(p, signal.SIGTERM)
@@ -199,8 +248,11 @@ class Launched:
             for p in group:  # the leader is gone; its children may not be (vLLM's EngineCore)
                 kill_group(p, signal.SIGKILL)
         for spec in self.deployment.nodes:  # a side-car killed hard left its buffer behind
-            unlink_buffer(spec)
-        unlink_unmapped(segments)
+            self._unlink_buffer(spec)
+        for p, names in segments:
+            unlink_unmapped_of(p, names)
         for f in self.logs.values():
             f.close()
+        if self.placer is not None:
+            self.placer.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)

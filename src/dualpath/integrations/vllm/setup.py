@@ -256,6 +256,9 @@ class VllmOptions:
     store_mib: int = 512  # ``store_url`` "mooncake": the memory of the store server started
     served_model_name: str = ""  # the model id clients name; "": the checkpoint folder's name
     access_log: bool = True  # the router's line per request on stderr
+    # place each node's side-car and instance through the Ray cluster at this GCS address
+    # (``rayhost.py``: node n on the Ray node offering ``dualpath_node<n>``); "": this host
+    ray_address: str = ""
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "max_model_len", "kv_cache_gib", "buffer_mib"):
@@ -335,9 +338,16 @@ def core_masks(ranks: Sequence[int], num_cores: int) -> list[str]:
     return masks
 
 
-def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> Deployment:
-    """The nodes and instances ``opts`` asks for (ports chosen, nothing started). A buffer
-    that cannot hold a prompt of ``max_model_len`` tokens is a ValueError naming both."""
+def plan(
+    opts: VllmOptions,
+    weights_digest: str,
+    run_dir: Path,
+    engine: str,
+    seats: list[Seat] | None = None,
+) -> Deployment:
+    """The nodes and instances ``opts`` asks for (ports chosen, nothing started), on
+    ``seats`` (default ``placement(opts)``). A buffer that cannot hold a prompt of
+    ``max_model_len`` tokens is a ValueError naming both."""
     shape = ModelShape.from_checkpoint(opts.model_dir, opts.dtype, opts.cache_dtype("pe"))
     opts = resolve_block_tokens(opts, shape)
     full_block = shape.num_layers * opts.block_tokens * shape.row_bytes
@@ -349,7 +359,7 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
             f"of this model, less than --vllm-max-model-len {opts.max_model_len}: give at least "
             f"--vllm-buffer-mib {-(-need * full_block // 2**20)} or a shorter max model length"
         )
-    seats = placement(opts)
+    seats = seats or placement(opts)
     # a cluster's shared memory carries its prefix: ``dualpath cluster down`` removes it
     prefix = f"dp{opts.cluster}-" if opts.cluster else "dpv"
     tag = f"{prefix}{os.getpid()}x{int(time.time() * 1000) % 100000}"
@@ -373,7 +383,7 @@ def plan(opts: VllmOptions, weights_digest: str, run_dir: Path, engine: str) -> 
                 "",
                 opts.snic_bytes_per_s,
                 seat.cnic,
-                SIDECAR_PORT if seat.cnic else 0,
+                (seat.sidecar_port or SIDECAR_PORT) if seat.cnic else 0,
                 seat.snic,
                 opts.store_url,
                 shape.cache_dtype,
@@ -437,6 +447,7 @@ class Seat:
     cnic: str = ""
     snic: str = ""
     port: int = 0
+    sidecar_port: int = 0  # its side-car's, when it has a CNIC address (0: SIDECAR_PORT)
 
 
 def placement(opts: VllmOptions) -> list[Seat]:

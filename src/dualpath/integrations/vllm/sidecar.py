@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec, call
+from dualpath.integrations.vllm.token import REFUSAL, TOKEN_FIELD, admits, sidecar_token
 from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
 from dualpath.kv.mooncake_store import MooncakeBlockStore
 from dualpath.kv.pacer import LinkLock, Pacer
@@ -95,11 +96,17 @@ class _Job:
 class NodeSidecar:
     """The node's buffer (owner), store, SNIC pacers and the read / write queues."""
 
-    def __init__(self, spec: NodeSpec, facts: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, spec: NodeSpec, facts: dict[str, Any] | None = None, token: str | None = None
+    ) -> None:
         """``facts``: what processes of other nodes learn of the deployment from it
-        (``describe``: the weights' digest, the KV shape, the engine; ``standalone.py``)."""
+        (``describe``: the weights' digest, the KV shape, the engine; ``standalone.py``).
+        ``token``: the secret every request must carry (None: this process's,
+        ``token.sidecar_token``; "": none asked for)."""
         self.spec = spec
         self.facts = dict(facts or {})
+        self._token = sidecar_token() if token is None else token
+        self.num_refused = 0  # requests refused for their token
         Path(spec.lock_path).touch(mode=0o600)
         self.buffer = SlotBuffer.create(spec.buffer, LinkLock(spec.lock_path))
         # the files at kv_root, or a store across the network (Mooncake Store: its client binds
@@ -421,6 +428,7 @@ class NodeSidecar:
         out["read_busy_s"] = self.snic_read.stats.busy_s if self.snic_read else 0.0
         out["write_busy_s"] = self.snic_write.stats.busy_s if self.snic_write else 0.0
         out["pending_writes"] = self.writes.qsize()
+        out["refused_requests"] = self.num_refused
         return out
 
     def handle(self, op: dict[str, Any]) -> dict[str, Any]:
@@ -461,14 +469,23 @@ class NodeSidecar:
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
                 for line in self.rfile:
+                    refused = False
                     try:
-                        answer = sidecar.handle(json.loads(line))
-                    except (KeyError, TypeError, ValueError) as err:
+                        op = json.loads(line)
+                        # a request without the deployment's token: one refusal, nothing done,
+                        # and the connection closed
+                        refused = not admits(sidecar._token, op.pop(TOKEN_FIELD, None))
+                        answer = {"error": REFUSAL} if refused else sidecar.handle(op)
+                    except (KeyError, TypeError, ValueError, AttributeError) as err:
                         answer = {"error": f"{type(err).__name__}: {err}"}
+                    if refused:
+                        sidecar.num_refused += 1
                     try:
                         self.wfile.write(json.dumps(answer).encode() + b"\n")
                         self.wfile.flush()
                     except OSError:  # the caller left (its timeout): nothing to answer
+                        return
+                    if refused:
                         return
 
         server: socketserver.BaseServer

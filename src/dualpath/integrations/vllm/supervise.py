@@ -27,9 +27,9 @@ import httpx
 from dualpath.integrations.vllm.node import RemoteSlots, call, instance_owner
 from dualpath.integrations.vllm.processes import (
     Launched,
-    group_segments,
     kill_group,
-    unlink_unmapped,
+    proc_segments,
+    unlink_unmapped_of,
 )
 from dualpath.kv.buffer import SlotBuffer
 
@@ -113,7 +113,7 @@ class Supervisor:
         ]
 
     def _note_segments(self, j: int) -> None:
-        self.segments[j] = group_segments(self.launched.instances[j].pid)
+        self.segments[j] = proc_segments(self.launched.instances[j])
 
     async def run(self) -> None:
         try:
@@ -121,7 +121,8 @@ class Supervisor:
                 await asyncio.to_thread(self._note_segments, j)
             while True:
                 await asyncio.sleep(self.poll_s)
-                dead = self.dead()
+                # (a process on another machine is asked through Ray: off the event loop)
+                dead = await asyncio.to_thread(self.dead)
                 if dead:
                     await self.recover(dead)
         except Exception as err:  # Fatal, or a bug here: nothing restarts what dies any more
@@ -179,9 +180,10 @@ class Supervisor:
     async def _clean_up(self, j: int) -> None:
         """Instance ``j``'s whole group killed (its leader may be gone, its EngineCore not),
         then the slots and the shared memory it held freed."""
-        await asyncio.to_thread(kill_group, self.launched.instances[j])
+        proc = self.launched.instances[j]
+        await asyncio.to_thread(kill_group, proc)
         self._free_held(j)
-        await asyncio.to_thread(unlink_unmapped, self.segments.pop(j, set()))
+        await asyncio.to_thread(unlink_unmapped_of, proc, self.segments.pop(j, set()))
 
     def _free_held(self, j: int) -> None:
         """The slots instance ``j`` held in any buffer (by its owner tag): free, now that no
@@ -207,7 +209,7 @@ class Supervisor:
         proc = self.launched.start_sidecar(i)
         deadline = loop.time() + self.startup_timeout_s
         while True:
-            if proc.poll() is not None:
+            if await asyncio.to_thread(proc.poll) is not None:
                 return  # died again: the next look restarts it (within its budget)
             try:
                 await asyncio.to_thread(call, spec.control, {"op": "ping"}, 1.0)
@@ -228,7 +230,7 @@ class Supervisor:
         deadline = loop.time() + self.startup_timeout_s
         async with httpx.AsyncClient(timeout=2.0) as client:
             while loop.time() < deadline:
-                if proc.poll() is not None:
+                if await asyncio.to_thread(proc.poll) is not None:
                     return  # died again: the next look restarts it (within its budget)
                 try:
                     if (await client.get(inst.url + "/health")).status_code == 200:
