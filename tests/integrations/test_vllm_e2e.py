@@ -8,6 +8,8 @@ canonical, whatever wrote them) equal those of one plain vLLM instance on the sa
 from the store: once with every read forced to the PE side, once to the DE side (then
 ``/metrics`` counts bytes on ``storage_to_de_buffer``). A killed side-car (the node's storage
 worker) and a killed prefill instance give clean errors, never a wrong answer, never a hang.
+Across the network namespaces of ``dualpath cluster up``, the processes are placed by Ray
+(``--runtime ray``), and what was killed comes back and serves.
 With 64 usable KV blocks per instance, two long chats at once make vLLM preempt a decode that loaded
 its prompt: the answers still equal plain vLLM's; streams closed early give every slot back.
 """
@@ -424,17 +426,77 @@ def cluster_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     assert not list(Path("/dev/shm").glob(f"dp{name}-*"))
 
 
-def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_each_path(
-    reference: dict[str, Any], served: Any, cluster_up: str
+@contextlib.contextmanager
+def _ray_on(cluster: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Ray over the cluster's nodes (``dualpath cluster ray``: the head in the root namespace,
+    one raylet per node in its namespace offering ``dualpath_node<n>``); its GCS address.
+    Stopped afterwards, before the cluster goes. (Started once no vLLM is starting beside it:
+    its head gives up when its GCS is slow to come up on two busy cores.)"""
+    from dualpath.deploy import ray_cluster
+    from dualpath.deploy.cluster import ClusterState
+
+    for k, v in ray_cluster.RAY_ENV.items():
+        monkeypatch.setenv(k, v)  # the served router is a driver of this cluster
+    rc = ray_cluster.start_ray(ClusterState.load(cluster), port=free_port())
+    try:
+        yield rc.address
+    finally:
+        ray_cluster.stop_ray(cluster)
+
+
+def _ours_in(namespace: str) -> list[str]:
+    """The side-cars, vLLM instances and store servers still running in ``namespace``."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True
+    ).stdout.split()
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if any(m in cmd for m in ("vllm.sidecar", "vllm.entrypoints", "mooncake_store")):
+                out.append(f"{pid} {cmd[:80]}")
+    return out
+
+
+def test_across_cluster_nodes_over_ray_answers_equal_plain_vllm_and_the_kernel_counts_each_path(
+    reference: dict[str, Any], served: Any, cluster_up: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each node in its own network namespace, the store (Mooncake Store) on a storage host,
-    KV between the nodes by Mooncake TE: greedy answers equal plain vLLM's on both read paths;
-    the hit bytes cross the PE node's SNIC on the PE path, the DE node's SNIC and then its
-    CNIC on the DE path (the kernel's counters); killed processes give clean errors."""
+    """Each node in its own network namespace, its side-car and vLLM instance started there by
+    Ray (``--runtime ray``: the host actor on the raylet offering ``dualpath_node<n>``), the
+    store (Mooncake Store) on a storage host, KV between the nodes by Mooncake TE: greedy
+    answers equal plain vLLM's on both read paths; the hit bytes cross the PE node's SNIC on
+    the PE path, the DE node's SNIC and then its CNIC on the DE path (the kernel's counters);
+    killed processes give clean errors, are restarted through Ray and serve again."""
+    pytest.importorskip("ray")
     segments_before = set(_vllm_segments())
-    srv = served("pe", "--cluster", cluster_up, "--store", "mooncake")
+    want = reference["turns"]  # (the plain instance asked, and stopped, first)
+    with _ray_on(cluster_up, monkeypatch) as address:
+        srv = served(
+            "pe", "--cluster", cluster_up, "--store", "mooncake", "--runtime", "ray",
+            "--ray-address", address,
+        )  # fmt: skip
+        try:
+            _over_ray(srv, cluster_up, want)
+        finally:
+            srv.stop()  # before Ray goes: it stops what Ray started
+    for node in ("p0", "d0", "store"):
+        left = _ours_in(f"dp-{cluster_up}-{node}")
+        assert not left, f"processes left on node {node}: {left}"
+    # the killed processes' own segments: created during this test, mapped by nobody
+    for orphan in _unmapped_segments(set(_vllm_segments()) - segments_before):
+        orphan.unlink(missing_ok=True)
+
+
+def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any]) -> None:
+    pids = srv.pids()
+    for kind in ("sidecars", "instances"):  # each started in its node's namespace, by Ray
+        for node, ns in (("0", "p0"), ("1", "d0")):
+            inside = subprocess.run(
+                ["ip", "netns", "pids", f"dp-{cluster_up}-{ns}"], capture_output=True, text=True
+            ).stdout.split()
+            assert str(pids[kind][node]) in inside, (kind, node, inside)
     start = _nic_bytes(cluster_up)
-    assert _turns(srv.client, MODEL) == reference["turns"]
+    assert _turns(srv.client, MODEL) == want
     pe_path = _nic_bytes(cluster_up)
     hits = srv.metric("dualpath:kv_bytes_total", 'path="storage_to_pe_buffer"')
     assert hits > 0 and srv.metric("dualpath:prefix_cache_hits_total") > 0
@@ -450,13 +512,14 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
     assert bad.status_code == 400 and "read_side" in bad.text
     r = httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "de"})
     assert r.status_code == 200
-    assert _turns(srv.client, MODEL) == reference["turns"]  # every turn hits now
+    assert _turns(srv.client, MODEL) == want  # every turn hits now
     de_path = _nic_bytes(cluster_up)
     de_hits = srv.metric("dualpath:kv_bytes_total", 'path="storage_to_de_buffer"')
     assert de_hits > hits
     assert grew(pe_path, de_path, "d0", "snic", "rx_bytes") >= de_hits
     assert grew(pe_path, de_path, "d0", "cnic", "tx_bytes") >= de_hits  # DE buffer → PE node
     assert grew(pe_path, de_path, "p0", "snic", "rx_bytes") < de_hits / 4
+    assert srv.metric("dualpath:sidecar_refused_requests_total") == 0  # all carry the token
 
     # the store server killed: no hits any more, the same answers (recomputed), no error
     os.killpg(srv.pids()["services"]["0"], signal.SIGKILL)
@@ -467,22 +530,36 @@ def test_across_cluster_nodes_answers_equal_plain_vllm_and_the_kernel_counts_eac
         temperature=0,
         extra_body={"ignore_eos": True},
     )
-    assert r2.choices[0].text == reference["turns"]["text1"]
+    assert r2.choices[0].text == want["text1"]
     # a killed side-car, a killed prefill instance: clean errors, never a hang
     os.kill(srv.pids()["sidecars"]["1"], signal.SIGKILL)
     with pytest.raises(openai.APIStatusError) as err:
         srv.client.completions.create(model=MODEL, prompt="a new prompt", max_tokens=4)
     assert err.value.status_code == 503
-    os.killpg(srv.pids()["instances"]["0"], signal.SIGKILL)
+    old = srv.pids()["instances"]["0"]
+    with contextlib.suppress(ProcessLookupError):  # (the side-car's restart may have begun it)
+        os.killpg(old, signal.SIGKILL)
     with pytest.raises(openai.APIStatusError) as err:
         srv.client.completions.create(model=MODEL, prompt="another prompt", max_tokens=4)
     assert err.value.status_code == 503
+    # restarted through Ray, on the same nodes: serving again, the same answer
+    deadline = time.monotonic() + 300
+    while httpx.get(srv.url + "/health").status_code != 200:
+        assert srv.proc.poll() is None and time.monotonic() < deadline, "not back"
+        time.sleep(1)
+    again = srv.pids()
+    assert again["instances"]["0"] != old and again["sidecars"]["1"] != pids["sidecars"]["1"]
+    inside = subprocess.run(
+        ["ip", "netns", "pids", f"dp-{cluster_up}-p0"], capture_output=True, text=True
+    ).stdout.split()
+    assert str(again["instances"]["0"]) in inside
+    r3 = srv.client.completions.create(
+        model=MODEL,
+        prompt=SYSTEM + PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r3.choices[0].text == want["text1"]
+    assert srv.metric("dualpath:restarts_total") >= 2
     assert srv.stop() == 0
-    for node in ("p0", "d0", "store"):
-        pids = subprocess.run(
-            ["ip", "netns", "pids", f"dp-{cluster_up}-{node}"], capture_output=True, text=True
-        ).stdout.split()
-        assert not pids, f"processes left on node {node}: {pids}"
-    # the killed prefill instance's own segments: created during this test, mapped by nobody
-    for orphan in _unmapped_segments(set(_vllm_segments()) - segments_before):
-        orphan.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,10 @@ DEFAULT_PORT = 6379
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 START_TIMEOUT_S = 120.0
 STOP_WAIT_S = 10.0
+# the longest temp dir given to Ray: its session's Unix sockets (``…/session_<date>_<pid>/
+# sockets/plasma_store``, ~65 bytes more) must fit in a socket path's 107 bytes; a run
+# directory deeper than this gets a short temp dir under /tmp instead (recorded, removed)
+TEMP_DIR_MAX = 40
 # Ray 2.60 turns on token auth when ~/.ray/auth_token exists, which a driver given an explicit
 # address does not send; the cluster lives on private bridges, so auth is off, whatever ~ holds
 RAY_ENV = {"RAY_AUTH_MODE": "disabled"}
@@ -157,6 +162,8 @@ def start_ray(
     base = ray_dir(name)
     base.mkdir(parents=True, exist_ok=True)
     temp_dir = str(base / "tmp")
+    if len(temp_dir) > TEMP_DIR_MAX:  # Ray's Unix sockets under it would not fit in 107 bytes
+        temp_dir = tempfile.mkdtemp(prefix=f"dpray-{name}-", dir="/tmp")
     ray = ray_executable()
     address = f"{state.spec.head_cnic_addr}:{port}"
     rc = RayCluster(name, address, temp_dir, ())
@@ -278,6 +285,8 @@ def stop_ray(name: str) -> list[str]:
     deadline = time.monotonic() + 2.0
     while _alive(rc.pgids, rc.temp_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not rc.temp_dir.startswith(str(base)):  # a short one of its own, under /tmp
+        shutil.rmtree(rc.temp_dir, ignore_errors=True)
     shutil.rmtree(base, ignore_errors=True)
     return [*stopped, f"dir {base}"]
 
