@@ -5,6 +5,7 @@ router's deployment is built from them, and refuses what does not fit."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -39,9 +40,16 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture()
-def sidecars(checkpoint: Path, tmp_path: Path) -> Iterator[list[str]]:
-    """Two side-cars started as an operator starts them: node 0 (pe) and node 1 (de)."""
+def sidecars(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[str]]:
+    """Two side-cars started as an operator starts them: node 0 (pe) and node 1 (de), with
+    a token file that this process (the router's seat) reads too."""
     python = vllm_python()
+    token = tmp_path / "sidecar-token"
+    token.write_text("t0k3n-" + "5" * 40 + "\n")
+    monkeypatch.delenv("DUALPATH_SIDECAR_TOKEN", raising=False)
+    monkeypatch.setenv("DUALPATH_SIDECAR_TOKEN_FILE", str(token))
     procs, addresses = [], []
     for node, kind in ((0, "pe"), (1, "de")):
         port = free_port()
@@ -66,8 +74,11 @@ def sidecars(checkpoint: Path, tmp_path: Path) -> Iterator[list[str]]:
             "1",
             "--vllm-python",
             python,
+            "--sidecar-token-file",
+            str(token),
         ]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DUALPATH_SIDECAR")}
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
         addresses.append(f"tcp://127.0.0.1:{port}")
     try:
         for a in addresses:
@@ -108,7 +119,10 @@ def test_the_connector_config_names_every_side_car(sidecars: list[str]) -> None:
     cfg = json.loads(kv_transfer_config(1, sidecars))
     assert cfg["kv_connector"] == "DualPathConnector"
     assert cfg["kv_connector_extra_config"] == {"node": 1, "sidecars": sidecars}
-    assert call(sidecars[0], {"op": "ping"})["pid"] > 0
+    assert call(sidecars[0], {"op": "ping"})["pid"] > 0  # with this process's token
+    for wrong in ("", "t0k3n-"):
+        with pytest.raises(ValueError, match="unauthorized"):
+            call(sidecars[0], {"op": "describe"}, token=wrong)
 
 
 def test_hbm_tokens_from_vllm_metrics() -> None:

@@ -1,12 +1,31 @@
-"""The one check of a ``--ray-address`` (Ray's GCS ``HOST:PORT``) that the runtime's Ray
-launcher and the simulator's Ray studies share: a bad address is one line, before anything
-starts."""
+"""What every user of a Ray cluster here shares (the runtime's Ray launcher, the vLLM
+deployment's placement, the simulator's Ray studies): the one check of a ``--ray-address``
+(Ray's GCS ``HOST:PORT``; a bad address is one line, before anything starts), the custom
+resource that marks emulated node ``n``'s Ray node, and Ray itself or a one-line error."""
 
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 CONNECT_TIMEOUT_S = 5.0
+# node n's Ray node offers this resource (``ray start --resources '{"dualpath_node3": 1}'``)
+RESOURCE_PREFIX = "dualpath_node"
+
+
+def node_resource(node: int) -> str:
+    return f"{RESOURCE_PREFIX}{node}"
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or ValueError (one line) naming the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(
+            "--runtime ray needs Ray, which is not installed: pip install 'dualpath[ray]'"
+        ) from None
+    return ray
 
 
 def check_gcs_address(address: str, local_ok: bool = False) -> None:

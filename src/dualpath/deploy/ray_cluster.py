@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dualpath.deploy.cluster import ClusterError, ClusterState, state_path
+from dualpath.deploy.ray_address import RESOURCE_PREFIX
 
-RESOURCE_PREFIX = "dualpath_node"  # as runtime/ray_launcher.py
 DEFAULT_PORT = 6379
 # the smallest raylet Ray accepts (its object store's floor is 75 MiB), as tests/procs.py
 OBJECT_STORE_BYTES = 80 * 1024 * 1024

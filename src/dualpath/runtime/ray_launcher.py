@@ -23,7 +23,12 @@ from dataclasses import replace
 from typing import Any
 
 from dualpath.config import Config
-from dualpath.deploy.ray_address import check_gcs_address
+from dualpath.deploy.ray_address import (
+    RESOURCE_PREFIX,
+    check_gcs_address,
+    node_resource,
+    require_ray,
+)
 from dualpath.kv.buffer import BufferSpec
 from dualpath.kv.store import BlockLayout
 from dualpath.ledger import Topology
@@ -40,28 +45,12 @@ from dualpath.runtime.messages import StopMsg
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.types import EngineKind
 
-RESOURCE_PREFIX = "dualpath_node"
 RESOURCE_SHARE = 0.001  # of a node's marker resource per actor: any number fit on a node
 MAILBOX_THREADS = 2
 ACTOR_THREADS = 8  # concurrent calls into an engine / storage actor (its loop is one of them)
 LOCAL_OBJECT_STORE_BYTES = 80 * 1024 * 1024  # a local instance: control messages only
 LOCAL_TEMP_PARENT = "/tmp"  # short: Ray's Unix socket paths live under its temp dir
 LOCAL_TEMP_PREFIX = "dpray-"
-
-
-def node_resource(node: int) -> str:
-    return f"{RESOURCE_PREFIX}{node}"
-
-
-def require_ray() -> Any:
-    """The ``ray`` module, or ValueError (one line) naming the extra to install."""
-    try:
-        import ray
-    except ImportError:
-        raise ValueError(
-            "--runtime ray needs Ray, which is not installed: pip install 'dualpath[ray]'"
-        ) from None
-    return ray
 
 
 def check_address(address: str) -> None:

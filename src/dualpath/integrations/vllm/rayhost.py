@@ -23,27 +23,18 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from dualpath.deploy.ray_address import (
+    RESOURCE_PREFIX,
+    check_gcs_address,
+    node_resource,
+    require_ray,
+)
 from dualpath.integrations.vllm.node import NodeSpec
 
-RESOURCE_PREFIX = "dualpath_node"  # as runtime/ray_launcher.py and deploy/ray_cluster.py
 RESOURCE_SHARE = 0.001  # of a node's marker resource: the host actor takes almost none
 CALL_TIMEOUT_S = 30.0  # an actor call that takes longer: its node is taken as lost
 DEAD = -signal.SIGKILL  # the exit code of a process whose node's actor is gone
 LOG_TAIL_BYTES = 64 * 1024
-
-
-def node_resource(node: int) -> str:
-    return f"{RESOURCE_PREFIX}{node}"
-
-
-def require_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ValueError(
-            "--runtime ray needs Ray, which is not installed: pip install 'dualpath[ray]'"
-        ) from None
-    return ray
 
 
 class NodeHost:
@@ -163,8 +154,6 @@ class RayPlacer:
     """A host actor per node, on the Ray node offering that node's resource (``place``)."""
 
     def __init__(self, address: str, nodes: list[int]) -> None:
-        from dualpath.deploy.ray_address import check_gcs_address
-
         self.ray = require_ray()
         check_gcs_address(address)
         self._started = not self.ray.is_initialized()
