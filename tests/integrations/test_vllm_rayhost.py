@@ -6,6 +6,8 @@ placed on machines Ray chose. The whole path, over Ray across network namespaces
 from __future__ import annotations
 
 import signal
+import stat
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from dualpath.integrations.vllm.launch import in_namespace, ray_seats
-from dualpath.integrations.vllm.rayhost import DEAD, NodeHost, NodeLost, RayProc
+from dualpath.integrations.vllm.rayhost import DEAD, NodeHost, NodeLost, NodeSlow, RayProc
 from dualpath.integrations.vllm.setup import INSTANCE_PORT, SIDECAR_PORT, VllmOptions
 
 
@@ -39,16 +41,44 @@ def test_a_node_host_starts_watches_and_kills_a_process_group(tmp_path: Path) ->
     assert host.read_text(str(log)).splitlines()[-1] == "again"
 
 
-class _LostPlacer:
-    def ask(self, node: int, method: str, *args: Any, timeout_s: float = 0) -> Any:
-        raise NodeLost(f"node {node}'s Ray host: RayActorError")
+class _Answering:
+    """Answers as a host actor that is gone (``lost``), or one that is only slow."""
+
+    def __init__(self, lost: bool) -> None:
+        self.lost = lost
+
+    def ask_actor(self, actor: Any, node: int, method: str, *a: Any, timeout_s: float = 0) -> Any:
+        raise (NodeLost if self.lost else NodeSlow)(f"node {node}'s Ray host")
 
 
-def test_a_process_whose_node_is_lost_reads_as_killed() -> None:
-    proc = RayProc(_LostPlacer(), 3, "vllm3-de", 1234)  # type: ignore[arg-type]
+def test_a_process_whose_host_is_gone_reads_as_killed_and_a_slow_one_as_running() -> None:
+    proc = RayProc(_Answering(lost=True), 3, None, "vllm3-de", 1234)  # type: ignore[arg-type]
     assert proc.poll() == DEAD and proc.wait(1) == DEAD and proc.returncode == DEAD
     proc.kill_group(signal.SIGKILL)  # nothing to signal: no error
     assert proc.segments() == set() and proc.unlink_unmapped({"psm_x"}) == []
+    slow = RayProc(_Answering(lost=False), 3, None, "vllm3-de", 1234)  # type: ignore[arg-type]
+    assert slow.poll() is None and slow.returncode is None  # asked again at the next look
+    with pytest.raises(subprocess.TimeoutExpired):
+        slow.wait(0.1)
+
+
+def test_a_host_made_anew_reads_processes_it_never_started_as_exited() -> None:
+    host = NodeHost()
+    assert host.poll("sidecar1") == DEAD and host.wait("sidecar1", 1) == DEAD
+    host.kill_group("sidecar1", signal.SIGKILL)
+    assert host.segments("sidecar1") == []
+
+
+def test_a_host_prepares_the_run_folder_and_token_on_its_machine(tmp_path: Path) -> None:
+    host = NodeHost()
+    run = tmp_path / "far" / "run"
+    host.prepare(str(run), str(run / "sidecar.token"), "s3cret")
+    token = run / "sidecar.token"
+    assert token.read_text() == "s3cret\n" and stat.S_IMODE(token.stat().st_mode) == 0o600
+    host.prepare(str(run), str(token), "other")  # the driver's own (one host): kept as is
+    assert token.read_text() == "s3cret\n"
+    host.cleanup()
+    assert not run.exists()
 
 
 class _Placer:

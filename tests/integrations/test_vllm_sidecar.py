@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.integrations.nodes import running_sidecars
 
-from dualpath.integrations.vllm.node import NodeSpec, SidecarPool, call, wait_ready
+from dualpath.integrations.vllm.node import NodeSpec, SidecarPool, _connect, call, wait_ready
 
 LAYERS, BS, ROW = 2, 4, 32
 BURST = 64
@@ -137,11 +137,16 @@ def test_a_sidecar_with_a_token_refuses_every_operation_without_it(tmp_path: Pat
             else:
                 raise AssertionError("a pooled call with a wrong token was carried out")
         pool.close()
+        for junk in (b"not json\n", b"[1, 2]\n"):  # no request at all: refused, closed
+            with _connect(spec.control, 5.0) as s:
+                s.sendall(junk)
+                answer = s.makefile("rb").readline()
+                assert b"unauthorized" in answer and s.recv(1) == b"", answer
         # nothing was done: the two slots are still held, nothing queued or pushed
         stats = call(spec.control, {"op": "stats"}, token=secret)
         assert stats["free_slots"] == 14
         assert stats["pending_writes"] == 0 and stats.get("bytes_pushed", 0) == 0
-        assert stats["refused_requests"] == 3 * len(ops) + 2
+        assert stats["refused_requests"] == 3 * len(ops) + 2 + 2
         # the right token: every operation is carried out, and it is never echoed back
         described = call(spec.control, {"op": "describe"}, token=secret)
         assert secret not in json.dumps(described) and secret not in json.dumps(stats)

@@ -100,6 +100,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
     import ipaddress
 
     from dualpath.integrations.vllm.launch import engine_name, find_vllm_python
+    from dualpath.integrations.vllm.processes import unlink_buffer
     from dualpath.integrations.vllm.sidecar import NodeSidecar
     from dualpath.integrations.vllm.standalone import kv_transfer_config, sidecar_spec
     from dualpath.kv.weights import checkpoint_digest
@@ -148,6 +149,9 @@ def run_sidecar(args: argparse.Namespace) -> int:
             f"'{kv_transfer_config(spec.node, ['tcp://HOST:PORT of every side-car, node 0 first'])}'",
             flush=True,
         )
+        # a segment of this very name is a dead side-car's of this machine (its name carries
+        # this process's pid: a restarted container's side-car is pid 1 again)
+        unlink_buffer(spec)
         NodeSidecar(spec, facts).serve_forever()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -132,32 +132,53 @@ def ray_seats(opts: VllmOptions, placer: Any) -> list[Seat]:
 def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
     """Start the side-cars and the instances; return once every instance serves ``/health``
     (RuntimeError naming the instance and its log's last lines if one fails). With
-    ``opts.ray_address``, each node's processes start on its Ray node (``rayhost.py``)."""
+    ``opts.ray_address``, each node's processes start on its Ray node (``rayhost.py``).
+    Whatever fails on the way, nothing is left: no process, run folder or Ray actor."""
     python = find_vllm_python(opts.vllm_python)
     placer: Any = None
-    if opts.ray_address:
-        from dualpath.integrations.vllm.rayhost import RayPlacer
-
-        placer = RayPlacer(opts.ray_address, list(range(opts.num_prefill + opts.num_decode)))
+    run_dir: Path | None = None
     try:
+        if opts.ray_address:
+            from dualpath.integrations.vllm.rayhost import RayPlacer
+
+            placer = RayPlacer(opts.ray_address, list(range(opts.num_prefill + opts.num_decode)))
         seats = ray_seats(opts, placer) if placer is not None else placement(opts)
         opts, services = store_service(opts, seats[-1].snic or "127.0.0.1")
+        run_dir = Path(tempfile.mkdtemp(prefix="dualpath-vllm-"))
+        out = _launched(opts, weights_digest, engine, python, seats, services, run_dir, placer)
     except BaseException:
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
         if placer is not None:
             placer.close()
         raise
-    run_dir = Path(tempfile.mkdtemp(prefix="dualpath-vllm-"))
-    log_dir = Path(opts.log_dir) if opts.log_dir else run_dir / "logs"
     try:
-        dep = plan(opts, weights_digest, run_dir, engine, seats)
-    except ValueError:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        if placer is not None:
-            placer.close()
+        _start(out, opts.startup_timeout_s)
+    except BaseException:
+        out.stop(grace_s=2.0)
         raise
+    return out
+
+
+def _launched(
+    opts: VllmOptions,
+    weights_digest: str,
+    engine: str,
+    python: str,
+    seats: list[Seat],
+    services: list[list[str]],
+    run_dir: Path,
+    placer: Any,
+) -> Launched:
+    """The deployment's processes, as commands (nothing started yet)."""
+    dep = plan(opts, weights_digest, run_dir, engine, seats)
+    log_dir = Path(opts.log_dir) if opts.log_dir else run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    # the deployment's side-car token: in the environment of every side-car and instance
+    # the deployment's side-car token: in the environment of every side-car and instance (and
+    # written on every node's machine: the same path there)
     token_file = str(new_token_file(run_dir / "sidecar.token"))
+    if placer is not None:
+        placer.prepare(str(run_dir), token_file, read_token_file(token_file))
     secret = {TOKEN_FILE_ENV: token_file}
     ranks = [opts.parallelism(i.kind).world for i in dep.instances]
     masks = core_masks(ranks, os.cpu_count() or 1)
@@ -193,23 +214,43 @@ def launch(opts: VllmOptions, weights_digest: str, engine: str) -> Launched:
         + [f"vllm{i.node}-{i.kind}" for i in dep.instances]
     ):
         out.log_path(name).write_bytes(b"")  # each run's logs start empty
-    try:
-        for i in range(len(services)):
-            out.start_service(i)
-        if services:
-            wait_store(dep.nodes[0].store, out, opts.startup_timeout_s)
-        for i in range(len(dep.nodes)):
-            out.start_sidecar(i)
-        token = read_token_file(token_file)
-        for spec in dep.nodes:
-            wait_ready(spec.control, timeout_s=60.0 if placer else 30.0, token=token)
-        for i in range(len(dep.instances)):
-            out.start_instance(i)
-        _wait_healthy(out, opts.startup_timeout_s)
-    except BaseException:
-        out.stop(grace_s=2.0)
-        raise
     return out
+
+
+def _start(out: Launched, timeout_s: float) -> None:
+    """Start the store server, then the side-cars, then the instances, each stage once the
+    one before answers."""
+    dep = out.deployment
+    for i in range(len(out.service_commands)):
+        out.start_service(i)
+    if out.service_commands:
+        wait_store(dep.nodes[0].store, out, timeout_s)
+    for i in range(len(dep.nodes)):
+        out.start_sidecar(i)
+    token = read_token_file(out.token_file)
+    for i in range(len(dep.nodes)):
+        _wait_sidecar(out, i, token, 60.0 if out.placer is not None else 30.0)
+    for i in range(len(dep.instances)):
+        out.start_instance(i)
+    _wait_healthy(out, timeout_s)
+
+
+def _wait_sidecar(out: Launched, i: int, token: str, timeout_s: float) -> None:
+    """Until node ``i``'s side-car answers; RuntimeError with its log's end if it exits or
+    does not answer in ``timeout_s``."""
+    spec = out.deployment.nodes[i]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            wait_ready(spec.control, timeout_s=1.0, token=token)
+            return
+        except TimeoutError:
+            pass
+        code = out.sidecars[i].poll()
+        if code is not None or time.monotonic() > deadline:
+            tail = out.log_text(f"sidecar{i}", spec.node).splitlines()[-10:]
+            why = f"exited with {code}" if code is not None else f"not ready after {timeout_s} s"
+            raise RuntimeError(f"the side-car of node {spec.node} {why}:\n" + "\n".join(tail))
 
 
 def with_token(env: dict[str, str], secret: dict[str, str]) -> dict[str, str]:
@@ -412,9 +453,10 @@ def serve_vllm(
     os.environ.pop(TOKEN_ENV, None)
     os.environ[TOKEN_FILE_ENV] = launched.token_file
     force = None if opts.read_side == "policy" else ReadSide(opts.read_side)
-    flow = TurnFlow(launched.deployment, policy, opts.kv_root, force_side=force)
     failed: list[str] = []
+    flow: Any = None
     try:
+        flow = TurnFlow(launched.deployment, policy, opts.kv_root, force_side=force)
         router = Router(flow, router_opts or RouterOptions())
         http: Any = None
 
@@ -447,7 +489,8 @@ def serve_vllm(
                 f"dualpath serve: stopped ({signal.Signals(http.stopped_by[0]).name})", flush=True
             )
     finally:
-        flow.close()
+        if flow is not None:
+            flow.close()
         launched.stop()
     return 1 if failed else 0
 

@@ -233,26 +233,42 @@ class Launched:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Instances first (SIGTERM to each group, then SIGKILL to whatever of it is left after
-        ``grace_s``), then the side-cars; their buffers unlinked. No process is left."""
+        ``grace_s``), then the side-cars; their buffers unlinked. No process is left: a step
+        that fails (a node's machine that does not answer) is reported in one line and the
+        others still run."""
         with self._lock:
             self.stopped = True
-        # what they map now: gone with them, or left for us to unlink
-        segments = [(p, proc_segments(p)) for p in self.instances]
-        for group in (self.instances, self.sidecars, self.services):
-            for p in group:
-                kill_group(p, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            for p in group:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            for p in group:  # the leader is gone; its children may not be (vLLM's EngineCore)
-                kill_group(p, signal.SIGKILL)
-        for spec in self.deployment.nodes:  # a side-car killed hard left its buffer behind
-            self._unlink_buffer(spec)
-        for p, names in segments:
-            unlink_unmapped_of(p, names)
-        for f in self.logs.values():
-            f.close()
-        if self.placer is not None:
-            self.placer.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        try:
+            # what they map now: gone with them, or left for us to unlink
+            segments = [(p, _quietly(proc_segments, p) or set()) for p in self.instances]
+            for group in (self.instances, self.sidecars, self.services):
+                for p in group:
+                    _quietly(kill_group, p, signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                for p in group:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        _quietly(p.wait, timeout=max(0.1, deadline - time.monotonic()))
+                for p in group:  # the leader is gone; its children may not be (EngineCore)
+                    _quietly(kill_group, p, signal.SIGKILL)
+            for spec in self.deployment.nodes:  # a side-car killed hard left its buffer
+                _quietly(self._unlink_buffer, spec)
+            for p, names in segments:
+                _quietly(unlink_unmapped_of, p, names)
+        finally:
+            for f in self.logs.values():
+                f.close()
+            if self.placer is not None:
+                _quietly(self.placer.close)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; an OSError or RuntimeError (a remote node's) is one line on
+    stderr and None. A timeout of ``wait`` passes through."""
+    try:
+        return fn(*args, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise
+    except (OSError, RuntimeError) as err:
+        print(f"dualpath: stopping: {type(err).__name__}: {err}", file=sys.stderr)
+        return None

@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,28 @@ class NodeHost:
 
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.made: list[str] = []  # folders this host made on its machine (``cleanup``)
+
+    def prepare(self, run_dir: str, token_file: str, token: str) -> None:
+        """The deployment's run folder on this machine (its side-car's lock file, sockets) and
+        the token file its processes read, mode 0600: the driver's own are on its machine."""
+        run = Path(run_dir)
+        if not run.exists():
+            run.mkdir(parents=True, mode=0o700)
+            self.made.append(run_dir)
+        path = Path(token_file)
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+
+    def cleanup(self) -> None:
+        """Remove what ``prepare`` made (its processes are stopped by then)."""
+        import shutil
+
+        for folder in self.made:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.made.clear()
 
     def address(self) -> str:
         import ray
@@ -58,23 +81,37 @@ class NodeHost:
         self.procs[name] = p
         return p.pid
 
+    # a name this host never started (a host made anew after one was lost) reads as exited
+
     def poll(self, name: str) -> int | None:
-        return self.procs[name].poll()
+        p = self.procs.get(name)
+        return DEAD if p is None else p.poll()
 
     def wait(self, name: str, timeout_s: float) -> int | None:
+        p = self.procs.get(name)
+        if p is None:
+            return DEAD
         with contextlib.suppress(subprocess.TimeoutExpired):
-            return self.procs[name].wait(timeout=timeout_s)
+            return p.wait(timeout=timeout_s)
         return None
 
     def kill_group(self, name: str, sig: int) -> None:
         from dualpath.integrations.vllm.processes import kill_group
 
-        kill_group(self.procs[name], sig)
+        p = self.procs.get(name)
+        if p is not None:
+            kill_group(p, sig)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group it started (before it is replaced or removed)."""
+        for name in list(self.procs):
+            self.kill_group(name, signal.SIGKILL)
 
     def segments(self, name: str) -> list[str]:
         from dualpath.integrations.vllm.processes import group_segments
 
-        return sorted(group_segments(self.procs[name].pid))
+        p = self.procs.get(name)
+        return [] if p is None else sorted(group_segments(p.pid))
 
     def unlink_unmapped(self, names: list[str]) -> list[str]:
         from dualpath.integrations.vllm.processes import unlink_unmapped
@@ -97,66 +134,80 @@ class NodeHost:
 
 
 class RayProc:
-    """A process that node ``node``'s host actor started, with ``subprocess.Popen``'s view."""
+    """A process that a node's host actor started, with ``subprocess.Popen``'s view. It asks
+    the actor that started it: once that actor is gone, the process reads as killed
+    (``DEAD``); an actor that is only slow to answer leaves it running (``poll``: None)."""
 
-    def __init__(self, placer: RayPlacer, node: int, name: str, pid: int) -> None:
-        self.placer, self.node, self.name, self.pid = placer, node, name, pid
+    def __init__(self, placer: RayPlacer, node: int, actor: Any, name: str, pid: int) -> None:
+        self.placer, self.node, self.actor, self.name, self.pid = placer, node, actor, name, pid
         self.returncode: int | None = None
 
     def _ask(self, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
-        return self.placer.ask(self.node, method, self.name, *args, timeout_s=timeout_s)
+        return self.placer.ask_actor(self.actor, self.node, method, *args, timeout_s=timeout_s)
 
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                self.returncode = self._ask("poll")
+                self.returncode = self._ask("poll", self.name)
             except NodeLost:
                 self.returncode = DEAD
+            except NodeSlow:
+                return None
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         limit = CALL_TIMEOUT_S if timeout is None else timeout
         while self.returncode is None:
+            step = min(limit, 5.0)
             try:
-                self.returncode = self._ask("wait", min(limit, 5.0), timeout_s=limit + 10.0)
+                self.returncode = self._ask("wait", self.name, step, timeout_s=step + 10.0)
             except NodeLost:
                 self.returncode = DEAD
+            except NodeSlow:
+                pass
             if self.returncode is None:
-                limit -= 5.0
+                limit -= step
                 if limit <= 0:
                     raise subprocess.TimeoutExpired(self.name, timeout or CALL_TIMEOUT_S)
         return self.returncode
 
     def kill_group(self, sig: int) -> None:
-        with contextlib.suppress(NodeLost):  # its node is gone: so are its processes
-            self._ask("kill_group", int(sig), timeout_s=CALL_TIMEOUT_S + 15.0)
+        with contextlib.suppress(NodeLost):  # its host is gone: nothing to signal through it
+            self._ask("kill_group", self.name, int(sig), timeout_s=CALL_TIMEOUT_S + 15.0)
         if sig == signal.SIGKILL:
             self.poll()
 
     def segments(self) -> set[str]:
         try:
-            return set(self._ask("segments"))
-        except NodeLost:
+            return set(self._ask("segments", self.name))
+        except (NodeLost, NodeSlow):
             return set()
 
     def unlink_unmapped(self, names: set[str]) -> list[str]:
         try:
-            return list(self.placer.ask(self.node, "unlink_unmapped", sorted(names)))
-        except NodeLost:
+            return list(self._ask("unlink_unmapped", sorted(names)))
+        except (NodeLost, NodeSlow):
             return []
 
 
-class NodeLost(Exception):
-    """A node's host actor did not answer (it died, or its raylet is gone)."""
+class NodeLost(OSError):
+    """A node's host actor is gone (it died, or its raylet did)."""
+
+
+class NodeSlow(OSError):
+    """A node's host actor did not answer in time (it may still)."""
 
 
 class RayPlacer:
-    """A host actor per node, on the Ray node offering that node's resource (``place``)."""
+    """A host actor per node, on the Ray node offering that node's resource; each prepared
+    with the deployment's run folder and token file on its machine (``prepare``)."""
 
     def __init__(self, address: str, nodes: list[int]) -> None:
         self.ray = require_ray()
         check_gcs_address(address)
         self._started = not self.ray.is_initialized()
+        self.actors: dict[int, Any] = {}
+        self._prepared: tuple[str, str, str] | None = None
         if self._started:
             self.ray.init(
                 address=address, logging_level="WARNING", log_to_driver=False, namespace="dualpath"
@@ -171,19 +222,44 @@ class RayPlacer:
                 "does), one per node"
             )
         self._actor_cls = self.ray.remote(num_cpus=0, max_restarts=0)(NodeHost)
-        self.actors: dict[int, Any] = {n: self._new_actor(n) for n in nodes}
+        self.actors = {n: self._new_actor(n) for n in nodes}
 
     def _new_actor(self, node: int) -> Any:
-        return self._actor_cls.options(resources={node_resource(node): RESOURCE_SHARE}).remote()
+        actor = self._actor_cls.options(resources={node_resource(node): RESOURCE_SHARE}).remote()
+        if self._prepared is not None:
+            self.ask_actor(actor, node, "prepare", *self._prepared, timeout_s=120.0)
+        return actor
 
-    def ask(self, node: int, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
-        """``method(*args)`` on node ``node``'s host actor; NodeLost if it cannot answer."""
-        from ray.exceptions import GetTimeoutError, RayActorError
+    def ask_actor(
+        self, actor: Any, node: int, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S
+    ) -> Any:
+        """``method(*args)`` on host actor ``actor`` of node ``node``: NodeLost if the actor is
+        gone, NodeSlow if it did not answer in ``timeout_s``, RuntimeError (one line) if the
+        call failed there."""
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         try:
-            return self.ray.get(getattr(self.actors[node], method).remote(*args), timeout=timeout_s)
-        except (RayActorError, GetTimeoutError) as err:
-            raise NodeLost(f"node {node}'s Ray host: {type(err).__name__}") from None
+            return self.ray.get(getattr(actor, method).remote(*args), timeout=timeout_s)
+        except RayActorError as err:
+            raise NodeLost(f"node {node}'s Ray host is gone: {type(err).__name__}") from None
+        except GetTimeoutError:
+            raise NodeSlow(f"node {node}'s Ray host: no answer in {timeout_s:g} s") from None
+        except RayTaskError as err:
+            cause = err.cause if getattr(err, "cause", None) is not None else err
+            first = str(cause).strip().splitlines()[:1]
+            raise RuntimeError(
+                f"node {node} ({method}): {type(cause).__name__}: {first[0] if first else ''}"
+            ) from None
+
+    def ask(self, node: int, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        """``ask_actor`` on node ``node``'s current host actor."""
+        return self.ask_actor(self.actors[node], node, method, *args, timeout_s=timeout_s)
+
+    def prepare(self, run_dir: str, token_file: str, token: str) -> None:
+        """Every node's machine gets ``run_dir`` and the token file (as every later host)."""
+        self._prepared = (run_dir, token_file, token)
+        for node in self.actors:
+            self.ask(node, "prepare", *self._prepared, timeout_s=120.0)
 
     def address(self, node: int) -> str:
         """The address of the machine node ``node`` runs on (its raylet's)."""
@@ -192,7 +268,8 @@ class RayPlacer:
     def start(
         self, node: int, name: str, cmd: list[str], env: dict[str, str] | None, log_path: str
     ) -> RayProc:
-        """Start ``cmd`` on node ``node``'s machine; a host actor that died is replaced."""
+        """Start ``cmd`` on node ``node``'s machine; a host actor that is gone is replaced
+        (the processes it started read as killed)."""
         try:
             pid = self.ask(node, "start", name, cmd, env, log_path)
         except NodeLost:
@@ -200,27 +277,30 @@ class RayPlacer:
                 self.ray.kill(self.actors[node])
             self.actors[node] = self._new_actor(node)
             pid = self.ask(node, "start", name, cmd, env, log_path, timeout_s=120.0)
-        return RayProc(self, node, name, int(pid))
+        return RayProc(self, node, self.actors[node], name, int(pid))
 
     def unlink_buffer(self, spec: NodeSpec) -> None:
-        with contextlib.suppress(NodeLost):
+        with contextlib.suppress(NodeLost, NodeSlow):
             self.ask(spec.node, "unlink_buffer", spec.to_json())
 
     def read_text(self, node: int, path: str) -> str:
         try:
             return str(self.ask(node, "read_text", path))
-        except NodeLost:
+        except (NodeLost, NodeSlow, RuntimeError):
             return ""
 
     def close(self) -> None:
-        """The host actors gone (their processes stopped before: ``Launched.stop``)."""
-        for actor in getattr(self, "actors", {}).values():
+        """Every host's processes killed (``Launched.stop`` stopped them gently before), its
+        folders removed, the actors gone, and Ray disconnected if this started it."""
+        for node, actor in self.actors.items():
+            for method in ("kill_all", "cleanup"):
+                try:
+                    self.ask_actor(actor, node, method, timeout_s=CALL_TIMEOUT_S + 15.0)
+                except (NodeLost, NodeSlow, RuntimeError) as err:
+                    print(f"dualpath: {err}", file=sys.stderr)
+                    break
             with contextlib.suppress(Exception):
                 self.ray.kill(actor)
+        self.actors = {}
         if self._started and self.ray.is_initialized():
             self.ray.shutdown()
-
-
-def placement_note(placer: RayPlacer, nodes: list[int]) -> str:
-    """One line naming each node's machine (the start-up message)."""
-    return ", ".join(f"node {n} on {placer.address(n)}" for n in nodes)

@@ -469,17 +469,25 @@ class NodeSidecar:
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
                 for line in self.rfile:
-                    refused = False
                     try:
                         op = json.loads(line)
-                        # a request without the deployment's token: one refusal, nothing done,
-                        # and the connection closed
-                        refused = not admits(sidecar._token, op.pop(TOKEN_FIELD, None))
-                        answer = {"error": REFUSAL} if refused else sidecar.handle(op)
-                    except (KeyError, TypeError, ValueError, AttributeError) as err:
-                        answer = {"error": f"{type(err).__name__}: {err}"}
+                    except ValueError as err:
+                        op = err
+                    # a request without the deployment's token (or no request at all, where
+                    # one is asked for): one refusal, nothing done, the connection closed
+                    given = op.pop(TOKEN_FIELD, None) if isinstance(op, dict) else None
+                    refused = not admits(sidecar._token, given)
                     if refused:
-                        sidecar.num_refused += 1
+                        answer = {"error": REFUSAL}
+                        with sidecar._lock:
+                            sidecar.num_refused += 1
+                    elif isinstance(op, dict):
+                        try:
+                            answer = sidecar.handle(op)
+                        except (KeyError, TypeError, ValueError, AttributeError) as err:
+                            answer = {"error": f"{type(err).__name__}: {err}"}
+                    else:
+                        answer = {"error": f"a request is one JSON object per line: {op}"}
                     try:
                         self.wfile.write(json.dumps(answer).encode() + b"\n")
                         self.wfile.flush()

@@ -173,8 +173,8 @@ class Supervisor:
                     instances.append(j)
         for i in sidecars:
             await self._restart_sidecar(i)
-        for j in instances:
-            self.launched.start_instance(j)
+        for j in instances:  # (on another machine: a call through Ray, off the event loop)
+            await asyncio.to_thread(self.launched.start_instance, j)
         await asyncio.gather(*(self._await_instance(j) for j in instances))
 
     async def _clean_up(self, j: int) -> None:
@@ -182,7 +182,7 @@ class Supervisor:
         then the slots and the shared memory it held freed."""
         proc = self.launched.instances[j]
         await asyncio.to_thread(kill_group, proc)
-        self._free_held(j)
+        await asyncio.to_thread(self._free_held, j)  # (a remote buffer: a side-car call each)
         await asyncio.to_thread(unlink_unmapped_of, proc, self.segments.pop(j, set()))
 
     def _free_held(self, j: int) -> None:
@@ -206,7 +206,7 @@ class Supervisor:
         deadline = loop.time() + DRAIN_S
         while self.router.holds(spec.node) and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        proc = self.launched.start_sidecar(i)
+        proc = await asyncio.to_thread(self.launched.start_sidecar, i)
         deadline = loop.time() + self.startup_timeout_s
         while True:
             if await asyncio.to_thread(proc.poll) is not None:
