@@ -88,14 +88,20 @@ def sidecars(
     buffer_mib: int = 1,
     max_model_len: int = 512,
     instances: Callable[[Instance], list[str]] | None = None,
+    snic_bytes_per_s: float = 0.0,
 ) -> Iterator[Launched]:
     """The side-cars (real processes: buffers, store) of a 1P1D deployment of a fake model;
-    its instances too with ``instances`` (their command; waited for until ``/health``)."""
+    its instances too with ``instances`` (their command; waited for until ``/health``);
+    ``snic_bytes_per_s``: each SNIC's emulated rate (0: unpaced)."""
     ckpt = tmp_path / "model"
     ckpt.mkdir(exist_ok=True)
     (ckpt / "config.json").write_text(json.dumps(MODEL_CONFIG))
     opts = VllmOptions(
-        str(ckpt), buffer_mib=buffer_mib, max_model_len=max_model_len, kv_root=str(tmp_path / "kv")
+        str(ckpt),
+        buffer_mib=buffer_mib,
+        max_model_len=max_model_len,
+        kv_root=str(tmp_path / "kv"),
+        snic_bytes_per_s=snic_bytes_per_s,
     )
     run_dir = Path(tempfile.mkdtemp(prefix="dpt-"))  # short: Unix socket paths
     dep = plan(opts, "w" * 32, run_dir, "fake-engine")

@@ -86,6 +86,7 @@ class FlowCollector(Collector):
             busy.add_metric([str(n["node"]), "read"], n["read_busy_s"])
             busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
         yield busy
+        yield from self._snic_queues()
         yield from self._slots()
         yield from self._writes()
         stage = CounterMetricFamily(
@@ -102,6 +103,23 @@ class FlowCollector(Collector):
         for name, count in sorted(self.restarts.items()):
             restarts.add_metric([name], count)
         yield restarts
+
+    def _snic_queues(self) -> Iterator[Metric]:
+        """Each node's SNIC read queue, as its side-car holds it: the signal the paper's
+        scheduler chooses a read side by (arXiv 2602.21548 §4), which engines' own metrics lack."""
+        nodes = [n for n in self.snapshot.nodes if not n.get("down")]
+        for name, key, what in (
+            ("dualpath:snic_read_requests_waiting", "read_requests_waiting", "Reads queued"),
+            ("dualpath:snic_read_bytes_waiting", "read_bytes_waiting", "Bytes of reads queued"),
+            ("dualpath:snic_read_requests_in_flight", "read_requests_in_flight", "Reads moving"),
+            ("dualpath:snic_read_bytes_in_flight", "read_bytes_in_flight", "Bytes of reads moving"),
+        ):
+            g = GaugeMetricFamily(
+                name, f"{what} on each node's SNIC (its side-car)", labels=["node", "kind"]
+            )
+            for n in nodes:
+                g.add_metric([str(n["node"]), str(n.get("kind", ""))], n.get(key, 0))
+            yield g
 
     def _slots(self) -> Iterator[Metric]:
         snap = self.snapshot

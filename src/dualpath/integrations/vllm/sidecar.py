@@ -93,6 +93,23 @@ class _Job:
     failed: bool = False
 
 
+@dataclass(slots=True)
+class _Queued:
+    """Requests and their bytes in one stage of the SNIC's read queue (under the side-car's
+    lock)."""
+
+    requests: int = 0
+    bytes: int = 0
+
+    def add(self, nbytes: int) -> None:
+        self.requests += 1
+        self.bytes += nbytes
+
+    def take(self, nbytes: int) -> None:
+        self.requests -= 1
+        self.bytes -= nbytes
+
+
 class NodeSidecar:
     """The node's buffer (owner), store, SNIC pacers and the read / write queues."""
 
@@ -130,6 +147,10 @@ class NodeSidecar:
         self.reads: queue.Queue[tuple[list[str], list[int], Future[int]] | None] = queue.Queue()
         self.writes: queue.Queue[tuple[str, int] | None] = queue.Queue()
         self.bytes_read = 0
+        # the SNIC's read queue (the signal the paper's scheduler decides on, §4): requests and
+        # bytes queued for a reader, and those a reader is moving now
+        self.read_waiting = _Queued()
+        self.read_in_flight = _Queued()
         self.bytes_written = 0
         self.num_failed_writes = 0
         self.num_skipped_writes = 0  # blocks another turn had persisted already
@@ -224,16 +245,23 @@ class NodeSidecar:
 
     def _read_loop(self, index: int = 0) -> None:
         store = self.read_stores[index]
+        block = self.spec.layout.full_block_bytes
         while (job := self.reads.get()) is not None:
             keys, slots, done = job
+            with self._lock:  # waiting → in flight
+                self.read_waiting.take(len(keys) * block)
+                self.read_in_flight.add(len(keys) * block)
             try:
                 oks = self._read_job(store, keys, slots)
             except Exception as err:  # not a missing block: a bug or the disk; the reader lives on
+                with self._lock:
+                    self.read_in_flight.take(len(keys) * block)
                 done.set_exception(err)
                 continue
             num_ok = oks.index(False) if False in oks else len(oks)
             with self._lock:
-                self.bytes_read += num_ok * self.spec.layout.full_block_bytes
+                self.bytes_read += num_ok * block
+                self.read_in_flight.take(len(keys) * block)
             done.set_result(num_ok)
 
     def _batched(self) -> bool:
@@ -259,6 +287,8 @@ class NodeSidecar:
         if len(keys) != len(slots):
             raise ValueError(f"read: {len(keys)} keys for {len(slots)} slots")
         done: Future[int] = Future()
+        with self._lock:
+            self.read_waiting.add(len(keys) * self.spec.layout.full_block_bytes)
         self.reads.put((keys, slots, done))
         return done.result()
 
@@ -421,6 +451,10 @@ class NodeSidecar:
                 "skipped_writes": self.num_skipped_writes,
                 "unfinished_writes": sum(self._queued.values()),  # queued or in hand
                 "waiting_jobs": len(self._jobs),  # persist jobs with parts still to come
+                "read_requests_waiting": self.read_waiting.requests,
+                "read_bytes_waiting": self.read_waiting.bytes,
+                "read_requests_in_flight": self.read_in_flight.requests,
+                "read_bytes_in_flight": self.read_in_flight.bytes,
             }
             out["bytes_pushed"] = self.bytes_pushed
             out["push_busy_s"] = self.push_busy_s
