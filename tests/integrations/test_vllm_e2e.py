@@ -39,6 +39,12 @@ from tests.integrations.deployments import Plain, route_answers  # noqa: E402
 from tests.integrations.deployments import stop as _stop  # noqa: E402
 from tests.integrations.deployments import wait_health as _wait_health  # noqa: E402
 from tests.integrations.nodes import vllm_python  # noqa: E402
+from tests.integrations.signals import (  # noqa: E402
+    DASHBOARD,
+    QUEUE,
+    exported_names,
+    metric_names,
+)
 
 from dualpath.net import free_port  # noqa: E402
 
@@ -531,6 +537,14 @@ def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any]) -> None:
     assert grew(pe_path, de_path, "d0", "cnic", "tx_bytes") >= de_hits  # DE buffer → PE node
     assert grew(pe_path, de_path, "p0", "snic", "rx_bytes") < de_hits / 4
     assert srv.metric("dualpath:sidecar_refused_requests_total") == 0  # all carry the token
+    # what an operator watches: every node's SNIC read queue back at zero, and every query of
+    # the Grafana dashboard naming a metric this deployment exports
+    exported = exported_names(srv.url)
+    for name in QUEUE:
+        assert f'{name}{{kind="pe",node="0"}} 0.0' in httpx.get(srv.url + "/metrics").text
+    dash = json.loads(DASHBOARD.read_text())
+    queried = {n for p in dash["panels"] for t in p["targets"] for n in metric_names(t["expr"])}
+    assert queried and not queried - exported, sorted(queried - exported)
 
     # a killed side-car, a killed prefill instance: clean errors, never a hang
     os.kill(srv.pids()["sidecars"]["1"], signal.SIGKILL)

@@ -7,7 +7,6 @@ paced in software (so a read takes a while), fake vLLM instances (``fake_vllm``)
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -16,18 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.integrations.fake_vllm import FakeInstances, RouterServer, sidecars
+from tests.integrations.signals import DASHBOARD, QUEUE, exported_names, metric_names
 
 from dualpath.integrations.vllm.router import RouterOptions
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dualpath.json"
 SNIC_RATE = 200_000  # bytes/s: ~40 blocks of this fake model read in about 2 s
 PROMPT = "Read the file, run the tests, fix the bug, then tell me what changed. " * 18
-QUEUE = (
-    "dualpath:snic_read_requests_waiting",
-    "dualpath:snic_read_bytes_waiting",
-    "dualpath:snic_read_requests_in_flight",
-    "dualpath:snic_read_bytes_in_flight",
-)
 
 
 @pytest.fixture()
@@ -99,40 +92,22 @@ def test_the_snic_read_queue_moves_while_hits_are_read_and_returns_to_zero(
     assert _total(after, f'dualpath:reads_total{{side="{side}"}}') == 1
 
 
-def _exported(url: str) -> set[str]:
-    """The sample names ``/metrics`` has or declares (a counter family with no sample yet, such
-    as the restarts before any: its ``# TYPE`` line)."""
-    names = set()
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, family, kind = line.split(" ", 3)
-            suffixes = {"histogram": ["_bucket", "_sum", "_count"]}  # (a counter's: _total)
-            names.update(family + s for s in suffixes.get(kind, [""]))
-        elif line and not line.startswith("#"):
-            names.add(line.split("{")[0].split(" ")[0])
-    return names
-
-
-def _metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b(dualpath:[a-z_]+)", expr))
-
-
 def test_every_dashboard_query_names_a_metric_the_router_exports(router: RouterServer) -> None:
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    assert exprs and all(_metric_names(e) for e in exprs), "a query without a DualPath metric"
+    assert exprs and all(metric_names(e) for e in exprs), "a query without a DualPath metric"
     assert _chat(router.url).status_code == 200
-    exported = _exported(router.url)
-    missing = sorted(n for e in exprs for n in _metric_names(e) if n not in exported)
+    exported = exported_names(router.url)
+    missing = sorted(n for e in exprs for n in metric_names(e) if n not in exported)
     assert not missing, f"the dashboard queries metrics the router does not export: {missing}"
     # the two paths' balance and the SNIC queues are on it
-    queried = {n for e in exprs for n in _metric_names(e)}
+    queried = {n for e in exprs for n in metric_names(e)}
     assert {"dualpath:reads_total", "dualpath:kv_bytes_total", *QUEUE[::3]} <= queried
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "panel ids repeat"
 
 
 def test_the_dashboard_checker_catches_a_metric_nobody_exports(router: RouterServer) -> None:
-    exported = _exported(router.url)
+    exported = exported_names(router.url)
     assert {"dualpath:snic_read_bytes_waiting", "dualpath:restarts_total"} <= exported
-    assert not _metric_names("rate(dualpath:no_such_thing_total[5m])") <= exported
+    assert not metric_names("rate(dualpath:no_such_thing_total[5m])") <= exported
