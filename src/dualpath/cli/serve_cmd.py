@@ -18,30 +18,25 @@ def _api_keys(values: list[str], files: list[str] | None = None) -> dict[str, st
     them, one per line (``--api-key-file``: a mounted secret; blank and ``#`` lines skipped;
     an error names the file and line, never the key)."""
     keys: dict[str, str] = {}
-    for v in values:
-        tenant, _, key = v.rpartition("=")
+
+    def add(entry: str, where: str) -> None:
+        tenant, _, key = entry.rpartition("=")
         if not key:
-            raise ValueError(f"--api-key {v!r} is invalid: expected KEY or TENANT=KEY")
+            raise ValueError(f"{where} is invalid: expected KEY or TENANT=KEY")
         keys[key] = tenant or f"key{len(keys)}"
+
+    for v in values:
+        add(v, f"--api-key {v!r}")
     for path in files or []:
         try:
-            lines = Path(path).read_text().splitlines()
+            lines = [line.strip() for line in Path(path).read_text().splitlines()]
         except OSError as err:
             raise ValueError(f"--api-key-file {path}: cannot read it ({err.strerror})") from None
-        found = 0
-        for no, line in enumerate(lines, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            tenant, _, key = line.rpartition("=")
-            if not key:
-                raise ValueError(
-                    f"--api-key-file {path}:{no} is invalid: expected KEY or TENANT=KEY"
-                )
-            keys[key] = tenant or f"key{len(keys)}"
-            found += 1
-        if not found:
+        entries = [(no, ln) for no, ln in enumerate(lines, 1) if ln and not ln.startswith("#")]
+        if not entries:
             raise ValueError(f"--api-key-file {path}: no key in it")
+        for no, line in entries:
+            add(line, f"--api-key-file {path}:{no}")
     return keys
 
 

@@ -31,6 +31,7 @@ from dualpath.deploy.ray_address import (
     require_ray,
 )
 from dualpath.integrations.vllm.node import NodeSpec
+from dualpath.integrations.vllm.token import write_token_file
 
 RESOURCE_SHARE = 0.001  # of a node's marker resource: the host actor takes almost none
 CALL_TIMEOUT_S = 30.0  # an actor call that takes longer: its node is taken as lost
@@ -52,11 +53,8 @@ class NodeHost:
         if not run.exists():
             run.mkdir(parents=True, mode=0o700)
             self.made.append(run_dir)
-        path = Path(token_file)
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
+        if not Path(token_file).exists():
+            write_token_file(Path(token_file), token)
 
     def cleanup(self) -> None:
         """Remove what ``prepare`` made (its processes are stopped by then)."""

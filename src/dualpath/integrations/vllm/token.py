@@ -45,12 +45,17 @@ def sidecar_token() -> str:
     return _cache[key]
 
 
-def new_token_file(path: Path) -> Path:
-    """A fresh random token (256 bits) written to ``path``, readable by its owner only."""
+def write_token_file(path: Path, token: str) -> Path:
+    """``token`` written to ``path``, a new file readable by its owner only."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+        f.write(token + "\n")
     return path
+
+
+def new_token_file(path: Path) -> Path:
+    """A fresh random token (256 bits) written to ``path``, readable by its owner only."""
+    return write_token_file(path, secrets.token_hex(32))
 
 
 def admits(expected: str, given: object) -> bool:
