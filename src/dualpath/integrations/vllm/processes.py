@@ -229,7 +229,12 @@ class Launched:
             "services": {i: p.pid for i, p in enumerate(self.services)},
             "urls": {i.node: i.url for i in dep.instances},
         }
-        (self.log_dir / "processes.json").write_text(json.dumps(pids))  # operators and tests
+        # Operators and tests read it while the launch goes on: a temp file, then a rename, so a
+        # reader never sees it half written.
+        final = self.log_dir / "processes.json"
+        tmp = final.with_name(f".processes.json.{os.getpid()}")
+        tmp.write_text(json.dumps(pids))
+        os.replace(tmp, final)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Instances first (SIGTERM to each group, then SIGKILL to whatever of it is left after
