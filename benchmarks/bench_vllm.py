@@ -198,12 +198,13 @@ def _cluster(snic_mbit: float) -> None:
     cluster.up(cluster.ClusterSpec.from_preset("tiny-1p1d", name=CLUSTER, snic_mbit=snic_mbit))
 
 
-def _snic_bytes() -> dict[str, int]:
-    """The kernel's count of bytes each node received on its SNIC (its storage reads)."""
+def _snic_bytes() -> dict[str, tuple[int, int]]:
+    """The kernel's count of bytes each node received (its storage reads) and sent (its
+    writes) on its SNIC."""
     from dualpath.deploy import cluster
 
     return {
-        n["node"]: int(n["snic"]["rx_bytes"])
+        n["node"]: (int(n["snic"]["rx_bytes"]), int(n["snic"]["tx_bytes"]))
         for n in cluster.status(CLUSTER)["nodes"]
         if n["kind"] != "store"
     }
@@ -380,7 +381,11 @@ def _main(args: argparse.Namespace) -> None:
             print(_line(name, s), flush=True)
             if args.cluster and storage_bound:
                 after = _snic_bytes()
-                s["snic_rx_mb"] = {n: (after[n] - before[n]) / 1e6 for n in sorted(after)}
+                s["snic_rx_mb"] = {n: (after[n][0] - before[n][0]) / 1e6 for n in sorted(after)}
+                s["snic_tx_mb"] = {n: (after[n][1] - before[n][1]) / 1e6 for n in sorted(after)}
+                # the busiest SNIC direction at full rate: no schedule finishes sooner
+                busiest = max([*s["snic_rx_mb"].values(), *s["snic_tx_mb"].values()])
+                s["nic_bound_s"] = busiest / args.snic_mb_per_s
                 kv = s["metrics"]["kv_mb"]
                 hit_mb = kv.get("storage_to_pe_buffer", 0.0) + kv.get("storage_to_de_buffer", 0.0)
                 snics = 1 if name == "basic" else len(after)  # DualPath reads through every node's
@@ -389,8 +394,12 @@ def _main(args: argparse.Namespace) -> None:
                     " " * 10
                     + "kernel: SNIC MB received per node: "
                     + "  ".join(f"{n} {mb:.1f}" for n, mb in s["snic_rx_mb"].items())
+                    + ", sent: "
+                    + "  ".join(f"{n} {mb:.1f}" for n, mb in s["snic_tx_mb"].items())
                     + f";  storage bound {s['storage_bound_s']:.1f} s ({hit_mb:.1f} MB of hits "
-                    f"÷ {snics} × {args.snic_mb_per_s:g} MB/s)",
+                    f"÷ {snics} × {args.snic_mb_per_s:g} MB/s), JCT ÷ bound "
+                    f"{s['job_jct_s'] / max(1e-9, s['storage_bound_s']):.2f};  busiest SNIC "
+                    f"direction {s['nic_bound_s']:.1f} s",
                     flush=True,
                 )
             if "metrics" in s:

@@ -193,7 +193,7 @@ class StockPD:
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="stock-pd-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        masks = core_masks(2, os.cpu_count() or 1)
+        masks = core_masks([1, 1], os.cpu_count() or 1)
         try:
             for role, mask in zip(("prefill", "decode"), masks, strict=True):
                 self._instance(role, python, overlay, mask, log_dir / f"{role}.log")

@@ -138,4 +138,61 @@ def test_cluster_plan_puts_the_classes_on_cnics_only() -> None:
 
     for dev in ("dppq-p0c", "dppq-d0c"):  # bridge ends of the CNICs
         assert shaping(one, dev) == {"tbf"} and shaping(two, dev) == {"handle"}  # htb root
-    assert shaping(two, "dppq-p0s") == {"tbf"}  # SNICs keep their one queue
+    for cmds in (one, two):  # SNICs: small packets first, at the same rate, either way
+        assert shaping(cmds, "dppq-p0s") == {"handle"}
+
+
+@needs_ns
+def test_an_snic_sends_small_packets_ahead_of_bulk_data() -> None:
+    """A storage NIC as the cluster shapes it: 64-byte round trips p0 → storage host keep their
+    latency while a bulk flow fills p0's SNIC the same way (a read's acknowledgements beside a
+    write, the store's RPCs beside a put); with one FIFO (tbf) they wait behind its queue."""
+    spec = ClusterSpec.from_preset("tiny-1p1d", name=f"s{time.time_ns() % 10**5}", snic_mbit=16.0)
+    state = cluster.up(spec)
+    try:
+        store = state.address("store", "snic")
+        server = _probe(state, "store", "server", "--host", store, "--port", str(PORT))
+        try:
+            assert server.stdout is not None and "listening" in server.stdout.readline()
+            to = f"{store}:{PORT}"
+
+            def p99(bulk: bool) -> float:
+                load = _probe(state, "p0", "bulk", "--to", to, "--seconds", "4") if bulk else None
+                if load:
+                    time.sleep(1.5)  # past slow start: the queue is standing
+                ping = _probe(
+                    state,
+                    "p0",
+                    "pingpong",
+                    "--to",
+                    to,
+                    "--size",
+                    "64",
+                    "--seconds",
+                    "2",
+                    "--interval-s",
+                    "0.01",
+                )
+                out, _ = ping.communicate(timeout=30)
+                if load:
+                    load.communicate(timeout=30)
+                return float(json.loads(out)["p99_us"])
+
+            idle = p99(False)
+            bound = max(BOUND_FACTOR * idle, idle + 5000.0)  # 5 ms: one 2 MB/s burst's worth
+            small_first = p99(True)
+            ns = spec.node("p0").namespace
+            subprocess.run(
+                cluster.tbf_args("snic", spec.rate_bytes_per_s("p0", "snic"), ns), check=True
+            )
+            one_queue = p99(True)
+            print(
+                f"p99 µs: idle {idle:.0f}, small first {small_first:.0f}, one queue {one_queue:.0f}"
+            )
+            assert small_first <= bound, f"small first: p99 {small_first:.0f} µs > {bound:.0f} µs"
+            assert one_queue > bound, f"one queue: p99 {one_queue:.0f} µs <= {bound:.0f} µs"
+        finally:
+            server.kill()
+            server.wait()
+    finally:
+        cluster.down(spec.name)

@@ -77,3 +77,40 @@ def test_a_push_to_a_node_that_is_gone_is_a_clean_error(nodes: dict[int, NodeSpe
             {"op": "push", "slots": slots, "to": nodes[0].control, "to_slots": [0, 1, 2]},
         )
     assert RemoteSlots(nodes[1]).release(slots, owner=1) == 1
+
+
+def test_a_prefill_node_persists_a_leases_slots_only_while_they_are_its(
+    nodes: dict[int, NodeSpec], tmp_path: Path
+) -> None:
+    """The prompt's new blocks written through the PE node's SNIC (``write`` with the
+    router's lease, ``policy.side.SideRule.write_node``): all of the lease's slots or none;
+    each slot freed once its block is durable, the bytes in the store exactly the slot's."""
+    from dualpath.kv.stores import open_store
+
+    pe = RemoteSlots(nodes[0])
+    slots = pe.alloc(3, owner=7)
+    assert slots is not None
+    block = nodes[0].layout.full_block_bytes
+    buf = attach_buffer(nodes[0])
+    try:
+        stride = buf.spec.stride_bytes
+        for i, s in enumerate(slots):
+            buf.data[s * stride : s * stride + block] = bytes([40 + i]) * block
+    finally:
+        buf.close()
+    keys = [f"{i:064x}" for i in range(1, 4)]
+    op = {"op": "write", "keys": keys, "slots": slots}
+    # another lease's slots (this one given up on, its slots taken since): nothing is queued
+    assert call(nodes[0].control, {**op, "owner": 8})["queued"] == 0
+    assert pe.num_free == 12 - 3
+    assert call(nodes[0].control, {**op, "owner": 7})["queued"] == 3
+    # durable, then freed: settle waits for exactly these writes
+    answer = call(nodes[0].control, {"op": "settle", "keys": keys, "timeout_s": 30})
+    assert answer == {"waited": answer["waited"], "pending": 0}
+    assert pe.num_free == 12
+    assert pe.release(slots, owner=7) == 0  # the lease no longer holds them: nothing to free
+    store = open_store(str(tmp_path / "kv"), nodes[0].layout, nodes[0].store_namespace)
+    for i, key in enumerate(keys):
+        got = bytearray(block)
+        store.read_block(key, memoryview(got))
+        assert bytes(got) == bytes([40 + i]) * block

@@ -6,6 +6,7 @@ import pytest
 from policy_testkit import de, pe, policy, req, view
 
 from dualpath.policy import split_hit
+from dualpath.policy.side import SideRule
 from dualpath.types import ReadSide
 
 ENGINES = [pe(0, 0), de(10, 1, 10**9)]
@@ -116,3 +117,14 @@ def test_bad_tie_break_and_bytes_read_are_clear_errors() -> None:
         policy("dualpath", read_tie_break="dice")
     with pytest.raises(ValueError, match=r"node 0: bytes_read=-1\.0 is invalid"):
         policy("dualpath").schedule(_with_read_bytes({0: 0, 1: 0}, {0: -1.0, 1: 0.0}), 0.0)
+
+
+def test_the_write_side_spreads_writes_where_reads_are_spread() -> None:
+    """DualPath and DPL (both read paths) persist a prompt through the node whose SNIC was
+    given fewer bytes to write, a tie to the DE; Basic persists on the DE, as the paper."""
+    both = SideRule("dualpath", 100, 10, split=False)
+    assert both.write_node(0, 1, {0: 0.0, 1: 0.0}) == 1  # a tie: the DE
+    assert both.write_node(0, 1, {0: 5.0, 1: 9.0}) == 0
+    assert both.write_node(0, 1, {0: 9.0, 1: 5.0}) == 1
+    assert SideRule("round_robin", 100, 10, split=False).write_node(2, 3, {3: 1.0}) == 2
+    assert SideRule("pe", 100, 10, split=False).write_node(0, 1, {0: 0.0, 1: 9.0}) == 1

@@ -18,8 +18,11 @@ and D decode nodes:
 - rates: the preset's SNIC per node (``snic_total_bytes_per_s``) and CNIC per node
   (``gpus_per_node * cnic_bytes_per_s``) times one factor that brings the SNIC to
   ``snic_mbit``; the CNIC is capped at ``cnic_cap_mbit``. The storage host's SNIC is unshaped
-  unless ``store_mbit > 0``. Each shaped NIC gets a ``tbf`` on both of its veth ends' egress
-  (node side: node → network, bridge side: network → node); see ``tbf_args``. With the
+  unless ``store_mbit > 0``. Each shaped NIC is shaped on both of its veth ends' egress
+  (node side: node → network, bridge side: network → node): a CNIC by a ``tbf``
+  (``tbf_args``), an SNIC by an HTB that sends small packets (TCP acknowledgements, the
+  store's RPCs) ahead of bulk data at the same total rate (``qos.tc_small_first_commands``:
+  one FIFO would hold a read's acknowledgements behind 50 ms of writes). With the
   traffic manager on (``up --traffic-manager`` or ``dualpath qos --cluster NAME --apply``)
   each CNIC end gets the two classes of ``deploy.qos.tc_commands`` at the same rate instead
   (collectives' DSCP high, everything else low; docs/operations.md).
@@ -46,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dualpath.config.presets import preset as cluster_preset
-from dualpath.deploy.qos import QosOptions, tc_commands
+from dualpath.deploy.qos import QosOptions, tc_commands, tc_small_first_commands
 
 Nic = Literal["cnic", "snic"]
 NodeKind = Literal["prefill", "decode", "store"]
@@ -331,8 +334,11 @@ def plan(spec: ClusterSpec) -> list[list[str]]:
             rate = spec.rate_bytes_per_s(node.name, nic)  # type: ignore[arg-type]
             if nic == "cnic":
                 cmds += cnic_shaping(spec, node, spec.traffic_manager)
-            elif rate > 0:
-                cmds += [tbf_args(nic, rate, ns), tbf_args(peer, rate)]
+            elif rate > 0:  # (the SNIC) its control packets ahead of bulk data
+                cmds += [
+                    *tc_small_first_commands(nic, rate, ns),
+                    *tc_small_first_commands(peer, rate),
+                ]
     return cmds
 
 

@@ -250,6 +250,46 @@ def tc_commands(
     opt: QosOptions, iface: str, rate_bytes_per_s: float, netns: str | None = None
 ) -> list[list[str]]:
     """``tc`` argv that realise the two classes on ``iface``'s egress at the link rate."""
+    tos = f"0x{opt.collective_dscp << 2:02x}"
+    tclass = f"0x{opt.collective_dscp << 6:03x}"  # IPv6 traffic class sits 4 bits higher
+    filters = [
+        f"protocol ip prio 1 u32 match ip dsfield {tos} 0xfc",
+        f"protocol ipv6 prio 2 u32 match u16 {tclass} 0x0fc0 at 0",
+    ]
+    return two_classes(iface, rate_bytes_per_s, 1 - opt.low_share, filters, netns)
+
+
+# A storage NIC's egress on the one-host cluster: its control packets first. Every read's TCP
+# acknowledgements leave through the write direction and every write's through the read
+# direction, as do the store's small RPCs (replica lists, put start / end); behind 50 ms of
+# bulk data in one FIFO, an acknowledgement delayed that long throttles the flow it clocks,
+# and every RPC waits as long. A real storage NIC is not a 2 MB/s FIFO (RDMA acknowledges in
+# hardware; its queues drain in microseconds): packets of an IPv4 length under
+# ``SNIC_SMALL_BYTES`` get a class of their own with prio 0, bulk data the rest.
+SNIC_SMALL_BYTES = 512  # pure ACKs are 52 bytes, the store's RPCs a few hundred; MSS 1,448
+SNIC_SMALL_SHARE = 0.05  # guaranteed to the small packets (ACKs of a full link: ≈ 3%)
+
+
+def tc_small_first_commands(
+    iface: str, rate_bytes_per_s: float, netns: str | None = None
+) -> list[list[str]]:
+    """``tc`` argv that shape ``iface``'s egress to the link rate, small packets first."""
+    mask = 0xFFFF & ~(SNIC_SMALL_BYTES - 1)  # the IPv4 total length's bits at or above it
+    filters = [f"protocol ip prio 1 u32 match u16 0x0000 0x{mask:04x} at 2"]
+    return two_classes(iface, rate_bytes_per_s, SNIC_SMALL_SHARE, filters, netns)
+
+
+def two_classes(
+    iface: str,
+    rate_bytes_per_s: float,
+    high_share: float,
+    filters: list[str],
+    netns: str | None = None,
+) -> list[list[str]]:
+    """``tc`` argv of an HTB root at the link rate over a high class (guaranteed
+    ``high_share`` of it, prio 0) and a low class (the rest, prio 1, the default), both
+    allowed the whole link; ``filters`` (``tc filter`` selectors) send packets to the high
+    class."""
     require(
         rate_bytes_per_s > 0 and math.isfinite(rate_bytes_per_s),
         "--rate-mbit",
@@ -258,13 +298,11 @@ def tc_commands(
     )
     require(bool(iface) and not any(c.isspace() for c in iface), "--iface", iface, "a name")
     rate = int(rate_bytes_per_s * 8)  # bit/s
-    high = max(1, round(rate * (1 - opt.low_share)))
+    high = max(1, round(rate * high_share))
     low = max(1, rate - high)
     burst = max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_BURST_S))
     queue = max(TC_MIN_BURST_BYTES, int(rate_bytes_per_s * TC_LOW_QUEUE_S))
     r2q = max(1, math.ceil(rate_bytes_per_s / 200_000))  # the root class's quantum <= 200 kB
-    tos = f"0x{opt.collective_dscp << 2:02x}"
-    tclass = f"0x{opt.collective_dscp << 6:03x}"  # IPv6 traffic class sits 4 bits higher
     dev = f"dev {iface}"
     leaf = f"ceil {rate}bit burst {burst} cburst {burst} quantum {TC_QUANTUM_BYTES}"
     return [
@@ -288,16 +326,7 @@ def tc_commands(
             f"limit {TC_HIGH_QUEUE_PACKETS}",
         ),
         _tc(netns, f"qdisc replace {dev} parent 1:{TC_LOW} handle {TC_LOW}: bfifo limit {queue}"),
-        _tc(
-            netns,
-            f"filter replace {dev} parent 1: protocol ip prio 1 u32 "
-            f"match ip dsfield {tos} 0xfc flowid 1:{TC_HIGH}",
-        ),
-        _tc(
-            netns,
-            f"filter replace {dev} parent 1: protocol ipv6 prio 2 u32 "
-            f"match u16 {tclass} 0x0fc0 at 0 flowid 1:{TC_HIGH}",
-        ),
+        *(_tc(netns, f"filter replace {dev} parent 1: {f} flowid 1:{TC_HIGH}") for f in filters),
     ]
 
 

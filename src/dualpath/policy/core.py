@@ -97,6 +97,11 @@ class PolicyCore:
         for r in requests:
             self.submit(r, now)
 
+    def write_node(self, pe_node: int, de_node: int, written: Mapping[int, float]) -> int:
+        """The node whose storage NIC persists a placed request's new prompt blocks
+        (``SideRule.write_node``; ``written``: bytes given to each node's SNIC to write)."""
+        return self._side.write_node(pe_node, de_node, written)
+
     def schedule(self, view: ClusterView, now: float) -> list[Assign]:
         holds = {pe: h[1] for pe, h in self._holds.items()}
         self._index.refresh(view, holds, self._decode.queued_by_group())

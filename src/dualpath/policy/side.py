@@ -1,11 +1,14 @@
-"""Read-side choice (design §7.1 "Read side", §4) and split reads (beyond the paper).
+"""Read-side choice (design §7.1 "Read side", §4), split reads and the write side (both beyond
+the paper).
 
 Given a request's PE and DE, decide which node's storage NIC reads its hit KV, and update the
-round's read-queue copies so later requests in the same round see the new queue lengths.
+round's read-queue copies so later requests in the same round see the new queue lengths; and
+which of the two nodes' storage NICs persists the prompt's new blocks (``SideRule.write_node``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dualpath.policy.state import RoundState
@@ -101,3 +104,15 @@ class SideRule:
         st.read_q[pe_node] = q_pe + plan.pe_tokens
         st.read_q[de_node] = st.read_q[de_node] + plan.de_tokens
         return plan
+
+    def write_node(self, pe_node: int, de_node: int, written: Mapping[int, float]) -> int:
+        """Which node's SNIC persists a prompt's new blocks, once its prefill handed them to
+        the DE node (both nodes then hold them). The paper persists on the DE (its hit ratio
+        of ≈ 98.7% leaves little to write); where a turn appends a large share of its prompt,
+        the DE's write direction carries as many bytes as a read direction and binds a
+        system that spread its reads over both sides. So the rules that use the DE read
+        path also spread the writes: the node whose SNIC has been given fewer bytes to write
+        (``written``), a tie to the DE. Basic and Layer keep the paper's DE."""
+        if self.rule == "pe":
+            return de_node
+        return pe_node if written.get(pe_node, 0.0) < written.get(de_node, 0.0) else de_node

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import sys
 import time
@@ -101,7 +102,9 @@ class Prepared:
     stored_blocks: int  # leading blocks the store holds (the decode persists the rest)
     de_slots: list[int]
     lease: int  # the owner tag of its slots until the decode claims the DE ones
+    keys: list[str] = field(default_factory=list)  # of the prompt's Full Blocks
     pe_slots: list[int] = field(default_factory=list)
+    prompt_written: bool = False  # its PE node persists the new prompt blocks (not the DE)
     num_generated: int = 0  # tokens its decode reported so far (the core counts them per DE)
     # what may still write into its slots after the router gave up on it: a storage read's
     # thread, a prefill not yet answered; its slots go back once that is over
@@ -188,6 +191,11 @@ class TurnFlow:
         self._calls = ThreadPoolExecutor(SIDECAR_THREADS, thread_name_prefix="sidecar-call")
         self.stats = FlowStats()
         self._slot_queues: dict[int, SlotQueue] = {}  # per node: requests waiting for slots
+        # bytes given to each node's SNIC to write (the write side's balance, ``persist_prompt``)
+        self.written: dict[int, float] = {n.node: 0.0 for n in dep.nodes}
+        # the side-cars that may hold queued writes: the DE nodes', and across nodes the PE
+        # nodes' too (they persist prompts: ``persist_prompt``)
+        self._writers = [n for n in dep.nodes if n.kind == EngineKind.DE.value or self.networked]
 
     def _off_loop(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` (a side-car request: it blocks) on the flow's own threads. Not
@@ -214,10 +222,12 @@ class TurnFlow:
         self._check_fits(len(tokens))
         keys = block_keys(tokens, bs, self.dep.namespace(tenant))
         # the store's index off the event loop: files to stat, or a master across the network
-        stored = await self._off_loop(self.store.lookup, keys) // bs
+        with self.stats.time_stage("lookup"):
+            stored = await self._off_loop(self.store.lookup, keys) // bs
         usable = (len(tokens) - 1) // bs  # usable_hit_tokens' cap
         if stored < usable and await self._settle(keys[stored:usable]):
-            stored = await self._off_loop(self.store.lookup, keys) // bs
+            with self.stats.time_stage("lookup"):
+                stored = await self._off_loop(self.store.lookup, keys) // bs
         hit_tokens = usable_hit_tokens(stored * bs, len(tokens), bs)
         rid = next(self._ids)
         turn = Turn(rid, 0, 0, len(tokens), hit_tokens, max(1, max_tokens), self.now())
@@ -235,19 +245,20 @@ class TurnFlow:
             raise
         hit_blocks = hit_tokens // bs
         lease = rid + 1  # > 0: instances' tags are < 0, anonymous slots 0
+        need = -(-len(tokens) // bs)
+        de_node, pe_node = self.topology.node_of(assign.de), self.topology.node_of(assign.pe)
         try:
-            de_slots = await self._alloc(
-                self.topology.node_of(assign.de), -(-len(tokens) // bs), lease
+            # across nodes the prefill's KV goes to its own node's buffer first: both nodes'
+            # slots asked for at once (two side-cars, one round trip's time)
+            de_slots, pe_slots = await self._alloc_both(
+                de_node, pe_node if self.networked else None, need, lease
             )
         except BaseException:
             self.abort(turn)
             raise
-        prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots, lease)
+        prep = Prepared(turn, tokens, assign, hit_blocks, stored, de_slots, lease, keys)
+        prep.pe_slots = pe_slots
         try:
-            if self.networked:  # the prefill's KV goes to its own node's buffer first
-                prep.pe_slots = await self._alloc(
-                    self.topology.node_of(assign.pe), len(de_slots), lease
-                )
             await self._read(prep, keys[:hit_blocks], reads)
         except BaseException:
             self.release(prep)
@@ -278,8 +289,7 @@ class TurnFlow:
             return bool(answer.get("waited"))
 
         with self.stats.time_stage("settle"):
-            des = [n for n in self.dep.nodes if n.kind == EngineKind.DE.value]
-            waited = await asyncio.gather(*(self._off_loop(ask, n) for n in des))
+            waited = await asyncio.gather(*(self._off_loop(ask, n) for n in self._writers))
         return any(waited)
 
     def _pull(self) -> None:
@@ -327,6 +337,39 @@ class TurnFlow:
                 f"no {num_slots} free slots in node {node}'s buffer within "
                 f"{self.slot_deadline_s:g} s",
             ) from None
+
+    async def _alloc_both(
+        self, de_node: int, pe_node: int | None, num_slots: int, lease: int
+    ) -> tuple[list[int], list[int]]:
+        """``num_slots`` slots of the DE node's buffer and (``pe_node`` given) of the PE
+        node's, asked for together; if either fails, what the other got goes back."""
+        if pe_node is None:
+            return await self._alloc(de_node, num_slots, lease), []
+        asks = [
+            asyncio.ensure_future(self._alloc(node, num_slots, lease))
+            for node in (de_node, pe_node)
+        ]
+        try:
+            await asyncio.wait(asks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            for ask in asks:
+                ask.cancel()
+            for node, ask in zip((de_node, pe_node), asks, strict=True):
+                ask.add_done_callback(functools.partial(self._unasked_slots, node, lease=lease))
+            raise
+        failed = next((a for a in asks if a.done() and a.exception() is not None), None)
+        if failed is not None:
+            for node, ask in zip((de_node, pe_node), asks, strict=True):
+                ask.cancel()
+                ask.add_done_callback(functools.partial(self._unasked_slots, node, lease=lease))
+            await asyncio.gather(*asks, return_exceptions=True)
+            raise failed.exception()  # type: ignore[misc]
+        return asks[0].result(), asks[1].result()
+
+    def _unasked_slots(self, node: int, done: asyncio.Future[list[int]], *, lease: int) -> None:
+        """An allocation whose request failed or left: its slots, if it got any, go back."""
+        if not done.cancelled() and done.exception() is None and done.result():
+            self._release(node, done.result(), lease)
 
     @property
     def slot_waiters(self) -> int:
@@ -376,7 +419,8 @@ class TurnFlow:
         try:
             op = {"op": "read", "keys": keys, "slots": slots}
             prep.reading = asyncio.ensure_future(self._off_loop(self._sidecar, spec.control, op))
-            answer = await asyncio.shield(prep.reading)  # cancelled: the read goes on
+            with self.stats.time_stage("storage_read"):
+                answer = await asyncio.shield(prep.reading)  # cancelled: the read goes on
             prep.reading = None
         except (OSError, ValueError) as err:
             prep.reading = None
@@ -456,6 +500,45 @@ class TurnFlow:
         pe_node, de_node = self.topology.node_of(a.pe), self.topology.node_of(a.de)
         await self._push(prep, pe_node, prep.pe_slots[first:], de_node, prep.de_slots[first:])
 
+    async def persist_prompt(self, prep: Prepared) -> None:
+        """Across nodes, once the prefill answered: the prompt's blocks the store lacks are
+        persisted by the node the policy names (``PolicyCore.write_node``). The PE node holds
+        them in its buffer then, as the DE node does after the hand-over: the PE's side-car
+        takes the slots over from the request's lease and writes them through its SNIC (the
+        decode then persists only what its generation fills); otherwise the decode persists
+        them from its buffer, as on one host. A PE side-car that cannot take them leaves them
+        to the decode."""
+        bs, nbytes = self.dep.block_tokens, self.full_block_bytes
+        full = len(prep.tokens) // bs
+        new = full - prep.stored_blocks
+        if new <= 0:
+            return
+        pe_node, de_node = (
+            self.topology.node_of(prep.assign.pe),
+            self.topology.node_of(prep.assign.de),
+        )
+        writer = de_node
+        if self.networked and len(prep.pe_slots) >= full:
+            writer = self.policy.write_node(pe_node, de_node, self.written)
+        if writer == pe_node:
+            op = {
+                "op": "write",
+                "keys": prep.keys[prep.stored_blocks : full],
+                "slots": prep.pe_slots[prep.stored_blocks : full],
+                "owner": prep.lease,
+            }
+            try:
+                answer = await self._off_loop(self._sidecar, self.dep.nodes[pe_node].control, op)
+                prep.prompt_written = int(answer["queued"]) == new
+            except (OSError, ValueError) as err:
+                print(
+                    f"dualpath router: node {pe_node}'s side-car did not take {new} block(s) "
+                    f"to persist ({err}): node {de_node} persists them",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        self.written[pe_node if prep.prompt_written else de_node] += new * nbytes
+
     def prefilling(self, prep: Prepared) -> None:
         """The request is on its way to the prefill instance (its pass, as the ledger sees
         it: vLLM chunks the prompt itself)."""
@@ -487,7 +570,12 @@ class TurnFlow:
         the same slots: ``BlockLoad.shares``)."""
         de_node = self.topology.node_of(prep.assign.de)
         load = BlockLoad(de_node, tuple(prep.de_slots), len(prep.tokens), prep.lease, choices)
-        persist = BlockPersist(de_node, prep.stored_blocks, self.dep.namespace(tenant))
+        first = len(prep.tokens) // self.dep.block_tokens if prep.prompt_written else None
+        persist = BlockPersist(
+            de_node,
+            prep.stored_blocks if first is None else first,
+            self.dep.namespace(tenant),
+        )
         return {"dualpath": TransferParams(load=load, persist=persist).to_dict()}
 
     def decoding(self, prep: Prepared) -> None:
@@ -513,6 +601,9 @@ class TurnFlow:
 
     def finish(self, prep: Prepared) -> None:
         self._give_back_all(prep)
+        bs = self.dep.block_tokens
+        filled = (len(prep.tokens) + prep.num_generated) // bs - len(prep.tokens) // bs
+        self.written[self.topology.node_of(prep.assign.de)] += filled * self.full_block_bytes
         self._ungenerate(prep)
         turn = prep.turn
         now = turn.finish_s = self.now()

@@ -393,7 +393,7 @@ class Router:
             await self._post(held, prep.assign.pe, "prefill", pbody)
         with self.flow.stats.time_stage("cnic_kv"):
             async with self._bounded(held, "the prefill's KV on its way to the decode node"):
-                await self.flow.hand_over(prep)
+                await asyncio.gather(self.flow.hand_over(prep), self.flow.persist_prompt(prep))
         self.flow.prefilled(prep)
 
     async def _post(

@@ -11,6 +11,8 @@ by name and allocates), and serves a few operations as JSON lines on a Unix sock
   removed so that the recomputed block gets persisted again);
 - ``write``: slots written to the store through the SNIC's write direction, in order, each
   slot freed once its block is durable (``KVStore.write_block``: temp file, fsync, rename);
+  with ``owner`` (a router's lease: a prefill node persisting the prompt it just computed,
+  ``policy.side.SideRule.write_node``) only if every slot is still that lease's;
 - ``parts``: the workers of an instance (tensor- and pipeline-parallel ranks) each report
   their part of a persist job (``plan.SlotPersist`` / ``PagedPersist``): the slots they
   loaded from, or the slots they copied their heads and layers into. Once every part of a
@@ -360,12 +362,20 @@ class NodeSidecar:
                 flush=True,
             )
 
-    def persist(self, keys: list[str], slots: list[int]) -> int:
+    def persist(self, keys: list[str], slots: list[int], owner: int | None = None) -> int:
+        """Queue ``slots`` for a write as blocks ``keys``; how many were queued. ``owner``
+        (the router's lease): the slots must all still be its, else nothing is queued (a
+        request given up on meanwhile may have had them freed and taken by another)."""
         if len(keys) != len(slots):
             raise ValueError(f"persist: {len(keys)} keys for {len(slots)} slots")
         # the slots are the side-car's from now on: an instance that dies after handing them
         # over does not take them along (its slots are freed by owner tag)
-        held = set(self.buffer.adopt(slots, ANONYMOUS))
+        if owner is not None:
+            if not self.buffer.transfer(slots, owner, ANONYMOUS):
+                return 0
+            held = set(slots)
+        else:
+            held = set(self.buffer.adopt(slots, ANONYMOUS))
         pairs = [(k, s) for k, s in zip(keys, slots, strict=True) if s in held]
         self._queue_writes(pairs)
         return len(pairs)
@@ -470,7 +480,12 @@ class NodeSidecar:
         if kind == "read":
             return {"num_ok": self.read(list(op["keys"]), list(op["slots"]))}
         if kind == "write":
-            return {"queued": self.persist(list(op["keys"]), list(op["slots"]))}
+            owner = op.get("owner")
+            return {
+                "queued": self.persist(
+                    list(op["keys"]), list(op["slots"]), None if owner is None else int(owner)
+                )
+            }
         if kind == "parts":
             return {"done": sum(self.part(dict(p)) for p in op["parts"])}
         if kind == "settle":
