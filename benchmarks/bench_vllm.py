@@ -256,6 +256,31 @@ def _metrics(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+ROUTER_STAGES = ("tokenize", "place_and_read", "cnic_kv")  # every wait of the router's own
+
+
+def _router_own_s(m: dict[str, dict[str, float]], n: int, cluster: bool) -> tuple[float, float]:
+    """Per request: the seconds the router's own stages took (``ROUTER_STAGES``: everything
+    between the client's request and the decode's, but the prefill instance's answer), less
+    the time the bytes they moved take at line rate (storage reads on the SNIC, KV between
+    nodes on the CNIC; on one host the links are unpaced: none); and that link time."""
+    waited = sum(m["stage_s"].get(k, 0.0) for k in ROUTER_STAGES) / n
+    if not cluster:
+        return waited, 0.0
+    p0 = _cluster_node("p0")
+    from dualpath.deploy.cluster import ClusterState
+
+    spec = ClusterState.load(CLUSTER).spec
+    kv = m["kv_mb"]
+    snic_mb = kv.get("storage_to_pe_buffer", 0.0) + kv.get("storage_to_de_buffer", 0.0)
+    cnic_mb = kv.get("de_buffer_to_pe_hbm", 0.0) + kv.get("pe_hbm_to_de_buffer", 0.0)
+    link = (
+        snic_mb * 1e6 / spec.rate_bytes_per_s(p0.name, "snic")
+        + cnic_mb * 1e6 / spec.rate_bytes_per_s(p0.name, "cnic")
+    ) / n
+    return waited - link, link
+
+
 def _run(url: str, scripts: Any, concurrency: int, model: str) -> dict[str, Any]:
     warm = chat_scripts(2, 2, 0.05, 8, seed=99)
     asyncio.run(LoadGenerator(LoadgenOptions(url, model=model, concurrency=2)).run(warm))
@@ -421,6 +446,16 @@ def _main(args: argparse.Namespace) -> None:
                         f"{k} {v / n * 1e3:.1f} ms" for k, v in sorted(m["stage_s"].items())
                     )
                 )
+                own, link = _router_own_s(m, n, args.cluster)
+                s["router_own_ms"], s["link_ms"] = own * 1e3, link * 1e3
+                print(
+                    " "
+                    * 10
+                    + f"router's own: {own * 1e3:.1f} ms/request (tokenize, place and read, "
+                    f"KV hand-over: {(own + link) * 1e3:.1f} ms, less the bytes' time at line "
+                    f"rate {link * 1e3:.1f} ms)",
+                    flush=True,
+                )
     if "basic" in results and "dualpath" in results:
         ratio = results["basic"]["job_jct_s"] / results["dualpath"]["job_jct_s"]
         print(
@@ -441,6 +476,13 @@ def _main(args: argparse.Namespace) -> None:
             f"concurrency 1: vLLM's stock PD (NixlConnector) TTFT p50 "
             f"{p['ttft_s']['p50'] * 1e3:.1f} ms, TPOT p50 {p['tpot_s']['p50'] * 1e3:.1f} ms"
         )
+        if "router" in results:
+            r = results["router"]
+            print(
+                f"concurrency 1: TTFT p50 through the router ÷ stock PD's: "
+                f"{r['ttft_s']['p50'] / p['ttft_s']['p50']:.2f}; the router's own "
+                f"{r['router_own_ms']:.1f} ms/request"
+            )
     print(f"host: {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

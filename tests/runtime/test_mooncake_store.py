@@ -101,36 +101,6 @@ def test_round_trip_through_registered_memory(store: MooncakeBlockStore, shm: me
     assert loose == shm[:SIZE]
 
 
-def test_puts_and_gets_wait_at_the_lowest_cpu_priority(
-    store: MooncakeBlockStore, shm: memoryview
-) -> None:
-    """The threads that wait for a transfer (Mooncake polls its status without sleeping) run
-    at ``WAIT_NICENESS``; the threads the transfer engine made, which move the bytes, and the
-    store's other calls keep the process's priority."""
-    import threading
-
-    from dualpath.kv.mooncake_store import WAIT_NICENESS
-
-    keys = keys_of(30, 2)
-    shm[: 2 * SIZE] = os.urandom(2 * SIZE)
-    assert store.write_blocks(keys, [shm[:SIZE], shm[SIZE : 2 * SIZE]]) == [True, True]
-    assert store.read_blocks(keys, [shm[4 * SIZE : 5 * SIZE], shm[5 * SIZE : 6 * SIZE]]) == [
-        None,
-        None,
-    ]
-    assert shm[4 * SIZE : 6 * SIZE] == shm[: 2 * SIZE]
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    movers = [t for t in threading.enumerate() if t.name.startswith("mooncake-move")]
-    assert movers
-    for t in movers:
-        assert os.getpriority(os.PRIO_PROCESS, t.native_id or 0) == WAIT_NICENESS
-    python_tids = {t.native_id for t in threading.enumerate()}
-    native = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) not in python_tids]
-    assert native  # the transfer engine's own threads
-    for tid in native:
-        assert os.getpriority(os.PRIO_PROCESS, tid) == base, f"thread {tid}"
-
-
 def test_a_batch_of_writes_is_one_put_per_new_block(
     store: MooncakeBlockStore, shm: memoryview
 ) -> None:

@@ -66,13 +66,6 @@ CONNECT_TIMEOUT_S = 30.0  # setup (it retries an unreachable master for 90 s: pr
 HEADER_SLOTS = 256  # registered header scratch: concurrent zero-copy blocks, all threads
 MAX_BATCH = 64  # keys per batched call (a batch takes that many header slots)
 CALL_THREADS = 4  # threads that run Mooncake calls (each bounded by ``timeout_s``)
-# The CPU niceness of the threads that wait for a put's or a get's bytes. Mooncake Store built
-# without USE_EVENT_DRIVEN_COMPLETION (the PyPI wheels) waits for a transfer by polling its
-# status in a loop that never sleeps (transfer_task.cpp, wait_for_completion): a wait of
-# microseconds over RDMA, a second and a whole core for a block batch on a SNIC the kernel
-# shapes to 2 MB/s. At the lowest priority the waiting threads take only CPU no one else
-# wants; the transfer engine's own threads, which move the bytes, keep theirs.
-WAIT_NICENESS = 19
 
 OK, NO_SPACE, NOT_FOUND, ALREADY_EXISTS = 0, -200, -704, -705
 
@@ -132,13 +125,6 @@ class ObjectPath:
         return f"{self.store.url}/{self.key}"
 
 
-def _lowest_priority() -> None:
-    """This thread's CPU niceness to ``WAIT_NICENESS`` (Linux: per thread); where the
-    system refuses, it runs as it is."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WAIT_NICENESS)
-
-
 class MooncakeBlockStore:
     """Full Blocks in a Mooncake Store, with ``KVStore``'s interface and guarantees.
 
@@ -161,10 +147,6 @@ class MooncakeBlockStore:
         self.timeout_s = timeout_s
         self.object_bytes = OBJECT_HEADER_BYTES + layout.full_block_bytes
         self._calls = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="mooncake")
-        # puts and gets (``_move``): threads of their own, at the lowest CPU priority
-        self._moves = ThreadPoolExecutor(
-            CALL_THREADS, thread_name_prefix="mooncake-move", initializer=_lowest_priority
-        )
         self._regions: dict[int, int] = {}  # registered start address -> end address
         self._headers = mmap.mmap(-1, HEADER_SLOTS * OBJECT_HEADER_BYTES)  # header scratch
         self._headers_at = address_of(memoryview(self._headers)) or 0
@@ -205,15 +187,8 @@ class MooncakeBlockStore:
 
     # -- plumbing ------------------------------------------------------------------------
 
-    def _call(
-        self,
-        what: str,
-        timeout_s: float,
-        fn: Callable[..., T],
-        *args: Any,
-        pool: ThreadPoolExecutor | None = None,
-    ) -> T:
-        future = (pool or self._calls).submit(fn, *args)
+    def _call(self, what: str, timeout_s: float, fn: Callable[..., T], *args: Any) -> T:
+        future = self._calls.submit(fn, *args)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
@@ -221,11 +196,6 @@ class MooncakeBlockStore:
 
     def _do(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         return self._call(what, self.timeout_s, fn, *args)
-
-    def _move(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """A call that moves a block's bytes (put, get): on the waiting threads
-        (``WAIT_NICENESS``)."""
-        return self._call(what, self.timeout_s, fn, *args, pool=self._moves)
 
     def register(self, memory: memoryview) -> None:
         """Register ``memory`` (e.g. the node buffer's shared memory) for zero-copy transfers
@@ -329,7 +299,7 @@ class MooncakeBlockStore:
         head = self._header(zlib.crc32(view))
         at = self._registered(view)
         if at is None:
-            rc = self._move("put", self.client.put_parts, key, head, view)
+            rc = self._do("put", self.client.put_parts, key, head, view)
         else:
             rc = self._put_from(key, head, at)
         if rc == ALREADY_EXISTS:
@@ -377,7 +347,7 @@ class MooncakeBlockStore:
                     sizes.append([OBJECT_HEADER_BYTES, size])
                 put = self.client.batch_put_from_multi_buffers
                 try:
-                    rcs = self._move("put", put, [keys[i] for i, _ in chunk], ptrs, sizes)
+                    rcs = self._do("put", put, [keys[i] for i, _ in chunk], ptrs, sizes)
                 except MooncakeError as err:
                     rcs = [err] * len(chunk)
             finally:
@@ -402,7 +372,7 @@ class MooncakeBlockStore:
             ptrs = [[self._headers_at + offset, at]]
             sizes = [[OBJECT_HEADER_BYTES, self.layout.full_block_bytes]]
             put = self.client.batch_put_from_multi_buffers
-            return self._move("put", put, [key], ptrs, sizes)[0]
+            return self._do("put", put, [key], ptrs, sizes)[0]
         finally:
             self._free_header_slots([slot])
 
@@ -451,7 +421,7 @@ class MooncakeBlockStore:
             sizes = [[OBJECT_HEADER_BYTES, size]] * len(keys)
             get = self.client.batch_get_into_multi_buffers
             try:
-                rcs = self._move("get", get, keys, ptrs, sizes)
+                rcs = self._do("get", get, keys, ptrs, sizes)
             except MooncakeError as err:
                 return {i: BlockUnreadable(f"block {keys[0]}..: {err}") for i, _ in chunk}
             failed: dict[int, KVStoreError | None] = {}
@@ -475,7 +445,7 @@ class MooncakeBlockStore:
     def _read_bytes(self, key: str, out: memoryview) -> KVStoreError | None:
         """The copying path (unregistered memory, or an object of an unexpected size)."""
         try:
-            data = self._move("get", self.client.get, key)
+            data = self._do("get", self.client.get, key)
             if not data:  # get() answers b"" for a missing object and for a failed one
                 exists = self._do("is_exist", self.client.is_exist, key)
                 if exists == 0:
@@ -519,7 +489,6 @@ class MooncakeBlockStore:
         self._regions.clear()
         self._try("close", self.client.close)
         self._calls.shutdown(wait=False)
-        self._moves.shutdown(wait=False)
 
     def _try(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         with contextlib.suppress(MooncakeError):  # closing: a gone master is no reason to fail
