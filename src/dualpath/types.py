@@ -34,6 +34,9 @@ class KVPath(StrEnum):
     PE_HBM_TO_DE_BUFFER = "pe_hbm_to_de_buffer"  # prefill's KV to the DE (the PD transfer)
     DE_BUFFER_TO_DE_HBM = "de_buffer_to_de_hbm"  # H2D before decode
     DE_TO_STORAGE = "de_to_storage"  # Full Blocks persisted by the DE
+    # Full Blocks of a prompt persisted by its PE node (the vLLM shell across nodes, where the
+    # policy spreads writes over both nodes' SNICs: ``policy.side.SideRule.write_node``)
+    PE_TO_STORAGE = "pe_to_storage"
 
 
 class AttentionKind(StrEnum):

@@ -524,6 +524,9 @@ def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any]) -> None:
     assert grew(start, pe_path, "p0", "snic", "rx_bytes") >= hits
     assert grew(start, pe_path, "d0", "snic", "rx_bytes") < hits / 4  # its writes' acks only
     assert grew(start, pe_path, "d0", "snic", "tx_bytes") > 0  # the decode persisted there
+    # DualPath spreads the writes over both nodes' SNICs: the prefill node persisted prompts
+    pe_written = srv.metric("dualpath:kv_bytes_total", 'path="pe_to_storage"')
+    assert pe_written > 0 and grew(start, pe_path, "p0", "snic", "tx_bytes") > pe_written
 
     bad = httpx.put(srv.url + "/v1/dualpath/read_side", json={"read_side": "both"})
     assert bad.status_code == 400 and "read_side" in bad.text

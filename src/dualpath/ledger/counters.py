@@ -25,8 +25,9 @@ RUNTIME_PATHS = (
 )
 
 
-# the paths the simulator tells apart: every hop, a layer load by its source buffer
-SIM_PATHS = tuple(p for p in KVPath if p is not KVPath.BUFFER_TO_PE_HBM)
+# the paths the simulator tells apart: every hop, a layer load by its source buffer (its DEs
+# persist every block, as the paper's: no PE writes)
+SIM_PATHS = tuple(p for p in KVPath if p not in (KVPath.BUFFER_TO_PE_HBM, KVPath.PE_TO_STORAGE))
 
 
 def _runtime_paths() -> dict[str, float]:

@@ -55,9 +55,10 @@ class FlowCollector(Collector):
             "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
         )
         by_path = dict(st.bytes_by_path)
-        de_written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == "de")
-        stored = KVPath.DE_TO_STORAGE.value
-        by_path[stored] = by_path.get(stored, 0.0) + de_written
+        for kind, path in (("de", KVPath.DE_TO_STORAGE), ("pe", KVPath.PE_TO_STORAGE)):
+            written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == kind)
+            if written or kind == "de":  # (a PE node writes only across nodes, for DualPath)
+                by_path[path.value] = by_path.get(path.value, 0.0) + written
         for path, nbytes in sorted(by_path.items()):
             kv.add_metric([path], nbytes)
         yield kv
