@@ -241,13 +241,16 @@ def _stop(proc: Any) -> None:
 
 
 def _metrics(url: str) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {"kv_mb": {}, "stage_s": {}, "store": {}}
+    out: dict[str, dict[str, float]] = {"kv_mb": {}, "stage_s": {}, "store": {}, "sidecar_s": {}}
     text = httpx.get(url + "/metrics", timeout=10).text
     for line in text.splitlines():
         if line.startswith('dualpath:kv_bytes_total{path="'):
             out["kv_mb"][line.split('"')[1]] = float(line.rsplit(" ", 1)[1]) / 1e6
         elif line.startswith('dualpath:router_stage_seconds_total{stage="'):
             out["stage_s"][line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dualpath:snic_read_seconds_total{"):  # summed over the nodes
+            stage = line.split('stage="')[1].split('"')[0]
+            out["sidecar_s"][stage] = out["sidecar_s"].get(stage, 0.0) + float(line.split()[-1])
         elif line.startswith(
             ("dualpath:prefix_cache_hits_total ", "dualpath:prefix_cache_queries_total ")
         ):
@@ -453,7 +456,9 @@ def _main(args: argparse.Namespace) -> None:
                     * 10
                     + f"router's own: {own * 1e3:.1f} ms/request (tokenize, place and read, "
                     f"KV hand-over: {(own + link) * 1e3:.1f} ms, less the bytes' time at line "
-                    f"rate {link * 1e3:.1f} ms)",
+                    f"rate {link * 1e3:.1f} ms); a storage read in its side-car: queued "
+                    f"{m['sidecar_s'].get('queued', 0.0) / n * 1e3:.1f} ms, in the store "
+                    f"{m['sidecar_s'].get('store', 0.0) / n * 1e3:.1f} ms",
                     flush=True,
                 )
     if "basic" in results and "dualpath" in results:

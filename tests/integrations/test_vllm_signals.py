@@ -90,6 +90,13 @@ def test_the_snic_read_queue_moves_while_hits_are_read_and_returns_to_zero(
         assert _total(after, name) == 0, f"{name} did not return to zero"
     side = "pe" if _total(after, 'dualpath:reads_total{side="pe"}') else "de"
     assert _total(after, f'dualpath:reads_total{{side="{side}"}}') == 1
+    # the side-car's own time: the read's bytes at the paced SNIC rate, at least, in the store
+    node = "0" if side == "pe" else "1"
+    store_s = after[
+        f'dualpath:snic_read_seconds_total{{kind="{side}",node="{node}",stage="store"}}'
+    ]
+    assert store_s >= 0.9 * (hit // 32 * block) / SNIC_RATE
+    assert _total(after, "dualpath:snic_read_seconds_total") < 30  # nothing else was counted
 
 
 def test_every_dashboard_query_names_a_metric_the_router_exports(router: RouterServer) -> None:

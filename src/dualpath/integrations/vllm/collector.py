@@ -55,12 +55,12 @@ class FlowCollector(Collector):
             "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
         )
         by_path = dict(st.bytes_by_path)
-        for kind, path in (("de", KVPath.DE_TO_STORAGE), ("pe", KVPath.PE_TO_STORAGE)):
+        for kind, stored in (("de", KVPath.DE_TO_STORAGE), ("pe", KVPath.PE_TO_STORAGE)):
             written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == kind)
             if written or kind == "de":  # (a PE node writes only across nodes, for DualPath)
-                by_path[path.value] = by_path.get(path.value, 0.0) + written
-        for path, nbytes in sorted(by_path.items()):
-            kv.add_metric([path], nbytes)
+                by_path[stored.value] = by_path.get(stored.value, 0.0) + written
+        for name, nbytes in sorted(by_path.items()):
+            kv.add_metric([name], nbytes)
         yield kv
         side = CounterMetricFamily("dualpath:reads", "Storage reads per read side", labels=["side"])
         for name in ("pe", "de"):
@@ -121,6 +121,15 @@ class FlowCollector(Collector):
             for n in nodes:
                 g.add_metric([str(n["node"]), str(n.get("kind", ""))], n.get(key, 0))
             yield g
+        spent = CounterMetricFamily(
+            "dualpath:snic_read_seconds",
+            "Seconds reads spent on each node's side-car: queued for a reader, in the store",
+            labels=["node", "kind", "stage"],
+        )
+        for n in nodes:
+            for stage, key in (("queued", "read_queued_s"), ("store", "read_store_s")):
+                spent.add_metric([str(n["node"]), str(n.get("kind", "")), stage], n.get(key, 0.0))
+        yield spent
 
     def _slots(self) -> Iterator[Metric]:
         snap = self.snapshot

@@ -150,13 +150,18 @@ class NodeSidecar:
         ]
         self.write_store = self._open_store() if separate else self.store
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
-        self.reads: queue.Queue[tuple[list[str], list[int], Future[int]] | None] = queue.Queue()
+        self.reads: queue.Queue[tuple[list[str], list[int], Future[int], float] | None] = (
+            queue.Queue()
+        )
         self.writes: queue.Queue[tuple[str, int] | None] = queue.Queue()
         self.bytes_read = 0
         # the SNIC's read queue (the signal the paper's scheduler decides on, §4): requests and
         # bytes queued for a reader, and those a reader is moving now
         self.read_waiting = _Queued()
         self.read_in_flight = _Queued()
+        # seconds reads spent queued for a reader and in the store's calls, summed
+        self.read_queued_s = 0.0
+        self.read_store_s = 0.0
         self.bytes_written = 0
         self.num_failed_writes = 0
         self.num_skipped_writes = 0  # blocks another turn had persisted already
@@ -253,10 +258,12 @@ class NodeSidecar:
         store = self.read_stores[index]
         block = self.spec.layout.full_block_bytes
         while (job := self.reads.get()) is not None:
-            keys, slots, done = job
+            keys, slots, done, since = job
+            start = time.perf_counter()
             with self._lock:  # waiting → in flight
                 self.read_waiting.take(len(keys) * block)
                 self.read_in_flight.add(len(keys) * block)
+                self.read_queued_s += start - since
             try:
                 oks = self._read_job(store, keys, slots)
             except Exception as err:  # not a missing block: a bug or the disk; the reader lives on
@@ -268,6 +275,7 @@ class NodeSidecar:
             with self._lock:
                 self.bytes_read += num_ok * block
                 self.read_in_flight.take(len(keys) * block)
+                self.read_store_s += time.perf_counter() - start
             done.set_result(num_ok)
 
     def _batched(self) -> bool:
@@ -295,7 +303,7 @@ class NodeSidecar:
         done: Future[int] = Future()
         with self._lock:
             self.read_waiting.add(len(keys) * self.spec.layout.full_block_bytes)
-        self.reads.put((keys, slots, done))
+        self.reads.put((keys, slots, done, time.perf_counter()))
         return done.result()
 
     # ---------------------------------------------------------------- writes
@@ -469,6 +477,8 @@ class NodeSidecar:
                 "read_bytes_waiting": self.read_waiting.bytes,
                 "read_requests_in_flight": self.read_in_flight.requests,
                 "read_bytes_in_flight": self.read_in_flight.bytes,
+                "read_queued_s": self.read_queued_s,
+                "read_store_s": self.read_store_s,
             }
             out["bytes_pushed"] = self.bytes_pushed
             out["push_busy_s"] = self.push_busy_s
