@@ -105,3 +105,50 @@ def test_a_prefill_cut_off_keeps_its_slots_for_a_grace(
             assert during == 3 and after == 0
         finally:
             flow.close()
+
+
+def test_both_nodes_slots_are_asked_for_at_once_and_none_kept_on_a_failure(
+    tmp_path: Path,
+) -> None:
+    """Across nodes a request takes slots on its DE and its PE node together
+    (``_alloc_both``): both granted; or, when one node's buffer stays full (a 503) or the
+    client leaves while one waits, the other node's slots go back: nothing stays leased."""
+    from dualpath.integrations.vllm.flow import FlowError
+
+    with sidecars(tmp_path, buffer_mib=4) as launched:
+        flow = _flow(launched, str(tmp_path / "kv"))
+        flow.slot_deadline_s = 0.5
+        try:
+            pe, de = flow.buffers[0], flow.buffers[1]
+            pe_start, de_start = pe.num_free, de.num_free
+
+            async def run() -> None:
+                de_got, pe_got = await flow._alloc_both(1, 0, 3, 11)
+                assert len(de_got) == len(pe_got) == 3
+                assert (pe.num_free, de.num_free) == (pe_start - 3, de_start - 3)
+                flow._release(0, pe_got, 11)
+                flow._release(1, de_got, 11)
+                for _ in range(100):  # (released off the event loop)
+                    if (pe.num_free, de.num_free) == (pe_start, de_start):
+                        break
+                    await asyncio.sleep(0.01)
+                hog = pe.alloc(pe.num_free, 99)  # the PE node's buffer full
+                assert hog
+                with pytest.raises(FlowError) as err:
+                    await flow._alloc_both(1, 0, 3, 12)
+                assert err.value.status == 503 and "node 0" in err.value.message
+                waiting = asyncio.ensure_future(flow._alloc_both(1, 0, 3, 13))
+                await asyncio.sleep(0.2)  # the DE slots granted, the PE ones waited for
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                for _ in range(100):
+                    if de.num_free == de_start:
+                        break
+                    await asyncio.sleep(0.01)
+                pe.release(hog, 99)
+
+            asyncio.run(run())
+            assert (pe.num_free, de.num_free) == (pe_start, de_start)
+        finally:
+            flow.close()
