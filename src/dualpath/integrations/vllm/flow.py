@@ -349,19 +349,20 @@ class TurnFlow:
             asyncio.ensure_future(self._alloc(node, num_slots, lease))
             for node in (de_node, pe_node)
         ]
+
+        def give_back() -> None:  # what either got goes back once its ask is over
+            for node, ask in zip((de_node, pe_node), asks, strict=True):
+                ask.cancel()
+                ask.add_done_callback(functools.partial(self._unasked_slots, node, lease=lease))
+
         try:
             await asyncio.wait(asks, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
-            for ask in asks:
-                ask.cancel()
-            for node, ask in zip((de_node, pe_node), asks, strict=True):
-                ask.add_done_callback(functools.partial(self._unasked_slots, node, lease=lease))
+            give_back()
             raise
         failed = next((a for a in asks if a.done() and a.exception() is not None), None)
         if failed is not None:
-            for node, ask in zip((de_node, pe_node), asks, strict=True):
-                ask.cancel()
-                ask.add_done_callback(functools.partial(self._unasked_slots, node, lease=lease))
+            give_back()
             await asyncio.gather(*asks, return_exceptions=True)
             raise failed.exception()  # type: ignore[misc]
         return asks[0].result(), asks[1].result()
