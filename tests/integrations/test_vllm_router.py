@@ -275,6 +275,10 @@ def test_vllm_routes_and_fields_pass_through(serve: Any, capfd: pytest.CaptureFi
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
     assert r.json()["error"]["code"] == 400
     log = capfd.readouterr().err
+    deadline = time.monotonic() + 5  # the access line goes out after the response (its thread)
+    while '"POST /v1/completions" 400' not in log and time.monotonic() < deadline:
+        time.sleep(0.05)
+        log += capfd.readouterr().err
     assert '"POST /v1/completions" 200' in log and "x-request-id=r-7" in log
     assert '"POST /v1/completions" 400' in log
     free = s.metric("dualpath:buffer_free_slots{", headers=auth)
