@@ -37,6 +37,23 @@ class KVPath(StrEnum):
     # Full Blocks of a prompt persisted by its PE node (the vLLM shell across nodes, where the
     # policy spreads writes over both nodes' SNICs: ``policy.side.SideRule.write_node``)
     PE_TO_STORAGE = "pe_to_storage"
+    # hits that skip storage (the field's designs and dualpath-resident, docs/peers.md): from a
+    # DRAM tier on the PE's own node, and from another node (its DRAM tier, a DE's HBM, a
+    # decode node's DRAM) over the compute network
+    PE_DRAM_TO_PE_HBM = "pe_dram_to_pe_hbm"
+    PEER_TO_PE_HBM = "peer_to_pe_hbm"
+
+
+class ReuseSource(StrEnum):
+    """Where a turn's hit KV is found without reading storage (docs/peers.md)."""
+
+    NONE = "none"  # nowhere: the hit is read from storage (or, recompute, computed again)
+    PE_HBM = "pe_hbm"  # the PE's own HBM prefix cache: no transfer
+    PE_DRAM = "pe_dram"  # a DRAM tier on the PE's node: DRAM → PE HBM
+    PEER_DRAM = "peer_dram"  # another node's DRAM tier: over the compute network
+    DE_HBM = "de_hbm"  # the DE's HBM (blocks held after the previous turn): over the network
+    PEER_HBM = "peer_hbm"  # another DE's HBM (held there; the turn decodes elsewhere)
+    DE_DRAM = "de_dram"  # the DE node's DRAM (KV kept after the previous turn): over the network
 
 
 class AttentionKind(StrEnum):

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from dualpath.config.sim import SYSTEM_NAMES, SimConfig
+from dualpath.config.sim import SimConfig
+from dualpath.config.systems import SHELL_SYSTEM_NAMES
 from dualpath.ledger.counters import SIM_PATHS
 from dualpath.models import cost
 from dualpath.sim.results import collect
@@ -16,7 +17,7 @@ from dualpath.workload import synthesize, turn_requests
 from .conftest import small_config
 
 
-@pytest.mark.parametrize("system", SYSTEM_NAMES)
+@pytest.mark.parametrize("system", SHELL_SYSTEM_NAMES)  # the reuse designs: tests/sim/test_peers.py
 def test_every_turn_once_and_bytes_conserved(system: str) -> None:
     config = small_config("ds27b-1p1d", 6, "32k")
     block = config.scheduler.block_tokens

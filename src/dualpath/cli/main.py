@@ -17,6 +17,7 @@ from dualpath.config import CLUSTER_PRESETS, dump_json
 _OPTIONAL = (
     ("dualpath.cli.sim_cmd", "add_sim_parser"),
     ("dualpath.cli.sim_cmd", "add_sweep_parser"),
+    ("dualpath.cli.peers_cmd", "add_peers_parser"),
     ("dualpath.cli.runtime_cmd", "add_bench_parser"),
     ("dualpath.cli.figures_cmd", "add_figures_parser"),
     ("dualpath.cli.online_cmd", "add_online_parser"),

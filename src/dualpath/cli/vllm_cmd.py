@@ -220,7 +220,7 @@ def run_router(args: argparse.Namespace) -> int:
 
     from dualpath.cli.serve_cmd import _api_keys, _warn_exposure
     from dualpath.config import config_for
-    from dualpath.config.systems import system_spec
+    from dualpath.config.systems import shell_system
     from dualpath.integrations.vllm.app import create_app
     from dualpath.integrations.vllm.flow import TurnFlow
     from dualpath.integrations.vllm.router import Router, RouterOptions
@@ -249,7 +249,7 @@ def run_router(args: argparse.Namespace) -> int:
     except (httpx.HTTPError, KeyError, IndexError, OSError) as err:
         raise ValueError(f"cannot read the deployment: {type(err).__name__}: {err}") from None
     dep = dataclasses.replace(dep, hbm_tokens=hbm, router_store_host=args.store_host)
-    policy = make_policy(config_for(config, system_spec(args.system)))
+    policy = make_policy(config_for(config, shell_system(args.system, "the vLLM shell")))
     force = None if args.read_side == "policy" else ReadSide(args.read_side)
     kv_root = dep.nodes[0].kv_root or dep.nodes[0].store
     flow = TurnFlow(dep, policy, kv_root, force_side=force)

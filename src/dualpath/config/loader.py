@@ -20,7 +20,7 @@ _SECTION_PRESETS: dict[str, Mapping[str, Any]] = {
     "hardware": HARDWARE_PRESETS,
     "model": MODEL_PRESETS,
 }
-_SECTIONS = ("hardware", "model", "cluster", "scheduler", "workload", "sim")
+_SECTIONS = ("hardware", "model", "cluster", "scheduler", "workload", "sim", "reuse")
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dualpath.config.cluster import ClusterConfig
 from dualpath.config.hardware import HardwareConfig
 from dualpath.config.model import ModelConfig
+from dualpath.config.reuse import ReuseConfig
 from dualpath.config.scheduler import SchedulerConfig
 from dualpath.config.sim import SimConfig
 from dualpath.config.systems import SystemSpec
@@ -24,6 +25,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
 
     if TYPE_CHECKING:  # bound in dualpath/config/__init__.py (see there why)
 
@@ -34,14 +36,24 @@ class Config:
 
 
 def config_for(config: Config, spec: SystemSpec) -> Config:
-    """``config`` with the system's policy selected (nothing else changes).
+    """``config`` with the system's policy and reuse mechanism selected (nothing else changes).
 
-    ``scheduler.policy`` left empty takes the system's policy; set to another policy it is a
-    conflict (ValueError), never silently overwritten."""
+    ``scheduler.policy`` / ``reuse.mechanism`` left empty take the system's; set to another
+    one it is a conflict (ValueError), never silently overwritten."""
     chosen = config.scheduler.policy
     if chosen and chosen != spec.policy:
         raise ValueError(
             f"scheduler.policy={chosen!r} conflicts with system {spec.name!r} (policy "
             f"{spec.policy!r}): leave scheduler.policy unset or run a system with that policy"
         )
-    return replace(config, scheduler=replace(config.scheduler, policy=spec.policy))
+    mechanism = config.reuse.mechanism
+    if mechanism and mechanism != spec.reuse:
+        raise ValueError(
+            f"reuse.mechanism={mechanism!r} conflicts with system {spec.name!r} (reuse "
+            f"{spec.reuse or 'none'!r}): leave reuse.mechanism unset"
+        )
+    return replace(
+        config,
+        scheduler=replace(config.scheduler, policy=spec.policy),
+        reuse=replace(config.reuse, mechanism=spec.reuse),
+    )

@@ -19,6 +19,7 @@ from dualpath.ledger.events import EventBus, TurnDone
 from dualpath.ledger.journal import JournalSink
 from dualpath.ledger.ledger import Ledger
 from dualpath.ledger.lifecycle import Phase
+from dualpath.ledger.residency import Residency
 from dualpath.ledger.topology import Topology
 from dualpath.ledger.turn import Turn
 from dualpath.metrics import TurnRecord
@@ -53,6 +54,7 @@ class Core(Generic[A, T]):
         submit_next: Callable[[A, float], object],
         events: EventBus | None = None,
         paths: Sequence[KVPath] = RUNTIME_PATHS,
+        residency: Residency | None = None,
     ) -> None:
         self.topology = topology
         self._policy = policy
@@ -75,8 +77,19 @@ class Core(Generic[A, T]):
         self.finish = ledger.finish
         self.abort = ledger.abort
         self.report_free_hbm = ledger.report_free_hbm
+        self.pin = ledger.pin
         self.track_decode = ledger.track_decode
         self.view: Callable[[], ClusterView] = ledger.view
+        # the reuse designs: what the engines hold beyond storage, read by the policy's rule
+        self.residency = residency
+        if residency is not None:
+            reuse = getattr(policy, "reuse", None)
+            if reuse is None:
+                raise ValueError(f"policy {policy.name!r} has no reuse rule to read a residency")
+            reuse.residency = residency
+            self._held: Residency = residency
+            self.first_token = self._first_token
+            self.finish = self._finish
 
     # ------------------------------------------------------------------ the policy's side
     def submit(self, turn: T, now: float) -> None:
@@ -98,15 +111,29 @@ class Core(Generic[A, T]):
             return []
         ledger, turns = self._ledger, self.turns
         out = []
+        residency = self.residency
+        if residency is not None:
+            residency.expire(now)
         for a in ledger.pull(self._policy, now):
             turn = turns[a.request_id]
             reads = ledger.assign(turn, a, now, read)
+            if residency is not None:
+                residency.assigned(turn, ledger.reserved[turn.de], now, a.recompute_tokens)
             if turn.cancelled:
                 ledger.abort(turn, now)
                 del turns[a.request_id]
                 continue
             out.append((turn, reads))
         return out
+
+    def _first_token(self, turn: T, now: float) -> None:
+        self._ledger.first_token(turn, now)
+        self._held.prefill_done(turn, now)
+
+    def _finish(self, turn: T, now: float) -> TurnRecord:
+        record = self._ledger.finish(turn, now)
+        self._held.finished(turn, self._ledger.reserved[turn.de], now)
+        return record
 
     def plan_group(
         self, queues: Mapping[int, tuple[Sequence[PendingPrefill], int | None]], now: float

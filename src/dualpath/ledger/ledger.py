@@ -97,6 +97,8 @@ class Ledger:
         self.seq = [0] * num_engines  # seq_e: turns assigned and not yet done with the engine
         self.tok = [0] * num_engines  # Σ prompt tokens of those turns (not generated ones)
         self.reserved = [0] * num_engines  # DE HBM reserved, tokens
+        # DE HBM held by a reuse design's pinned blocks (``pin``; the simulator's d2p)
+        self.pinned = [0] * num_engines
         self.read_q = [0] * num_nodes  # hit tokens queued or being read from storage
         self.bytes_read = [0.0] * num_nodes  # bytes of the storage reads started so far
         self.num_done = 0
@@ -235,6 +237,10 @@ class Ledger:
         turn.scheduled_s = now
         turn.pe, turn.de, turn.read_side = a.pe, a.de, a.read_side
         turn.pe_read_tokens, turn.de_read_tokens = a.pe_read_tokens, a.de_read_tokens
+        if a.reuse_tokens or a.recompute_tokens or a.de_prefetch_tokens:
+            turn.reuse_source, turn.reuse_node = a.reuse_source, a.reuse_node
+            turn.reuse_tokens, turn.de_prefetch_tokens = a.reuse_tokens, a.de_prefetch_tokens
+            turn.hit_tokens -= a.recompute_tokens  # computed again: no longer a hit
         prompt = turn.prompt_tokens
         seq, tok, dirty = self.seq, self.tok, self._dirty_engines
         seq[a.pe] += 1
@@ -245,7 +251,8 @@ class Ledger:
         dirty.add(a.pe)
         dirty.add(a.de)
         node_of = self._node_of
-        reads = [(node_of[a.pe], a.pe_read_tokens), (node_of[a.de], a.de_read_tokens)]
+        de_tokens = a.de_read_tokens + a.de_prefetch_tokens
+        reads = [(node_of[a.pe], a.pe_read_tokens), (node_of[a.de], de_tokens)]
         reads = [(n, t) for n, t in reads if t > 0] if read else []
         if self.events.wants(Assigned):
             self.events.emit(Assigned(now, turn, a, read))
@@ -258,6 +265,13 @@ class Ledger:
             self.read_q[node] += tokens
             self._dirty_nodes.add(node)
         return reads
+
+    def pin(self, de: int, tokens: int) -> None:
+        """``tokens`` of DE ``de``'s HBM are held by blocks no turn owns (a reuse design's,
+        ``ledger.residency``): its free HBM counts them as taken."""
+        if self.pinned[de] != tokens:
+            self.pinned[de] = tokens
+            self._dirty_engines.add(de)
 
     def read_started(self, turn: Turn, node: int, num_bytes: float, now: float) -> None:
         """A storage read of ``num_bytes`` for ``turn`` started on ``node``."""
@@ -276,7 +290,10 @@ class Ledger:
             raise LifecycleError(f"request {turn.request_id}: read_done while {turn.phase.value}")
         if self.events.wants(NodeReadDone):
             self.events.emit(NodeReadDone(now, turn, node))
-        tokens = turn.pe_read_tokens if node == self._node_of[turn.pe] else turn.de_read_tokens
+        if node == self._node_of[turn.pe]:
+            tokens = turn.pe_read_tokens
+        else:
+            tokens = turn.de_read_tokens + turn.de_prefetch_tokens
         self.read_q[node] -= tokens
         self._dirty_nodes.add(node)
         turn.reads_left -= 1
@@ -358,7 +375,8 @@ class Ledger:
             )
         pe, de = turn.pe, turn.de
         if phase is Phase.SCHEDULED or phase is Phase.READING:
-            reads = [(pe, turn.pe_read_tokens), (de, turn.de_read_tokens)]
+            de_tokens = turn.de_read_tokens + turn.de_prefetch_tokens
+            reads = [(pe, turn.pe_read_tokens), (de, de_tokens)]
             reads = [(self._node_of[e], t) for e, t in reads if t > 0]
             if turn.reads_left != len(reads):
                 raise LifecycleError(
@@ -429,7 +447,7 @@ class Ledger:
                 if reported is not None and reported[e] >= 0:
                     free = reported[e] - reserved[e]
                 else:
-                    free = capacity - reserved[e]
+                    free = capacity - reserved[e] - self.pinned[e]
                 if free < 0:
                     free = 0
                 if num != old.seq or tokens != old.tokens or free != old.free_hbm_tokens:

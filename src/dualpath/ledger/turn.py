@@ -10,7 +10,7 @@ from __future__ import annotations
 from dualpath.ledger.lifecycle import Phase
 from dualpath.metrics import TurnRecord
 from dualpath.policy import RequestInfo
-from dualpath.types import ReadSide
+from dualpath.types import ReadSide, ReuseSource
 
 NO_TIME = -1.0
 
@@ -31,6 +31,7 @@ class Turn:
         "arrival_s",
         "cancelled",
         "de",
+        "de_prefetch_tokens",
         "de_read_tokens",
         "finish_s",
         "first_token_s",
@@ -48,6 +49,9 @@ class Turn:
         "read_start_s",
         "reads_left",
         "request_id",
+        "reuse_node",
+        "reuse_source",
+        "reuse_tokens",
         "scheduled_s",
         "second_token_s",
         "turn_index",
@@ -84,6 +88,11 @@ class Turn:
         self.pe_read_tokens = 0
         self.de_read_tokens = 0
         self.reads_left = 0  # storage reads (one per node read from) not yet done
+        # the reuse designs (``Assign``): hits found without storage, and a DE's own read
+        self.reuse_source = ReuseSource.NONE
+        self.reuse_node = -1
+        self.reuse_tokens = 0
+        self.de_prefetch_tokens = 0
         # prompt tokens whose KV exists: its hits once read, then each computed chunk
         self.kv_tokens = 0
         self.loaded = False  # its DE admitted it and reports its HBM use (runtime shells)

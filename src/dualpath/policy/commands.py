@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dualpath.types import ReadSide
+from dualpath.types import ReadSide, ReuseSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +14,13 @@ class Assign:
     With split reads (beyond the paper) ``pe_read_tokens`` + ``de_read_tokens`` = hit tokens
     and both may be non-zero; otherwise one of them is zero. Both are multiples of the block
     size except possibly for a final partial block.
+
+    The reuse designs (``policy.reuse``, docs/peers.md) find part of the hit elsewhere:
+    ``reuse_tokens`` (a prefix of the hit) from ``reuse_source`` on node ``reuse_node``
+    (no storage read); ``recompute_tokens`` of the hit are computed again (no storage tier);
+    ``de_prefetch_tokens``: the DE node also reads that many hit tokens through its own
+    storage NIC, so the PE sends it only the new KV (both-read). Then
+    ``pe_read_tokens + de_read_tokens + reuse_tokens + recompute_tokens`` = hit tokens.
     """
 
     request_id: int
@@ -22,6 +29,11 @@ class Assign:
     read_side: ReadSide
     pe_read_tokens: int
     de_read_tokens: int
+    reuse_source: ReuseSource = ReuseSource.NONE
+    reuse_node: int = -1
+    reuse_tokens: int = 0
+    recompute_tokens: int = 0
+    de_prefetch_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

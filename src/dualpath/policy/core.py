@@ -22,6 +22,7 @@ from dualpath.policy.intra import (
 )
 from dualpath.policy.params import PolicyParams
 from dualpath.policy.prefill import PrefillRule
+from dualpath.policy.reuse import ReuseRule
 from dualpath.policy.side import SideRule
 from dualpath.policy.state import RoundState, ViewIndex
 from dualpath.policy.trace import DecisionTrace
@@ -50,8 +51,11 @@ class PolicyCore:
         side: SideRule,
         predict: Predictor,
         layerwise: bool,
+        reuse: ReuseRule | None = None,
     ) -> None:
         self.name = name
+        # where hits are found without storage (``policy.reuse``; None: the paper's systems)
+        self.reuse = reuse
         self.params = params
         self.layerwise = layerwise
         self._prefill = prefill
@@ -124,7 +128,11 @@ class PolicyCore:
         return [self._finish(r, pe, de, st, now) for r, pe, de in placed]
 
     def _finish(self, r: RequestInfo, pe: int, de: int, st: RoundState, now: float) -> Assign:
-        plan = self._side.choose(r, pe, de, st)
+        if self.reuse is not None:
+            a = self.reuse.assign(r, pe, de, st, self._side, now)
+        else:
+            plan = self._side.choose(r, pe, de, st)
+            a = Assign(r.request_id, pe, de, plan.side, plan.pe_tokens, plan.de_tokens)
         h = self._holds[pe]
         h[0] -= r.prompt_tokens
         h[1] -= 1
@@ -143,13 +151,25 @@ class PolicyCore:
                 pe_node=pe_node,
                 de_node=de_node,
                 hit_tokens=r.hit_tokens,
-                pe_read_q_before=st.read_q[pe_node] - plan.pe_tokens,
-                de_read_q_before=st.read_q[de_node] - plan.de_tokens,
-                side=plan.side.value,
-                pe_read_tokens=plan.pe_tokens,
-                de_read_tokens=plan.de_tokens,
+                pe_read_q_before=st.read_q[pe_node] - a.pe_read_tokens,
+                de_read_q_before=st.read_q[de_node] - a.de_read_tokens - a.de_prefetch_tokens,
+                side=a.read_side.value,
+                pe_read_tokens=a.pe_read_tokens,
+                de_read_tokens=a.de_read_tokens,
             )
-        return Assign(r.request_id, pe, de, plan.side, plan.pe_tokens, plan.de_tokens)
+            if a.reuse_tokens or a.recompute_tokens or a.de_prefetch_tokens:
+                self._trace.add(
+                    "reuse",
+                    now,
+                    request=r.request_id,
+                    mechanism=self.reuse.name if self.reuse else "",
+                    source=a.reuse_source.value,
+                    holder_node=a.reuse_node,
+                    reuse_tokens=a.reuse_tokens,
+                    recompute_tokens=a.recompute_tokens,
+                    de_prefetch_tokens=a.de_prefetch_tokens,
+                )
+        return a
 
     def plan_forward(
         self,

@@ -25,6 +25,7 @@ from dualpath.policy.decode_dualpath import DualPathDecode
 from dualpath.policy.intra import Predictor
 from dualpath.policy.params import PolicyParams, params_from_config
 from dualpath.policy.prefill import CategoryPrefill, PrefillRule, RoundRobinPrefill
+from dualpath.policy.reuse import AffinityDecode, AffinityPrefill, ReuseRule
 from dualpath.policy.side import SideRule
 
 DEFAULT_POLICY = "dualpath"  # where no system names one
@@ -41,11 +42,14 @@ def build_policy(
     params: PolicyParams,
     predict: Predictor,
     engine_choice: str = "round_robin",
+    reuse: ReuseRule | None = None,
 ) -> PolicyCore:
     """Wire the rules of policy ``name`` around ``params`` (no config needed; tests use this).
 
     ``engine_choice`` ("round_robin" | "least_loaded") applies to the baselines only. The
     baselines never use a compute quota (design §13.7): ``params.compute_quota_s`` is ignored.
+    ``reuse``: a reuse design's rule (``policy.reuse``): it decides where hits come from, and
+    engines that hold a request's KV are preferred by the PE and DE rules.
     """
     if name not in POLICY_NAMES:
         raise ValueError(f"policy={name!r} is invalid: must be one of {', '.join(POLICY_NAMES)}")
@@ -63,14 +67,24 @@ def build_policy(
             params.split_reads,
             params.read_tie_break,
         )
-        return PolicyCore(name, params, prefill, decode, side, predict, _layerwise(name))
+        prefill, decode = _with_affinity(prefill, decode, reuse, params.beta_tokens)
+        return PolicyCore(name, params, prefill, decode, side, predict, _layerwise(name), reuse)
     # the intra-engine rules (quota, pass balance) are DualPath's (design §13.7)
     no_quota = replace(params, compute_quota_s=None, pass_balance="quota")
     prefill = _baseline_prefill(params, engine_choice)
     decode = SimpleDecode(engine_choice)
     rule = "round_robin" if name == "dpl" else "pe"
     side = SideRule(rule, params.alpha_tokens, params.block_tokens, split=False)
-    return PolicyCore(name, no_quota, prefill, decode, side, predict, _layerwise(name))
+    prefill, decode = _with_affinity(prefill, decode, reuse, params.beta_tokens)
+    return PolicyCore(name, no_quota, prefill, decode, side, predict, _layerwise(name), reuse)
+
+
+def _with_affinity(
+    prefill: PrefillRule, decode: DecodeRule, reuse: ReuseRule | None, beta_tokens: int
+) -> tuple[PrefillRule, DecodeRule]:
+    if reuse is None:
+        return prefill, decode
+    return AffinityPrefill(prefill, reuse, beta_tokens), AffinityDecode(decode, reuse)
 
 
 def _layerwise(policy: str) -> bool:
@@ -91,4 +105,8 @@ def make_policy(config: Config) -> PolicyCore:
     sched = config.scheduler
     name = sched.policy or DEFAULT_POLICY
     params = params_from_config(config, compute_quota=name == "dualpath")
-    return build_policy(name, params, attention_predictor(config), sched.basic_engine_choice)
+    r = config.reuse
+    reuse = None
+    if r.mechanism:
+        reuse = ReuseRule(r.mechanism, r.dram_tier_peer_pull, r.peer_source)
+    return build_policy(name, params, attention_predictor(config), sched.basic_engine_choice, reuse)

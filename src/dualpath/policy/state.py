@@ -329,3 +329,9 @@ class RoundState:
         g = self.de_group_of[de]
         self.de_tok_sum[g] += tokens
         self.de_free_sum[g] -= tokens
+
+    def credit_de(self, de: int, tokens: int) -> None:
+        """``tokens`` of ``de``'s HBM that counted as taken are the placed request's own
+        (blocks a reuse design held for it): its free HBM grows back by them."""
+        self.free[de] += tokens
+        self.de_free_sum[self.de_group_of[de]] += tokens

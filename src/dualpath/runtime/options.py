@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dualpath.config.systems import SystemSpec, system_spec
+from dualpath.config.systems import SystemSpec, shell_system, system_spec
 from dualpath.runtime.gputime import GPU_TIMES
 from dualpath.runtime.token_choice import VocabSpec
 
@@ -88,7 +88,7 @@ class RuntimeOptions:
     vocab: VocabSpec | None = None  # the tokenizer's vocabulary: grammar-constrained requests
 
     def __post_init__(self) -> None:
-        system_spec(self.system)  # ValueError naming the allowed systems
+        shell_system(self.system, "our runtime")  # ValueError naming the allowed systems
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"transport={self.transport!r} is invalid: must be one of {', '.join(TRANSPORTS)}"

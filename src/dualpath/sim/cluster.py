@@ -8,6 +8,7 @@ decisions come from ``dualpath.policy`` (STYLE §1: this is a shell).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dualpath.ledger import (
 )
 from dualpath.ledger.core import Core
 from dualpath.ledger.counters import SIM_PATHS
+from dualpath.ledger.residency import Residency
 from dualpath.metrics import TurnRecord
 from dualpath.models import cost
 from dualpath.policy import ClusterView, make_policy
@@ -37,7 +39,7 @@ from dualpath.sim.node_io import NodeIO
 from dualpath.sim.prefill import PrefillGroup
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
-from dualpath.types import EngineKind, KVPath
+from dualpath.types import EngineKind, KVPath, ReuseSource
 from dualpath.workload import TurnSpec
 
 
@@ -59,6 +61,10 @@ class Cluster:
         self.block_tokens = config.scheduler.block_tokens
         de_gpus = topo.decode_ep_gpus  # a DE's weights are sharded over its EP group
         self.hbm_capacity_tokens = cost.kv_capacity_tokens(model, hw, de_gpus)
+        self.residency = self._residency() if system.reuse else None
+        paths = SIM_PATHS
+        if system.reuse:  # the reuse designs' hops (absent from the paper's systems' results)
+            paths = (*SIM_PATHS, KVPath.PE_DRAM_TO_PE_HBM, KVPath.PEER_TO_PE_HBM)
         # the one door to the policy, the ledger (and its records), the run's counters (bytes
         # per load path, counted by the transfers) and the agent driver
         self.core: Core[_Agent, Req] = Core(
@@ -68,7 +74,8 @@ class Cluster:
             self.block_tokens,
             self._submit,
             self.events,
-            SIM_PATHS,
+            paths,
+            self.residency,
         )
         self.reqs = self.core.turns
         self.records: list[TurnRecord] = self.core.records
@@ -126,6 +133,33 @@ class Cluster:
         self._pull_event: Event | None = None
         self._last_pull_s = -float("inf")
         self._blocked = False  # the last pull left requests waiting for capacity
+        self._expiry_wake = -math.inf  # a pull is set for this pinned hold's expiry
+
+    def _residency(self) -> Residency:
+        """The stores of the system's reuse mechanism (docs/peers.md), sized by
+        ``config.reuse`` and the cost model's HBM KV capacities."""
+        config, topo = self.config, self.topo
+        model, hw, reuse = config.model, config.hardware, config.reuse
+        # a PE's KV space as its group's passes see it (``PrefillGroup.kv_budget_tokens``)
+        pe_gpus = max((len(m) for _, m in topo.groups(EngineKind.PE)), default=1)
+        pe_tokens = cost.kv_capacity_tokens(model, hw, pe_gpus) * reuse.prefix_cache_share
+        dram = reuse.resident_bytes if self.system.reuse == "resident" else reuse.dram_tier_bytes
+        return Residency(
+            self.system.reuse,
+            node_of=[topo.node_of(e) for e in topo.engine_ids],
+            pe_ids=topo.pe_ids,
+            de_ids=topo.de_ids,
+            num_nodes=topo.num_nodes,
+            block_tokens=self.block_tokens,
+            pe_capacity_tokens=int(pe_tokens),
+            de_capacity_tokens=self.hbm_capacity_tokens,
+            dram_capacity_tokens=int(dram // cost.kv_bytes_per_token(model)),
+            ttl_s=reuse.d2p_ttl_s,
+            on_pinned=self._pin,
+        )
+
+    def _pin(self, de: int, tokens: int) -> None:
+        self.core.pin(de, tokens)
 
     def _build_groups(self) -> None:
         config, topo, sim = self.config, self.topo, self.sim
@@ -250,6 +284,17 @@ class Cluster:
         for req, reads in assigned:
             self._assign(req, reads)
         self._blocked = self.core.waiting > 0
+        if self._blocked and self.residency is not None and self.residency.pinned:
+            self._wake_at_expiry()
+
+    def _wake_at_expiry(self) -> None:
+        """Pinned holds free DE HBM when their TTL ends, an event no engine reports: pull
+        again just after the next one, so that waiting turns are not stranded."""
+        assert self.residency is not None
+        when = self.residency.next_expiry_s()
+        if math.isfinite(when) and self._expiry_wake < when:
+            self._expiry_wake = when = math.nextafter(when, math.inf)
+            self.loop.at(when, self.request_pull, Priority.PULL, "expiry")
 
     def view(self) -> ClusterView:
         """What the engines report at a pull (the ledger's view)."""
@@ -263,7 +308,7 @@ class Cluster:
             return
         kvpt = self.kv_per_token
         req.pe_buffer_bytes = float(req.pe_read_tokens * kvpt)
-        req.de_buffer_bytes += float(req.de_read_tokens * kvpt)
+        req.de_buffer_bytes += float((req.de_read_tokens + req.de_prefetch_tokens) * kvpt)
         group.offer(req, sum(t for _, t in reads) * kvpt, partial(self._start_reads, req, reads))
 
     def _start_reads(self, req: Req, reads: list[tuple[int, int]]) -> None:
@@ -293,11 +338,12 @@ class Cluster:
             self._release_de_buffer(req)
             self._finish(req)
             return
-        self.h2d[de].send(req.prompt_tokens * self.kv_per_token, req)
+        on_de = req.reuse_tokens if req.reuse_source is ReuseSource.DE_HBM else 0
+        self.h2d[de].send((req.prompt_tokens - on_de) * self.kv_per_token, req)
 
     def _persist(self, req: Req, tokens: int) -> None:
         """Hand ``tokens`` of ``req``'s whole KV blocks in its DE's node buffer to storage."""
-        if not self.sim.persistence:
+        if not self.sim.persistence or not self.system.persist:
             return
         node, num_bytes = self.topo.node_of(req.de), tokens * self.kv_per_token
         if self.sim.next_turn_after_persist:  # the agent's next turn waits for this write

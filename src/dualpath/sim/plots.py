@@ -98,3 +98,29 @@ def plot_sweep(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_lines(
+    series: Mapping[str, Sequence[tuple[str, float]]], path: Path, title: str, xlabel: str
+) -> None:
+    """One line per series over shared x tick labels (in the order first seen): JCT (s)."""
+    plt = _pyplot()
+    ticks: list[str] = []
+    for points in series.values():
+        for label, _ in points:
+            if label not in ticks:
+                ticks.append(label)
+    names = list(series)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for name in names:
+        xs = [ticks.index(label) for label, _ in series[name]]
+        ax.plot(xs, [v for _, v in series[name]], marker="o", label=name, color=colour(name, names))
+    ax.set_xticks(range(len(ticks)), ticks)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("job completion time (s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -26,7 +26,7 @@ from dualpath.sim.node_io import NodeIO
 from dualpath.sim.passes import AggregatePass, PassPlan, PerLayerPass
 from dualpath.sim.request import Req
 from dualpath.sim.transfers import Transfers
-from dualpath.types import KVPath
+from dualpath.types import KVPath, ReuseSource
 
 
 class PendingQueue(Sequence[PendingPrefill]):
@@ -179,7 +179,7 @@ class PrefillGroup:
         size = len(self.members)
         total_new = 0
         attention: dict[int, float] = {}
-        loads: dict[tuple[int, ...], list] = {}
+        loads: dict[tuple[tuple[int, ...], str], float] = {}  # (path, kind) → bytes
         sends: dict[tuple[int, ...], list] = {}
         for pe, chunks in batches:
             attention[pe] = self._attention_time([(c.cached, c.new) for c in chunks])
@@ -188,19 +188,22 @@ class PrefillGroup:
                 req = self.reqs[c.request_id]
                 first = c.cached == req.hit_tokens
                 from_pe = req.pe_read_tokens
-                from_de = c.cached - from_pe  # DE-side hits and earlier chunks (in the DE buffer)
+                sent_hits = 0 if req.de_prefetch_tokens else from_pe  # the DE lacks them
+                if req.reuse_tokens:  # hits found without storage (docs/peers.md)
+                    reused, sent = self._reuse_loads(req, pe, loads)
+                    sent_hits += sent
+                else:
+                    reused = 0
+                # DE-side hits and earlier chunks (in the DE buffer)
+                from_de = c.cached - from_pe - reused
                 if from_pe:
                     path = fabric.pe_load_path(pe)
-                    loads.setdefault(path, [KVPath.PE_BUFFER_TO_PE_HBM.value, 0.0])[1] += (
-                        from_pe * kvpt
-                    )
+                    _add(loads, path, KVPath.PE_BUFFER_TO_PE_HBM, from_pe * kvpt)
                 if from_de:
                     path = fabric.de_load_path(req.de, pe)
-                    loads.setdefault(path, [KVPath.DE_BUFFER_TO_PE_HBM.value, 0.0])[1] += (
-                        from_de * kvpt
-                    )
-                # Sent to the DE buffer: this chunk's new KV, plus the PE-side hits once.
-                send_bytes = (c.new + (from_pe if first else 0)) * kvpt
+                    _add(loads, path, KVPath.DE_BUFFER_TO_PE_HBM, from_de * kvpt)
+                # Sent to the DE buffer: this chunk's new KV, plus the hits it lacks once.
+                send_bytes = (c.new + (sent_hits if first else 0)) * kvpt
                 path = fabric.send_path(pe, req.de)
                 sends.setdefault(path, [KVPath.PE_HBM_TO_DE_BUFFER.value, 0.0])[1] += send_bytes
                 req.de_buffer_bytes += send_bytes
@@ -210,7 +213,7 @@ class PrefillGroup:
             self.busy_s[pe] += attention.get(pe, 0.0) + linear
         # fixed cost of a pass (overheads, EP latency) is pass time, not busy compute
         plan = PassPlan(max(attention.values()) + linear + self._fixed_s)
-        plan.loads = [(k, p, b) for p, (k, b) in sorted(loads.items())]
+        plan.loads = [(k, p, b) for (p, k), b in sorted(loads.items())]
         plan.sends = [(k, p, b) for p, (k, b) in sorted(sends.items())]
         if self.collectives:
             per_gpu = cost.moe_collective_bytes(
@@ -219,6 +222,29 @@ class PrefillGroup:
             if per_gpu > 0:
                 plan.collective = ("collectives", fabric.collective_path(self.members), per_gpu)
         return plan
+
+    def _reuse_loads(
+        self, req: Req, pe: int, loads: dict[tuple[tuple[int, ...], str], float]
+    ) -> tuple[int, int]:
+        """Add the load of ``req``'s hits found without storage to ``loads``: from the PE's
+        own HBM (nothing to move), its node's DRAM tier (DRAM → HBM, as a PE-buffer load),
+        or another node (a DE's HBM or node DRAM, a peer's tier: over that node's CNIC on
+        the PE's rail). Returns (tokens reused, tokens of them the DE lacks)."""
+        tokens, source = req.reuse_tokens, req.reuse_source
+        if source is ReuseSource.PE_HBM:
+            return tokens, tokens
+        kv_bytes = tokens * self.kv_per_token
+        if source is ReuseSource.PE_DRAM:
+            path = self.fabric.pe_load_path(pe)
+            _add(loads, path, KVPath.PE_DRAM_TO_PE_HBM, kv_bytes)
+            return tokens, tokens
+        # another node's: through an engine there, on the PE's rail (``Fabric.de_cnic``);
+        # DE_HBM, DE_DRAM: the request's own DE holds them
+        elsewhere = source in (ReuseSource.PEER_DRAM, ReuseSource.PEER_HBM)
+        holder = req.reuse_node * self.fabric.topology.gpus_per_node if elsewhere else req.de
+        path = self.fabric.de_load_path(holder, pe)
+        _add(loads, path, KVPath.PEER_TO_PE_HBM, kv_bytes)
+        return tokens, tokens if elsewhere else 0
 
     # ------------------------------------------------------------------ running a pass
     def _start_pass(self) -> None:
@@ -314,6 +340,17 @@ class PrefillGroup:
                 self.admission[req.pe].release(req)
         if any(self.queues[pe] for pe in self.members):
             self.kick()
+
+
+def _add(
+    loads: dict[tuple[tuple[int, ...], str], float],
+    path: tuple[int, ...],
+    kind: KVPath,
+    num_bytes: float,
+) -> None:
+    """Count ``num_bytes`` of a pass's loads of ``kind`` over ``path`` (one flow each)."""
+    key = (path, kind.value)
+    loads[key] = loads.get(key, 0.0) + num_bytes
 
 
 def _chunk_sizes(

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dualpath.sim.results import SimResult
-from dualpath.sim.transfers import PATH_KINDS
+from dualpath.sim.transfers import PATH_KINDS, REUSE_KINDS
 
 CSV_COLUMNS = (
     "system",
@@ -35,6 +35,7 @@ CSV_COLUMNS = (
     "share_read_de",
     "share_read_none",
     *(f"bytes_{kind}" for kind in PATH_KINDS),  # the KV paths (types.KVPath), collectives
+    *(f"bytes_{kind}" for kind in REUSE_KINDS),  # the reuse designs' hops (0 elsewhere)
 )
 
 
@@ -87,9 +88,11 @@ def _fmt(value: float | None, spec: str) -> str:
 def format_table(results: Mapping[str, SimResult], title: str = "") -> str:
     """A fixed-width table of JCT, speed-ups, utilisation and read sides, one row per system."""
     comp = comparisons(results)
+    w = max([9, *(len(name) for name in results)])
     head = (
-        f"{'system':<9} {'JCT s':>9} {'×Basic':>7} {'Oracle':>7} {'SNIC PE/DE':>11} "
-        f"{'CNIC PE/DE':>11} {'DRAM PE/DE':>11} {'GPU PE/DE':>11} {'DE reads':>8}"
+        f"{'system':<{w}} {'JCT s':>9} {'×Basic':>7} {'Oracle':>7} {'SNIC PE/DE':>11} "
+        f"{'CNIC PE/DE':>11} {'DRAM PE/DE':>11} {'GPU PE/DE':>11} {'DE reads':>8} "
+        f"{'read TB':>7}"
     )
     lines = [title] if title else []
     lines += [head, "-" * len(head)]
@@ -104,11 +107,11 @@ def format_table(results: Mapping[str, SimResult], title: str = "") -> str:
             f"{max(u['de_cnic_tx']['mean'], u['de_cnic_rx']['mean']):.0%}"
         )
         lines.append(
-            f"{name:<9} {r.jct_s:>9.1f} {_fmt(comp[name]['speedup_vs_basic'], '.2f'):>7} "
+            f"{name:<{w}} {r.jct_s:>9.1f} {_fmt(comp[name]['speedup_vs_basic'], '.2f'):>7} "
             f"{_fmt(comp[name]['fraction_of_oracle'], '.0%'):>7} "
             f"{pair('pe_snic_read', 'de_snic_read'):>11} {cnic:>11} "
             f"{pair('pe_dram', 'de_dram'):>11} {pair('pe_gpu', 'de_gpu'):>11} "
-            f"{r.read_side_shares.get('de', 0.0):>8.0%}"
+            f"{r.read_side_shares.get('de', 0.0):>8.0%} {storage_read_bytes(r) / 1e12:>7.2f}"
         )
     return "\n".join(lines)
 
@@ -126,7 +129,29 @@ def results_json(
     }
 
 
+# Basic, the field's designs beside it, the paper's steps to DualPath, beyond it, the limit
+TABLE_ORDER = (
+    "basic",
+    "recompute",
+    "d2p",
+    "both-read",
+    "dram-tier",
+    "layer",
+    "dpl",
+    "dualpath",
+    "dualpath-resident",
+    "oracle",
+)
+
+
+def storage_read_bytes(result: SimResult) -> float:
+    """Bytes the run read from storage, through every node's storage NICs."""
+    paths = result.path_bytes
+    return paths.get("storage_to_pe_buffer", 0.0) + paths.get("storage_to_de_buffer", 0.0)
+
+
 def order_systems(names: Sequence[str]) -> list[str]:
-    """Systems in the design §11 order (basic, layer, dpl, dualpath, oracle)."""
-    rank = {n: i for i, n in enumerate(("basic", "layer", "dpl", "dualpath", "oracle"))}
+    """Systems in the table's order (``config.systems``: the paper's five, then the field's
+    designs and dualpath-resident)."""
+    rank = {n: i for i, n in enumerate(TABLE_ORDER)}
     return sorted(names, key=lambda n: rank.get(n, len(rank)))

@@ -146,6 +146,15 @@ def collect(cluster: Cluster) -> SimResult:
             default=0.0,
         ),
     }
+    held = cluster.residency
+    if held is not None:  # a reuse design (docs/peers.md): how much it found, and lost
+        counters.update(
+            reused_tokens=held.reused_tokens,
+            recomputed_tokens=held.recomputed_tokens,
+            held_tokens_at_end=held.held_tokens(),
+            evicted_tokens=held.evicted_tokens(),
+            expired_tokens=held.expired_tokens(),
+        )
     return SimResult(
         system=cluster.system.name,
         jct_s=jct,

@@ -21,7 +21,9 @@ COLLECTIVES = "collectives"
 # Path kinds, in report order (bytes per path in the results): the KV paths by their one name
 # (``types.KVPath``; the simulator knows each layer load's source buffer), then collectives.
 PATH_KINDS: tuple[str, ...] = (*(p.value for p in SIM_PATHS), COLLECTIVES)
-_LABELS = {kind: f"done:{kind}" for kind in PATH_KINDS}
+# the hops of the reuse designs (docs/peers.md): counted only in their systems' runs
+REUSE_KINDS: tuple[str, ...] = (KVPath.PE_DRAM_TO_PE_HBM.value, KVPath.PEER_TO_PE_HBM.value)
+_LABELS = {kind: f"done:{kind}" for kind in (*PATH_KINDS, *REUSE_KINDS)}
 # What the Oracle gets for free (design §11): storage reads, H2D/D2H and PD transfers.
 # Persistence writes and collectives still take time (neither gates any request).
 ORACLE_FREE = frozenset(PATH_KINDS) - {KVPath.DE_TO_STORAGE, COLLECTIVES}
@@ -58,7 +60,7 @@ class Transfers:
             )
         self._kv_bytes = self.counters.bytes_by_path  # by KVPath: a kind's str value is its key
         self.collective_bytes = 0.0
-        self.flows_by_kind: dict[str, int] = dict.fromkeys(PATH_KINDS, 0)
+        self.flows_by_kind: dict[str, int] = dict.fromkeys((*PATH_KINDS, *REUSE_KINDS), 0)
         self.num_flows = 0
 
     def start(
@@ -98,7 +100,8 @@ class Transfers:
     def path_bytes(self) -> dict[str, float]:
         """Bytes per path kind, in ``PATH_KINDS`` order: the KV paths' from ``counters``."""
         kv = self.counters.bytes_by_path
-        return {**{str(p): kv[p] for p in SIM_PATHS}, COLLECTIVES: self.collective_bytes}
+        reused = {k: kv[k] for k in REUSE_KINDS if k in kv}  # a reuse design's run only
+        return {**{str(p): kv[p] for p in SIM_PATHS}, COLLECTIVES: self.collective_bytes, **reused}
 
     def nominal_s(self, path: Sequence[int], size_bytes: float) -> float:
         """Uncontended duration: ``size_bytes`` over the slowest resource of ``path`` (0 for

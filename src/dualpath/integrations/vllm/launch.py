@@ -427,7 +427,7 @@ def serve_vllm(
     """Run the whole deployment until SIGTERM / SIGINT (0), or until a process died more
     often than ``opts.max_restarts`` (1); ``router_opts``: ``router.RouterOptions``."""
     from dualpath.config import config_for
-    from dualpath.config.systems import system_spec
+    from dualpath.config.systems import shell_system
     from dualpath.integrations.vllm.app import create_app
     from dualpath.integrations.vllm.flow import TurnFlow
     from dualpath.integrations.vllm.router import Router, RouterOptions
@@ -445,7 +445,7 @@ def serve_vllm(
     python = find_vllm_python(opts.vllm_python)
     engine = engine_name(python)
     opts = resolve_parsers(VllmOptions(**{**_fields(opts), "vllm_python": python}), python, engine)
-    policy = make_policy(config_for(config, system_spec(system)))
+    policy = make_policy(config_for(config, shell_system(system, "the vLLM shell")))
     t0 = time.monotonic()
     with _sigterm_raises():
         launched = launch(opts, checkpoint_digest(opts.model_dir), engine)
