@@ -28,11 +28,6 @@ class SystemSpec:
     reuse: str = ""
     persist: bool = True
 
-    @property
-    def simulator_only(self) -> bool:
-        """Runs in the simulator only (not yet in our runtime or the vLLM shell)."""
-        return bool(self.reuse)
-
 
 SYSTEMS: dict[str, SystemSpec] = {
     s.name: s
@@ -56,8 +51,8 @@ SYSTEMS: dict[str, SystemSpec] = {
 SYSTEM_NAMES = tuple(SYSTEMS)
 # every policy is also the system of its own name (that system is the policy, nothing more)
 POLICY_NAMES = tuple(dict.fromkeys(s.policy for s in SYSTEMS.values()))
-# the systems every shell runs (the paper's five)
-SHELL_SYSTEM_NAMES = tuple(n for n, s in SYSTEMS.items() if not s.simulator_only)
+# the systems every shell runs (the paper's five; the reuse designs: ``shell_system``)
+SHELL_SYSTEM_NAMES = tuple(n for n, s in SYSTEMS.items() if not s.reuse)
 
 
 def system_spec(name: str) -> SystemSpec:
@@ -68,13 +63,14 @@ def system_spec(name: str) -> SystemSpec:
     return SYSTEMS[key]
 
 
-def shell_system(name: str, shell: str) -> SystemSpec:
-    """``system_spec(name)`` for a shell that runs the paper's five systems only (our runtime,
-    the vLLM shell): a reuse design is refused in one line."""
+def shell_system(name: str, shell: str, reuses: tuple[str, ...] = ()) -> SystemSpec:
+    """``system_spec(name)`` for a shell that runs the paper's five systems and the reuse
+    mechanisms ``reuses``: another reuse design is refused in one line."""
     spec = system_spec(name)
-    if spec.simulator_only:
+    if spec.reuse and spec.reuse not in reuses:
+        runs = [*SHELL_SYSTEM_NAMES, *(n for n, s in SYSTEMS.items() if s.reuse in reuses)]
         raise ValueError(
             f"system={name!r} runs only in the simulator so far (docs/peers.md): {shell} runs "
-            + ", ".join(SHELL_SYSTEM_NAMES)
+            + ", ".join(runs)
         )
     return spec

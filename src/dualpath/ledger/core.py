@@ -126,11 +126,11 @@ class Core(Generic[A, T]):
             out.append((turn, reads))
         return out
 
-    def _first_token(self, turn: T, now: float) -> None:
+    def _first_token(self, turn: Turn, now: float) -> None:
         self._ledger.first_token(turn, now)
         self._held.prefill_done(turn, now)
 
-    def _finish(self, turn: T, now: float) -> TurnRecord:
+    def _finish(self, turn: Turn, now: float) -> TurnRecord:
         record = self._ledger.finish(turn, now)
         self._held.finished(turn, self._ledger.reserved[turn.de], now)
         return record

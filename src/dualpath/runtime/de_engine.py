@@ -100,7 +100,8 @@ class DecodeEngine(Engine):
             page = r.tables[layer][block]
             window.add(self.push_nowait(self.node, slot, layer, 0, bt, page, paced=False)[1])
         window.drain()
-        self.env.results.put(PersistMsg(key, slot, self.node))  # the scheduler hands it on
+        msg = PersistMsg(key, slot, self.node, r.msg.request_id, block)
+        self.env.results.put(msg)  # the scheduler hands it on
         r.persisted.append(key)
 
     def _admit(self) -> None:

@@ -55,13 +55,15 @@ class ReadMsg:
 
 @dataclass(frozen=True, slots=True)
 class ReadDoneMsg:
-    """``num_ok`` leading blocks verified; the rest missing or corrupt (to recompute)."""
+    """``num_ok`` leading blocks verified; the rest missing or corrupt (to recompute).
+    ``num_from_tier`` of them came from the node's DRAM tier (``dram-tier``), not storage."""
 
     request_id: int
     node_id: int
     num_ok: int
     start_s: float
     done_s: float
+    num_from_tier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,18 @@ class PersistMsg:
     key: str
     slot: int
     node: int = 0
+    request_id: int = -1  # the turn whose block it is, and the block's index in its context
+    block: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TierPutMsg:
+    """Storage worker (``dram-tier``): keep a copy of block ``key``, computed by this node's
+    PE and durable now, in the node's DRAM tier. The PE had the bytes in HBM (a D2H copy on
+    this node, no storage traffic); the worker takes them from the store, charged to this
+    node's DRAM only."""
+
+    key: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,10 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
 
 
+# the reuse designs our runtime carries out (docs/peers.md): a DRAM tier in each storage worker
+RUNTIME_REUSES = ("dram-tier",)
+
+
 @dataclass(frozen=True, slots=True)
 class FaultPlan:
     """Fault injection for tests: engine ``crash_engine`` exits abruptly when it receives its
@@ -88,7 +92,8 @@ class RuntimeOptions:
     vocab: VocabSpec | None = None  # the tokenizer's vocabulary: grammar-constrained requests
 
     def __post_init__(self) -> None:
-        shell_system(self.system, "our runtime")  # ValueError naming the allowed systems
+        # ValueError naming the allowed systems
+        shell_system(self.system, "our runtime", RUNTIME_REUSES)
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"transport={self.transport!r} is invalid: must be one of {', '.join(TRANSPORTS)}"

@@ -42,6 +42,11 @@ class Runtime:
                 "scheduler.split_reads=true is not supported by the runtime (each request reads "
                 "its hit KV through one node): use the simulator, or set it to false"
             )
+        if options.spec.reuse == "dram-tier" and config.reuse.dram_tier_peer_pull:
+            raise ValueError(
+                "reuse.dram_tier_peer_pull=true is not supported by the runtime (a node's "
+                "tier serves its own node): use the simulator, or set it to false"
+            )
         if options.model_dir:  # the checkpoint's dimensions size buffers, store and pools
             from dualpath.runtime.hf_model import with_checkpoint
 

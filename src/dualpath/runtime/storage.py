@@ -7,6 +7,11 @@ loop only dispatches; it used to run each read itself, and a DualPath decode nod
 which the agent's next turn waits for, queued behind its reads).
 A missing or corrupt block ends the readable prefix; a corrupt file is removed so that the
 recomputed block gets persisted again.
+
+``dram-tier`` (docs/peers.md): the worker keeps a DRAM tier of Full Blocks (``kv.tier``) in
+front of the store: a read found there is a copy over the node's DRAM, no SNIC; every block
+read from storage or written to it, and every prompt block its node's PEs computed
+(``TierPutMsg``), is kept, least recently used out first.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import dualpath.kv.store as kvs
 from dualpath.kv.buffer import SlotBuffer
 from dualpath.kv.pacer import Pacer, transfer_all
 from dualpath.kv.store import KVStore
+from dualpath.kv.tier import DramTier
 from dualpath.kv.transport import make_transport
 from dualpath.kv.worker import (
     PATH_ERRNOS,
@@ -41,6 +47,7 @@ from dualpath.runtime.messages import (
     ReadMsg,
     ReadyMsg,
     StopMsg,
+    TierPutMsg,
 )
 from dualpath.types import TrafficClass
 
@@ -82,7 +89,12 @@ class StorageWorker:
         self.crash_on_read = False
         self.crash_on_write = False
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
-        self.reads: queue.Queue[ReadMsg | None] = queue.Queue()
+        # reads and tier puts, in arrival order (a put lands before the read that needs it)
+        self.reads: queue.Queue[ReadMsg | TierPutMsg | None] = queue.Queue()
+        self.tier: DramTier | None = None
+        if env.options.spec.reuse == "dram-tier":
+            self.tier = DramTier(env.config.reuse.dram_tier_bytes)
+        self.dram = dram
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
         self.num_failed = 0  # block writes dropped
         # blocks whose path stayed in the way after the store moved the obstacle aside (or
@@ -93,24 +105,53 @@ class StorageWorker:
         self.transport = make_transport(env.options.transport)
         self.region = self.transport.register(self.buffer.spec.name, self.buffer.data)
 
-    def _read_one(self, key: str, slot: int) -> bool:
+    def _read_one(self, key: str, slot: int) -> tuple[bool, bool]:
+        """(read and verified, found in the DRAM tier) of one block."""
+        nbytes = self.store.layout.full_block_bytes
+        out = self.buffer.slot(slot)
+        if self.tier is not None and self.tier.get(key, out):  # DRAM → this node's buffer
+            if self.paced and self.dram:
+                transfer_all(self.dram, nbytes, TrafficClass.LOW)
+            return True, True
         if self.paced:
-            nbytes = self.store.layout.full_block_bytes
             transfer_all(self.read_route, nbytes, TrafficClass.LOW)
-        return read_or_miss(self.store, key, self.buffer.slot(slot))
+        ok = read_or_miss(self.store, key, out)
+        if ok and self.tier is not None:
+            self.tier.put(key, out[:nbytes])
+        return ok, False
+
+    def _tier_put(self, msg: TierPutMsg) -> None:
+        """Keep a durable block its node's PE computed: the bytes from the store (as the
+        PE's D2H copy, this node's DRAM is charged, never its SNIC)."""
+        assert self.tier is not None
+        if msg.key in self.tier:
+            return
+        nbytes = self.store.layout.full_block_bytes
+        block = bytearray(nbytes)
+        if self.paced and self.dram:
+            transfer_all(self.dram, nbytes, TrafficClass.LOW)
+        if read_or_miss(self.store, msg.key, memoryview(block)):
+            self.tier.put(msg.key, block)
 
     def handle_read(self, msg: ReadMsg) -> None:
         clock = self.env.clock
         start = clock.now()
         hop("storage.read", msg.request_id)
-        oks = list(self.readers.map(self._read_one, msg.keys, msg.slots))
+        done = list(self.readers.map(self._read_one, msg.keys, msg.slots))
+        oks = [ok for ok, _ in done]
         num_ok = oks.index(False) if False in oks else len(oks)
+        from_tier = sum(1 for _, tier in done[:num_ok] if tier)
         hop("storage.read_done", msg.request_id)
-        self.env.results.put(ReadDoneMsg(msg.request_id, self.node, num_ok, start, clock.now()))
+        self.env.results.put(
+            ReadDoneMsg(msg.request_id, self.node, num_ok, start, clock.now(), from_tier)
+        )
 
     def _read_loop(self) -> None:
         while (msg := self.reads.get()) is not None:
             try:
+                if isinstance(msg, TierPutMsg):
+                    self._tier_put(msg)
+                    continue
                 self.handle_read(msg)
             except Exception as bug:  # not an I/O error: fail the run, loudly
                 self.env.results.put(ErrorMsg(self.name, f"read failed: {bug!r}"))
@@ -132,6 +173,10 @@ class StorageWorker:
             except Exception as bug:  # not an I/O error: fail the run, loudly
                 self.env.results.put(ErrorMsg(self.name, f"persist failed: {bug}"))
                 continue
+            if err is None and self.tier is not None:  # written through: kept in DRAM too
+                self.tier.put(
+                    msg.key, self.buffer.slot(msg.slot)[: self.store.layout.full_block_bytes]
+                )
             if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
                 self._report_failed(err)
                 if err.errno in PATH_ERRNOS:  # (a full disk may have room again later)
@@ -170,6 +215,8 @@ class StorageWorker:
                 if isinstance(msg, ReadMsg):
                     if self.crash_on_read:
                         os._exit(19)  # fault injection: a storage worker dies mid-run
+                    self.reads.put(msg)
+                elif isinstance(msg, TierPutMsg) and self.tier is not None:
                     self.reads.put(msg)
                 elif isinstance(msg, PersistMsg):
                     if self.crash_on_write:

@@ -159,11 +159,16 @@ class Intake:
         if req.phase is not Phase.READING:
             return False
         hop("sched.read_done", req.request_id)
-        self.counters.read_window(msg.node_id, msg.start_s, msg.done_s)
+        from_storage = msg.num_ok - msg.num_from_tier
+        if from_storage or not msg.num_from_tier:  # the SNIC worked (a tier copy: it idled)
+            self.counters.read_window(msg.node_id, msg.start_s, msg.done_s)
         req.cached = req.hit_tokens = msg.num_ok * self.block  # what was read and verified
         on_pe = req.read_side is ReadSide.PE
         path = KVPath.STORAGE_TO_PE_BUFFER if on_pe else KVPath.STORAGE_TO_DE_BUFFER
-        self.counters.moved(path, msg.num_ok * self.env.layout.full_block_bytes)
+        full = self.env.layout.full_block_bytes
+        self.counters.moved(path, from_storage * full)
+        if msg.num_from_tier:  # found in the node's DRAM tier (dram-tier, docs/peers.md)
+            self.counters.moved(KVPath.PE_DRAM_TO_PE_HBM, msg.num_from_tier * full)
         self.core.read_done(req, req.read_node, max(msg.done_s, req.read_start_s))
         return True
 

@@ -40,6 +40,7 @@ from dualpath.runtime.messages import (
     PersistMsg,
     ReadDoneMsg,
     ReadyMsg,
+    TierPutMsg,
     TokensMsg,
     WakeMsg,
 )
@@ -111,6 +112,9 @@ class Scheduler:
         self.decodes = Decodes(self.core, topo, self.slots, launcher, self.reqs, block, full)
         self.durability = Durability()
         self.writes = Writes()
+        # dram-tier: every node's storage worker keeps a DRAM tier (kv.tier), and a PE
+        # node's also keeps the prompt blocks its PEs computed (``TierPutMsg``)
+        self.tiering = env.options.spec.reuse == "dram-tier"
         self.recovery = Recovery()
         # called on this thread with why the runtime is not ready ("" : ready again) each time
         # that changes: a process is being restarted, or every restarted one acked
@@ -429,13 +433,24 @@ class Scheduler:
         pass
 
     def _on_persist(self, msg: PersistMsg) -> None:  # a DE's Full Block: to its node's worker
-        self.writes.sent(msg)
+        self.writes.sent(msg, self._tier_node(msg))
         self.launcher.send_storage(msg.node, msg)
 
+    def _tier_node(self, msg: PersistMsg) -> int:
+        """``dram-tier``: the node of the PE that computed a prompt block (its tier keeps a
+        copy once the block is durable); -1 otherwise."""
+        req = self.reqs.get(msg.request_id) if self.tiering else None
+        if req is None or req.pe < 0 or msg.block >= req.prompt_tokens // self.env.block_tokens:
+            return -1
+        return self.topo.node_of(req.pe)
+
     def _on_persisted(self, msg: PersistedMsg) -> None:
-        if not self.writes.acked(msg.node, msg.slot):
+        sent = self.writes.acked(msg.node, msg.slot)
+        if sent is None:
             return  # the second ack of a write handed on twice: the first one counted
         self.launcher.buffer(msg.node).free([msg.slot])
+        if sent[1] >= 0 and msg.ok:
+            self.launcher.send_storage(sent[1], TierPutMsg(msg.key))
         if not msg.ok:  # dropped (e.g. full disk): not cached, later turns recompute it
             self.counters.persist_failed += 1
         for item in self.durability.acked_key(msg.key):
