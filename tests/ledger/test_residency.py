@@ -134,3 +134,29 @@ def test_resident_keeps_the_context_on_the_de_node_and_both_read_holds_nothing()
     b.prefill_done(turn(1, 0, 3), 0.0)
     b.finished(turn(1, 0, 3), 0, 1.0)
     assert b.find(1, 2.0) == []
+
+
+def test_block_lru_evicts_the_least_recent_ranges_from_their_front() -> None:
+    from dualpath.ledger.residency import BlockLru
+
+    t = BlockLru(900)
+    assert t.touch(1, 0, 400, 0.0) == 0  # agent 1 reads 400 tokens: all brought in
+    assert t.touch(2, 0, 400, 1.0) == 0
+    assert t.touch(1, 0, 400, 2.0) == 400  # all of it was held
+    assert t.touch(1, 400, 600, 3.0) == 0  # its new blocks
+    # 1000 > 900: agent 2's range is the least recent; its first 100 tokens go
+    assert (t.total, t.evicted_tokens) == (900, 100)
+    assert (t.held(1), t.held(2)) == (600, 300)
+    # agent 2 reads its prefix again: 300 of its 400 were left (its tail), the rest comes
+    # back; agent 1's oldest range (0..400, used at 2.0) gives up its first 100
+    assert t.touch(2, 0, 400, 4.0) == 300
+    assert (t.held(1), t.held(2), t.total, t.evicted_tokens) == (500, 400, 900, 200)
+
+
+def test_block_lru_keeps_the_tail_of_a_range_larger_than_itself() -> None:
+    from dualpath.ledger.residency import BlockLru
+
+    t = BlockLru(256)
+    assert t.touch(1, 0, 640, 0.0) == 0
+    assert (t.held(1), t.total, t.evicted_tokens) == (256, 256, 384)
+    assert t.touch(1, 0, 640, 1.0) == 256  # the last 256 tokens were still there

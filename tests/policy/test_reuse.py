@@ -66,12 +66,28 @@ def test_recompute_without_a_prefix_computes_the_whole_hit() -> None:
     assert (a.reuse_tokens, a.recompute_tokens, a.pe_read_tokens) == (0, 640, 0)
 
 
-def test_d2p_pulls_from_the_holding_de_and_reads_the_rest_on_the_pe_side() -> None:
-    held = {3: [Resident(ReuseSource.DE_HBM, 21, 576)]}
+def test_d2p_pulls_from_the_holding_de_a_hold_that_covers_the_hit() -> None:
+    held = {3: [Resident(ReuseSource.DE_HBM, 21, 704)]}
     (a,) = run("d2p", held, [r(0, 3)])
     assert a.de == 21  # affinity: the DE that holds the blocks
-    assert (a.reuse_source, a.reuse_node, a.reuse_tokens) == (ReuseSource.DE_HBM, 2, 576)
-    assert (a.pe_read_tokens, a.de_read_tokens, a.read_side) == (64, 0, ReadSide.PE)
+    assert (a.reuse_source, a.reuse_node, a.reuse_engine) == (ReuseSource.DE_HBM, 2, 21)
+    assert (a.reuse_tokens, a.pe_read_tokens, a.read_side) == (640, 0, ReadSide.NONE)
+    # a hold short of the hit (a stale one) is not used: the hit is read from storage
+    (b,) = run("d2p", {3: [Resident(ReuseSource.DE_HBM, 21, 576)]}, [r(0, 3)])
+    assert (b.reuse_tokens, b.pe_read_tokens, b.read_side) == (0, 640, ReadSide.PE)
+
+
+def test_d2p_pulls_from_another_de_when_its_own_has_no_room() -> None:
+    held = {3: [Resident(ReuseSource.DE_HBM, 21, 704)]}
+    engines = [e for e in ENGINES if e.engine_id != 21] + [de(21, 2, 100)]  # 100 free tokens
+    rule = ReuseRule("d2p-evictable")  # evictable holds: no credit, DE 21 is too full
+    rule.residency = Held(held)
+    p = build_policy("basic", params(beta_tokens=10**9), lambda pairs: 0.0, "round_robin", rule)
+    p.submit(r(0, 3), 0.0)
+    (a,) = p.schedule(view(engines), 0.0)
+    assert a.de != 21
+    assert (a.reuse_source, a.reuse_node, a.reuse_engine) == (ReuseSource.PEER_HBM, 2, 21)
+    assert a.reuse_tokens == 640
 
 
 def test_d2p_with_nothing_held_is_basic() -> None:
@@ -118,7 +134,7 @@ def test_resident_reads_what_the_de_node_holds_and_the_rest_by_dualpaths_rule() 
 def test_hit_parts_add_up() -> None:
     held = {
         1: [Resident(ReuseSource.DE_HBM, 10, 6400)],  # more than the hit: capped at it
-        2: [Resident(ReuseSource.DE_HBM, 11, 128)],
+        2: [Resident(ReuseSource.DE_HBM, 11, 128)],  # less: not used
     }
     out = run("d2p", held, [r(0, 1), r(1, 2), r(2, 3, hit=0)])
     for a, hit in zip(out, (640, 640, 0), strict=True):

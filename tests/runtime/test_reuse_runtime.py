@@ -45,6 +45,49 @@ def test_dram_tier_serves_hits_from_dram_with_the_same_tokens(tmp_path: Path) ->
     assert tier > 2 * storage
 
 
+def test_d2p_pulls_the_previous_turn_from_its_de_with_the_same_tokens(tmp_path: Path) -> None:
+    cfg = small_config()
+    agents = _agents(3, 4)
+    want = reference_outputs(cfg, agents)
+    with Runtime(cfg, RuntimeOptions(system="d2p", kv_root=str(tmp_path))) as rt:
+        result = rt.run(agents)
+        sched = rt.scheduler
+        assert sched.holds is not None and len(sched.holds) == 3  # each agent's last turn
+        pids = rt.pids()
+    assert_no_processes(pids)
+    assert result.outputs == want
+    paths = result.bytes_by_path
+    full = cfg.model.num_layers * 64 * cfg.model.kv_bytes_per_token_per_layer
+    hits = sum(r.hit_tokens for r in result.records) // 64 * full
+    assert hits > 0
+    # every hit comes from the DE that decoded the agent's previous turn: none from storage
+    assert paths["storage_to_pe_buffer"] == 0 and paths["storage_to_de_buffer"] == 0
+    assert paths["peer_to_pe_hbm"] == hits
+
+
+def test_d2p_holds_that_expire_are_released_and_read_from_storage(tmp_path: Path) -> None:
+    cfg = small_config().with_overrides("reuse.d2p_ttl_s=1e-6")  # gone before the next turn
+    agents = _agents(2, 3)
+    want = reference_outputs(cfg, agents)
+    with Runtime(cfg, RuntimeOptions(system="d2p", kv_root=str(tmp_path))) as rt:
+        result = rt.run(agents)
+        sched = rt.scheduler
+        free = dict(sched.pools.free_pages)
+        residency = sched.core.residency
+        assert residency is not None
+        expired = residency.expired_tokens()
+        pids = rt.pids()
+    assert_no_processes(pids)
+    assert result.outputs == want
+    assert result.bytes_by_path.get("peer_to_pe_hbm", 0) == 0
+    assert result.bytes_by_path["storage_to_pe_buffer"] > 0
+    assert expired > 0
+    # the released pages came back: only the last turns' holds may still take DE pages
+    de_pages = sched.pools.hbm_pages
+    held = sum(de_pages - free[e] for e in sched.topo.de_ids)
+    assert held <= len(agents) * de_pages // 4
+
+
 def test_the_runtime_refuses_what_it_does_not_carry_out(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="system='d2p-evictable' runs only in the simulator"):
         RuntimeOptions(system="d2p-evictable", kv_root=str(tmp_path))

@@ -239,6 +239,7 @@ class Ledger:
         turn.pe_read_tokens, turn.de_read_tokens = a.pe_read_tokens, a.de_read_tokens
         if a.reuse_tokens or a.recompute_tokens or a.de_prefetch_tokens:
             turn.reuse_source, turn.reuse_node = a.reuse_source, a.reuse_node
+            turn.reuse_engine = a.reuse_engine
             turn.reuse_tokens, turn.de_prefetch_tokens = a.reuse_tokens, a.de_prefetch_tokens
             turn.hit_tokens -= a.recompute_tokens  # computed again: no longer a hit
         prompt = turn.prompt_tokens

@@ -49,6 +49,7 @@ class Turn:
         "read_start_s",
         "reads_left",
         "request_id",
+        "reuse_engine",
         "reuse_node",
         "reuse_source",
         "reuse_tokens",
@@ -91,6 +92,7 @@ class Turn:
         # the reuse designs (``Assign``): hits found without storage, and a DE's own read
         self.reuse_source = ReuseSource.NONE
         self.reuse_node = -1
+        self.reuse_engine = -1  # the DE whose HBM holds them (d2p)
         self.reuse_tokens = 0
         self.de_prefetch_tokens = 0
         # prompt tokens whose KV exists: its hits once read, then each computed chunk

@@ -17,7 +17,7 @@ class Assign:
 
     The reuse designs (``policy.reuse``, docs/peers.md) find part of the hit elsewhere:
     ``reuse_tokens`` (a prefix of the hit) from ``reuse_source`` on node ``reuse_node``
-    (no storage read); ``recompute_tokens`` of the hit are computed again (no storage tier);
+    (no storage read; held in the HBM of engine ``reuse_engine``, -1 for DRAM); ``recompute_tokens`` of the hit are computed again (no storage tier);
     ``de_prefetch_tokens``: the DE node also reads that many hit tokens through its own
     storage NIC, so the PE sends it only the new KV (both-read). Then
     ``pe_read_tokens + de_read_tokens + reuse_tokens + recompute_tokens`` = hit tokens.
@@ -31,6 +31,7 @@ class Assign:
     de_read_tokens: int
     reuse_source: ReuseSource = ReuseSource.NONE
     reuse_node: int = -1
+    reuse_engine: int = -1
     reuse_tokens: int = 0
     recompute_tokens: int = 0
     de_prefetch_tokens: int = 0

@@ -144,7 +144,10 @@ class ReuseRule:
             st.read_q[pe_node] += hit
             st.read_q[de_node] += hit
             return Assign(r.request_id, pe, de, ReadSide.PE, hit, 0, de_prefetch_tokens=hit)
-        source, holder, tokens = _pick(m, held, pe, de, pe_node, de_node, st, self)
+        source, holder, tokens = _pick(m, held, hit, pe, de, pe_node, de_node, st, self)
+        engine = -1
+        if source in (ReuseSource.DE_HBM, ReuseSource.PEER_HBM):  # held by engine ``holder``
+            engine, holder = holder, st.node[holder]
         tokens = min(tokens, hit)
         rest = hit - tokens
         if m == "recompute":
@@ -168,7 +171,7 @@ class ReuseRule:
             pe_read, de_read = rest, 0
             st.read_q[pe_node] += rest
         if not tokens:
-            source, holder = ReuseSource.NONE, -1
+            source, holder, engine = ReuseSource.NONE, -1, -1
         return Assign(
             r.request_id,
             pe,
@@ -178,6 +181,7 @@ class ReuseRule:
             de_read,
             reuse_source=source,
             reuse_node=holder,
+            reuse_engine=engine,
             reuse_tokens=tokens,
         )
 
@@ -185,6 +189,7 @@ class ReuseRule:
 def _pick(
     m: str,
     held: Sequence[Resident],
+    hit: int,
     pe: int,
     de: int,
     pe_node: int,
@@ -192,20 +197,23 @@ def _pick(
     st: RoundState,
     rule: ReuseRule,
 ) -> tuple[ReuseSource, int, int]:
-    """(source, holder node, tokens) the mechanism uses for a request on ``pe`` / ``de``."""
+    """(source, holder, tokens) the mechanism uses for a request of ``hit`` tokens on ``pe``
+    / ``de``: the holder is the engine for HBM sources, else the node. d2p uses a hold only
+    when it covers the whole hit (the next turn's hits are its previous context: a hold
+    covers them unless it is stale)."""
     none = (ReuseSource.NONE, -1, 0)
     if m == "recompute":
         got = [h.tokens for h in held if h.source is ReuseSource.PE_HBM and h.holder == pe]
         return (ReuseSource.PE_HBM, pe_node, max(got)) if got else none
     if m == "d2p":  # the PE pulls from whichever DE holds them; the turn's own DE first
-        holds = [h for h in held if h.source is ReuseSource.DE_HBM]
-        own = [h.tokens for h in holds if h.holder == de]
+        holds = [h for h in held if h.source is ReuseSource.DE_HBM and h.tokens >= hit]
+        own = [h for h in holds if h.holder == de]
         if own:
-            return ReuseSource.DE_HBM, de_node, max(own)
+            return ReuseSource.DE_HBM, de, own[0].tokens
         if not holds:
             return none
         best = max(holds, key=lambda h: (h.tokens, -h.holder))
-        return ReuseSource.PEER_HBM, st.node[best.holder], best.tokens
+        return ReuseSource.PEER_HBM, best.holder, best.tokens
     if m == "resident":
         got = [h.tokens for h in held if h.source is ReuseSource.DE_DRAM and h.holder == de_node]
         return (ReuseSource.DE_DRAM, de_node, max(got)) if got else none

@@ -27,8 +27,11 @@ from dualpath.runtime.messages import (
     CancelMsg,
     DecodeDoneMsg,
     DecodeMsg,
+    HeldCopiedMsg,
+    HeldCopyMsg,
     LoadedMsg,
     PersistMsg,
+    ReleaseHeldMsg,
     TokensMsg,
 )
 from dualpath.runtime.token_choice import Chooser, choose_batch
@@ -58,6 +61,8 @@ class DecodeEngine(Engine):
         self.buffer: SlotBuffer = env.attach_buffer(self.node)
         self.waiting: deque[DecodeMsg] = deque()
         self.running: list[_Running] = []
+        # d2p: finished turns' block tables kept for their agents' next turns, by request id
+        self.held: dict[int, list[list[int]]] = {}
         # the decode batch's KV kept in attention's layout between steps (decode_kv.py)
         self.batch_kv = DecodeKV(
             self.pool, self.model.num_layers, self.model.device, self.model.dtype
@@ -70,6 +75,13 @@ class DecodeEngine(Engine):
     def handle(self, msg: Any) -> None:
         if isinstance(msg, CancelMsg):
             self._cancel(msg.request_id)
+            return
+        if isinstance(msg, HeldCopyMsg):
+            self._copy_held(msg)
+            return
+        if isinstance(msg, ReleaseHeldMsg):
+            self._release_held(msg.held_id)
+            self.env.results.put(HeldCopiedMsg(-1, self.engine_id, 0, self.pool.num_free))
             return
         assert isinstance(msg, DecodeMsg)
         hop("de.received", msg.request_id)
@@ -84,6 +96,27 @@ class DecodeEngine(Engine):
         for r in self.running:
             if r.msg.request_id == request_id:
                 r.cancelled = True
+
+    def _copy_held(self, msg: HeldCopyMsg) -> None:
+        """d2p: the held blocks → the buffer slots the PE loads from (over the compute
+        network, charged there: the PE's load), then the hold ends."""
+        tables = self.held.get(msg.held_id)
+        num = 0
+        if tables is not None:
+            window = TransferWindow(self.env.options.transfer_window)
+            bt = self.block_tokens
+            for b, slot in enumerate(msg.slots):
+                for layer, table in enumerate(tables):
+                    window.add(self.push_nowait(msg.node, slot, layer, 0, bt, table[b], False)[1])
+            window.drain()
+            num = len(msg.slots)
+            self._release_held(msg.held_id)
+        self.env.results.put(HeldCopiedMsg(msg.request_id, self.engine_id, num, self.pool.num_free))
+
+    def _release_held(self, held_id: int) -> None:
+        tables = self.held.pop(held_id, None)
+        if tables is not None:
+            self.pool.free([p for t in tables for p in t])
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -122,7 +155,9 @@ class DecodeEngine(Engine):
             num_prompt = len(msg.tokens)
             window = TransferWindow(self.env.options.transfer_window)
             # the prompt's KV is one H2D of the request: charged once on each link it crosses
-            self.charge(self.node, num_prompt * layers * self.row_bytes, to_hbm=True)
+            # (d2p: but the blocks this DE held for it, which never left its HBM)
+            moved = num_prompt - min(num_prompt, msg.resident_blocks * self.block_tokens)
+            self.charge(self.node, moved * layers * self.row_bytes, to_hbm=True)
             for b, slot in enumerate(msg.de_slots):
                 n = min(self.block_tokens, num_prompt - b * self.block_tokens)
                 for layer in range(layers):
@@ -175,7 +210,10 @@ class DecodeEngine(Engine):
             self.env.results.put(TokensMsg(self.engine_id, step, lps, emulated_s, host_s))
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
-            self.pool.free([p for t in r.tables for p in t])
+            if r.msg.hold and not r.cancelled:  # d2p: kept for the agent's next turn
+                self.held[r.msg.request_id] = r.tables
+            else:
+                self.pool.free([p for t in r.tables for p in t])
             self.env.results.put(
                 DecodeDoneMsg(
                     r.msg.request_id,

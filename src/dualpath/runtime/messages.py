@@ -184,6 +184,42 @@ class DecodeMsg:
     stored_blocks: int
     sampling: SamplingParams | None = None  # None: greedy, to ``output_tokens``
     namespace: str = ""  # the hash chain of its blocks' keys ("" = the run's default tenant)
+    # d2p (docs/peers.md): keep the turn's pages when it ends, for its agent's next turn to
+    # pull (``HeldCopyMsg``) or the scheduler to release (``ReleaseHeldMsg``); and the
+    # prompt's first blocks this DE held for it (in HBM already: no H2D charged for them)
+    hold: bool = False
+    resident_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopyMsg:
+    """DE (d2p): copy the first ``len(slots)`` blocks of the pages held for turn ``held_id``
+    into ``slots`` of node ``node``'s buffer (where the PE loads them, as a DE-side hit), then
+    release the hold; answer ``HeldCopiedMsg`` for turn ``request_id``."""
+
+    request_id: int
+    held_id: int
+    node: int
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopiedMsg:
+    """The DE copied ``num_blocks`` held blocks for turn ``request_id`` (0: it held none,
+    e.g. after a restart); ``free_pages``: its pool after releasing the hold."""
+
+    request_id: int
+    engine_id: int
+    num_blocks: int
+    free_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHeldMsg:
+    """DE (d2p): the hold of turn ``held_id`` ended (its TTL, or its agent is gone): free its
+    pages; answer ``HeldCopiedMsg`` with ``request_id`` -1 (the pool's new size)."""
+
+    held_id: int
 
 
 @dataclass(frozen=True, slots=True)

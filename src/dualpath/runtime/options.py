@@ -14,8 +14,9 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
 
 
-# the reuse designs our runtime carries out (docs/peers.md): a DRAM tier in each storage worker
-RUNTIME_REUSES = ("dram-tier",)
+# the reuse designs our runtime carries out (docs/peers.md): a DRAM tier in each storage
+# worker; decode-side holds pinned in the DEs' pools (scheduler.holds)
+RUNTIME_REUSES = ("dram-tier", "d2p")
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,7 @@ TABLE_ORDER = (
     "basic",
     "recompute",
     "d2p",
+    "d2p-evictable",
     "both-read",
     "dram-tier",
     "layer",

@@ -13,7 +13,7 @@ from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import DecodeDoneMsg, DecodeMsg, TokensMsg
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.scheduler.slots import Slots
-from dualpath.types import KVPath
+from dualpath.types import KVPath, ReuseSource
 
 
 class EngineInbox(Protocol):
@@ -34,6 +34,7 @@ class Decodes:
         self.core, self.topo, self.slots, self.ports, self.reqs = core, topo, slots, ports, reqs
         self.block = block_tokens
         self.full_block_bytes = full_block_bytes
+        self.hold = False  # d2p: each DE keeps a turn's pages when it ends (scheduler.holds)
 
     def first_token(self, req: Req, first_token: int, done_s: float) -> None:
         """Prefill is done: ``req`` leaves its PE with its first token."""
@@ -45,6 +46,7 @@ class Decodes:
         """Free its PE-buffer slots and hand it to its DE."""
         self.slots.free_pe(req)
         hop("sched.decode_sent", req.request_id)
+        on_de = req.reuse_source is ReuseSource.DE_HBM  # d2p: its DE kept them in HBM
         self.ports.send(
             req.de,
             DecodeMsg(
@@ -56,6 +58,8 @@ class Decodes:
                 req.cached // self.block,
                 req.sampling,
                 req.namespace,
+                hold=self.hold,
+                resident_blocks=req.cached // self.block if on_de else 0,
             ),
         )
 

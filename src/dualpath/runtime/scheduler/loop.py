@@ -35,11 +35,13 @@ from dualpath.runtime.messages import (
     DecodeDoneMsg,
     ErrorMsg,
     ForwardDoneMsg,
+    HeldCopiedMsg,
     LoadedMsg,
     PersistedMsg,
     PersistMsg,
     ReadDoneMsg,
     ReadyMsg,
+    ReleaseHeldMsg,
     TierPutMsg,
     TokensMsg,
     WakeMsg,
@@ -49,6 +51,7 @@ from dualpath.runtime.result import RunResult
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.scheduler.decodes import Decodes
 from dualpath.runtime.scheduler.durability import Durability
+from dualpath.runtime.scheduler.holds import Holds, d2p_residency
 from dualpath.runtime.scheduler.inbox import Inbox, Submission
 from dualpath.runtime.scheduler.intake import Intake
 from dualpath.runtime.scheduler.passes import Passes, kv_budget_tokens
@@ -57,6 +60,7 @@ from dualpath.runtime.scheduler.slots import Pools, Slots
 from dualpath.runtime.scheduler.stats import STATS_PUBLISH_S, Publisher, SchedulerStats, snapshot
 from dualpath.runtime.scheduler.streams import Streams, TokenCallback
 from dualpath.runtime.scheduler.writes import Writes
+from dualpath.types import KVPath
 
 IDLE_WAIT_S = 0.005
 # message type → the ``Scheduler`` method that handles it (what the processes send back)
@@ -70,6 +74,7 @@ HANDLERS: dict[type, str] = {
     ReadDoneMsg: "_on_read_done",
     LoadedMsg: "_on_loaded",
     DecodeDoneMsg: "_on_decode_done",
+    HeldCopiedMsg: "_on_held_copied",
     WakeMsg: "_on_wake",
 }
 
@@ -84,8 +89,21 @@ class Scheduler:
         # every engine's HBM pool: pages of one Layer Block; engines report their free pages
         pages = env.options.hbm_pages(num_layers, block)  # a DE's
         pe_pages = env.options.hbm_pages(num_layers, block, pe=True)
+        # d2p (docs/peers.md): decode-side holds, bookkept by the ledger, carried out here
+        self.holds: Holds | None = None
+        residency = None
+        if env.options.spec.reuse == "d2p":
+            self.holds = Holds(launcher, topo, block)
+            ttl = env.config.reuse.d2p_ttl_s
+            residency = d2p_residency(topo, block, pages // num_layers * block, ttl)
+            residency.set_released(self.holds.released)
         self.core: Core[AgentState, Req] = Core(
-            topo, policy, pages // num_layers * block, block, self._next_turn
+            topo,
+            policy,
+            pages // num_layers * block,
+            block,
+            self._next_turn,
+            residency=residency,
         )
         self.core.count_generated()
         self.events, self.counters = self.core.events, self.core.counters
@@ -110,6 +128,7 @@ class Scheduler:
         )
         full = env.layout.full_block_bytes
         self.decodes = Decodes(self.core, topo, self.slots, launcher, self.reqs, block, full)
+        self.decodes.hold = self.holds is not None and env.config.reuse.d2p_ttl_s > 0
         self.durability = Durability()
         self.writes = Writes()
         # dram-tier: every node's storage worker keeps a DRAM tier (kv.tier), and a PE
@@ -358,6 +377,10 @@ class Scheduler:
         self.passes.begin_round()
         try:
             for req in self.intake.alloc_round():
+                if self.holds is not None and req.reuse_tokens:
+                    if self.holds.pull(req):  # its hit comes from a DE: HeldCopiedMsg
+                        continue
+                    self._recompute_hit(req, 0)
                 if not self.intake.start_read(req):
                     self.passes.enqueue(req)
         finally:
@@ -495,9 +518,13 @@ class Scheduler:
         self.pools.report(msg.engine_id, msg.free_pages)
         req = self._live(msg.request_id, free_if_aborted=False)
         if req is None:
+            if self.holds is not None:  # aborted: whatever its DE kept goes
+                self.launcher.send(msg.engine_id, ReleaseHeldMsg(msg.request_id))
             return
         hop("sched.decode_done", req.request_id)
         self.decodes.done(req, msg)
+        if self.holds is not None:
+            self._kept(req)
         # the turn's whole output, now (a resend waits for its blocks: ``Durability.hold``)
         self.streams.emit(req, (*req.resumed, *msg.output), True)
         pending = self.durability.handed(req.request_id, msg.persisted_keys)
@@ -505,6 +532,35 @@ class Scheduler:
         # the next turn arrives now (tool latency 0) but is submitted once this turn's blocks
         # are durable, so its hits are what design §9 says the previous turn persisted
         self.core.agents.next_turn(req.agent_id, msg.finish_s, pending)
+
+    def _kept(self, req: Req) -> None:
+        """d2p: ``req``'s DE kept its pages; the ledger holds them for its agent's next turn,
+        unless it could not (then they go now)."""
+        assert self.holds is not None and self.core.residency is not None
+        store = self.core.residency.stores[req.de]
+        if store.peek(req.agent_id, self.now()):
+            self.holds.kept(req.de, req.agent_id, req.request_id)
+        else:
+            self.launcher.send(req.de, ReleaseHeldMsg(req.request_id))
+
+    def _on_held_copied(self, msg: HeldCopiedMsg) -> None:
+        """d2p: a DE copied a hold for a turn's hits (or released one: ``request_id`` -1)."""
+        self.pools.report(msg.engine_id, msg.free_pages)
+        req = self._live(msg.request_id, free_if_aborted=True) if msg.request_id >= 0 else None
+        if req is None:
+            return
+        self._recompute_hit(req, msg.num_blocks * self.env.block_tokens)
+        self.counters.moved(
+            KVPath.PEER_TO_PE_HBM, msg.num_blocks * self.env.layout.full_block_bytes
+        )
+        self.passes.enqueue(req)
+
+    def _recompute_hit(self, req: Req, tokens: int) -> None:
+        """``req``'s hit KV is its first ``tokens`` (what a hold gave it): the rest of its
+        hit is computed again (a hold lost to a DE restart; the tokens are the same)."""
+        req.cached = min(tokens, req.hit_tokens)
+        if req.cached < req.hit_tokens:
+            req.hit_tokens = req.kv_tokens = req.cached
 
     def _live(self, request_id: int, free_if_aborted: bool) -> Req | None:
         """The turn a message is about, unless it is over (an aborted turn's slots are freed
