@@ -324,7 +324,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--agents", type=int, help="number of agents (workload.num_agents)")
     p.add_argument("--turns", type=int, default=12, help="turns per agent (default 12)")
     p.add_argument(
-        "--systems", default="basic,dualpath", help="basic, layer, dpl, dualpath, oracle"
+        "--systems",
+        default="basic,dualpath",
+        help="basic, layer, dpl, dualpath, oracle; d2p, dram-tier (docs/peers.md)",
     )
     p.add_argument(
         "--token-scale",

@@ -70,7 +70,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument(
-        "--system", default="dualpath", help="basic, layer, dpl, dualpath (default), oracle"
+        "--system",
+        default="dualpath",
+        help="basic, layer, dpl, dualpath (default), oracle; d2p, dram-tier (docs/peers.md)",
     )
     p.add_argument("--kv-root", default="./.dualpath/kv", help="the persistent KV store's root")
     p.add_argument("--hbm-tokens", type=int, default=65536, help="KV tokens per engine's HBM")

@@ -158,8 +158,9 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--seed", type=int, help="workload seed")
     p.add_argument(
         "--systems",
-        help="comma-separated: basic, layer, dpl, dualpath, oracle "
-        "(default: basic,dualpath,oracle)",
+        help="comma-separated: basic, layer, dpl, dualpath, oracle; the field's designs "
+        "recompute, d2p, d2p-evictable, both-read, dram-tier and dualpath-resident "
+        "(docs/peers.md) (default: basic,dualpath,oracle)",
     )
     p.add_argument("--no-traffic-manager", action="store_true", help="one traffic class")
     p.add_argument("--out", help="output folder (default: runs/<derived name>)")

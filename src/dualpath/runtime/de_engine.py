@@ -133,8 +133,8 @@ class DecodeEngine(Engine):
             page = r.tables[layer][block]
             window.add(self.push_nowait(self.node, slot, layer, 0, bt, page, paced=False)[1])
         window.drain()
-        msg = PersistMsg(key, slot, self.node, r.msg.request_id, block)
-        self.env.results.put(msg)  # the scheduler hands it on
+        # the scheduler hands it on
+        self.env.results.put(PersistMsg(key, slot, self.node, r.msg.request_id, block))
         r.persisted.append(key)
 
     def _admit(self) -> None:
