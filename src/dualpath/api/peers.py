@@ -221,7 +221,7 @@ class PeerStudy:
     def write(self, out: str | Path) -> list[Path]:
         """report.md, peers.json, peers.csv and the figures (peers_jct.png, and
         peers_tiers.png / peers_ttls.png where those sweeps ran)."""
-        from dualpath.sim.plots import plot_lines, plot_sweep
+        from dualpath.sim.plots import plot_lines, plot_speedups
 
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -231,11 +231,13 @@ class PeerStudy:
         write_csv(files[2], self.main_rows())
         points = [p.label for p in self.main.points]
         systems = _ordered({n: None for p in self.main.points for n in p.simulation.results})
-        jct = {
-            (p.label, s): r.jct_s for p in self.main.points for s, r in p.simulation.results.items()
+        speedup = {
+            (r["point"], r["system"]): r["speedup_vs_basic"]
+            for r in self.main_rows()
+            if r["speedup_vs_basic"] is not None
         }
         files.append(folder / "peers_jct.png")
-        plot_sweep(points, systems, jct, files[-1], "Offline JCT: DualPath and the field's designs")
+        plot_speedups(points, systems, speedup, files[-1], "DualPath and the field's designs")
         for which, xlabel in (("tiers", "DRAM per node"), ("ttls", "d2p TTL (s)")):
             series: dict[str, list[tuple[str, float]]] = {}
             for r in self.sweep_rows(which):
