@@ -90,6 +90,9 @@ class PeerStudy:
                         "jct_s": r.jct_s,
                         "speedup_vs_basic": basic.jct_s / r.jct_s if basic else None,
                         "storage_read_tb": storage_read_bytes(r) / 1e12,
+                        "pe_snic_read_tb": r.path_bytes.get("storage_to_pe_buffer", 0.0) / 1e12,
+                        "de_snic_read_tb": r.path_bytes.get("storage_to_de_buffer", 0.0) / 1e12,
+                        "de_snic_write_tb": r.path_bytes.get("de_to_storage", 0.0) / 1e12,
                         "reused_share": reused / (hits + r.counters.get("recomputed_tokens", 0))
                         if hits
                         else 0.0,
@@ -155,15 +158,16 @@ class PeerStudy:
             f"Offline JCT (all agents start together), seed {base.workload.seed}; "
             "the designs and their parameters: docs/peers.md.",
             "",
-            "| point | system | JCT s | ×Basic | storage read TB | hits found w/o storage "
-            "| SNIC rd PE/DE | GPU PE/DE | binding resource |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| point | system | JCT s | ×Basic | SNIC read TB PE/DE | SNIC write TB "
+            "| hits found w/o storage | SNIC rd PE/DE | GPU PE/DE | binding resource |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.main_rows():
             sp = "-" if r["speedup_vs_basic"] is None else f"{r['speedup_vs_basic']:.2f}"
             lines.append(
                 f"| {r['point']} | {r['system']} | {r['jct_s']:.1f} | {sp} | "
-                f"{r['storage_read_tb']:.2f} | {r['reused_share']:.0%} | "
+                f"{r['pe_snic_read_tb']:.2f}/{r['de_snic_read_tb']:.2f} | "
+                f"{r['de_snic_write_tb']:.2f} | {r['reused_share']:.0%} | "
                 f"{r['pe_snic_read']:.0%}/{r['de_snic_read']:.0%} | "
                 f"{r['pe_gpu']:.0%}/{r['de_gpu']:.0%} | {r['binding']} "
                 f"({r['binding_load']:.0%}) |"
@@ -200,7 +204,8 @@ class PeerStudy:
                 )
         lines += [
             "",
-            "Columns: *storage read TB*: bytes read through all storage NICs; *hits found "
+            "Columns: *SNIC read TB PE/DE*: bytes read through the prefill / decode nodes' "
+            "storage NICs; *SNIC write TB*: bytes persisted; *hits found "
             "w/o storage*: share of the hit tokens served from an HBM, a DRAM tier or a "
             "decode node (recompute: of those it would have hit); *binding resource*: the "
             "resource class with the highest mean utilisation (DE GPUs left out: busy whenever "
