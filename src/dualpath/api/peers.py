@@ -20,17 +20,8 @@ from dualpath.sim.cache import code_version
 from dualpath.sim.report import TABLE_ORDER, storage_read_bytes
 from dualpath.sim.results import SimResult
 
-PEER_SYSTEMS = (
-    "basic",
-    "recompute",
-    "d2p",
-    "d2p-evictable",
-    "both-read",
-    "dram-tier",
-    "dualpath",
-    "dualpath-resident",
-    "oracle",
-)
+# every system of the table but the paper's two steps between Basic and DualPath
+PEER_SYSTEMS = tuple(n for n in TABLE_ORDER if n not in ("layer", "dpl"))
 PEERS = ("recompute", "d2p", "both-read", "dram-tier")  # the field's designs, as shipped
 WHAT_IFS = ("d2p-evictable",)  # beyond what the field ships: reported beside the verdict
 DEFAULT_PRESETS = ("ds660b-2p4d", "ds27b-1p1d")

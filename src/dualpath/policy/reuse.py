@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol
 
 from dualpath.policy.commands import Assign
@@ -30,6 +31,16 @@ MECHANISMS = ("recompute", "d2p", "d2p-evictable", "both-read", "dram-tier", "re
 # queued requests a DE round looks at for affinity (a router scans a bounded window, not a
 # whole backlog: a round stays O(window) however long the DE queue grows)
 AFFINITY_WINDOW = 128
+# where a mechanism sends a request: (the engine kind, the source it looks for there, whether
+# the holder is that engine itself rather than its node)
+_AFFINITY = MappingProxyType(
+    {
+        "recompute": ("pe", ReuseSource.PE_HBM, True),
+        "dram-tier": ("pe", ReuseSource.PE_DRAM, False),
+        "d2p": ("de", ReuseSource.DE_HBM, True),
+        "resident": ("de", ReuseSource.DE_DRAM, False),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,18 +108,22 @@ class ReuseRule:
         self.residency: Residency = NoResidency()
 
     # ------------------------------------------------------------------ affinity
+    def _holder(self, r: RequestInfo, want: ReuseSource, now: float) -> Resident | None:
+        """Where the most of ``r``'s KV is held at source ``want`` (ties: the lowest id)."""
+        found = [h for h in self.residency.find(r.agent_id, now) if h.source is want]
+        return max(found, key=lambda h: (h.tokens, -h.holder)) if found else None
+
     def preferred_pes(
         self, r: RequestInfo, pes: Sequence[int], node: dict[int, int], now: float
     ) -> list[int]:
-        """PEs of ``pes`` that hold (or whose node holds) ``r``'s KV, best first."""
-        if not r.hit_tokens or self.mechanism not in ("recompute", "dram-tier"):
+        """PEs of ``pes`` that hold (or whose node holds) ``r``'s KV."""
+        kind = _AFFINITY.get(self.mechanism)
+        if kind is None or kind[0] != "pe" or not r.hit_tokens:
             return []
-        want = ReuseSource.PE_HBM if self.mechanism == "recompute" else ReuseSource.PE_DRAM
-        found = [h for h in self.residency.find(r.agent_id, now) if h.source is want]
-        if not found:
+        best = self._holder(r, kind[1], now)
+        if best is None:
             return []
-        best = max(found, key=lambda h: (h.tokens, -h.holder))
-        if want is ReuseSource.PE_HBM:
+        if kind[2]:
             return [best.holder] if best.holder in pes else []
         return [e for e in pes if node[e] == best.holder]
 
@@ -117,14 +132,13 @@ class ReuseRule:
     ) -> list[tuple[int, int]]:
         """DEs of ``des`` that hold (or whose node holds) ``r``'s KV, each with the HBM
         tokens of it that count as taken there (``held_is_taken``; else 0)."""
-        if not r.hit_tokens or self.mechanism not in ("d2p", "resident"):
+        kind = _AFFINITY.get(self.mechanism)
+        if kind is None or kind[0] != "de" or not r.hit_tokens:
             return []
-        want = ReuseSource.DE_HBM if self.mechanism == "d2p" else ReuseSource.DE_DRAM
-        found = [h for h in self.residency.find(r.agent_id, now) if h.source is want]
-        if not found:
+        best = self._holder(r, kind[1], now)
+        if best is None:
             return []
-        best = max(found, key=lambda h: (h.tokens, -h.holder))
-        if want is ReuseSource.DE_HBM:
+        if kind[2]:
             credit = best.tokens if self.held_is_taken else 0
             return [(best.holder, credit)] if best.holder in des else []
         return [(e, 0) for e in des if node[e] == best.holder]
