@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -70,26 +69,22 @@ PROMPT = (
 ) * 2
 
 
-def _unmapped_segments(names: set[str]) -> list[Path]:
-    """Which of ``/dev/shm``'s entries called ``names`` no live process maps: what a
-    SIGKILLed vLLM instance leaves behind (its engine's message queues and a semaphore; it
-    cannot unlink its own)."""
-    mapped: set[str] = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(
-                re.findall(r"/dev/shm/((?:psm_|sem\.mp-|vllm_dist_)[^\s/]+)", maps.read_text())
-            )
-        except OSError:  # a process that ended meanwhile
-            continue
-    return [Path("/dev/shm", n) for n in sorted(names - mapped)]
+def _kill_group(pgid: int, victims: set[str]) -> None:
+    """SIGKILL process group ``pgid``, first noting the ``/dev/shm`` segments it maps (its
+    engine's message queues and semaphores, its ranks' shared memory: a SIGKILLed vLLM
+    cannot unlink its own) in ``victims``, for the test to remove: those, and nothing a
+    process beside the suite made."""
+    from dualpath.integrations.vllm.processes import group_segments
+
+    victims |= group_segments(pgid)
+    os.killpg(pgid, signal.SIGKILL)
 
 
-def _vllm_segments() -> list[str]:
-    """The names of ``/dev/shm``'s anonymous Python shared memory and semaphores, and a TP /
-    PP instance's shared memory among its ranks."""
-    pats = ("psm_*", "sem.mp-*", "vllm_dist_*")
-    return [p.name for pat in pats for p in Path("/dev/shm").glob(pat)]
+def _remove_victims(victims: set[str]) -> None:
+    """Remove the killed processes' segments that nothing maps any more."""
+    from dualpath.integrations.vllm.processes import unlink_unmapped
+
+    unlink_unmapped(victims)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +261,7 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def test_answers_equal_plain_vllm_on_both_read_paths(
     reference: dict[str, Any], served: Any
 ) -> None:
-    segments_before = set(_vllm_segments())
+    victims: set[str] = set()
     # the prefill instance at PP=2 (each stage copies its own layers), the decode at TP=2
     # (each rank its KV head of the canonical blocks; a block goes to the store once both
     # ranks are done with it)
@@ -317,7 +312,7 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
         )
     assert err.value.status_code == 503
     # a killed prefill instance: the same
-    os.killpg(de.pids()["instances"]["0"], signal.SIGKILL)
+    _kill_group(de.pids()["instances"]["0"], victims)
     with pytest.raises(openai.APIStatusError) as err:
         de.client.completions.create(model=MODEL, prompt="a new prompt, no hits", max_tokens=4)
     assert err.value.status_code == 503
@@ -325,10 +320,7 @@ def test_answers_equal_plain_vllm_on_both_read_paths(
     assert not [p for p in Path("/dev/shm").glob(f"dpv{de.proc.pid}x*")], (
         "a buffer outlived its run"
     )
-    # the killed prefill instance's own segments: created during this test, mapped by nobody
-    new = set(_vllm_segments()) - segments_before
-    for orphan in _unmapped_segments(new):
-        orphan.unlink(missing_ok=True)
+    _remove_victims(victims)  # the killed prefill instance's own segments
 
 
 def test_preempted_and_aborted_requests_through_the_router(
@@ -474,23 +466,21 @@ def test_across_cluster_nodes_over_ray_answers_equal_plain_vllm_and_the_kernel_c
     the PE path, the DE node's SNIC and then its CNIC on the DE path (the kernel's counters);
     killed processes give clean errors, are restarted through Ray and serve again."""
     pytest.importorskip("ray")
-    segments_before = set(_vllm_segments())
+    victims: set[str] = set()
     want = reference["turns"]  # (the plain instance asked, and stopped, first)
     try:
         with _ray_on(cluster_up, monkeypatch) as address:
             flags = f"--cluster {cluster_up} --store mooncake --runtime ray --ray-address {address}"
             srv = served("pe", *flags.split())
             try:
-                _over_ray(srv, cluster_up, want)
+                _over_ray(srv, cluster_up, want, victims)
             finally:
                 srv.stop()  # before Ray goes: it stops what Ray started
         for node in ("p0", "d0", "store"):
             left = _ours_in(f"dp-{cluster_up}-{node}")
             assert not left, f"processes left on node {node}: {left}"
     finally:
-        # the killed processes' own segments: created during this test, mapped by nobody
-        for orphan in _unmapped_segments(set(_vllm_segments()) - segments_before):
-            orphan.unlink(missing_ok=True)
+        _remove_victims(victims)  # the killed processes' own segments
 
 
 def _first_turn(srv: Any) -> str:
@@ -504,7 +494,7 @@ def _first_turn(srv: Any) -> str:
     return str(r.choices[0].text)
 
 
-def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any]) -> None:
+def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any], victims: set[str]) -> None:
     pids = srv.pids()
     for kind in ("sidecars", "instances"):  # each started in its node's namespace, by Ray
         for node, ns in (("0", "p0"), ("1", "d0")):
@@ -556,7 +546,7 @@ def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any]) -> None:
     assert err.value.status_code == 503
     old = srv.pids()["instances"]["0"]
     with contextlib.suppress(ProcessLookupError):  # (the side-car's restart may have begun it)
-        os.killpg(old, signal.SIGKILL)
+        _kill_group(old, victims)
     with pytest.raises(openai.APIStatusError) as err:
         srv.client.completions.create(model=MODEL, prompt="another prompt", max_tokens=4)
     assert err.value.status_code == 503
@@ -576,6 +566,6 @@ def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any]) -> None:
     assert srv.metric("dualpath:prefix_cache_hits_total") > hits_before  # from the store
     assert srv.metric("dualpath:restarts_total") >= 1  # (the instance restarts with it)
     # the store server killed: no hits any more, the same answers (recomputed), no error
-    os.killpg(srv.pids()["services"]["0"], signal.SIGKILL)
+    _kill_group(srv.pids()["services"]["0"], victims)
     assert _first_turn(srv) == want["text1"]
     assert srv.stop() == 0

@@ -64,14 +64,33 @@ def kill_group(proc: Any, sig: int = signal.SIGKILL) -> None:
 # Python's anonymous shared memory and semaphores, and the segments a tensor- or pipeline-
 # parallel vLLM CPU instance shares among its ranks (``vllm_dist_<id>-tp:0-[0-1]-cpushm_<r>``):
 # an instance killed, or even stopped, leaves them behind
-_SEGMENT = re.compile(r"/dev/shm/((?:psm_|sem\.mp-)[\w-]+|vllm_dist_[\w:\[\]-]+)")
+_SEGMENT = re.compile(r"(?:psm_|sem\.mp-)[\w-]+|vllm_dist_[\w:\[\]-]+")
+
+
+def _mapped_inodes(pids: list[int]) -> set[int]:
+    """Inodes of the ``/dev/shm`` files processes ``pids`` map. By inode, not name: glibc
+    creates a named semaphore under a temporary name, maps it, then links it to its own
+    name and removes the temporary one, so a live semaphore shows in ``/proc/<pid>/maps``
+    only as ``/dev/shm/sem.XXXXXX (deleted)``, with its inode."""
+    out: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                    out.add(int(fields[4]))
+    return out
 
 
 def _mapped_segments(pids: list[int]) -> set[str]:
+    """The multiprocessing and vLLM segments in ``/dev/shm`` that processes ``pids`` map."""
+    inodes = _mapped_inodes(pids)
     out: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            out.update(_SEGMENT.findall(Path(f"/proc/{pid}/maps").read_text()))
+    for entry in Path("/dev/shm").iterdir():
+        if _SEGMENT.fullmatch(entry.name):
+            with contextlib.suppress(OSError):
+                if entry.stat().st_ino in inodes:
+                    out.add(entry.name)
     return out
 
 
