@@ -19,6 +19,7 @@ from dualpath.config.systems import SYSTEMS
 from dualpath.sim.cache import code_version
 from dualpath.sim.report import TABLE_ORDER, storage_read_bytes
 from dualpath.sim.results import SimResult
+from dualpath.types import KVPath
 
 # every system of the table but the paper's two steps between Basic and DualPath
 PEER_SYSTEMS = tuple(n for n in TABLE_ORDER if n not in ("layer", "dpl"))
@@ -81,9 +82,11 @@ class PeerStudy:
                         "jct_s": r.jct_s,
                         "speedup_vs_basic": basic.jct_s / r.jct_s if basic else None,
                         "storage_read_tb": storage_read_bytes(r) / 1e12,
-                        "pe_snic_read_tb": r.path_bytes.get("storage_to_pe_buffer", 0.0) / 1e12,
-                        "de_snic_read_tb": r.path_bytes.get("storage_to_de_buffer", 0.0) / 1e12,
-                        "de_snic_write_tb": r.path_bytes.get("de_to_storage", 0.0) / 1e12,
+                        "pe_snic_read_tb": r.path_bytes.get(KVPath.STORAGE_TO_PE_BUFFER, 0.0)
+                        / 1e12,
+                        "de_snic_read_tb": r.path_bytes.get(KVPath.STORAGE_TO_DE_BUFFER, 0.0)
+                        / 1e12,
+                        "de_snic_write_tb": r.path_bytes.get(KVPath.DE_TO_STORAGE, 0.0) / 1e12,
                         "reused_share": reused / (hits + r.counters.get("recomputed_tokens", 0))
                         if hits
                         else 0.0,

@@ -11,6 +11,7 @@ from typing import Any
 
 from dualpath.sim.results import SimResult
 from dualpath.sim.transfers import PATH_KINDS, REUSE_KINDS
+from dualpath.types import KVPath
 
 CSV_COLUMNS = (
     "system",
@@ -148,7 +149,7 @@ TABLE_ORDER = (
 def storage_read_bytes(result: SimResult) -> float:
     """Bytes the run read from storage, through every node's storage NICs."""
     paths = result.path_bytes
-    return paths.get("storage_to_pe_buffer", 0.0) + paths.get("storage_to_de_buffer", 0.0)
+    return paths.get(KVPath.STORAGE_TO_PE_BUFFER, 0.0) + paths.get(KVPath.STORAGE_TO_DE_BUFFER, 0.0)
 
 
 def order_systems(names: Sequence[str]) -> list[str]:
