@@ -51,7 +51,7 @@ def memcpy_gbps() -> float:
 
 
 def write_checkpoint(root: Path) -> Path:
-    from dualpath.serve.checkpoint import write_tiny_checkpoint
+    from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
     return write_tiny_checkpoint(root / "bench-llama-25m", arch="llama", **ARCH)
 

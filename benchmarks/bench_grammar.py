@@ -33,18 +33,18 @@ from typing import Any
 import httpx
 import torch
 
+from dualpath.frontend.tokenizer import TinyTokenizer
+from dualpath.frontend.tools import json_grammar
 from dualpath.net import free_port
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import (
     Chooser,
     GrammarCache,
-    VocabSpec,
     apply_masks,
     build_tokenizer,
     fill_masks,
 )
-from dualpath.serve.tokenizer import TinyTokenizer
-from dualpath.serve.tools import json_grammar
+from dualpath.tokens import VocabSpec
 
 SCHEMA = {
     "type": "object",

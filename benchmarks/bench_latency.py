@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/bench_latency.py [--turns 12 --agents 2 --max-g
 
 Writes a tiny random Llama checkpoint (4 layers, hidden 256, as bench_peer / bench_vllm), starts
 `dualpath serve` on it (SNIC unpaced: --snic-mb-per-s 100000) with ``DUALPATH_HOPS`` set, so
-every process stamps each hop of a request (``runtime/hops.py``: one host-wide monotonic
+every process stamps each hop of a request (``metrics/hops.py``: one host-wide monotonic
 clock), and replays design §9 agents at concurrency 1 (one request in flight: each request's
 hops are the stamps between its ``http.request`` and the next). Prints, per hop, the median
 time since the request arrived and since the hop before (the TTFT path: HTTP → backend →
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dualpath.runtime import hops
-from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
+from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions
+from dualpath.metrics import hops
 from dualpath.workload.scripts import chat_scripts
 from servers import dualpath_serve, plain_vllm, tiny_llama  # benchmarks/servers.py
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
+from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
 from servers import Server, dualpath_serve, plain_vllm, tiny_llama, vllm_python
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import httpx
 
+from dualpath.frontend.checkpoint import write_tiny_checkpoint
+from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.net import free_port
-from dualpath.serve.checkpoint import write_tiny_checkpoint
-from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
 
 VARIANTS = {

@@ -51,10 +51,10 @@ from typing import Any
 
 import httpx
 
+from dualpath.frontend.checkpoint import write_tiny_checkpoint
+from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.integrations.vllm.launch import find_vllm_python
 from dualpath.net import free_port
-from dualpath.serve.checkpoint import write_tiny_checkpoint
-from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
 from dualpath.workload.scripts import chat_scripts
 
 MODELS = ("llama", "deepseek-v3", "gemma3")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from dualpath.frontend.checkpoint import write_tiny_checkpoint
 from dualpath.net import free_port
-from dualpath.serve.checkpoint import write_tiny_checkpoint
 
 
 def tiny_llama(folder: Path) -> Path:

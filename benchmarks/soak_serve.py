@@ -379,7 +379,7 @@ async def session(
                 break  # the conversation cannot go on: start a new one
             if soak.replay_queue is not None:
                 soak.replay_queue.put_nowait(a)
-            from dualpath.serve.tokenizer import TinyTokenizer
+            from dualpath.frontend.tokenizer import TinyTokenizer
 
             text = TinyTokenizer().decode(ids)
             messages.append({"role": "assistant", "content": text})
@@ -631,9 +631,9 @@ def classify(soak: Soak, preset: str) -> None:
     import torch
 
     from dualpath.config import preset as load_preset
+    from dualpath.frontend.tokenizer import TinyTokenizer
     from dualpath.runtime.model import KVCache
     from dualpath.runtime.tiny import TinyTransformer
-    from dualpath.serve.tokenizer import TinyTokenizer
 
     torch.set_num_threads(1)
     model = TinyTransformer(load_preset(preset).model, seed=0)

@@ -370,7 +370,7 @@ def _answers(url: str, model: str) -> list[str]:
 
 
 def _latency(url: str, model: str, agents: int) -> dict[str, Any]:
-    from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions
+    from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions
     from dualpath.workload.scripts import chat_scripts
 
     warm = chat_scripts(1, 2, 0.05, 8, 32, seed=99)
@@ -443,7 +443,7 @@ def main() -> None:
         if args.model_dir:
             ckpt = Path(args.model_dir).resolve()
         else:
-            from dualpath.serve.checkpoint import write_tiny_checkpoint
+            from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
             ckpt = write_tiny_checkpoint(
                 Path(tmp) / "llama-4l-256",

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import transformers
 
-from dualpath.serve.checkpoint import write_tiny_checkpoint
-from dualpath.serve.tokenizer import HFTokenizer
+from dualpath.frontend.checkpoint import write_tiny_checkpoint
+from dualpath.frontend.tokenizer import HFTokenizer
 
 ARCHS = ("llama", "qwen2", "qwen3")
 BLOCK_TOKENS = 16

@@ -1,10 +1,11 @@
-"""STYLE §2: imports point down the layer stack only; sim and runtime never import each other,
-nor the vLLM integration and the runtime; no import circle; the policy core touches no clock,
-sockets, processes or torch."""
+"""Imports point down the layer stack only; sim and runtime never reach each other, nor the
+vLLM integration and the runtime, through any chain of imports (lazy ones included); no
+import circle; the policy core touches no clock, sockets, processes or torch."""
 
 from __future__ import annotations
 
 import ast
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ RANK = {
     "units": 0,
     "progress": 0,
     "net": 0,
+    "tokens": 0,
     "config": 1,
     "models": 2,
     "workload": 2,
@@ -25,13 +27,16 @@ RANK = {
     "policy": 3,
     "ledger": 4,
     "kv": 4,  # the KV machinery every shell shares: store, buffers, pacers, transports
+    "frontend": 4,  # the engine-neutral OpenAI protocol both servers speak
     "sim": 5,
     "runtime": 5,
-    "serve": 6,
+    "serve": 6,  # our runtime's server
     "integrations": 6,
     "api": 6,
     "cli": 7,
 }
+# layers that never reach each other, whatever the chain: what two of them share lives lower
+APART = ({"sim", "runtime"}, {"integrations", "runtime"}, {"integrations", "serve"})
 POLICY_FORBIDDEN = {"time", "datetime", "socket", "torch", "multiprocessing", "threading", "zmq"}
 
 
@@ -42,45 +47,83 @@ def _layer(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append(node.module)
-    return found
+def _chain(g: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module ``start`` reaches in ``g`` → the module it is imported from on a
+    shortest chain (breadth first, in sorted order: the same chain every run)."""
+    parent: dict[str, str] = {}
+    todo = deque([start])
+    while todo:
+        m = todo.popleft()
+        for d in sorted(g.get(m, ())):
+            if d != start and d not in parent:
+                parent[d] = m
+                todo.append(d)
+    return parent
 
 
-def _modules() -> list[Path]:
-    return sorted(p for p in SRC.rglob("*.py"))
-
-
-def _own_layer(path: Path) -> str:
-    rel = path.relative_to(SRC)
-    return rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 else rel.stem
-
-
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
-def test_imports_point_down(path: Path) -> None:
-    own = _own_layer(path)
-    if own == "__init__":
-        return
-    assert own in RANK, f"{path}: layer {own!r} is not in the layer table (STYLE §2)"
-    for module in _imports(path):
-        target = _layer(module)
-        if target is None or target == "__init__":
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    """What breaks the layer rules in the import graph ``g`` (module → modules it imports):
+    a module of an unknown layer, a chain that points up, or one that joins two layers that
+    stay ``APART``, each named with its chain of imports."""
+    out = []
+    for start in sorted(g):
+        own = _layer(start)
+        if own in (None, "__init__"):
             continue
-        assert target in RANK, f"{path} imports unknown layer {module}"
-        assert RANK[target] <= RANK[own], f"{path} ({own}) imports {module} ({target}): points up"
-        assert {own, target} != {"sim", "runtime"}, (
-            f"{path}: sim and runtime never import each other"
-        )
-        assert {own, target} != {"integrations", "runtime"}, (
-            f"{path}: the vLLM integration and the runtime never import each other "
-            "(what they share lives in kv/)"
-        )
+        if own not in RANK:
+            out.append(f"{start}: layer {own!r} is not in the layer table")
+            continue
+        parent = _chain(g, start)
+        for reached in sorted(parent):
+            target = _layer(reached)
+            if target in (None, "__init__", own):
+                continue
+            bad = target not in RANK or RANK[target] > RANK[own] or {own, target} in APART
+            if not bad:
+                continue
+            chain = [reached]
+            while chain[-1] != start:
+                chain.append(parent[chain[-1]])
+            out.append(" -> ".join(reversed(chain)))
+    return out
+
+
+def test_no_import_chain_breaks_the_layers() -> None:
+    """Direct and through any chain (lazy imports and ``TYPE_CHECKING`` ones count): importing
+    the vLLM router's app never loads the runtime, nor the runtime the simulator."""
+    g = graph(module_files())
+    assert len(g) > 200
+    assert layer_violations(g) == []
+
+
+def test_the_layer_check_finds_a_chain(tmp_path: Path) -> None:
+    """The checker itself fails on an import that points up, and on two layers kept apart
+    that meet only through a third (integrations -> serve's server -> runtime)."""
+    pkg = tmp_path / "dualpath"
+    for sub in ("integrations", "serve", "runtime", "policy", "sim"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "integrations" / "app.py").write_text(
+        "def f():\n    from dualpath.integrations import router\n"  # a lazy import counts
+    )
+    (pkg / "integrations" / "router.py").write_text("from dualpath.serve import server\n")
+    (pkg / "serve" / "server.py").write_text("from dualpath.runtime.session import Runtime\n")
+    (pkg / "runtime" / "session.py").write_text("class Runtime: ...\n")
+    (pkg / "policy" / "rule.py").write_text("from dualpath.sim.events import EventLoop\n")
+    (pkg / "sim" / "events.py").write_text("class EventLoop: ...\n")
+    (pkg / "oddity.py").write_text("")
+    found = layer_violations(graph(module_files(tmp_path)))
+    app, router = "dualpath.integrations.app", "dualpath.integrations.router"
+    server, session = "dualpath.serve.server", "dualpath.runtime.session"
+    assert found == [
+        f"{app} -> {router} -> {server} -> {session}",
+        f"{app} -> {router} -> {server}",
+        f"{router} -> {server} -> {session}",
+        f"{router} -> {server}",
+        "dualpath.oddity: layer 'oddity' is not in the layer table",
+        "dualpath.policy.rule -> dualpath.sim.events",
+    ]
 
 
 @pytest.mark.parametrize("layer", ["policy", "ledger"])
@@ -92,12 +135,15 @@ def test_core_layers_are_pure(layer: str) -> None:
             assert module.split(".")[0] not in POLICY_FORBIDDEN, f"{path} imports {module}"
 
 
-def test_layer_table_catches_an_upward_import(tmp_path: Path) -> None:
-    """The checker itself must fail on a bad import (guards against a vacuous test)."""
-    bad = tmp_path / "bad.py"
-    bad.write_text("from dualpath.sim.events import EventLoop\n")
-    assert "dualpath.sim.events" in _imports(bad)
-    assert RANK[_layer("dualpath.sim.events") or ""] > RANK["policy"]
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return found
 
 
 def test_no_import_circle() -> None:

@@ -89,7 +89,7 @@ def _remove_victims(victims: set[str]) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dualpath.serve.checkpoint import write_tiny_checkpoint
+    from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("ckpt") / MODEL
     write_tiny_checkpoint(

@@ -254,7 +254,7 @@ def test_instances_get_the_parsers_and_the_cached_tokens_field(tmp_path: Path) -
 def test_auto_tool_parser_reads_the_chat_template(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path / "llama")
     assert auto_tool_parser(ckpt) == "llama3_json"  # no template: by the model type
-    from dualpath.serve.checkpoint import write_tokenizer
+    from dualpath.frontend.checkpoint import write_tokenizer
 
     write_tokenizer(ckpt)  # the default template writes <tool_call> JSON
     assert auto_tool_parser(ckpt) == "hermes"

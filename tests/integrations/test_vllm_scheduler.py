@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.timeout(600)]
 
 
 def test_connector_lifecycle_under_a_real_vllm_scheduler(tmp_path: Path) -> None:
-    from dualpath.serve.checkpoint import write_tiny_checkpoint
+    from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
     python = vllm_python()
     ckpt = tmp_path / "tiny"

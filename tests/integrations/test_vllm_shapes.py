@@ -51,7 +51,7 @@ class Shape:
 
 
 def _checkpoint(root: Path, arch: str) -> Path:
-    from dualpath.serve.checkpoint import write_tiny_checkpoint
+    from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
     return write_tiny_checkpoint(
         root / arch,

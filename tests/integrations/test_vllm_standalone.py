@@ -30,7 +30,7 @@ pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dualpath.serve.checkpoint import write_tiny_checkpoint
+    from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("ckpt") / "tiny"
     write_tiny_checkpoint(

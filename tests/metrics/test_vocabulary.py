@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dualpath.frontend.loadgen import RequestResult
 from dualpath.metrics import TurnRecord, latency
-from dualpath.serve.loadgen import RequestResult
 from dualpath.types import KVPath
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dualpath"
@@ -129,8 +129,8 @@ def test_run_result_and_server_stats_share_the_path_names() -> None:
 def test_summaries_name_latencies_as_the_definitions_do() -> None:
     """The simulator's and runtime's ``RunSummary`` and the load generator's summary report
     each latency under its ``metrics.latency`` name, with the same values for one turn."""
+    from dualpath.frontend.loadgen import LoadgenResult
     from dualpath.metrics import summarize
-    from dualpath.serve.loadgen import LoadgenResult
 
     rec = TurnRecord(0, 0, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.5, 5.5, 100, 64, 6, "de")
     res = RequestResult(

@@ -1,7 +1,7 @@
 """Shared helpers for runtime tests: a small 1P1D config and reference (recomputed) outputs.
 
-Without torch only the tests of the pure runtime modules (``TORCH_FREE``) are collected;
-``test_torch_free.py`` checks statically that importing them runs no torch.
+Without torch none of them is collected (the KV machinery's own tests, which need no torch,
+are ``tests/kv/``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ from dualpath.config import Config, preset
 if TYPE_CHECKING:
     from dualpath.workload.scripts import AgentScript
 
-TORCH_FREE = ("test_pacer.py", "test_buffer.py", "test_kvstore.py", "test_torch_free.py")
-
-
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
-    """Skip collecting the runtime tests that need torch when it is not installed."""
-    if collection_path.name in TORCH_FREE or not collection_path.name.startswith("test_"):
+    """Skip collecting the runtime tests when torch is not installed."""
+    if not collection_path.name.startswith("test_"):
         return None
     try:
         if importlib.util.find_spec("torch") is not None:

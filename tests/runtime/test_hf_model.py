@@ -12,10 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from dualpath.frontend.checkpoint import write_tiny_checkpoint  # noqa: E402
 from dualpath.runtime.hf_model import HFSpec, HFTransformer, model_config  # noqa: E402
 from dualpath.runtime.model import CacheBatch, KVCache  # noqa: E402
 from dualpath.runtime.weights import load_safetensors  # noqa: E402
-from dualpath.serve.checkpoint import write_tiny_checkpoint  # noqa: E402
 
 ATOL = 1e-4  # float32; different kernels and matmul shapes
 

@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from dualpath.frontend.tokenizer import TinyTokenizer
+from dualpath.frontend.tools import json_grammar
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.session import Runtime
-from dualpath.serve.tokenizer import TinyTokenizer
-from dualpath.serve.tools import json_grammar
 
 from .conftest import small_config
 

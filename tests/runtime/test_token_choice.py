@@ -13,18 +13,18 @@ llguidance = pytest.importorskip("llguidance")
 
 from tests.serve.schemas import WEATHER  # noqa: E402
 
+from dualpath.frontend.tokenizer import TinyTokenizer  # noqa: E402
+from dualpath.frontend.tools import json_grammar  # noqa: E402
 from dualpath.runtime.sampling import SamplingParams  # noqa: E402
 from dualpath.runtime.token_choice import (  # noqa: E402
     Chooser,
     GrammarCache,
-    VocabSpec,
     apply_masks,
     build_tokenizer,
     choose_batch,
     fill_masks,
 )
-from dualpath.serve.tokenizer import TinyTokenizer  # noqa: E402
-from dualpath.serve.tools import json_grammar  # noqa: E402
+from dualpath.tokens import VocabSpec  # noqa: E402
 
 TOK = TinyTokenizer(1024)
 VOCAB = TOK.vocab_spec()

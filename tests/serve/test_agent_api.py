@@ -56,7 +56,7 @@ def _schema_of(name: str) -> dict[str, Any]:
 def test_tools_reach_the_prompt_as_the_template_renders_them(
     hf_server: ServerProc, hf_checkpoint: Path
 ) -> None:
-    from dualpath.serve.tokenizer import ChatInputs, HFTokenizer
+    from dualpath.frontend.tokenizer import ChatInputs, HFTokenizer
 
     tok = HFTokenizer.from_dir(hf_checkpoint)
     inputs = ChatInputs(tools=RENDERED)
@@ -216,7 +216,7 @@ def test_logprobs_match_a_direct_forward_pass(hf_server: ServerProc, hf_checkpoi
     import torch
     import transformers
 
-    from dualpath.serve.tokenizer import HFTokenizer
+    from dualpath.frontend.tokenizer import HFTokenizer
 
     client = _client(hf_server)
     r = client.chat.completions.create(
@@ -258,7 +258,7 @@ def test_logprobs_match_a_direct_forward_pass(hf_server: ServerProc, hf_checkpoi
 
 
 def test_logit_bias_steers_greedy_decoding(hf_server: ServerProc, hf_checkpoint: Path) -> None:
-    from dualpath.serve.tokenizer import HFTokenizer
+    from dualpath.frontend.tokenizer import HFTokenizer
 
     tok = HFTokenizer.from_dir(hf_checkpoint)
     client = _client(hf_server)

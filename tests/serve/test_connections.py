@@ -1,4 +1,4 @@
-"""A real `dualpath serve` under hostile clients (``serve/guard.py``, ``serve/logs.py``): idle
+"""A real `dualpath serve` under hostile clients (``frontend/guard.py``, ``frontend/logs.py``): idle
 half-sent requests past the descriptor limit, Content-Length lies and bad framing, a flood of
 malformed requests against the log — each answered in OpenAI's error shape or closed, and a
 normal client (the official ``openai`` library) still served at once."""

@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dualpath.frontend.generation import TextStream  # noqa: E402
+from dualpath.frontend.tokenizer import HFTokenizer, TinyTokenizer  # noqa: E402
 from dualpath.runtime.sampling import sample  # noqa: E402
-from dualpath.serve.generation import TextStream  # noqa: E402
-from dualpath.serve.tokenizer import HFTokenizer, TinyTokenizer  # noqa: E402
 
 
 def test_temperature_zero_is_argmax_and_seeded_sampling_repeats() -> None:
@@ -82,7 +82,7 @@ def test_tiny_tokenizer_round_trip_and_chatml() -> None:
 
 def test_hf_tokenizer_reads_template_and_eos(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
-    from dualpath.serve.checkpoint import write_tokenizer
+    from dualpath.frontend.checkpoint import write_tokenizer
 
     write_tokenizer(tmp_path)
     tok = HFTokenizer.from_dir(tmp_path)
@@ -98,7 +98,7 @@ def test_windowed_text_stream_equals_full_decode(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
     import random
 
-    from dualpath.serve.checkpoint import write_tokenizer
+    from dualpath.frontend.checkpoint import write_tokenizer
 
     vocab = write_tokenizer(tmp_path)
     tok = HFTokenizer.from_dir(tmp_path)

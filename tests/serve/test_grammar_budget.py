@@ -1,4 +1,4 @@
-"""Large JSON schemas against a real server (``serve/grammars.py``): a flood of 10,000-property
+"""Large JSON schemas against a real server (``frontend/grammars.py``): a flood of 10,000-property
 schemas is refused without delaying an unrelated request; a grammar over the compile budget
 is a 400 naming its field, remembered by hash; a valid schema compiles once however many
 requests carry it (and each engine compiles it once: ``runtime/token_choice.GrammarCache``)."""

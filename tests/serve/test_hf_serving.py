@@ -16,8 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 from tests.serve.conftest import ServerProc  # noqa: E402
 
-from dualpath.serve.checkpoint import write_tiny_checkpoint  # noqa: E402
-from dualpath.serve.tokenizer import HFTokenizer  # noqa: E402
+from dualpath.frontend.checkpoint import write_tiny_checkpoint  # noqa: E402
+from dualpath.frontend.tokenizer import HFTokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.frontend.stub import StubBackend
 from tests.serve.conftest import ServerProc
-from tests.serve.stub import StubBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -229,7 +229,7 @@ def test_metrics_need_the_api_key(server: ServerProc) -> None:
 
 @pytest.mark.parametrize("metrics_open", [False, True])
 def test_metrics_open_serves_metrics_without_a_key(metrics_open: bool) -> None:
-    from dualpath.serve.api import ApiOptions, create_app
+    from dualpath.frontend.api import ApiOptions, create_app
 
     opts = ApiOptions(api_keys={KEY: "lim"}, metrics_open=metrics_open)
     app = create_app(StubBackend(num_running=3), opts)  # type: ignore[arg-type]

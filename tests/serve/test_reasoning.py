@@ -1,4 +1,4 @@
-"""Reasoning parsers (``serve/reasoning.py``): ``<think>`` split off whole or streamed, and, on
+"""Reasoning parsers (``frontend/reasoning.py``): ``<think>`` split off whole or streamed, and, on
 the HTTP app with a scripted reply, into ``reasoning_content`` (chat, streamed too) and a
 reasoning item (Responses), never into the content or a tool call's arguments; and, on the same
 scripted app, ``parallel_tool_calls: false``."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dualpath.serve.reasoning import REASONING_PARSERS, prompt_opens_reasoning, reasoning_grammar
-from dualpath.serve.tool_families import Hermes
-from dualpath.serve.tools import Tool, grammar_error
+from dualpath.frontend.reasoning import REASONING_PARSERS, prompt_opens_reasoning, reasoning_grammar
+from dualpath.frontend.tool_families import Hermes
+from dualpath.frontend.tools import Tool, grammar_error
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -58,8 +58,8 @@ def test_a_forcing_grammar_lets_the_model_think_first() -> None:
 async def _chat(pieces: list[str], **kw: Any) -> tuple[Any, list[Any]]:
     import httpx2
 
-    from dualpath.serve.api import create_app
-    from dualpath.serve.service import ApiOptions
+    from dualpath.frontend.api import create_app
+    from dualpath.frontend.service import ApiOptions
 
     app = create_app(ScriptBackend(pieces), ApiOptions(reasoning_parser="qwen3"))  # type: ignore[arg-type]
     transport = httpx2.ASGITransport(app=app)
@@ -130,7 +130,7 @@ def test_parallel_tool_calls_false_returns_the_first_call_only() -> None:
 
 
 def test_a_reasoning_input_item_reaches_the_next_assistant_turn() -> None:
-    from dualpath.serve.response_input import messages_of
+    from dualpath.frontend.response_input import messages_of
 
     items = [
         {"role": "user", "content": "hi"},

@@ -15,11 +15,11 @@ import pytest
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
+from tests.frontend.stub import StubBackend  # noqa: E402
 from tests.serve.conftest import ServerProc  # noqa: E402
 from tests.serve.schemas import LIST_FILES, WEATHER  # noqa: E402
-from tests.serve.stub import StubBackend  # noqa: E402
 
-from dualpath.serve.backend import BackendFailure, GenerateRequest, TokenEvent  # noqa: E402
+from dualpath.frontend.backend import BackendFailure, GenerateRequest, TokenEvent  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -379,7 +379,7 @@ class ScriptBackend(StubBackend):
 async def _scripted(backend: ScriptBackend, **kw: Any) -> tuple[Any, list[Any]]:
     import httpx2
 
-    from dualpath.serve.api import create_app
+    from dualpath.frontend.api import create_app
 
     transport = httpx2.ASGITransport(app=create_app(backend))
     async with httpx2.AsyncClient(transport=transport, base_url="http://test") as http:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from dualpath.cli.main import main
-from dualpath.serve.api import ApiOptions
+from dualpath.frontend.api import ApiOptions
 
 
 @pytest.mark.parametrize(
@@ -102,7 +102,7 @@ def test_metrics_open_reaches_the_api(
         seen.append(options)
         return object()
 
-    from dualpath.serve.tokenizer import TinyTokenizer
+    from dualpath.frontend.tokenizer import TinyTokenizer
 
     stub = SimpleNamespace(model_name="stub", tokenizer=TinyTokenizer())
     monkeypatch.setattr(server, "build_backend", lambda *_: stub)

@@ -1,4 +1,4 @@
-"""Strict, bounded schemas (``serve/strict.py``): what the rewrite adds, and that the grammars
+"""Strict, bounded schemas (``frontend/strict.py``): what the rewrite adds, and that the grammars
 built from them refuse extra keys and unbounded values (checked with llguidance's matcher)."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from dualpath.runtime.token_choice import VocabSpec, build_tokenizer
-from dualpath.serve.strict import StrictSchema
-from dualpath.serve.tool_families import Hermes
-from dualpath.serve.tools import Tool, json_grammar
+from dualpath.frontend.strict import StrictSchema
+from dualpath.frontend.tool_families import Hermes
+from dualpath.frontend.tools import Tool, json_grammar
+from dualpath.runtime.token_choice import build_tokenizer
+from dualpath.tokens import VocabSpec
 
 llguidance = pytest.importorskip("llguidance")
 

@@ -22,9 +22,9 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from tests.frontend.stub import StubBackend  # noqa: E402
 from tests.procs import descendants, shm_used_by  # noqa: E402
 from tests.serve.conftest import ServerProc  # noqa: E402
-from tests.serve.stub import StubBackend  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -133,7 +133,7 @@ def test_every_kind_of_kill_keeps_serving_then_the_scheduler_fails_fast(tmp_path
 
 
 def test_a_failed_runtime_is_503_on_health_and_on_requests() -> None:
-    from dualpath.serve.api import ApiOptions, create_app
+    from dualpath.frontend.api import ApiOptions, create_app
 
     app = create_app(StubBackend(failure="the scheduler process exited (code -9)"), ApiOptions())  # type: ignore[arg-type]
 
@@ -151,7 +151,7 @@ def test_a_failed_runtime_is_503_on_health_and_on_requests() -> None:
 
 
 def test_a_recovering_runtime_is_503_on_health_and_still_serves() -> None:
-    from dualpath.serve.api import ApiOptions, create_app
+    from dualpath.frontend.api import ApiOptions, create_app
 
     why = "pe0@node0: died, respawning"
     app = create_app(StubBackend(not_ready=why), ApiOptions())  # type: ignore[arg-type]
@@ -173,10 +173,10 @@ def test_a_failing_run_is_503_at_once_not_once_its_processes_are_stopped() -> No
     import threading
 
     from dualpath.config import preset
+    from dualpath.frontend.tokenizer import TinyTokenizer
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.serve.runtime_backend import RuntimeBackend, _Stream
     from dualpath.serve.runtime_host import ClosedEvt, FailedEvt, HealthEvt
-    from dualpath.serve.tokenizer import TinyTokenizer
 
     class Alive:
         def is_alive(self) -> bool:

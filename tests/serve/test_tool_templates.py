@@ -77,7 +77,7 @@ ASK = [{"role": "user", "content": "Look up the weather."}]
 def templated(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProc]:
-    from dualpath.serve.checkpoint import write_tiny_checkpoint
+    from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp(request.param)
     ckpt = write_tiny_checkpoint(root / "model", arch="llama")
@@ -110,7 +110,7 @@ def test_a_forced_call_in_the_templates_format_parses_and_streams_the_same(
     )
     whole = client.chat.completions.create(**kw, extra_body={"return_token_ids": True})
     choice = whole.choices[0]
-    from dualpath.serve.tokenizer import HFTokenizer
+    from dualpath.frontend.tokenizer import HFTokenizer
 
     raw = HFTokenizer.from_dir(templated.ckpt).decode(choice.model_extra["token_ids"])  # type: ignore[attr-defined, index]
     assert raw.startswith(MARKERS[templated.family]), raw  # type: ignore[attr-defined]

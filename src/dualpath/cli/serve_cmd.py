@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from dualpath.cli.common import add_config_args, build_config
 
 if TYPE_CHECKING:
-    from dualpath.serve.guard import ConnectionLimits
+    from dualpath.frontend.guard import ConnectionLimits
 
 
 def _api_keys(values: list[str], files: list[str] | None = None) -> dict[str, str]:
@@ -375,7 +375,7 @@ def run_serve_vllm(args: argparse.Namespace, config: object) -> int:
         access_log=not args.no_access_log,
     )
     if args.init_tiny_checkpoint and not (Path(args.model_dir) / "config.json").exists():
-        from dualpath.serve.checkpoint import write_tiny_checkpoint
+        from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
         # vLLM's CPU attention needs head_dim >= 32: 4 layers, hidden 256, 4 heads (2 KV)
         write_tiny_checkpoint(
@@ -414,7 +414,7 @@ def _warn_exposure(host: str, metrics_open: bool, has_keys: bool) -> None:
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
-    from dualpath.serve.guard import ConnectionLimits
+    from dualpath.frontend.guard import ConnectionLimits
 
     return ConnectionLimits(
         max_connections=args.max_connections,
@@ -430,7 +430,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from dualpath.cli.runtime_cmd import check_kv_root, check_runnable, resolve_runtime
-    from dualpath.serve.grammars import GrammarLimits
+    from dualpath.frontend.grammars import GrammarLimits
     from dualpath.serve.server import ServeOptions, build_backend, resolve_config, run_server
 
     config = build_config(args)
@@ -456,7 +456,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         if not (Path(args.model_dir) / "config.json").exists():
-            from dualpath.serve.checkpoint import write_tiny_checkpoint
+            from dualpath.frontend.checkpoint import write_tiny_checkpoint
 
             write_tiny_checkpoint(args.model_dir, seed=args.seed)
             print(f"dualpath serve: wrote a tiny random checkpoint to {args.model_dir}")
@@ -532,8 +532,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions, format_summary
     from dualpath.progress import bar as progress_bar
-    from dualpath.serve.loadgen import LoadGenerator, LoadgenOptions, format_summary
     from dualpath.workload.scripts import chat_scripts, trace_scripts
 
     opts = LoadgenOptions(

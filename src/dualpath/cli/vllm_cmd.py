@@ -221,13 +221,13 @@ def run_router(args: argparse.Namespace) -> int:
     from dualpath.cli.serve_cmd import _api_keys, _warn_exposure
     from dualpath.config import config_for
     from dualpath.config.systems import shell_system
+    from dualpath.frontend.guard import ConnectionLimits
+    from dualpath.frontend.http_server import http_server
     from dualpath.integrations.vllm.app import create_app
     from dualpath.integrations.vllm.flow import TurnFlow
     from dualpath.integrations.vllm.router import Router, RouterOptions
     from dualpath.integrations.vllm.standalone import deployment_from_sidecars, hbm_tokens_of
     from dualpath.policy import make_policy
-    from dualpath.serve.guard import ConnectionLimits
-    from dualpath.serve.server import http_server
     from dualpath.types import ReadSide
 
     use_token_file(args.sidecar_token_file)

@@ -18,11 +18,11 @@ from typing import Any
 
 from dualpath.kv.buffer import SlotBuffer
 from dualpath.kv.store import block_keys
+from dualpath.metrics.hops import hop
 from dualpath.runtime.decode_kv import DecodeKV
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import hold_until
-from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import (
     CancelMsg,
     DecodeDoneMsg,

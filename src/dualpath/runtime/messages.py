@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from dualpath.kv.transport.base import RegionHandle
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.runtime.token_choice import TokenLogprob
+from dualpath.tokens import TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)

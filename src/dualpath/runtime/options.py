@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dualpath.config.systems import SystemSpec, shell_system, system_spec
 from dualpath.runtime.gputime import GPU_TIMES
-from dualpath.runtime.token_choice import VocabSpec
+from dualpath.tokens import VocabSpec
 
 TRANSPORTS = ("shm", "tcp", "mooncake")
 RUNTIMES = ("local", "ray")

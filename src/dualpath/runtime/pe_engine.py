@@ -26,12 +26,12 @@ import torch
 from dualpath.kv.pacer import transfer_all
 from dualpath.kv.transport import make_collective_transport
 from dualpath.kv.transport.base import KVTransport, Transfer
+from dualpath.metrics.hops import hop
 from dualpath.runtime.engine import Engine, TransferWindow
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.exchange import HiddenExchange, region_bytes
 from dualpath.runtime.gputime import LayerFloor
 from dualpath.runtime.hbm import PagedKV
-from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import ChunkWork, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.sampling import SamplingParams
 from dualpath.runtime.token_choice import choose_batch

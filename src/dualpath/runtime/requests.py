@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from dualpath.ledger import Turn
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.runtime.token_choice import TokenLogprob
+from dualpath.tokens import TokenLogprob
 from dualpath.workload.scripts import AgentScript
 
 

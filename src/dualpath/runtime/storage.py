@@ -37,8 +37,8 @@ from dualpath.kv.worker import (
     read_or_miss,
     snic_pacers,
 )
+from dualpath.metrics.hops import hop
 from dualpath.runtime.env import ProcEnv, child_setup
-from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import (
     ErrorMsg,
     PersistedMsg,

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dualpath.config import Config
-from dualpath.runtime.hops import hop
+from dualpath.frontend.backend import BackendFailure, BackendStats, GenerateRequest, TokenEvent
+from dualpath.frontend.generation import TextStream
+from dualpath.frontend.tokenizer import TextTokenizer
+from dualpath.metrics.hops import hop
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.runtime.token_choice import TokenLogprob
-from dualpath.serve.backend import BackendFailure, BackendStats, GenerateRequest, TokenEvent
-from dualpath.serve.generation import TextStream
 from dualpath.serve.runtime_host import (
     CancelCmd,
     ClosedEvt,
@@ -46,7 +46,7 @@ from dualpath.serve.runtime_host import (
     TokensEvt,
     host_main,
 )
-from dualpath.serve.tokenizer import TextTokenizer
+from dualpath.tokens import TokenLogprob
 
 UTIL_WINDOW_S = 5.0  # NIC utilisation: busy time over the last few stats snapshots
 STOP_TIMEOUT_S = 30.0
@@ -102,7 +102,7 @@ class RuntimeBackend:
         self.on_failure: Callable[[str], None] | None = None
 
     def grammar_tokenizer(self) -> Any:
-        """The llguidance tokenizer the engines compile grammars with (``serve/grammars.py``
+        """The llguidance tokenizer the engines compile grammars with (``frontend/grammars.py``
         compiles each new grammar with it first, to check it and bound its cost)."""
         from dualpath.runtime.token_choice import build_tokenizer
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dualpath.config import Config
-from dualpath.runtime.hops import hop
+from dualpath.metrics.hops import hop
 from dualpath.runtime.options import RuntimeOptions
 from dualpath.runtime.requests import AgentState
 from dualpath.runtime.sampling import SamplingParams
-from dualpath.runtime.token_choice import TokenLogprob
+from dualpath.tokens import TokenLogprob
 
 STATS_PERIOD_S = 0.5
 POLL_S = 0.2  # command poll: lets an orphaned host notice that its server is gone

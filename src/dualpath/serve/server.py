@@ -11,26 +11,23 @@ scheduler process stops its engines and unlinks the node buffers.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import signal
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dualpath.config import Config
 from dualpath.config.systems import SYSTEMS
+from dualpath.frontend.api import ApiOptions, create_app
+from dualpath.frontend.backend import Backend
+from dualpath.frontend.grammars import GrammarLimits
+from dualpath.frontend.guard import ConnectionLimits
+from dualpath.frontend.http_server import http_server
+from dualpath.frontend.reasoning import REASONING_PARSERS
+from dualpath.frontend.tool_families import TOOL_PARSERS
 from dualpath.runtime.gputime import GPU_TIMES
 from dualpath.runtime.options import DEVICES, DTYPES, RUNTIMES
-from dualpath.serve.api import ApiOptions, create_app
-from dualpath.serve.backend import Backend
-from dualpath.serve.grammars import GrammarLimits
-from dualpath.serve.guard import ConnectionLimits, Guard
-from dualpath.serve.logs import RepeatFilter
-from dualpath.serve.reasoning import REASONING_PARSERS
-from dualpath.serve.tool_families import TOOL_PARSERS
 
 RUNTIME_SYSTEMS = tuple(SYSTEMS)  # every system the runtime runs
 
@@ -56,13 +53,13 @@ class ServeOptions:
         "host"  # or "emulated": passes no faster than the preset's GPU (docs/runtime.md)
     )
     default_max_tokens: int = 256
-    tool_parser: str = "auto"  # a TOOL_PARSERS name (serve/tool_families.py), or auto
+    tool_parser: str = "auto"  # a TOOL_PARSERS name (frontend/tool_families.py), or auto
     reasoning_parser: str = ""  # a reasoning.REASONING_PARSERS name ('' none)
     graceful_s: float = 5.0
     request_timeout_s: float = 300.0  # every request ends by then (504 / an error event)
     log_level: str = "warning"
-    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # serve/guard.py
-    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # serve/grammars.py
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # frontend/guard.py
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # frontend/grammars.py
 
     def __post_init__(self) -> None:
         if self.system not in RUNTIME_SYSTEMS:
@@ -129,9 +126,9 @@ def resolve_config(config: Config, opts: ServeOptions) -> Config:
 def build_backend(config: Config, opts: ServeOptions) -> Backend:
     """The DualPath runtime over ``config`` (already ``resolve_config``d) with the checkpoint's
     tokenizer, or the tiny model's ``TinyTokenizer``."""
+    from dualpath.frontend.tokenizer import HFTokenizer, TextTokenizer, TinyTokenizer
     from dualpath.runtime.options import RuntimeOptions
     from dualpath.serve.runtime_backend import RuntimeBackend
-    from dualpath.serve.tokenizer import HFTokenizer, TextTokenizer, TinyTokenizer
 
     if opts.device.startswith("cuda"):
         import torch
@@ -171,7 +168,7 @@ def tool_format(backend: Backend, opts: ServeOptions) -> str:
     """``--tool-parser``, or the format the chat template teaches (auto)."""
     if opts.tool_parser != "auto":
         return opts.tool_parser
-    from dualpath.serve.tool_families import tool_parser_for
+    from dualpath.frontend.tool_families import tool_parser_for
 
     model_type = ""
     if opts.model_dir is not None:
@@ -180,78 +177,6 @@ def tool_format(backend: Backend, opts: ServeOptions) -> str:
         cfg = Path(opts.model_dir) / "config.json"
         model_type = str(json.loads(cfg.read_text()).get("model_type", "")) if cfg.is_file() else ""
     return tool_parser_for(backend.tokenizer.chat_template, model_type)
-
-
-def graceful_server(config: Any) -> tuple[Any, list[int]]:
-    """A ``uvicorn.Server`` for ``config`` that, stopped by SIGINT / SIGTERM, returns from
-    ``run()`` (its lifespan's shutdown done) instead of re-raising the signal, and the list
-    where the signals that stopped it are put."""
-    import uvicorn
-
-    stopped_by: list[int] = []
-
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                yield
-                # shut down gracefully: exit 0 instead of re-raising SIGINT / SIGTERM
-                stopped_by.extend(self._captured_signals)
-                self._captured_signals.clear()
-
-    return _Server(config), stopped_by
-
-
-@dataclass(slots=True)
-class HttpServer:
-    """A guarded, gracefully stopping uvicorn server (``serve``, and the vLLM router)."""
-
-    server: Any  # uvicorn.Server
-    stopped_by: list[int]  # the signals that stopped it
-    guard: Guard
-    log_filter: RepeatFilter
-
-    def run(self) -> None:
-        try:
-            self.server.run()
-        finally:
-            self.log_filter.flush()
-
-
-def http_server(
-    app: Any,
-    host: str,
-    port: int,
-    log_level: str,
-    graceful_s: float,
-    limits: ConnectionLimits | None = None,
-) -> HttpServer:
-    """uvicorn serving ``app`` on h11 with ``serve/guard.py``'s connection hygiene and
-    ``serve/logs.py``'s rate-limited log."""
-    import uvicorn
-
-    from dualpath.serve import logs
-    from dualpath.serve.guard import GuardCollector, guarded_protocol
-
-    limits = limits or ConnectionLimits()
-    guard = Guard(limits)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(max(1, graceful_s)),
-        timeout_keep_alive=max(1, round(limits.keepalive_s)),
-        access_log=False,
-        http=guarded_protocol(guard),
-        ws="none",
-    )
-    server, stopped_by = graceful_server(config)
-    log_filter = logs.install()
-    metrics = getattr(getattr(app, "state", None), "metrics", None)
-    if metrics is not None:  # /metrics shows the connections and the held log records
-        metrics.registry.register(GuardCollector(guard, log_filter))
-    return HttpServer(server, stopped_by, guard, log_filter)
 
 
 def run_server(backend: Backend, opts: ServeOptions) -> int:

@@ -17,11 +17,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from dualpath.frontend.schema import ApiError
+from dualpath.frontend.service import tenant_of
 from dualpath.integrations.vllm.access import AccessLog, LoopLag
 from dualpath.integrations.vllm.collector import FlowCollector, take_snapshot
 from dualpath.integrations.vllm.router import Router, error_response
-from dualpath.serve.schema import ApiError
-from dualpath.serve.service import tenant_of
 from dualpath.types import ReadSide
 
 Background = Callable[[], Coroutine[Any, Any, None]]

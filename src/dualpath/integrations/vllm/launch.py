@@ -428,13 +428,13 @@ def serve_vllm(
     often than ``opts.max_restarts`` (1); ``router_opts``: ``router.RouterOptions``."""
     from dualpath.config import config_for
     from dualpath.config.systems import shell_system
+    from dualpath.frontend.http_server import http_server
     from dualpath.integrations.vllm.app import create_app
     from dualpath.integrations.vllm.flow import TurnFlow
     from dualpath.integrations.vllm.router import Router, RouterOptions
     from dualpath.integrations.vllm.supervise import Supervisor
     from dualpath.kv.weights import checkpoint_digest
     from dualpath.policy import make_policy
-    from dualpath.serve.server import http_server
     from dualpath.types import ReadSide
 
     if config.scheduler.split_reads:  # refused before anything starts, never a 500 a request

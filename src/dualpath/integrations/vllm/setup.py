@@ -561,14 +561,14 @@ def auto_tool_parser(model_dir: str | Path) -> str:
     """vLLM's ``--tool-call-parser`` for the checkpoint: the tool-call format its chat template
     teaches (``tool_families.tool_parser_for``: hermes, llama3_json, mistral, deepseek_v3,
     qwen3_coder, the names vLLM gives them too), hermes when it cannot be told."""
-    from dualpath.serve.tool_families import tool_parser_for
+    from dualpath.frontend.tool_families import tool_parser_for
 
     root = Path(model_dir)
     template, model_type = "", ""
     with contextlib.suppress(OSError, ValueError):
         model_type = str(json.loads((root / "config.json").read_text()).get("model_type", ""))
     with contextlib.suppress(OSError, ValueError, ImportError):
-        from dualpath.serve.tokenizer import HFTokenizer
+        from dualpath.frontend.tokenizer import HFTokenizer
 
         template = HFTokenizer.from_dir(root).chat_template
     return tool_parser_for(template, model_type)

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from dualpath.ledger import Persisted, Phase, Topology
 from dualpath.ledger.core import Core
-from dualpath.runtime.hops import hop
+from dualpath.metrics.hops import hop
 from dualpath.runtime.messages import DecodeDoneMsg, DecodeMsg, TokensMsg
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.scheduler.slots import Slots

@@ -12,8 +12,8 @@ from dualpath.kv.store import KVStore, block_keys
 from dualpath.ledger import Core, Phase
 from dualpath.ledger.counters import RunCounters
 from dualpath.ledger.turn import usable_hit_tokens
+from dualpath.metrics.hops import hop
 from dualpath.runtime.env import ProcEnv
-from dualpath.runtime.hops import hop
 from dualpath.runtime.messages import ReadDoneMsg, ReadMsg
 from dualpath.runtime.requests import AgentState, Req
 from dualpath.runtime.sampling import SamplingParams

@@ -24,11 +24,11 @@ from typing import Any, TextIO
 from dualpath.ledger import Phase
 from dualpath.ledger.core import Core
 from dualpath.metrics import TurnRecord
+from dualpath.metrics.hops import hop
 from dualpath.policy import ClusterView
 from dualpath.policy.base import Policy
 from dualpath.runtime.env import ProcEnv
 from dualpath.runtime.gputime import GpuUse
-from dualpath.runtime.hops import hop
 from dualpath.runtime.launcher import Launcher, RuntimeFailure
 from dualpath.runtime.messages import (
     CancelMsg,

@@ -11,9 +11,9 @@ from typing import Any, Protocol
 from dualpath.kv.transport.base import RegionHandle
 from dualpath.ledger import Core, EventBus, ForwardDone, ForwardStarted, Phase, Topology
 from dualpath.ledger.counters import RunCounters
+from dualpath.metrics.hops import hop
 from dualpath.policy import PendingPrefill
 from dualpath.policy.commands import Chunk, ForwardBatch
-from dualpath.runtime.hops import hop
 from dualpath.runtime.launcher import RuntimeFailure
 from dualpath.runtime.messages import ChunkWork, ExchangePlan, ForwardDoneMsg, ForwardMsg
 from dualpath.runtime.requests import Req

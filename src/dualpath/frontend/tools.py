@@ -1,6 +1,6 @@
 """A request's tools and the calls parsed from a reply, and the JSON grammars that constrain
-them (strict and bounded: ``serve/strict.py``). The per-family formats and their parsers are
-in ``serve/tool_parsers.py`` and ``serve/tool_families.py``. Pure: no I/O; llguidance only
+them (strict and bounded: ``frontend/strict.py``). The per-family formats and their parsers are
+in ``frontend/tool_parsers.py`` and ``frontend/tool_families.py``. Pure: no I/O; llguidance only
 builds grammar text.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dualpath.serve.strict import StrictSchema
+from dualpath.frontend.strict import StrictSchema
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class Tool:
 
     def grammar_schema(self) -> dict[str, Any]:
         """The schema its calls are constrained to: strict unless the tool opts out, and
-        bounded (``serve/strict.py``)."""
+        bounded (``frontend/strict.py``)."""
         return StrictSchema(strict=self.strict).apply(self.schema())
 
     def openai(self) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def json_value(schema: dict[str, Any]) -> str:
 
 def json_grammar(schema: Any, strict: bool = True) -> str:
     """llguidance grammar text for one JSON value matching ``schema`` (compact JSON; strict
-    and bounded as ``serve/strict.py`` makes it); None: ``json_object`` (a bounded object)."""
+    and bounded as ``frontend/strict.py`` makes it); None: ``json_object`` (a bounded object)."""
     import llguidance
 
     rules = StrictSchema(strict=strict)

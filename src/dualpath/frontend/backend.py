@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dualpath.runtime.token_choice import TokenLogprob
-from dualpath.serve.tokenizer import TextTokenizer
+from dualpath.frontend.tokenizer import TextTokenizer
+from dualpath.tokens import TokenLogprob
 
 FINISH_REASONS = ("stop", "length", "abort")
 

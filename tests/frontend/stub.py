@@ -16,7 +16,7 @@ class StubBackend:
     def __init__(
         self, num_running: int = 0, failure: str | None = None, not_ready: str = ""
     ) -> None:
-        from dualpath.serve.tokenizer import TinyTokenizer
+        from dualpath.frontend.tokenizer import TinyTokenizer
 
         self.tokenizer = TinyTokenizer(self.vocab_size)
         self._num_running = num_running
@@ -33,7 +33,7 @@ class StubBackend:
         raise AssertionError("the stub backend serves no request")
 
     def stats(self) -> object:
-        from dualpath.serve.backend import BackendStats
+        from dualpath.frontend.backend import BackendStats
 
         return BackendStats(num_running=self._num_running)
 
@@ -54,7 +54,7 @@ class HangingBackend(StubBackend):
         self.freed = 0
 
     async def generate(self, request: object) -> AsyncIterator[object]:  # type: ignore[override]
-        from dualpath.serve.backend import GenerateRequest, TokenEvent
+        from dualpath.frontend.backend import GenerateRequest, TokenEvent
 
         assert isinstance(request, GenerateRequest)
         try:

@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from dualpath.serve.tool_parsers import PENDING, PartialCall, Scan, ToolParser, tagged
-from dualpath.serve.tools import Tool, json_value
+from dualpath.frontend.tool_parsers import PENDING, PartialCall, Scan, ToolParser, tagged
+from dualpath.frontend.tools import Tool, json_value
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)

@@ -1,4 +1,4 @@
-"""Chat templates through transformers' renderer (``serve/tokenizer.py``, ``serve/render.py``):
+"""Chat templates through transformers' renderer (``frontend/tokenizer.py``, ``frontend/render.py``):
 its jinja extensions and globals, ``tools`` / ``documents`` / ``add_generation_prompt`` /
 ``chat_template_kwargs``, and template errors that name the field at fault."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from dualpath.serve.chat import plan_chat
-from dualpath.serve.schema import ApiError, ChatRequest
-from dualpath.serve.tokenizer import ChatInputs, TinyTokenizer, render_template
+from dualpath.frontend.chat import plan_chat
+from dualpath.frontend.schema import ApiError, ChatRequest
+from dualpath.frontend.tokenizer import ChatInputs, TinyTokenizer, render_template
 
 pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from types import MappingProxyType
 
-from dualpath.serve.tool_parsers import (
+from dualpath.frontend.tool_parsers import (
     PENDING,
     PartialCall,
     Scan,
@@ -23,8 +23,8 @@ from dualpath.serve.tool_parsers import (
     tagged,
     valid_arguments,
 )
-from dualpath.serve.tool_xml import Qwen3Coder
-from dualpath.serve.tools import Tool, json_value, one_call_schema
+from dualpath.frontend.tool_xml import Qwen3Coder
+from dualpath.frontend.tools import Tool, json_value, one_call_schema
 
 
 class Hermes(ToolParser):

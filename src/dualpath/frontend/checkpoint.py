@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dualpath.serve.tokenizer import DEFAULT_CHAT_TEMPLATE
+from dualpath.frontend.tokenizer import DEFAULT_CHAT_TEMPLATE
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # transformers' config / model class prefixes below; deepseek_v3 (MLA + MoE) and gemma3

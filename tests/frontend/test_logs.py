@@ -1,4 +1,4 @@
-"""``serve/logs.py``: repeats within the window are counted, not written; the next record
+"""``frontend/logs.py``: repeats within the window are counted, not written; the next record
 after the window and ``flush`` say how many were held back; a cap on all kinds together."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import logging
 
-from dualpath.serve.logs import RepeatFilter
+from dualpath.frontend.logs import RepeatFilter
 
 
 class Clock:

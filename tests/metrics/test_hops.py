@@ -1,4 +1,4 @@
-"""The opt-in hop stamps (``runtime/hops.py``): off by default, one merged timeline when on."""
+"""The opt-in hop stamps (``metrics/hops.py``): off by default, one merged timeline when on."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dualpath.runtime import hops
+from dualpath.metrics import hops
 
 
 def test_hops_are_off_unless_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,7 +22,7 @@ def test_hops_are_off_unless_asked_for(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_stamps_of_several_processes_merge_in_time_order(tmp_path: Path) -> None:
-    code = "from dualpath.runtime.hops import hop; import sys; hop(sys.argv[1], int(sys.argv[2]))"
+    code = "from dualpath.metrics.hops import hop; import sys; hop(sys.argv[1], int(sys.argv[2]))"
     env = {**os.environ, hops.ENV: str(tmp_path)}
     for name, rid in (("http.request", -1), ("sched.submit", 7), ("pe.pass", 7)):
         subprocess.run(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dualpath.serve.schema import ApiError, describe
+from dualpath.frontend.schema import ApiError, describe
 
 
 class _Base(BaseModel):

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): chat and text completions (SSE or whole; tools,
-structured output, ``n`` samples, log-probabilities), the Responses API (``serve/responses.py``),
+structured output, ``n`` samples, log-probabilities), the Responses API (``frontend/responses.py``),
 models, health and Prometheus metrics. Bad input (body size, depth, Unicode, ranges: see
-``serve/body.py``) is a 4xx in OpenAI's error shape, never a 500; a client that goes away
+``frontend/body.py``) is a 4xx in OpenAI's error shape, never a 500; a client that goes away
 closes its backend iterator, which frees the request.
 """
 
@@ -20,10 +20,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dualpath.runtime.hops import hop
-from dualpath.runtime.token_choice import TokenLogprob
-from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
-from dualpath.serve.chat import (
+from dualpath.frontend.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
+from dualpath.frontend.chat import (
     ChatPlan,
     ReplyPiece,
     ReplyReader,
@@ -31,17 +29,19 @@ from dualpath.serve.chat import (
     completion_logprobs,
     plan_chat,
 )
-from dualpath.serve.grammars import GrammarCollector
-from dualpath.serve.metrics import ServeMetrics
-from dualpath.serve.responses import create_response
-from dualpath.serve.schema import (
+from dualpath.frontend.grammars import GrammarCollector
+from dualpath.frontend.metrics import ServeMetrics
+from dualpath.frontend.responses import create_response
+from dualpath.frontend.schema import (
     ApiError,
     ChatRequest,
     CompletionRequest,
     Sampling,
     error_body,
 )
-from dualpath.serve.service import ApiOptions, DeadlinePassed, Service, usage
+from dualpath.frontend.service import ApiOptions, DeadlinePassed, Service, usage
+from dualpath.metrics.hops import hop
+from dualpath.tokens import TokenLogprob
 
 
 async def _choices(

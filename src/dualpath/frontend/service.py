@@ -1,7 +1,7 @@
 """What every generating route shares (``Service``): the caller's key, the body, the
 ``GenerateRequest``, the backend's token stream (timed, counted in the metrics however it
-ends), and the server's API options. No routes here: ``serve/api.py`` and
-``serve/responses.py`` define them.
+ends), and the server's API options. No routes here: ``frontend/api.py`` and
+``frontend/responses.py`` define them.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from dualpath.metrics import latency
-from dualpath.serve.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
-from dualpath.serve.body import BodyError, decode_object, read_limited
-from dualpath.serve.chat import ChatPlan
-from dualpath.serve.grammars import GrammarGate, GrammarLimits
-from dualpath.serve.metrics import ServeMetrics
-from dualpath.serve.schema import (
+from dualpath.frontend.backend import Backend, BackendFailure, GenerateRequest, TokenEvent
+from dualpath.frontend.body import BodyError, decode_object, read_limited
+from dualpath.frontend.chat import ChatPlan
+from dualpath.frontend.grammars import GrammarGate, GrammarLimits
+from dualpath.frontend.metrics import ServeMetrics
+from dualpath.frontend.schema import (
     MAX_SEED,
     ApiError,
     ChatRequest,
@@ -32,6 +31,7 @@ from dualpath.serve.schema import (
     describe,
     unsupported_fields,
 )
+from dualpath.metrics import latency
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +49,9 @@ class ApiOptions:
     default_max_tokens: int = 256
     max_stop_strings: int = 64
     tool_format: str = "hermes"
-    reasoning_parser: str = ""  # a serve/reasoning.py REASONING_PARSERS name ('' none)
+    reasoning_parser: str = ""  # a frontend/reasoning.py REASONING_PARSERS name ('' none)
     request_timeout_s: float = 300.0
-    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # serve/grammars.py
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # frontend/grammars.py
 
     def __post_init__(self) -> None:
         if not self.request_timeout_s > 0:

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from dualpath.runtime.token_choice import grammar_key
-from dualpath.serve.schema import ApiError
-from dualpath.serve.tools import grammar_error
+from dualpath.frontend.schema import ApiError
+from dualpath.frontend.tools import grammar_error
+from dualpath.tokens import grammar_key
 
 MAX_VERDICTS = 512  # grammars whose verdict is remembered (LRU)
 

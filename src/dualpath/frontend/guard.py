@@ -25,7 +25,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from dualpath.serve.schema import error_body
+from dualpath.frontend.schema import error_body
 
 LINGER_S = 1.0  # after an error reply: read and drop what the client still sends, then close
 # descriptors kept for everything but client connections (the runtime's pipes, shared

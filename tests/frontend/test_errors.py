@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from dualpath.serve.schema import ChatRequest, CompletionRequest, describe
+from dualpath.frontend.schema import ChatRequest, CompletionRequest, describe
 
 ASK = [{"role": "user", "content": "hi"}]
 CASES: list[tuple[type[BaseModel], dict[str, Any], str, str]] = [

@@ -10,19 +10,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dualpath.runtime.token_choice import TokenLogprob
-from dualpath.serve.reasoning import (
+from dualpath.frontend.reasoning import (
     REASONING_PARSERS,
     prompt_opens_reasoning,
     reasoning_grammar,
 )
-from dualpath.serve.render import render_prompt
-from dualpath.serve.schema import ApiError, ChatRequest, ResponseFormat
-from dualpath.serve.strict import StrictSchema
-from dualpath.serve.tokenizer import TextTokenizer
-from dualpath.serve.tool_families import TOOL_PARSERS
-from dualpath.serve.tool_parsers import CallDelta
-from dualpath.serve.tools import Tool, ToolCall, json_grammar
+from dualpath.frontend.render import render_prompt
+from dualpath.frontend.schema import ApiError, ChatRequest, ResponseFormat
+from dualpath.frontend.strict import StrictSchema
+from dualpath.frontend.tokenizer import TextTokenizer
+from dualpath.frontend.tool_families import TOOL_PARSERS
+from dualpath.frontend.tool_parsers import CallDelta
+from dualpath.frontend.tools import Tool, ToolCall, json_grammar
+from dualpath.tokens import TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class ChatPlan:
     """A validated chat request: ``prompt`` token ids, the ``grammar`` (or ''), ``parse``:
     the tool format its replies are parsed with (None: all content), ``forced``: a call is
     required (``tool_choice`` required / named); ``grammar_param``: the field the grammar
-    comes from (what a refusal of it names; ``serve/grammars.py`` checks it)."""
+    comes from (what a refusal of it names; ``frontend/grammars.py`` checks it)."""
 
     prompt: list[int]
     grammar: str
@@ -63,7 +63,7 @@ def plan_chat(
 ) -> ChatPlan:
     """Render and validate ``body`` (every refusal a 400 naming its field).
     ``max_schema_bytes`` (0: none): the tools' and the JSON schema's size, checked before
-    anything is built from them (rendering, grammar; ``serve/grammars.py``); ``reasoning``:
+    anything is built from them (rendering, grammar; ``frontend/grammars.py``); ``reasoning``:
     the ``--reasoning-parser`` ('' none): replies' ``<think>`` is split off, and a grammar
     lets the model think first."""
     if tool_format not in TOOL_PARSERS:

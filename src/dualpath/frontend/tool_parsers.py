@@ -8,7 +8,7 @@ One mechanism serves both ways: a family's ``scan`` reads the text so far into c
 calls whose arguments are the raw JSON text written so far (never past its end); the stream
 sends what grew since the last scan. A call is exposed once its name and the start of its
 arguments are read; a body that never becomes a call stays content (in a stream, when no
-part of it was sent as a call). Families: ``serve/tool_families.py``.
+part of it was sent as a call). Families: ``frontend/tool_families.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from dualpath.serve.tools import Tool, ToolCall, new_call_id
+from dualpath.frontend.tools import Tool, ToolCall, new_call_id
 
 
 @dataclass(slots=True)

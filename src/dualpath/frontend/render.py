@@ -1,6 +1,6 @@
 """A chat request's prompt: its messages as chat templates take them, rendered with its tools,
 ``documents``, ``add_generation_prompt`` and ``chat_template_kwargs`` through transformers'
-renderer (``serve/tokenizer.py``). A template error is a 400 naming the field that caused it
+renderer (``frontend/tokenizer.py``). A template error is a 400 naming the field that caused it
 (the one whose removal lets the template render). Pure: no I/O.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dualpath.serve.schema import ApiError, ChatMessage, ChatRequest
-from dualpath.serve.tokenizer import RESERVED_TEMPLATE_KWARGS, ChatInputs, TextTokenizer
-from dualpath.serve.tools import Tool
+from dualpath.frontend.schema import ApiError, ChatMessage, ChatRequest
+from dualpath.frontend.tokenizer import RESERVED_TEMPLATE_KWARGS, ChatInputs, TextTokenizer
+from dualpath.frontend.tools import Tool
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dualpath.serve.tokenizer import TextTokenizer
+from dualpath.frontend.tokenizer import TextTokenizer
 
 
 class TextStream:

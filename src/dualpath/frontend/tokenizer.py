@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dualpath.runtime.token_choice import VocabSpec
-from dualpath.serve.tiny_vocab import (
+from dualpath.frontend.tiny_vocab import (
     CHARS,
     MIN_VOCAB_SIZE,
     REPLACEMENT,
     SPECIALS,
     tiny_vocabulary,
 )
+from dualpath.tokens import VocabSpec
 
 # ChatML; with tools, the Hermes / Qwen 2.5 form (a system block listing them, calls in
 # <tool_call> tags, results as <tool_response> user turns). Without tools, plain ChatML.

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from tests.serve.stub import HangingBackend
+from tests.frontend.stub import HangingBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,7 +19,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
 def _post(backend: HangingBackend, body: dict[str, object]) -> tuple[httpx.Response, float]:
-    from dualpath.serve.api import ApiOptions, create_app
+    from dualpath.frontend.api import ApiOptions, create_app
 
     app = create_app(backend, ApiOptions(request_timeout_s=TIMEOUT_S))  # type: ignore[arg-type]
 
@@ -62,7 +62,7 @@ def test_a_hung_stream_ends_with_an_error_event_at_its_deadline(num_tokens: int)
 
 
 def test_bad_request_timeout_is_a_one_line_error() -> None:
-    from dualpath.serve.api import ApiOptions
+    from dualpath.frontend.api import ApiOptions
 
     with pytest.raises(ValueError, match="request_timeout_s=0 is invalid"):
         ApiOptions(request_timeout_s=0)

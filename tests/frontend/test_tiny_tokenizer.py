@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dualpath.serve.tiny_vocab import (
+from dualpath.frontend.tiny_vocab import (
     CHARS,
     MIN_VOCAB_SIZE,
     REPLACEMENT,
@@ -17,7 +17,7 @@ from dualpath.serve.tiny_vocab import (
     WHITESPACE_TOKENS,
     tiny_vocabulary,
 )
-from dualpath.serve.tokenizer import TinyTokenizer
+from dualpath.frontend.tokenizer import TinyTokenizer
 
 TOK = TinyTokenizer()
 ENGLISH = (

@@ -14,7 +14,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import ClassVar
 
-from dualpath.serve.tool_parsers import held_prefix
+from dualpath.frontend.tool_parsers import held_prefix
 
 START, END = "<think>", "</think>"
 

@@ -1,4 +1,4 @@
-"""Tool-call parsers per model family (``serve/tool_families.py``), streamed or whole: the same
+"""Tool-call parsers per model family (``frontend/tool_families.py``), streamed or whole: the same
 content and calls however the text is cut, argument deltas that concatenate to the whole-text
 arguments, text that is not a call kept as content, and each family's forcing grammar."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dualpath.serve.tool_families import TOOL_PARSERS, tool_parser_for
-from dualpath.serve.tools import Tool, grammar_error
+from dualpath.frontend.tool_families import TOOL_PARSERS, tool_parser_for
+from dualpath.frontend.tools import Tool, grammar_error
 
 HERMES = (
     'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'

@@ -19,14 +19,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dualpath.runtime.token_choice import TokenLogprob
-from dualpath.serve.backend import BackendFailure, TokenEvent
-from dualpath.serve.chat import ReplyReader, chat_logprobs, plan_chat
-from dualpath.serve.response_input import messages_of
-from dualpath.serve.schema import MAX_TOKENS, MAX_TOP_LOGPROBS, ApiError, ChatRequest, describe
-from dualpath.serve.service import DeadlinePassed, Service
-from dualpath.serve.tokenizer import TextTokenizer
-from dualpath.serve.tools import ToolCall
+from dualpath.frontend.backend import BackendFailure, TokenEvent
+from dualpath.frontend.chat import ReplyReader, chat_logprobs, plan_chat
+from dualpath.frontend.response_input import messages_of
+from dualpath.frontend.schema import MAX_TOKENS, MAX_TOP_LOGPROBS, ApiError, ChatRequest, describe
+from dualpath.frontend.service import DeadlinePassed, Service
+from dualpath.frontend.tokenizer import TextTokenizer
+from dualpath.frontend.tools import ToolCall
+from dualpath.tokens import TokenLogprob
 
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server honours
 _CHAT_NAMES = {"response_format": "text.format", "messages": "input"}  # chat's names → ours
