@@ -7,7 +7,7 @@ per system and tree, each in a fresh interpreter, and prints the CPU seconds (us
 from ``/proc``) each role of process used during the run, per turn. With ``--before SRC``
 another source tree (e.g. ``git archive <commit> | tar -x -C SRC``) runs the same workload
 right after, so the two are measured under the same host load. The model's own compute is
-in the PE / DE figures; what the issue calls avoidable is the rest (polling, pickling,
+in the PE / DE figures; what is avoidable is the rest (polling, pickling,
 per-step Python), which does not shrink the JCT of a storage-bound run, only the host's
 headroom.
 """
@@ -29,11 +29,11 @@ import json, os, shutil, sys, tempfile, time
 from dataclasses import replace
 from dualpath.config import preset
 from dualpath.runtime.options import RuntimeOptions
-try:  # a tree before issue 43 (--before) calls it LocalRuntime
+try:  # an older tree (--before) calls it LocalRuntime
     from dualpath.runtime.session import Runtime
 except ImportError:
     from dualpath.runtime.session import LocalRuntime as Runtime
-try:  # the tree after issue 28
+try:  # the tree since the scheduler was split into components
     from dualpath.workload.scripts import agent_scripts, small_trajectories
 except ImportError:  # an older tree (--before)
     from dualpath.runtime.workload import agent_scripts, small_trajectories

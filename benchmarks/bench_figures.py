@@ -1,4 +1,4 @@
-"""Wall time of `dualpath figures --quick` and the speed-ups it shows (issue 42 targets:
+"""Wall time of `dualpath figures --quick` and the speed-ups it shows (targets:
 ≤ 90 s on 2 cores, DualPath ≥ 1.4× over Basic offline, every ablation step visible).
 
     .venv/bin/python benchmarks/bench_figures.py [--out /tmp/figq] [--workers 2] [--cached]

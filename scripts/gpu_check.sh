@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 22 item 7). For tiny random Llama, Qwen2 and Qwen3 checkpoints written to a
+# GPU check of the runtime on real model architectures. For tiny random Llama, Qwen2 and Qwen3 checkpoints written to a
 # temp dir, `dualpath serve --device cuda` (the DualPath runtime: scheduler, storage workers,
 # PE and DE processes) must give the same greedy tokens, on a first turn and on a second turn
 # that re-sends prompt + output (cached_tokens > 0), as the same server on --device cpu and as

@@ -14,7 +14,6 @@ from dualpath.deploy.qos import (
     ets_weights,
     ib_low_share_floor,
     opensm_conf,
-    render,
     roce_commands,
 )
 
@@ -52,9 +51,13 @@ def test_default_roce_golden() -> None:
 
 
 def test_cli_writes_both_fabrics(capsys: pytest.CaptureFixture[str]) -> None:
+    """The paper's arbiter for both fabrics, then how traffic is marked."""
     assert main(["qos"]) == 0
     out = capsys.readouterr().out
-    assert out == render(QosOptions(), "both")
+    assert _opt(out, "qos_high_limit") == "240"
+    assert _opt(out, "qos_vlarb_low") == "0:192,1:192,2:64,3:192"
+    assert "mlnx_qos -i IFACE --tsa ets,ets,ets,ets,ets,ets,ets,ets --tcbw 33,33,1,33" in out
+    assert out.index("qos TRUE") < out.index("#!/bin/sh") < out.index("# Marking traffic")
     _golden("qos_both_default.txt", out)
 
 
@@ -112,6 +115,10 @@ def test_bad_high_limit_word_is_a_usage_error(capsys: pytest.CaptureFixture[str]
 
 
 def test_out_file(tmp_path: Path) -> None:
+    """``--fabric ib``: the reviewed output of both fabrics without its RoCE script."""
     out = tmp_path / "qos.conf"
     assert main(["qos", "--fabric", "ib", "--out", str(out)]) == 0
-    assert out.read_text() == render(QosOptions(), "ib")
+    both = (GOLDEN / "qos_both_default.txt").read_text()
+    ib = both[: both.index("#!/bin/sh\n")] + both[both.index("# Marking traffic") :]
+    assert out.read_text() == ib
+    assert "mlnx_qos" not in ib and _opt(ib, "qos_high_limit") == "240"

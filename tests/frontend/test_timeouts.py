@@ -1,4 +1,4 @@
-"""No request outlives ``request_timeout_s`` (issue 24 item 2): a request whose backend never
+"""No request outlives ``request_timeout_s``: a request whose backend never
 answers ends at its deadline with a 504 in OpenAI's error shape (or, in a stream that already
 sent tokens, an error event), its backend request freed, the server still serving."""
 

@@ -4,6 +4,7 @@ instance's command line; the serve flags refused or translated before anything s
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,11 +145,26 @@ def test_bad_options_name_the_field() -> None:
         VllmOptions("m", num_decode=0)
 
 
-def test_an_explicit_vllm_python_is_used_or_refused(tmp_path: Path) -> None:
+def test_an_explicit_vllm_python_is_used_or_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path that is not an executable file (missing, or a file without the execute bit) is
+    refused in one line naming the flag and the path, before anything starts; an executable
+    one is what the deployment runs."""
     with pytest.raises(ValueError, match="no such file"):
         find_vllm_python(str(tmp_path / "python"))
     exe = tmp_path / "python"
     exe.write_text("")
+    for path in (exe, tmp_path / "missing", tmp_path):
+        with pytest.raises(ValueError) as refused:
+            VllmOptions("m", vllm_python=str(path))
+        assert str(refused.value) == f"--vllm-python {path}: not an executable file"
+    assert _serve(tmp_path, "--vllm-python", str(exe)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"dualpath: error: --vllm-python {exe}: not an executable file"]
+    assert not (tmp_path / "kv").exists()
+    exe.chmod(0o755)
+    assert VllmOptions("m", vllm_python=str(exe)).vllm_python == str(exe)
     assert find_vllm_python(str(exe)) == str(exe)
 
 
@@ -184,7 +200,8 @@ def test_split_reads_are_refused_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A setting the vLLM shell cannot honour is a one-line start-up error, not a 500 on
-    every request with hits; no side-car or instance is started (no vLLM Python is needed)."""
+    every request with hits; no side-car or instance is started (the Python given, any
+    executable, is never run)."""
     from dualpath.cli.main import main
 
     rc = main(
@@ -195,7 +212,7 @@ def test_split_reads_are_refused_before_anything_starts(
             "--model-dir",
             str(tmp_path),
             "--vllm-python",
-            str(tmp_path / "no-python"),
+            sys.executable,
             "--kv-root",
             str(tmp_path / "kv"),
             "--set",

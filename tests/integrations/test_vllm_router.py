@@ -217,14 +217,65 @@ def test_a_lost_process_ends_its_requests_at_once(serve: Any) -> None:
     assert free == total
 
 
-def test_slot_gauges_and_waiters(serve: Any) -> None:
-    s, _ = serve()
-    text = httpx.get(s.url + "/metrics").text
-    for node in (0, 1):
-        assert f'dualpath:buffer_free_slots{{node="{node}"}}' in text
-        assert f'dualpath:buffer_slots{{node="{node}"}}' in text
-    assert "dualpath:slot_waiters 0.0" in text
-    assert 'dualpath:snic_busy_seconds{direction="read",node="1"}' in text
+def test_slot_gauges_and_waiters(tmp_path: Path) -> None:
+    """The gauges follow what the requests hold. Each node buffer: 1 MiB / (2 layers × 32
+    tokens × K and V × 1 head × 32 dims × 2 B) = 128 slots, all free when idle. A decode that
+    stalls on a 4,000-token prompt holds ⌈4000 / 32⌉ = 125 of the DE node's slots, so a
+    200-token request (7 slots) waits for slots; both end at the request timeout and every
+    slot is free again. A turn that hits 64 tokens reads 2 blocks of 8,192 B through a 1 MB/s
+    SNIC: 0.016384 s busy on the read side; the fake decode writes the store itself, so no
+    SNIC's write side is busy."""
+    import threading
+
+    def gauge(name: str, label: str = "") -> float:
+        return s.metric(f"dualpath:{name}", label)
+
+    def wait_for(done: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def complete(prompt: str) -> httpx.Response:
+        body = {"model": "m", "prompt": prompt, "max_tokens": 4}
+        return httpx.post(s.url + "/v1/completions", json=body, timeout=30)
+
+    with sidecars(tmp_path, max_model_len=4096, snic_bytes_per_s=1e6) as launched:
+        fakes = FakeInstances(launched.deployment, str(tmp_path / "kv"))
+        s = RouterServer(launched, RouterOptions(request_timeout_s=6.0), fakes)
+        try:
+            for node in ("0", "1"):
+                assert gauge("buffer_slots{", f'node="{node}"') == 128
+                assert gauge("buffer_free_slots{", f'node="{node}"') == 128
+            assert gauge("slot_waiters ") == 0
+            assert gauge("snic_busy_seconds{") == 0
+
+            fakes.stall_s = 60.0
+            codes: list[int] = []
+            held = threading.Thread(target=lambda: codes.append(complete("a" * 4000).status_code))
+            held.start()
+            wait_for(lambda: fakes.seen)
+            assert gauge("buffer_free_slots{", 'node="1"') == 128 - 125
+            assert gauge("buffer_free_slots{", 'node="0"') == 128
+            waiting = threading.Thread(target=lambda: codes.append(complete("b" * 200).status_code))
+            waiting.start()
+            wait_for(lambda: gauge("slot_waiters ") == 1)
+            assert gauge("slot_waiters ") == 1
+            assert gauge("buffer_free_slots{", 'node="1"') == 128 - 125
+            held.join(timeout=30)
+            waiting.join(timeout=30)
+            assert codes == [504, 504]
+            assert gauge("buffer_free_slots{") == 2 * 128
+            assert gauge("slot_waiters ") == 0
+
+            fakes.stall_s = 0.0
+            assert complete("y" * 80).status_code == 200
+            warm = complete("y" * 80)
+            assert warm.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+            read = gauge("snic_busy_seconds{", 'direction="read"')
+            assert read == pytest.approx(2 * 8192 / 1e6, rel=1e-9)
+            assert gauge("snic_busy_seconds{", 'direction="write"') == 0
+        finally:
+            s.close()
 
 
 def test_vllm_routes_and_fields_pass_through(serve: Any, capfd: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""The core both shells report through: the agent driver (when an agent's next turn is
+"""The core every shell reports through: the agent driver (when an agent's next turn is
 submitted), the run's counters, and the DEs' generated tokens feeding the view's tok_e."""
 
 from __future__ import annotations

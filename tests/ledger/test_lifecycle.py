@@ -1,4 +1,4 @@
-"""A turn's lifecycle: the one table of states and transitions both shells' reports move a turn
+"""A turn's lifecycle: the one table of states and transitions every shell's reports move a turn
 through, and the reports it refuses."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Steady state of an online run and the storage bound on capacity (issue 25 item 3)."""
+"""Steady state of an online run and the storage bound on capacity."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One vocabulary (issue 28): every latency metric is defined in ``metrics.latency`` and every
+"""One vocabulary: every latency metric is defined in ``metrics.latency`` and every
 KV path named by ``types.KVPath``; the simulator's records, the runtime's, the server's
 ``/metrics`` and the load generator all use them, and nothing else defines them."""
 
@@ -17,8 +17,8 @@ from dualpath.types import KVPath
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dualpath"
 LATENCY = SRC / "metrics" / "latency.py"
-# literal path names still written out in the simulator's cluster wiring (its rewrite is
-# another issue's); nowhere else may a KV path be spelled as a string
+# literal path names still written out in the simulator's cluster wiring (left for a later
+# rewrite of that wiring); nowhere else may a KV path be spelled as a string
 KV_LITERALS_LEFT = {SRC / "sim" / "cluster.py"}
 OLD_PATH_NAMES = {
     "pe_read",
@@ -83,7 +83,7 @@ def test_every_kv_path_is_named_by_the_enum() -> None:
 
 def test_shells_and_load_generator_agree_on_one_timeline() -> None:
     """One turn, arrival 1 s, first token 3 s, second 3.5 s, 6 tokens done at 5.5 s: the
-    record (both shells) and the load generator (same times from its start) give the same
+    record (every shell's) and the load generator (same times from its start) give the same
     TTFT, TTST, TPOT and ITL, those of the definitions."""
     rec = TurnRecord(0, 0, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.5, 5.5, 100, 64, 6, "de")
     res = RequestResult(

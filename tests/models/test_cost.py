@@ -118,7 +118,8 @@ def test_decode_roofline_grows_with_context_and_batch() -> None:
     longer = cost.decode_step_time_s(m, HW, 32, 32 * 60000, num_gpus=32)
     assert longer - base == pytest.approx(32 * 40_000 * 8_052 / (3.35e12 * 0.8), rel=1e-9)
     assert longer - base == pytest.approx(3.846e-3, abs=1e-6)
-    # without the indexer key cache (the model before issue 25) it did not grow at all
+    # without the indexer key cache (the cost model before decode read the DSA indexer keys)
+    # it did not grow at all
     off = replace(m, indexer_key_cache=False)
     assert cost.decode_step_time_s(off, HW, 32, 32 * 60000, num_gpus=32) == (
         cost.decode_step_time_s(off, HW, 32, 32 * 20000, num_gpus=32)

@@ -118,9 +118,9 @@ def _wiring(policy: PolicyCore) -> dict[str, object]:
 
 
 def test_every_scheduler_setting_reaches_the_policy() -> None:
-    """Each ``scheduler.*`` setting changes the policy both shells build from the config
+    """Each ``scheduler.*`` setting changes the policy every shell builds from the config
     (``make_policy``): one not passed on (e.g. ``z_factor`` left out of ``PolicyParams``) is a
-    setting the simulator and the runtime silently ignore."""
+    setting the shells silently ignore."""
     from dataclasses import fields
 
     from dualpath.config.scheduler import SchedulerConfig

@@ -19,6 +19,7 @@ from dualpath.config import Config, preset
 if TYPE_CHECKING:
     from dualpath.workload.scripts import AgentScript
 
+
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
     """Skip collecting the runtime tests when torch is not installed."""
     if not collection_path.name.startswith("test_"):
@@ -77,7 +78,7 @@ def replay_ledger_log(config: Config, path: Path) -> int:
 
     Covers both kinds of decision: assignments (``schedule``, on the replayed view) and PE
     forward plans (``plan_forward``). Returns the number of assignments and forward chunks
-    compared (STYLE §1: one policy core, two shells)."""
+    compared: one policy core decides for the runtime and the simulator alike."""
     from dualpath.ledger import Topology, replay
     from dualpath.policy import make_policy
 

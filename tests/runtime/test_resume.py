@@ -1,4 +1,4 @@
-"""Exactly-once streaming across engine faults (issue 24, item 1): a turn whose DE dies after
+"""Exactly-once streaming across engine faults: a turn whose DE dies after
 it streamed some tokens resumes after them: what its client receives only ever grows, and
 ends as the fault-free run's answer (greedy and seeded sampling alike)."""
 

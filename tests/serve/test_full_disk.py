@@ -1,4 +1,4 @@
-"""A full disk under a real server (issue 24 item 2): the KV root on a 5 MB tmpfs that this test
+"""A full disk under a real server: the KV root on a 5 MB tmpfs that this test
 mounts, so block writes fail with a real ENOSPC. Every request (streaming or not, concurrent
 multi-turn sessions resending their conversation) still ends in time with the answer of a
 fault-free server on a fresh store, token for token; the dropped writes are counted, leave no

@@ -1,4 +1,4 @@
-"""Acceptance (issue 22): `dualpath serve --model-dir` runs HF Llama / Qwen2 / Qwen3 checkpoints
+"""One engine for real models: `dualpath serve --model-dir` runs HF Llama / Qwen2 / Qwen3 checkpoints
 through the DualPath runtime (PE and DE processes, the persistent store), and its greedy tokens
 equal transformers' `generate` on the same checkpoint, on the first turn and on a second turn
 whose prefix is read back from the store."""

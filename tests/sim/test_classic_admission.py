@@ -1,4 +1,4 @@
-"""The classic engine as built (issue 25 item 1): a non-layerwise PE reads a request's hit KV
+"""The classic engine as built: a non-layerwise PE reads a request's hit KV
 only once the request's whole prompt KV is reserved in its HBM, and frees the reservation
 after the pass's send to the DE; layerwise prefill (+Layer) reads into the PE buffer ahead.
 

@@ -1,7 +1,8 @@
 """Named presets (dicts of frozen configs): models, hardware, and the paper's cluster setups.
 
 Numbers come from design §2, §10, §13. Where the paper is silent the value is marked
-``# assumption`` with its reason; docs/presets.md lists them.
+``# assumption`` with its reason, here beside the value; ``dualpath presets`` lists the presets
+and docs/calibration.md explains the cost model's constants.
 """
 
 from __future__ import annotations

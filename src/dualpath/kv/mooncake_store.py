@@ -1,4 +1,4 @@
-"""Full Blocks in Mooncake Store (issue 51 c): ``MooncakeBlockStore``, the ``KVStore`` interface
+"""Full Blocks in Mooncake Store: ``MooncakeBlockStore``, the ``KVStore`` interface
 over a Mooncake master, and ``StoreServer``, which runs a master and one memory owner.
 
 One object per Full Block, under its hash-chain key: a 64-byte header (the file store's header

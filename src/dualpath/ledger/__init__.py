@@ -1,4 +1,4 @@
-"""Turn bookkeeping shared by the simulator and the runtime (STYLE §1, §2).
+"""Turn bookkeeping shared by every shell: the simulator, the runtime, DualPath inside vLLM.
 
 Pure and I/O-free, between ``policy`` and the shells: topology ids; each turn's lifecycle
 (``lifecycle``: its states and the only transitions between them); the load counters and the

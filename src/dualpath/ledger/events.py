@@ -1,13 +1,13 @@
-"""Typed past-tense events of a run, and the bus observers subscribe to (STYLE §1, §3).
+"""Typed past-tense events of a run, and the bus observers subscribe to.
 
-Turn events (``Submitted`` … ``TurnDone``, ``Aborted``) are the same in both shells; both
-report a PE group's passes (``ForwardStarted``, ``ForwardDone``) and the simulator also its
-other physical work (``TransferDone``, ``DecodeStepsDone``) for traces and balance metrics.
-The ledger's other inputs and decisions (``ReadStarted``, ``NodeReadDone``, ``PassStarted``,
-``ChunkDone``, ``Loaded``,
-``FreeHbmReported``, ``GeneratedCounted``, ``Pulled``, ``Planned``) are what its journal
-(``ledger.journal``) records. An observer must not change what happens: handlers run
-synchronously, in subscription order, and may only record.
+Turn events (``Submitted`` … ``TurnDone``, ``Aborted``) are the same in every shell; the
+simulator and the runtime report a PE group's passes (``ForwardStarted``, ``ForwardDone``),
+and the simulator also its other physical work (``TransferDone``, ``DecodeStepsDone``) for
+traces and balance metrics. The ledger's other inputs and decisions (``ReadStarted``,
+``NodeReadDone``, ``PassStarted``, ``ChunkDone``, ``Loaded``, ``FreeHbmReported``,
+``GeneratedCounted``, ``Pulled``, ``Planned``) are what its journal (``ledger.journal``)
+records. An observer must not change what happens: handlers run synchronously, in
+subscription order, and may only record.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 was given (turn events, engine reports) and every decision it carried (each pull's view and
 assignments, each forward plan) as one JSON-able record, for ``ledger.replay``.
 
-Records only (STYLE §1: an observer changes nothing); the ``init`` record, which holds the
+Records only (an observer changes nothing); the ``init`` record, which holds the
 ledger's sizes, is written by ``Ledger.start_journal`` before this subscribes.
 """
 

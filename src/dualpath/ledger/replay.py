@@ -4,8 +4,8 @@ A shell's journal (``Ledger.start_journal``) holds every turn event it reported,
 engine report (free HBM, tokens generated) and, per pull, the view the policy saw and the
 assignments it made; per forward pass, the PE's queue and the plan. ``replay`` feeds the
 events to a new ledger and the pulls and plans to a new policy, and raises ``ReplayMismatch``
-at the first record whose view or decision differs. Both shells write the same records, so
-one replay checks both (STYLE §1: one policy core; the simulator and the runtime both journal).
+at the first record whose view or decision differs. The simulator and the runtime write the
+same records, so one replay checks both.
 """
 
 from __future__ import annotations

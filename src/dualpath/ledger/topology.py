@@ -1,7 +1,7 @@
-"""Engine, node and group ids of a cluster (design §2, §13.1): the one layout both shells use.
+"""Engine, node and group ids of a cluster (design §2, §13.1): the one layout every shell uses.
 
 Ids only: no network resources, no paths, no processes (the simulator's ``Fabric`` adds
-resources and paths on top; the runtime maps ids to processes).
+resources and paths on top; the runtime maps ids to processes, the vLLM shell to instances).
 """
 
 from __future__ import annotations

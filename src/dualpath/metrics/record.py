@@ -1,4 +1,4 @@
-"""The timeline of one served turn, as both shells record it, and its latency metrics.
+"""The timeline of one served turn, as every shell records it, and its latency metrics.
 
 Its latency metrics are those of ``metrics.latency`` (design §9); validates, never clamps.
 """

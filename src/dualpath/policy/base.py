@@ -1,4 +1,4 @@
-"""The interface both shells drive: a Policy object per cluster (design §7)."""
+"""The interface every shell drives: a Policy object per cluster (design §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The policy object both shells drive (design §7): queues, rounds, and the three rules wired.
+"""The policy object every shell drives (design §7): queues, rounds, and the three rules wired.
 
 Owns the global FIFO queue, requests that hold a PE while waiting for a DE, and the decision
 trace. Deterministic: no clock (``now`` is an argument), no randomness, no I/O.

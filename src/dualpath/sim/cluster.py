@@ -3,7 +3,8 @@
 Carries out each turn (submit → assign → read → prefill → H2D → decode → finish) and reports
 what happened to the ledger, which keeps the counters and the view the policy sees (design
 §13.4) and the turn records. All timing comes from the cost model and the fluid network; all
-decisions come from ``dualpath.policy`` (STYLE §1: this is a shell).
+decisions come from ``dualpath.policy``: this is a shell, carrying out decisions, making none
+(docs/architecture.md).
 """
 
 from __future__ import annotations

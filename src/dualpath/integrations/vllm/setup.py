@@ -275,6 +275,9 @@ class VllmOptions:
             raise ValueError(f"device={self.device!r} is invalid: must be cpu or cuda")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts={self.max_restarts} is invalid: must be >= 0")
+        python = self.vllm_python
+        if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ValueError(f"--vllm-python {python}: not an executable file")
         if self.cluster and self.snic_bytes_per_s:
             raise ValueError(
                 "--snic-mb-per-s is invalid with --cluster: the kernel shapes a "
