@@ -19,6 +19,7 @@ from dualpath.config import Config, preset
 if TYPE_CHECKING:
     from dualpath.workload.scripts import AgentScript
 
+
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
     """Skip collecting the runtime tests when torch is not installed."""
     if not collection_path.name.startswith("test_"):
