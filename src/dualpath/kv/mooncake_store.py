@@ -132,6 +132,8 @@ class MooncakeBlockStore:
     bounded by ``timeout_s``: one that takes longer raises ``MooncakeError`` (``ETIMEDOUT``)
     and its thread is left to finish; a zero-copy read may then still land in ``out`` later."""
 
+    batched = True  # a batch costs the master's round trips once, not once a block
+
     def __init__(
         self,
         client: Any,
