@@ -94,7 +94,7 @@ def store_service(
     cmd = [
         sys.executable,
         "-m",
-        "dualpath.kv.mooncake_store",
+        "dualpath.kv.mooncake_server",
         "serve",
         "--host",
         seat.snic,
