@@ -66,8 +66,8 @@ def find_vllm_python(explicit: str | None = None) -> str:
     roots = [Path.cwd(), Path(__file__).resolve().parents[4]]
     given = explicit or os.environ.get(VLLM_PYTHON_ENV)
     if given:  # asked for: that one or an error, never a silent substitute
-        if not Path(given).is_file():
-            raise ValueError(f"--vllm-python {given}: no such file")
+        if not (Path(given).is_file() and os.access(given, os.X_OK)):
+            raise ValueError(f"--vllm-python {given}: not an executable file")
         return given
     for c in (str(r / DEFAULT_VLLM_VENV / "bin" / "python") for r in roots):
         if Path(c).is_file():
