@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from dualpath.config import MODEL_PRESETS
 from dualpath.config.scheduler import SchedulerConfig
-from dualpath.kv.mooncake_store import MooncakeBlockStore, StoreServer
+from dualpath.kv.mooncake_server import StoreServer
+from dualpath.kv.mooncake_store import MooncakeBlockStore
 from dualpath.kv.store import BlockLayout, KVStore, block_keys
 from dualpath.net import free_port
 

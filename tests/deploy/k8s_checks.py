@@ -137,7 +137,7 @@ def role_of(c: Doc) -> str:
         return "vllm"
     if command[:1] == ["dualpath"] and len(command) > 1:
         return command[1]  # sidecar, router
-    if "dualpath.kv.mooncake_store" in command:
+    if "dualpath.kv.mooncake_server" in command:
         return "store"
     return ""
 

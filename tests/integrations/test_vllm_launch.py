@@ -221,7 +221,7 @@ def test_split_reads_are_refused_before_anything_starts(
     )
     assert rc == 2
     err = capsys.readouterr().err.strip()
-    assert "split_reads=true is not supported by --engine vllm" in err
+    assert "split_reads=true is not supported by the vLLM shell" in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "kv").exists()
 

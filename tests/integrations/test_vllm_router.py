@@ -165,7 +165,7 @@ def test_every_request_ends_by_its_timeout(serve: Any) -> None:
     assert events[-1]["error"]["type"] == "Gateway Timeout", events
     assert [e["choices"][0]["text"] for e in events[:-1]] == ["t"]
     assert _free_slots(s) == (total, total)
-    assert s.metric("dualpath:requests_failed_total") == 2
+    assert s.metric("dualpath:num_aborted_requests_total") == 2
 
 
 def test_a_lost_process_ends_its_requests_at_once(serve: Any) -> None:

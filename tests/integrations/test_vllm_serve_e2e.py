@@ -269,7 +269,7 @@ def test_a_burst_of_chats_sharing_a_stored_prefix_all_hit(served: Served) -> Non
     context = "Repository notes. " + PROMPT * 6  # ~1,000 tokens, shared by every chat
     first = served.post("/v1/chat/completions", _chat(context + " Question 0?"))
     assert first.status_code == 200, first.text
-    failed0 = served.metric("dualpath:requests_failed_total")
+    failed0 = served.metric("dualpath:num_aborted_requests_total")
 
     def ask(i: int) -> tuple[int, int, int]:
         r = served.post("/v1/chat/completions", _chat(context + f" Question {i + 1}?"))
@@ -297,8 +297,8 @@ def test_a_burst_of_chats_sharing_a_stored_prefix_all_hit(served: Served) -> Non
     common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     shared = common // 32 * 32
     assert all(cached >= shared > 0 for _, _, cached in got), got
-    assert served.metric("dualpath:requests_failed_total") == failed0
-    assert served.metric("dualpath:kv_writes_failed_total") == 0
+    assert served.metric("dualpath:num_aborted_requests_total") == failed0
+    assert served.metric("dualpath:kv_persist_failed_blocks_total") == 0
     logs = "".join(p.read_text(errors="replace") for p in served.logs.glob("vllm*.log"))
     assert "not persisted" not in logs
 

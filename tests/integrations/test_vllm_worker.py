@@ -91,7 +91,7 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         plan_p.matched_tokens("a", params, tokens, len(tokens), 0)
         prefill.start_step(plan_p.step([("a", [5, 2, 7], 0, len(tokens))], []))
         _run_layers(prefill, src)
-        assert prefill.bytes_by_path["pe_hbm_to_de_buffer"] == 3 * LAYERS * BS * ROW
+        assert prefill.counters.bytes_by_path["pe_hbm_to_de_buffer"] == 3 * LAYERS * BS * ROW
 
         dst = {k: torch.zeros_like(v) for k, v in _caches(8, seed=2).items()}
         decode = WorkerSide(nodes, 1, BS)
@@ -140,7 +140,7 @@ def test_prefill_to_decode_through_both_buffers_and_the_store(nodes: dict[int, N
         for name in src:
             assert torch.equal(again[name][6], src[name][5])
             assert torch.equal(again[name][7], src[name][2])
-        assert prefill2.bytes_by_path["pe_buffer_to_pe_hbm"] == 2 * LAYERS * BS * ROW
+        assert prefill2.counters.bytes_by_path["pe_buffer_to_pe_hbm"] == 2 * LAYERS * BS * ROW
         # a missing block ends the readable prefix
         miss = call(
             nodes[0].socket_path, {"op": "read", "keys": ["00" * 16, keys[1]], "slots": pe_slots}

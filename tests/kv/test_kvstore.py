@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from dualpath.kv.store import (
     BlockMissing,
     KVStore,
     block_keys,
+    write_all,
 )
 
 LAYOUT = BlockLayout(num_layers=4, block_tokens=8, row_bytes=16)
@@ -86,3 +88,37 @@ def test_bad_sizes_are_rejected(tmp_path: Path) -> None:
         store.write_block("ab" * 16, b"x")
     with pytest.raises(ValueError, match="block_tokens"):
         BlockLayout(4, 0, 16)
+
+
+def test_batched_calls_answer_per_block_as_single_ones(tmp_path: Path) -> None:
+    """The store protocol's batch calls on files: per block what the single call gives (a
+    stored block, one already there, a write error; a read, a miss, a corrupt block), the
+    other blocks of the batch unaffected."""
+    store = KVStore(tmp_path / "kv", LAYOUT)
+    assert store.batched is False
+    store.register(memoryview(bytearray(8)))  # nothing to register for files
+    keys = ["k0", "k1", "k2"]
+    store.write_block("k1", _payload(1))
+    payloads = [memoryview(_payload(i)) for i in range(3)]
+    assert store.write_blocks(keys, payloads) == [True, False, True]
+    left = [1]
+
+    def full_disk_once(fd: int, data: memoryview | bytes) -> None:
+        if len(data) == LAYOUT.full_block_bytes and left[0]:  # the first payload: a full disk
+            left[0] -= 1
+            raise OSError(errno.ENOSPC, "no space (injected)")
+        write_all(fd, data)
+
+    full = store.with_write_fn(full_disk_once)  # one block's write fails, alone
+    got = full.write_blocks(["k3", "k4"], [payloads[0], payloads[1]])
+    assert isinstance(got[0], OSError) and got[0].errno == errno.ENOSPC and got[1] is True
+    assert not store.has("k3") and store.has("k4")
+    store.path("k2").write_bytes(store.path("k2").read_bytes()[:-1] + b"\x00")  # damaged
+    outs = [memoryview(bytearray(LAYOUT.full_block_bytes)) for _ in range(4)]
+    errs = store.read_blocks(["k0", "k1", "k2", "nope"], outs)
+    assert errs[0] is None and errs[1] is None
+    assert isinstance(errs[2], BlockCorrupt) and isinstance(errs[3], BlockMissing)
+    assert bytes(outs[0]) == _payload(0) and bytes(outs[1]) == _payload(1)
+    assert store.remove("k2") is True and store.remove("k2") is False
+    assert store.lookup(["k0", "k1", "k2"]) == 2 * LAYOUT.block_tokens
+    store.close()

@@ -30,10 +30,10 @@ from dualpath.kv.worker import persist_with_retry, read_or_miss
 
 pytest.importorskip("mooncake.store", reason="mooncake is not installed")
 
+from dualpath.kv.mooncake_server import StoreServer
 from dualpath.kv.mooncake_store import (
     OBJECT_HEADER_BYTES,
     MooncakeBlockStore,
-    StoreServer,
     load_client_class,
 )
 from dualpath.kv.stores import open_store
@@ -301,7 +301,7 @@ def test_stop_leaves_no_process() -> None:
 
 def test_serve_cli_runs_until_sigterm() -> None:
     port = free_port(HOST)
-    cmd = [sys.executable, "-m", "dualpath.kv.mooncake_store", "serve"]
+    cmd = [sys.executable, "-m", "dualpath.kv.mooncake_server", "serve"]
     proc = subprocess.Popen(
         [*cmd, "--host", HOST, "--port", str(port), "--segment-mib", "16"],
         stdout=subprocess.PIPE,

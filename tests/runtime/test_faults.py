@@ -382,7 +382,7 @@ def test_mooncake_listens_on_loopback_only() -> None:
 
 
 def test_mooncake_exposure_is_said_in_one_line_at_start_up() -> None:
-    from dualpath.runtime.launcher import startup_warning
+    from dualpath.runtime.options import startup_warning
 
     assert startup_warning(RuntimeOptions(transport="shm")) is None  # the default: silent
     line = startup_warning(RuntimeOptions(transport="mooncake"))

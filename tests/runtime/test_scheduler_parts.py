@@ -214,6 +214,13 @@ def test_the_components_never_reach_one_another() -> None:
         }
         assert not used, f"{node.func.id} is built from {used}"
     assert built == len(classes)  # the scan sees every component being built
+    wiring = ast.parse((RUNTIME / "scheduler" / "handlers.py").read_text())
+    made = {
+        n.func.id
+        for n in ast.walk(wiring)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in classes
+    }
+    assert not made, f"the handlers build {made}: they only wire what the loop built"
 
 
 def test_the_scheduler_declares_no_attributes_it_does_not_set() -> None:

@@ -219,21 +219,15 @@ def run_router(args: argparse.Namespace) -> int:
     import httpx
 
     from dualpath.cli.serve_cmd import _api_keys, _warn_exposure
-    from dualpath.config import config_for
-    from dualpath.config.systems import shell_system
     from dualpath.frontend.guard import ConnectionLimits
     from dualpath.frontend.http_server import http_server
     from dualpath.integrations.vllm.app import create_app
-    from dualpath.integrations.vllm.flow import TurnFlow
-    from dualpath.integrations.vllm.router import Router, RouterOptions
+    from dualpath.integrations.vllm.assembly import build_router, router_policy
+    from dualpath.integrations.vllm.router import RouterOptions
     from dualpath.integrations.vllm.standalone import deployment_from_sidecars, hbm_tokens_of
-    from dualpath.policy import make_policy
-    from dualpath.types import ReadSide
 
     use_token_file(args.sidecar_token_file)
-    config = build_config(args)
-    if config.scheduler.split_reads:
-        raise ValueError("scheduler.split_reads=true is not supported over vLLM: set it false")
+    policy = router_policy(build_config(args), args.system)
     opts = RouterOptions(
         api_keys=_api_keys(args.api_key, args.api_key_file),
         request_timeout_s=args.request_timeout_s,
@@ -249,12 +243,9 @@ def run_router(args: argparse.Namespace) -> int:
     except (httpx.HTTPError, KeyError, IndexError, OSError) as err:
         raise ValueError(f"cannot read the deployment: {type(err).__name__}: {err}") from None
     dep = dataclasses.replace(dep, hbm_tokens=hbm, router_store_host=args.store_host)
-    policy = make_policy(config_for(config, shell_system(args.system, "the vLLM shell")))
-    force = None if args.read_side == "policy" else ReadSide(args.read_side)
     kv_root = dep.nodes[0].kv_root or dep.nodes[0].store
-    flow = TurnFlow(dep, policy, kv_root, force_side=force)
+    flow, router = build_router(dep, policy, kv_root, args.read_side, opts)
     try:
-        router = Router(flow, opts)
         print(
             f"dualpath router: {len(args.prefill)}P{len(args.decode)}D of {model_id} "
             f"({dep.engine}), store {dep.nodes[0].store}; on http://{args.host}:{args.port} "

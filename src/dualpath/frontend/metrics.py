@@ -7,7 +7,7 @@ requeues) is read from ``Backend.stats()`` at each scrape by a collector. One re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,6 +17,53 @@ from dualpath.frontend.backend import BackendStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+# The facts both servers report (``dualpath serve`` over our runtime, the vLLM router's
+# ``integrations/vllm/collector.py``), built here once: one name, help text and label set each.
+def kv_bytes_family(by_path: Mapping[str, float]) -> CounterMetricFamily:
+    """KV bytes per load path (``types.KVPath`` values), in sorted order."""
+    kv = CounterMetricFamily("dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"])
+    for path, value in sorted(by_path.items()):
+        kv.add_metric([str(path)], value)
+    return kv
+
+
+def prefix_cache_families(query_tokens: float, hit_tokens: float) -> list[Metric]:
+    """Prompt tokens looked up in the store, those loaded from it, and their ratio."""
+    return [
+        CounterMetricFamily(
+            "dualpath:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache (the store)",
+            value=query_tokens,
+        ),
+        CounterMetricFamily(
+            "dualpath:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (the store)",
+            value=hit_tokens,
+        ),
+        GaugeMetricFamily(
+            "dualpath:prefix_cache_hit_ratio",
+            "Cached / queried prompt tokens",
+            value=hit_tokens / max(query_tokens, 1),
+        ),
+    ]
+
+
+def aborted_family(count: float) -> CounterMetricFamily:
+    return CounterMetricFamily(
+        "dualpath:num_aborted_requests",
+        "Requests freed before finishing (client gone, an error, shutdown)",
+        value=count,
+    )
+
+
+def persist_failed_family(count: float) -> CounterMetricFamily:
+    return CounterMetricFamily(
+        "dualpath:kv_persist_failed_blocks",
+        "KV block writes dropped after failing (e.g. a full disk): not cached",
+        value=count,
+    )
 
 
 class _BackendCollector(Collector):
@@ -31,39 +78,13 @@ class _BackendCollector(Collector):
         yield GaugeMetricFamily(
             "dualpath:num_requests_waiting", "Requests waiting to be admitted", value=s.num_waiting
         )
-        yield CounterMetricFamily(
-            "dualpath:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache",
-            value=s.prefix_query_tokens,
-        )
-        yield CounterMetricFamily(
-            "dualpath:prefix_cache_hits",
-            "Prompt tokens found in the prefix cache",
-            value=s.prefix_hit_tokens,
-        )
-        ratio = s.prefix_hit_tokens / max(s.prefix_query_tokens, 1)
-        yield GaugeMetricFamily(
-            "dualpath:prefix_cache_hit_ratio", "Cached / queried prompt tokens", value=ratio
-        )
+        yield from prefix_cache_families(s.prefix_query_tokens, s.prefix_hit_tokens)
         yield CounterMetricFamily(
             "dualpath:num_preemptions", "Requests requeued", value=s.num_preempted
         )
-        yield CounterMetricFamily(
-            "dualpath:num_aborted_requests",
-            "Requests freed before finishing (client gone, shutdown)",
-            value=s.num_aborted,
-        )
-        yield CounterMetricFamily(
-            "dualpath:kv_persist_failed_blocks",
-            "KV block writes dropped after failing (e.g. a full disk): not cached",
-            value=s.num_persist_failed,
-        )
-        kv = CounterMetricFamily(
-            "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
-        )
-        for path, value in sorted(s.kv_bytes_by_path.items()):  # by ``types.KVPath``
-            kv.add_metric([str(path)], value)
-        yield kv
+        yield aborted_family(s.num_aborted)
+        yield persist_failed_family(s.num_persist_failed)
+        yield kv_bytes_family(s.kv_bytes_by_path)
         util = GaugeMetricFamily(
             "dualpath:nic_utilization", "Busy fraction of each NIC", labels=["nic"]
         )

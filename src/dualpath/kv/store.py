@@ -148,9 +148,12 @@ class BlockPath(Protocol):
 
 class BlockStore(Protocol):
     """What the storage workers and side-cars need of a store of Full Blocks: ``KVStore``
-    (files), ``mooncake_store.MooncakeBlockStore`` (Mooncake Store across the network)."""
+    (files), ``mooncake_store.MooncakeBlockStore`` (Mooncake Store across the network).
+    ``batched``: whether one call for many blocks saves round trips (``read_blocks``,
+    ``write_blocks``); a store without that gain does them block by block."""
 
     layout: BlockLayout
+    batched: bool
 
     def path(self, key: str) -> BlockPath: ...
 
@@ -162,12 +165,28 @@ class BlockStore(Protocol):
 
     def read_block(self, key: str, out: memoryview) -> None: ...
 
+    def write_blocks(
+        self, keys: Sequence[str], payloads: Sequence[memoryview]
+    ) -> list[bool | OSError]: ...
+
+    def read_blocks(
+        self, keys: Sequence[str], outs: Sequence[memoryview]
+    ) -> list[KVStoreError | None]: ...
+
+    def remove(self, key: str) -> bool: ...
+
+    def register(self, memory: memoryview) -> None: ...
+
+    def close(self) -> None: ...
+
 
 class KVStore:
     """Full Blocks under ``root`` (a local directory or a shared file-system mount).
 
     ``write_fn`` writes each block file's header, then its payload (``write_all``; a test
     or ``FaultPlan.fail_writes`` injects failing writes here, see ``worker.FailingWrites``)."""
+
+    batched = False  # a file per block: nothing is saved by asking for several at once
 
     def __init__(
         self,
@@ -253,6 +272,47 @@ class KVStore:
         if parent.exists() and not parent.is_dir():
             return self.quarantine(parent)
         return False
+
+    def write_blocks(
+        self, keys: Sequence[str], payloads: Sequence[memoryview]
+    ) -> list[bool | OSError]:
+        """``write_block`` for each; per block True (stored), False (already stored) or the
+        OSError its write failed with."""
+        out: list[bool | OSError] = []
+        for key, payload in zip(keys, payloads, strict=True):
+            try:
+                out.append(self.write_block(key, payload))
+            except OSError as err:
+                out.append(err.with_traceback(None))  # (its frames hold ``payload``)
+        return out
+
+    def read_blocks(
+        self, keys: Sequence[str], outs: Sequence[memoryview]
+    ) -> list[KVStoreError | None]:
+        """``read_block`` for each; per block None (read and verified) or its error."""
+        out: list[KVStoreError | None] = []
+        for key, buf in zip(keys, outs, strict=True):
+            try:
+                self.read_block(key, buf)
+                out.append(None)
+            except KVStoreError as err:
+                out.append(err.with_traceback(None))
+        return out
+
+    def remove(self, key: str) -> bool:
+        """Remove a block (a corrupt one, so that the recomputed block is stored again);
+        whether one was there."""
+        try:
+            self.path(key).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def register(self, memory: memoryview) -> None:
+        """Nothing to do: files are read into and written from any memory."""
+
+    def close(self) -> None:
+        """Nothing held open between calls."""
 
     def quarantine(self, path: Path) -> bool:
         """Move ``path`` (a file or a directory in the store) under ``<root>/.quarantine``,

@@ -6,13 +6,9 @@ Shared by the runtime and the vLLM integration; owns no store logic itself.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from dualpath.kv.store import BlockLayout, KVStore
-
-if TYPE_CHECKING:
-    from dualpath.kv.mooncake_store import MooncakeBlockStore
+from dualpath.kv.store import BlockLayout, BlockStore, KVStore
 
 URL_FORMS = "a path, file://PATH or mooncake://MASTER_HOST:PORT"
 
@@ -23,7 +19,7 @@ def open_store(
     namespace: str = "",
     local_hostname: str = "127.0.0.1",
     timeout_s: float | None = None,
-) -> KVStore | MooncakeBlockStore:
+) -> BlockStore:
     """The store ``url`` names: a plain path or ``file://PATH`` → ``KVStore``;
     ``mooncake://MASTER_HOST:PORT`` → ``MooncakeBlockStore`` (connected: a pure client whose
     transfer engine binds ``local_hostname``, the node's SNIC address in a cluster).

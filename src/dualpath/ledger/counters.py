@@ -25,6 +25,18 @@ RUNTIME_PATHS = (
 )
 
 
+# the paths the vLLM shell tells apart (its router and its connectors' workers): a layer
+# load by its source buffer; the side-cars count what they write to storage themselves
+VLLM_PATHS = (
+    KVPath.STORAGE_TO_PE_BUFFER,
+    KVPath.STORAGE_TO_DE_BUFFER,
+    KVPath.PE_BUFFER_TO_PE_HBM,
+    KVPath.DE_BUFFER_TO_PE_HBM,
+    KVPath.PE_HBM_TO_DE_BUFFER,
+    KVPath.DE_BUFFER_TO_DE_HBM,
+)
+
+
 # the paths the simulator tells apart: every hop, a layer load by its source buffer (its DEs
 # persist every block, as the paper's: no PE writes)
 SIM_PATHS = tuple(p for p in KVPath if p not in (KVPath.BUFFER_TO_PE_HBM, KVPath.PE_TO_STORAGE))

@@ -32,11 +32,12 @@ from dualpath.kv.pacer import LinkLock, Pacer, PacerStats, SharedLink
 from dualpath.kv.store import BlockLayout
 from dualpath.kv.transport.base import RegionHandle
 from dualpath.ledger import Topology
-from dualpath.runtime.env import ProcEnv, child_setup, weights_digest
+from dualpath.runtime.engine_proc import engine_main
+from dualpath.runtime.env import ProcEnv, weights_digest
 from dualpath.runtime.exchange import region_bytes
 from dualpath.runtime.liveness import ProcId, is_running, kill_confirmed, wait_gone
 from dualpath.runtime.messages import ErrorMsg, ReadyMsg, RegionsMsg, StopMsg
-from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.options import RuntimeOptions, buffer_slots, startup_warning
 from dualpath.runtime.queues import DeathSafeQueue, discard_queue
 from dualpath.runtime.storage import storage_main
 
@@ -49,16 +50,7 @@ class RuntimeFailure(Exception):
     """A runtime process failed; the message names it."""
 
 
-def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> int:
-    if options.buffer_slots:
-        return options.buffer_slots
-    m = config.model
-    full = BlockLayout(m.num_layers, config.scheduler.block_tokens, m.kv_bytes_per_token_per_layer)
-    size = config.hardware.pe_buffer_bytes if node_is_pe else config.hardware.de_buffer_bytes
-    return max(1, int(size // full.full_block_bytes))
-
-
-def _check_kv_root(kv_root: str) -> None:
+def check_kv_root(kv_root: str) -> None:
     """RuntimeFailure (one line) unless the KV root can be created and written."""
     try:
         Path(kv_root).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -68,15 +60,6 @@ def _check_kv_root(kv_root: str) -> None:
         raise RuntimeFailure(
             f"kv_root {kv_root!r} is not a writable directory ({err.strerror or err})"
         ) from None
-
-
-def startup_warning(options: RuntimeOptions) -> str | None:
-    """The one line a run prints at start-up about its transport's exposure, if any."""
-    if options.transport != "mooncake":
-        return None
-    from dualpath.kv.transport.mooncake import BIND_WARNING
-
-    return BIND_WARNING
 
 
 # imported once by the fork server, before any child forks from it
@@ -113,7 +96,7 @@ class Launcher:
 
     def start(self) -> ProcEnv:
         topo, cfg = self.topology, self.config
-        _check_kv_root(self.options.kv_root)  # before any process or buffer exists
+        check_kv_root(self.options.kv_root)  # before any process or buffer exists
         warning = startup_warning(self.options)
         if warning:
             print(warning, file=sys.stderr)  # one line, once per run
@@ -430,25 +413,3 @@ class Launcher:
 
     def pids(self) -> list[int]:
         return sorted(ident.pid for ident in self.idents.values())
-
-
-def engine_main(env: ProcEnv, engine_id: int, inbox: Any, crash_at: int) -> None:
-    """Process entry point of engine ``engine_id`` (PE or DE by id). Only engine processes
-    use torch: the launcher and scheduler never import it (under the fork server the storage
-    workers have it loaded, shared copy-on-write, unused)."""
-    name = env.topology.engine_name(engine_id)
-    child_setup(env.parent_pid, name)
-    env.start_heartbeat(name)
-    try:
-        if env.topology.is_pe(engine_id):
-            from dualpath.runtime.pe_engine import PrefillEngine
-
-            engine: Any = PrefillEngine(env, engine_id, crash_at)
-        else:
-            from dualpath.runtime.de_engine import DecodeEngine
-
-            engine = DecodeEngine(env, engine_id, crash_at)
-        engine.serve(inbox)
-    except Exception as err:
-        env.results.put(ErrorMsg(name, f"{type(err).__name__}: {err}"))
-        raise

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath.config import Config
 from dualpath.config.systems import SystemSpec, shell_system, system_spec
+from dualpath.kv.store import BlockLayout
 from dualpath.runtime.gputime import GPU_TIMES
 from dualpath.tokens import VocabSpec
 
@@ -157,3 +159,23 @@ class RuntimeOptions:
     @property
     def paced_kv(self) -> bool:
         return not self.spec.oracle
+
+
+def buffer_slots(config: Config, options: RuntimeOptions, node_is_pe: bool) -> int:
+    """Full Blocks a node buffer holds: ``options.buffer_slots``, else the PE or DE buffer's
+    bytes (``hardware``) over one Full Block's."""
+    if options.buffer_slots:
+        return options.buffer_slots
+    m = config.model
+    full = BlockLayout(m.num_layers, config.scheduler.block_tokens, m.kv_bytes_per_token_per_layer)
+    size = config.hardware.pe_buffer_bytes if node_is_pe else config.hardware.de_buffer_bytes
+    return max(1, int(size // full.full_block_bytes))
+
+
+def startup_warning(options: RuntimeOptions) -> str | None:
+    """The one line a run prints at start-up about its transport's exposure, if any."""
+    if options.transport != "mooncake":
+        return None
+    from dualpath.kv.transport.mooncake import BIND_WARNING
+
+    return BIND_WARNING

@@ -33,16 +33,9 @@ from dualpath.kv.buffer import BufferSpec
 from dualpath.kv.store import BlockLayout
 from dualpath.ledger import Topology
 from dualpath.runtime.env import ProcEnv, weights_digest
-from dualpath.runtime.launcher import (
-    JOIN_TIMEOUT_S,
-    Launcher,
-    RuntimeFailure,
-    _check_kv_root,
-    buffer_slots,
-    startup_warning,
-)
+from dualpath.runtime.launcher import JOIN_TIMEOUT_S, Launcher, RuntimeFailure, check_kv_root
 from dualpath.runtime.messages import StopMsg
-from dualpath.runtime.options import RuntimeOptions
+from dualpath.runtime.options import RuntimeOptions, buffer_slots, startup_warning
 from dualpath.types import EngineKind
 
 RESOURCE_SHARE = 0.001  # of a node's marker resource per actor: any number fit on a node
@@ -180,7 +173,7 @@ class RayLauncher(Launcher):
         )
 
         topo, cfg, opts = self.topology, self.config, self.options
-        _check_kv_root(opts.kv_root)  # the driver's view of the shared KV mount
+        check_kv_root(opts.kv_root)  # the driver's view of the shared KV mount
         self._session = contextlib.ExitStack()
         try:
             ray = self._session.enter_context(ray_session(opts.ray_address, topo.num_nodes))

@@ -1,6 +1,6 @@
 """The router's ASGI app (FastAPI): the OpenAI routes, ``/health``, ``/metrics`` and
 ``/v1/dualpath/decisions`` over a ``router.Router``, each behind the default engine's key
-check (``serve.service.tenant_of``) but ``/health``; vLLM's other routes passed to an instance
+check (``frontend.service.tenant_of``) but ``/health``; vLLM's other routes passed to an instance
 (``Router.forward``); its lifespan runs the background tasks (the supervisor, the event
 loop's lag) and stops them; an access log line per request (``access.py``).
 """

@@ -14,6 +14,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dualpath.frontend.metrics import (
+    aborted_family,
+    kv_bytes_family,
+    persist_failed_family,
+    prefix_cache_families,
+)
 from dualpath.integrations.vllm.flow import TurnFlow
 from dualpath.types import KVPath
 
@@ -51,33 +57,19 @@ class FlowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         st = self._flow.stats
         nodes = self.snapshot.nodes
-        kv = CounterMetricFamily(
-            "dualpath:kv_bytes", "KV bytes moved per load path", labels=["path"]
-        )
-        by_path = dict(st.bytes_by_path)
+        by_path = dict(self._flow.counters.bytes_by_path)
         for kind, stored in (("de", KVPath.DE_TO_STORAGE), ("pe", KVPath.PE_TO_STORAGE)):
             written = sum(n.get("bytes_written", 0) for n in nodes if n.get("kind") == kind)
             if written or kind == "de":  # (a PE node writes only across nodes, for DualPath)
                 by_path[stored.value] = by_path.get(stored.value, 0.0) + written
-        for name, nbytes in sorted(by_path.items()):
-            kv.add_metric([name], nbytes)
-        yield kv
+        yield kv_bytes_family(by_path)
         side = CounterMetricFamily("dualpath:reads", "Storage reads per read side", labels=["side"])
         for name in ("pe", "de"):
             side.add_metric([name], st.reads_by_side.get(name, 0))
         yield side
-        yield CounterMetricFamily(
-            "dualpath:prefix_cache_queries",
-            "Prompt tokens looked up in the store",
-            value=st.prompt_tokens,
-        )
-        yield CounterMetricFamily(
-            "dualpath:prefix_cache_hits", "Prompt tokens loaded from the store", value=st.hit_tokens
-        )
+        yield from prefix_cache_families(st.prompt_tokens, st.hit_tokens)
         yield CounterMetricFamily("dualpath:requests_done", "Requests answered", value=st.num_done)
-        yield CounterMetricFamily(
-            "dualpath:requests_failed", "Requests that ended in an error", value=st.num_failed
-        )
+        yield aborted_family(st.num_aborted)
         busy = GaugeMetricFamily(
             "dualpath:snic_busy_seconds", "Emulated SNIC busy time", labels=["node", "direction"]
         )
@@ -153,11 +145,6 @@ class FlowCollector(Collector):
         """KV writes that did not land, and why: none is ever dropped silently."""
         nodes = [n for n in self.snapshot.nodes if not n.get("down")]
         st = self._flow.stats
-        failed = CounterMetricFamily(
-            "dualpath:kv_writes_failed",
-            "Blocks the store did not take after retries (each named in the side-car's log)",
-            labels=["node"],
-        )
         pending = GaugeMetricFamily(
             "dualpath:kv_writes_pending", "Blocks queued for a write or in hand", labels=["node"]
         )
@@ -167,10 +154,10 @@ class FlowCollector(Collector):
             labels=["node"],
         )
         for n in nodes:
-            failed.add_metric([str(n["node"])], n.get("failed_writes", 0))
             pending.add_metric([str(n["node"])], n.get("unfinished_writes", 0))
             refused.add_metric([str(n["node"])], n.get("refused_requests", 0))
-        yield failed
+        # each block named in its side-car's log
+        yield persist_failed_family(sum(n.get("failed_writes", 0) for n in nodes))
         yield pending
         yield refused
         settle = CounterMetricFamily(

@@ -9,7 +9,9 @@ nothing more. Per request (design §4):
    prefix (Full Blocks, per-tenant namespace; blocks of the prefix still queued for a write at
    a DE node's side-car are waited for first, as the runtime's ``Durability`` does: the turn
    before wrote them behind its answer) → a turn submitted; the policy picks PE, DE and
-   the read side from the same view as in the runtime (seq_e, tok_e, free HBM, read_q per SNIC);
+   the read side from the view the runtime's reads (seq_e, tok_e, read_q per SNIC, free HBM),
+   but a DE's free HBM is its ``hbm_tokens`` less what its turns reserve until they finish:
+   vLLM's own free KV is not read, so the shell never reports ``loaded``;
 2. slots in the DE buffer for the whole prompt; the hit blocks read from storage into the PE
    buffer (PE read path) or straight into the first of those DE slots (DE read path), by that
    node's side-car, through its SNIC;
@@ -57,11 +59,11 @@ from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.integrations.vllm.slotqueue import SlotQueue
 from dualpath.kv.buffer import SlotBuffer
-from dualpath.kv.mooncake_store import MooncakeBlockStore
 from dualpath.kv.store import block_keys
 from dualpath.kv.stores import open_store
 from dualpath.ledger import Core, Phase, Topology
 from dualpath.ledger.core import Read
+from dualpath.ledger.counters import VLLM_PATHS
 from dualpath.ledger.turn import Turn, usable_hit_tokens
 from dualpath.policy import Assign
 from dualpath.policy.base import Policy
@@ -114,12 +116,13 @@ class Prepared:
 
 @dataclass(slots=True)
 class FlowStats:
-    bytes_by_path: dict[str, float] = field(default_factory=dict)
+    """What only the router counts (bytes per path are the core's: ``core.counters``)."""
+
     reads_by_side: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     hit_tokens: int = 0
     num_done: int = 0
-    num_failed: int = 0
+    num_aborted: int = 0  # turns that failed or whose client left
     settle_failures: int = 0  # a DE side-car that could not say what it still writes
     settle_timeouts: int = 0  # writes of a prefix still queued after SETTLE_WAIT_S
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per router stage
@@ -131,9 +134,6 @@ class FlowStats:
             yield
         finally:
             self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - start
-
-    def add(self, path: KVPath, nbytes: float) -> None:
-        self.bytes_by_path[path.value] = self.bytes_by_path.get(path.value, 0.0) + nbytes
 
 
 def _no_agents(agent: object, arrival_s: float) -> None:
@@ -163,8 +163,9 @@ class TurnFlow:
         self._forced = ForcedSide(policy, force_side)
         decide: Policy = self._forced
         self.core: Core[Any, Turn] = Core(
-            self.topology, decide, dep.hbm_tokens, dep.block_tokens, _no_agents
+            self.topology, decide, dep.hbm_tokens, dep.block_tokens, _no_agents, paths=VLLM_PATHS
         )
+        self.counters = self.core.counters  # KV bytes per load path
         self.core.count_generated()  # tok_e per DE, as the other shells report it
         spec0 = dep.nodes[0]
         # the store's index: the files at kv_root, or the master of a store across the network
@@ -431,7 +432,7 @@ class TurnFlow:
                 self.core.read_done(turn, node, self.now())
         got = int(answer["num_ok"])
         path = KVPath.STORAGE_TO_PE_BUFFER if side is ReadSide.PE else KVPath.STORAGE_TO_DE_BUFFER
-        self.stats.add(path, got * self.full_block_bytes)
+        self.counters.moved(path, got * self.full_block_bytes)
         self.stats.reads_by_side[side.value] = self.stats.reads_by_side.get(side.value, 0) + 1
         if got < prep.hit_blocks:  # a block went missing or was corrupt: recompute from there
             prep.hit_blocks = got
@@ -557,12 +558,12 @@ class TurnFlow:
             self._give_back(prep.assign.pe, prep.pe_slots, prep.lease)
             prep.pe_slots = []
         if de_path:
-            self.stats.add(KVPath.DE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
+            self.counters.moved(KVPath.DE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
             saved = len(prep.de_slots) - prep.hit_blocks
         else:
-            self.stats.add(KVPath.PE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
+            self.counters.moved(KVPath.PE_BUFFER_TO_PE_HBM, prep.hit_blocks * bs_bytes)
             saved = len(prep.de_slots)
-        self.stats.add(KVPath.PE_HBM_TO_DE_BUFFER, saved * bs_bytes)
+        self.counters.moved(KVPath.PE_HBM_TO_DE_BUFFER, saved * bs_bytes)
         self.core.first_token(prep.turn, self.now())
         self._pull()
 
@@ -582,7 +583,9 @@ class TurnFlow:
     def decoding(self, prep: Prepared) -> None:
         """The decode's first bytes arrived: it claimed the DE slots when it loaded them."""
         if prep.de_slots:
-            self.stats.add(KVPath.DE_BUFFER_TO_DE_HBM, len(prep.de_slots) * self.full_block_bytes)
+            self.counters.moved(
+                KVPath.DE_BUFFER_TO_DE_HBM, len(prep.de_slots) * self.full_block_bytes
+            )
         turn = prep.turn
         turn.second_token_s = turn.first_token_s if turn.output_tokens == 1 else self.now()
         self.stats.prompt_tokens += prep.turn.prompt_tokens
@@ -687,7 +690,7 @@ class TurnFlow:
         if self.core.cancel(turn, self.now()):
             self.core.abort(turn, self.now())
             self.core.forget(turn.request_id)
-        self.stats.num_failed += 1
+        self.stats.num_aborted += 1
         self._pull()
 
     def node_stats(self) -> list[dict[str, Any]]:
@@ -702,8 +705,7 @@ class TurnFlow:
     def close(self) -> None:
         for buf in self.buffers.values():
             buf.close()
-        if isinstance(self.store, MooncakeBlockStore):
-            self.store.close()
+        self.store.close()
         self._calls.shutdown(wait=False)
         if self._pool is not None:
             self._pool.close()

@@ -66,8 +66,8 @@ def find_vllm_python(explicit: str | None = None) -> str:
     roots = [Path.cwd(), Path(__file__).resolve().parents[4]]
     given = explicit or os.environ.get(VLLM_PYTHON_ENV)
     if given:  # asked for: that one or an error, never a silent substitute
-        if not Path(given).is_file():
-            raise ValueError(f"--vllm-python {given}: no such file")
+        if not (Path(given).is_file() and os.access(given, os.X_OK)):
+            raise ValueError(f"--vllm-python {given}: not an executable file")
         return given
     for c in (str(r / DEFAULT_VLLM_VENV / "bin" / "python") for r in roots):
         if Path(c).is_file():
@@ -94,7 +94,7 @@ def store_service(
     cmd = [
         sys.executable,
         "-m",
-        "dualpath.kv.mooncake_store",
+        "dualpath.kv.mooncake_server",
         "serve",
         "--host",
         seat.snic,
@@ -426,38 +426,28 @@ def serve_vllm(
 ) -> int:
     """Run the whole deployment until SIGTERM / SIGINT (0), or until a process died more
     often than ``opts.max_restarts`` (1); ``router_opts``: ``router.RouterOptions``."""
-    from dualpath.config import config_for
-    from dualpath.config.systems import shell_system
     from dualpath.frontend.http_server import http_server
     from dualpath.integrations.vllm.app import create_app
-    from dualpath.integrations.vllm.flow import TurnFlow
-    from dualpath.integrations.vllm.router import Router, RouterOptions
+    from dualpath.integrations.vllm.assembly import build_router, router_policy
     from dualpath.integrations.vllm.supervise import Supervisor
     from dualpath.kv.weights import checkpoint_digest
-    from dualpath.policy import make_policy
-    from dualpath.types import ReadSide
 
-    if config.scheduler.split_reads:  # refused before anything starts, never a 500 a request
-        raise ValueError(
-            "scheduler.split_reads=true is not supported by --engine vllm (each "
-            "request reads its hit KV through one node): set it to false"
-        )
+    policy = router_policy(config, system)  # refused before anything starts
     python = find_vllm_python(opts.vllm_python)
     engine = engine_name(python)
     opts = resolve_parsers(VllmOptions(**{**_fields(opts), "vllm_python": python}), python, engine)
-    policy = make_policy(config_for(config, shell_system(system, "the vLLM shell")))
     t0 = time.monotonic()
     with _sigterm_raises():
         launched = launch(opts, checkpoint_digest(opts.model_dir), engine)
     # this process is the router: it reads the deployment's token as every other piece does
     os.environ.pop(TOKEN_ENV, None)
     os.environ[TOKEN_FILE_ENV] = launched.token_file
-    force = None if opts.read_side == "policy" else ReadSide(opts.read_side)
     failed: list[str] = []
     flow: Any = None
     try:
-        flow = TurnFlow(launched.deployment, policy, opts.kv_root, force_side=force)
-        router = Router(flow, router_opts or RouterOptions())
+        flow, router = build_router(
+            launched.deployment, policy, opts.kv_root, opts.read_side, router_opts
+        )
         http: Any = None
 
         def on_fatal(reason: str) -> None:

@@ -64,9 +64,8 @@ from typing import Any
 from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec, call
 from dualpath.integrations.vllm.token import REFUSAL, TOKEN_FIELD, admits, sidecar_token
 from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
-from dualpath.kv.mooncake_store import MooncakeBlockStore
 from dualpath.kv.pacer import LinkLock, Pacer
-from dualpath.kv.store import BlockCorrupt, KVStore
+from dualpath.kv.store import BlockCorrupt, BlockStore
 from dualpath.kv.stores import open_store
 from dualpath.kv.transport.base import RegionHandle
 from dualpath.kv.worker import persist_with_retry, read_or_miss, snic_pacers
@@ -175,7 +174,7 @@ class NodeSidecar:
         self._peers: dict[str, RegionHandle] = {}  # control address → its registered buffer
         self._jobs: dict[str, _Job] = {}  # persist jobs some of whose parts arrived
 
-    def _open_store(self) -> KVStore | MooncakeBlockStore:
+    def _open_store(self) -> BlockStore:
         """A client of the node's store; across the network its transfer engine binds the
         SNIC's address (the blocks cross that interface) and reads land in the slots."""
         spec = self.spec
@@ -186,11 +185,10 @@ class NodeSidecar:
             local_hostname=spec.snic_host or "127.0.0.1",
             timeout_s=STORE_CALL_TIMEOUT_S,
         )
-        if isinstance(store, MooncakeBlockStore):
-            store.register(self.buffer.data)
+        store.register(self.buffer.data)  # (a store across the network: zero-copy)
         return store
 
-    def _stores(self) -> list[KVStore | MooncakeBlockStore]:
+    def _stores(self) -> list[BlockStore]:
         return list({id(s): s for s in [*self.read_stores, self.write_store]}.values())
 
     # ---------------------------------------------------------------- compute network
@@ -282,12 +280,10 @@ class NodeSidecar:
         """Whether the store takes a request's blocks in one call (a store across the
         network: its round trips once per batch, the link kept busy) and no software SNIC
         paces them one by one."""
-        return isinstance(self.store, MooncakeBlockStore) and self.snic_read is None
+        return self.store.batched and self.snic_read is None
 
-    def _read_job(
-        self, store: KVStore | MooncakeBlockStore, keys: list[str], slots: list[int]
-    ) -> list[bool]:
-        if not isinstance(store, MooncakeBlockStore) or not self._batched():
+    def _read_job(self, store: BlockStore, keys: list[str], slots: list[int]) -> list[bool]:
+        if not self._batched():
             return list(self.readers.map(self._read_one, keys, slots))
         errs = store.read_blocks(keys, [self.buffer.slot(s) for s in slots])
         for key, err in zip(keys, errs, strict=True):
@@ -335,7 +331,6 @@ class NodeSidecar:
     def _write_batch(self, batch: list[tuple[str, int]]) -> None:
         """Several blocks in one batched put (``MooncakeBlockStore.write_blocks``); one that
         failed is tried again alone, with ``persist_with_retry``'s backoff."""
-        assert isinstance(self.write_store, MooncakeBlockStore)
         keys, slots = [k for k, _ in batch], [s for _, s in batch]
         results = self.write_store.write_blocks(keys, [self.buffer.slot(s) for s in slots])
         for (key, slot), res in zip(batch, results, strict=True):
@@ -593,8 +588,7 @@ class NodeSidecar:
                 t.join(timeout=30)
             self.readers.shutdown()
             for store in self._stores():
-                if isinstance(store, MooncakeBlockStore):
-                    store.close()
+                store.close()
             if self._engine is not None:
                 self._engine.close()
             self.buffer.close()

@@ -39,6 +39,7 @@ from dualpath.integrations.vllm.blocks import (
 from dualpath.integrations.vllm.node import NodeSpec, SidecarPool, attach_buffer, instance_owner
 from dualpath.integrations.vllm.plan import BlockCopy, PagedPersist, StepMeta
 from dualpath.kv.buffer import SlotBuffer
+from dualpath.ledger.counters import VLLM_PATHS, RunCounters
 from dualpath.types import KVPath
 
 SidecarCall = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -109,7 +110,7 @@ class WorkerSide:
         self.meta = StepMeta()
         self._failed_loads: set[str] = set()
         self._load_errors: set[int] = set()
-        self.bytes_by_path: dict[str, int] = {}
+        self.counters = RunCounters.over(VLLM_PATHS)  # KV bytes per load path
 
     # ---------------------------------------------------------------- setup
     def register(
@@ -158,7 +159,7 @@ class WorkerSide:
         return view
 
     def _count(self, path: KVPath, nbytes: int) -> None:
-        self.bytes_by_path[path.value] = self.bytes_by_path.get(path.value, 0) + nbytes
+        self.counters.moved(path, nbytes)
 
     def _load_path(self, node: int) -> KVPath:
         if self.nodes[self.node].kind == "de":

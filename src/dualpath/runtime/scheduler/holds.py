@@ -67,3 +67,11 @@ class Holds:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def recompute_beyond(req: Req, tokens: int) -> None:
+    """``req``'s hit KV is its first ``tokens`` (what a hold gave it): the rest of its hit is
+    computed again (a hold lost to a DE restart; the tokens are the same)."""
+    req.cached = min(tokens, req.hit_tokens)
+    if req.cached < req.hit_tokens:
+        req.hit_tokens = req.kv_tokens = req.cached
