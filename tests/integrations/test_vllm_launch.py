@@ -151,13 +151,14 @@ def test_an_explicit_vllm_python_is_used_or_refused(
     """A path that is not an executable file (missing, or a file without the execute bit) is
     refused in one line naming the flag and the path, before anything starts; an executable
     one is what the deployment runs."""
-    with pytest.raises(ValueError, match="no such file"):
-        find_vllm_python(str(tmp_path / "python"))
     exe = tmp_path / "python"
     exe.write_text("")
     for path in (exe, tmp_path / "missing", tmp_path):
         with pytest.raises(ValueError) as refused:
             VllmOptions("m", vllm_python=str(path))
+        assert str(refused.value) == f"--vllm-python {path}: not an executable file"
+        with pytest.raises(ValueError) as refused:  # (``dualpath vllm``, the env variable)
+            find_vllm_python(str(path))
         assert str(refused.value) == f"--vllm-python {path}: not an executable file"
     assert _serve(tmp_path, "--vllm-python", str(exe)) == 2
     err = capsys.readouterr().err.strip()
