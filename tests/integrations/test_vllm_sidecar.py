@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.integrations.nodes import running_sidecars
 
 from dualpath.integrations.vllm.node import NodeSpec, SidecarPool, _connect, call, wait_ready
+from dualpath.kv.store import QUARANTINE
 
 LAYERS, BS, ROW = 2, 4, 32
 BURST = 64
@@ -161,3 +163,30 @@ def test_a_sidecar_with_a_token_refuses_every_operation_without_it(tmp_path: Pat
             assert "unauthorized" in str(err)
         else:
             raise AssertionError("a ping without a token was answered")
+
+
+def test_a_write_whose_path_is_in_the_way_is_counted_and_not_tried_again(
+    tmp_path: Path,
+) -> None:
+    """The storage nodes' one write-failure policy (``kv.worker.WriteFailures``) in the
+    side-car: a block whose directory is a file that cannot be moved aside fails (ENOTDIR), is
+    counted in ``stats`` and its slot freed; the same block again is dropped unread, counted
+    again."""
+    key = "ab" + "0" * 62
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "kv" / key[:2]).write_text("a file where the block's folder goes")
+    (tmp_path / "kv" / QUARANTINE).write_text("and one where it would be moved aside")
+    with running_sidecars(tmp_path, 8, LAYERS, BS, ROW, "ns0") as specs:
+        de = specs[1].control
+        for expected in (1, 2):
+            slots = call(de, {"op": "alloc", "num_slots": 1, "owner": 7})["slots"]
+            assert call(de, {"op": "write", "keys": [key], "slots": slots, "owner": 7}) == {
+                "queued": 1
+            }
+            deadline = time.monotonic() + 10
+            while (stats := call(de, {"op": "stats"}))["unfinished_writes"]:
+                assert time.monotonic() < deadline, stats
+                time.sleep(0.02)
+            assert stats["failed_writes"] == expected and stats["bytes_written"] == 0
+            assert stats["free_slots"] == 8  # the slot came back either way
+    assert (tmp_path / "kv" / key[:2]).is_file()  # nothing moved aside: it was never the block

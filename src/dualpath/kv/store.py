@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 MAGIC = b"DPKV"
 VERSION = 2  # layout version: part of every namespace fingerprint and of every block header
@@ -136,6 +136,17 @@ def block_header(layout: BlockLayout, crc: int, fingerprint: bytes, size: int) -
         fingerprint,
     )
     return head.ljust(size, b"\0")
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def bare(err: E) -> E:
+    """``err`` without its traceback, cause and context: their frames hold the caller's
+    buffer (a view of a node buffer's shared memory, which could then not be closed; a frame
+    and its exception also form a cycle that lives until the next garbage collection)."""
+    err.__context__ = err.__cause__ = None
+    return err.with_traceback(None)
 
 
 class BlockPath(Protocol):
@@ -283,7 +294,7 @@ class KVStore:
             try:
                 out.append(self.write_block(key, payload))
             except OSError as err:
-                out.append(err.with_traceback(None))  # (its frames hold ``payload``)
+                out.append(bare(err))
         return out
 
     def read_blocks(
@@ -296,7 +307,7 @@ class KVStore:
                 self.read_block(key, buf)
                 out.append(None)
             except KVStoreError as err:
-                out.append(err.with_traceback(None))
+                out.append(bare(err))
         return out
 
     def remove(self, key: str) -> bool:

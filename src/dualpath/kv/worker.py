@@ -1,5 +1,6 @@
 """The storage-worker core that every shell's node process shares: a block read or a miss, a
-block write with bounded retries, the SNIC's two pacers, and the write-fault hook.
+block write with bounded retries, the one write-failure policy, the SNIC's two pacers, and the
+write-fault hook.
 
 The runtime's storage worker (``runtime/storage.py``) and the vLLM side-car
 (``integrations/vllm/sidecar.py``) are thin processes around these: each owns its node's
@@ -10,11 +11,19 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 from collections.abc import Callable
 
 from dualpath.kv.pacer import Pacer
-from dualpath.kv.store import HEADER_BYTES, BlockCorrupt, BlockStore, KVStoreError, write_all
+from dualpath.kv.store import (
+    HEADER_BYTES,
+    BlockCorrupt,
+    BlockStore,
+    KVStoreError,
+    bare,
+    write_all,
+)
 
 # SNIC pacer quantum: 10 ms, not the CNICs' 1 ms (there HIGH must not wait long behind a LOW
 # quantum; no HIGH crosses a SNIC): at 10 MB/s a Full Block's read wakes its thread 3 times,
@@ -29,6 +38,8 @@ PATH_ERRNOS = frozenset(
     {errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS}
 )
 NO_RETRY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, *PATH_ERRNOS})
+UNWRITABLE_KEYS = 4096  # blocks a node remembers it could not write (never tried again)
+FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
 def read_or_miss(store: BlockStore, key: str, out: memoryview) -> bool:
@@ -53,8 +64,7 @@ def persist_with_retry(
 ) -> OSError | None:
     """Write one block, retrying OSErrors (but ENOSPC / EDQUOT) with exponential backoff; the
     last error, or None. A failed attempt leaves no temporary file (``KVStore.write_block``
-    removes it). The error comes back without its traceback: the traceback's frames hold
-    ``payload``, a view of the node buffer, whose shared memory could then not be closed."""
+    removes it). The error comes back ``bare``: no frame of it holds ``payload``."""
     err: OSError | None = None
     for attempt in range(attempts):
         if attempt:
@@ -63,10 +73,57 @@ def persist_with_retry(
             store.write_block(key, payload)
             return None
         except OSError as e:
-            err = e.with_traceback(None)
+            err = bare(e)
             if e.errno in NO_RETRY_ERRNOS:
                 break
     return err
+
+
+class WriteFailures:
+    """The one write-failure policy of every storage node (the runtime's storage workers,
+    the vLLM side-cars): a block the store did not take after ``persist_with_retry`` is
+    counted (``num_failed``) and named on stderr, the first at once and then at most one line
+    per ``report_s`` (a full disk fails every write: a line each would flood the log); a block
+    whose path stays in the way (``PATH_ERRNOS``) is remembered, up to ``remember`` keys, and
+    dropped at once when it comes again (a full disk may have room later: tried again).
+    Used by one writer thread."""
+
+    def __init__(
+        self,
+        name: str,
+        report_s: float = FAILED_REPORT_S,
+        remember: int = UNWRITABLE_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name, self.report_s, self.remember, self.clock = name, report_s, remember, clock
+        self.num_failed = 0
+        self._unwritable: dict[str, None] = {}  # insertion order: the oldest is forgotten
+        self._reported_s = 0.0
+
+    def skip(self, key: str) -> bool:
+        """Whether ``key``'s write is dropped unread (its path stayed in the way before);
+        counted as failed when it is."""
+        if key in self._unwritable:
+            self.num_failed += 1
+            return True
+        return False
+
+    def failed(self, key: str, err: OSError) -> None:
+        """Block ``key`` was not cached: ``err`` is why."""
+        self.num_failed += 1
+        if err.errno in PATH_ERRNOS:
+            self._unwritable[key] = None
+            if len(self._unwritable) > self.remember:
+                del self._unwritable[next(iter(self._unwritable))]
+        now = self.clock()
+        if self.num_failed == 1 or now - self._reported_s >= self.report_s:
+            self._reported_s = now
+            print(
+                f"dualpath: {self.name}: block {key} not cached: {err} "
+                f"({self.num_failed} dropped so far)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class FailingWrites:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,8 +29,8 @@ from dualpath.kv.store import KVStore
 from dualpath.kv.tier import DramTier
 from dualpath.kv.transport import make_transport
 from dualpath.kv.worker import (
-    PATH_ERRNOS,
     FailingWrites,
+    WriteFailures,
     persist_with_retry,
     read_or_miss,
     snic_pacers,
@@ -52,8 +50,6 @@ from dualpath.runtime.messages import (
 from dualpath.types import TrafficClass
 
 POLL_S = 0.5  # inbox poll: lets an orphaned worker notice its parent is gone
-UNWRITABLE_KEYS = 4096  # blocks a worker remembers it could not write (never tried again)
-FAILED_REPORT_S = 10.0  # dropped writes: one stderr line per this many seconds at most
 
 
 def write_faults(env: ProcEnv) -> FailingWrites | None:
@@ -96,11 +92,7 @@ class StorageWorker:
             self.tier = DramTier(env.config.reuse.dram_tier_bytes)
         self.dram = dram
         self.writes: queue.Queue[PersistMsg | None] = queue.Queue()
-        self.num_failed = 0  # block writes dropped
-        # blocks whose path stayed in the way after the store moved the obstacle aside (or
-        # could not): a later write of one is dropped at once, not tried and logged again
-        self.unwritable: dict[str, None] = {}
-        self.failed_reported_s = 0.0
+        self.failures = WriteFailures(self.name)  # block writes dropped, and why
         # the node buffer as a transport region: the peer side of every engine's transfers
         self.transport = make_transport(env.options.transport)
         self.region = self.transport.register(self.buffer.spec.name, self.buffer.data)
@@ -164,8 +156,7 @@ class StorageWorker:
                 transfer_all(self.write_route, nbytes, TrafficClass.LOW)
             # the slot is the scheduler's to free, on the ack: were this worker killed before
             # acking, it hands the write, slot intact, to the next one
-            if msg.key in self.unwritable:
-                self.num_failed += 1
+            if self.failures.skip(msg.key):  # its path stayed in the way: not tried again
                 self.env.results.put(PersistedMsg(msg.key, False, msg.node, msg.slot))
                 continue
             try:
@@ -178,25 +169,8 @@ class StorageWorker:
                     msg.key, self.buffer.slot(msg.slot)[: self.store.layout.full_block_bytes]
                 )
             if err is not None:  # e.g. a full disk: the tokens are served, the block not cached
-                self._report_failed(err)
-                if err.errno in PATH_ERRNOS:  # (a full disk may have room again later)
-                    self.unwritable[msg.key] = None
-                    if len(self.unwritable) > UNWRITABLE_KEYS:
-                        del self.unwritable[next(iter(self.unwritable))]
+                self.failures.failed(msg.key, err)
             self.env.results.put(PersistedMsg(msg.key, err is None, msg.node, msg.slot))
-
-    def _report_failed(self, err: OSError) -> None:
-        """One stderr line for the first dropped write, then at most one per
-        ``FAILED_REPORT_S`` (a full disk fails every write: one line each would flood)."""
-        self.num_failed += 1
-        now = time.monotonic()
-        if self.num_failed == 1 or now - self.failed_reported_s >= FAILED_REPORT_S:
-            self.failed_reported_s = now
-            print(
-                f"dualpath: {self.name}: block not cached: {err} "
-                f"({self.num_failed} dropped so far)",
-                file=sys.stderr,
-            )
 
     def serve(self, inbox: Any) -> None:
         reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)

@@ -68,7 +68,7 @@ from dualpath.kv.pacer import LinkLock, Pacer
 from dualpath.kv.store import BlockCorrupt, BlockStore
 from dualpath.kv.stores import open_store
 from dualpath.kv.transport.base import RegionHandle
-from dualpath.kv.worker import persist_with_retry, read_or_miss, snic_pacers
+from dualpath.kv.worker import WriteFailures, persist_with_retry, read_or_miss, snic_pacers
 from dualpath.types import TrafficClass
 
 # requests a batched store reads at once: while one waits for the store's RPCs (a replica
@@ -162,7 +162,7 @@ class NodeSidecar:
         self.read_queued_s = 0.0
         self.read_store_s = 0.0
         self.bytes_written = 0
-        self.num_failed_writes = 0
+        self.failures = WriteFailures(f"node{self.spec.node}")  # block writes dropped, and why
         self.num_skipped_writes = 0  # blocks another turn had persisted already
         self._lock = threading.Lock()
         self._queued: Counter[str] = Counter()  # keys handed to ``persist``, not done yet
@@ -346,6 +346,9 @@ class NodeSidecar:
 
     def _write_one(self, key: str, slot: int) -> None:
         nbytes = self.spec.layout.full_block_bytes
+        if self.failures.skip(key):  # its path stayed in the way: not tried again
+            self.buffer.free([slot])
+            return
         if self.write_store.has(key):  # content-addressed: a block stored is not resent
             self.buffer.free([slot])
             with self._lock:
@@ -357,17 +360,11 @@ class NodeSidecar:
             err = persist_with_retry(self.write_store, key, self.buffer.slot(slot))
         finally:
             self.buffer.free([slot])
-        with self._lock:
-            if err is None:
+        if err is None:
+            with self._lock:
                 self.bytes_written += nbytes
-            else:  # e.g. a full disk: the tokens were served, the block is not cached
-                self.num_failed_writes += 1
-        if err is not None:  # counted (``failed_writes`` in /metrics) and named
-            print(
-                f"dualpath: node{self.spec.node}: block {key} not cached: {err}",
-                file=sys.stderr,
-                flush=True,
-            )
+        else:  # e.g. a full disk: the tokens were served, the block is not cached
+            self.failures.failed(key, err)  # counted (``failed_writes`` in /metrics), named
 
     def persist(self, keys: list[str], slots: list[int], owner: int | None = None) -> int:
         """Queue ``slots`` for a write as blocks ``keys``; how many were queued. ``owner``
@@ -464,7 +461,7 @@ class NodeSidecar:
                 "kind": self.spec.kind,
                 "bytes_read": self.bytes_read,
                 "bytes_written": self.bytes_written,
-                "failed_writes": self.num_failed_writes,
+                "failed_writes": self.failures.num_failed,
                 "skipped_writes": self.num_skipped_writes,
                 "unfinished_writes": sum(self._queued.values()),  # queued or in hand
                 "waiting_jobs": len(self._jobs),  # persist jobs with parts still to come
