@@ -22,6 +22,7 @@ from dualpath.frontend.service import tenant_of
 from dualpath.integrations.vllm.access import AccessLog, LoopLag
 from dualpath.integrations.vllm.collector import FlowCollector, take_snapshot
 from dualpath.integrations.vllm.router import Router, error_response
+from dualpath.integrations.vllm.setup import READ_SIDES, READ_SIDES_ALLOWED
 from dualpath.types import ReadSide
 
 Background = Callable[[], Coroutine[Any, Any, None]]
@@ -142,9 +143,9 @@ def create_app(
         tenant_of(keys, request)
         body = await body_of(request)
         side = body.get("read_side") if isinstance(body, dict) else None
-        if side not in ("policy", "pe", "de"):
+        if side not in READ_SIDES:
             return error_response(
-                400, f"read_side={side!r} is invalid: must be policy, pe or de", "read_side"
+                400, f"read_side={side!r} is invalid: {READ_SIDES_ALLOWED}", "read_side"
             )
         router.flow.read_side = None if side == "policy" else ReadSide(side)
         return JSONResponse({"read_side": side})

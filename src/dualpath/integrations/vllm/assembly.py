@@ -9,11 +9,9 @@ from dualpath.config import Config, config_for
 from dualpath.config.systems import shell_system
 from dualpath.integrations.vllm.flow import TurnFlow
 from dualpath.integrations.vllm.router import Router, RouterOptions
-from dualpath.integrations.vllm.setup import Deployment
+from dualpath.integrations.vllm.setup import READ_SIDES, READ_SIDES_ALLOWED, Deployment
 from dualpath.policy import PolicyCore, make_policy
 from dualpath.types import ReadSide
-
-READ_SIDES = ("policy", ReadSide.PE.value, ReadSide.DE.value)  # policy: it picks each time
 
 
 def router_policy(config: Config, system: str) -> PolicyCore:
@@ -38,7 +36,7 @@ def build_router(
     ``policy`` (the policy picks each request's side), or a side every read is forced to.
     The caller closes the flow."""
     if read_side not in READ_SIDES:
-        raise ValueError(f"read_side={read_side!r} is invalid: must be one of {READ_SIDES}")
+        raise ValueError(f"read_side={read_side!r} is invalid: {READ_SIDES_ALLOWED}")
     force = None if read_side == "policy" else ReadSide(read_side)
     flow = TurnFlow(deployment, policy, kv_root, force_side=force)
     return flow, Router(flow, options or RouterOptions())

@@ -42,6 +42,10 @@ REFUSED_MODEL_TYPES = {
 MLA_CPU_BLOCK_TOKENS = 128
 MLA_CPU_FP32_BLOCK_TOKENS = 16
 
+# where reads go: the policy picks each request's side, or every read is forced to one
+READ_SIDES = ("policy", "pe", "de")
+READ_SIDES_ALLOWED = "must be policy, pe or de"
+
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
@@ -269,8 +273,8 @@ class VllmOptions:
                 f"block_tokens={self.block_tokens} is invalid: vLLM needs a multiple of 16 "
                 "(0: the model's default)"
             )
-        if self.read_side not in ("policy", "pe", "de"):
-            raise ValueError(f"read_side={self.read_side!r} is invalid: must be policy, pe or de")
+        if self.read_side not in READ_SIDES:
+            raise ValueError(f"read_side={self.read_side!r} is invalid: {READ_SIDES_ALLOWED}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid: must be cpu or cuda")
         if self.max_restarts < 0:
