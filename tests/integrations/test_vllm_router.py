@@ -20,6 +20,7 @@ import pytest
 from tests.integrations.fake_vllm import FakeInstances, RouterServer, sidecars
 
 from dualpath.integrations.vllm.router import RouterOptions
+from dualpath.types import ReadSide
 
 SYSTEM = "You are a coding agent. Read the file, run the tests, fix the bug. " * 2
 KEYS = {"key-a": "acme", "key-b": "beta"}
@@ -336,3 +337,19 @@ def test_vllm_routes_and_fields_pass_through(serve: Any, capfd: pytest.CaptureFi
     assert '"POST /v1/completions" 400' in log
     free = s.metric("dualpath:buffer_free_slots{", headers=auth)
     assert free == s.metric("dualpath:buffer_slots{", headers=auth)  # every slot back
+
+
+def test_the_read_side_route_forces_a_side_or_refuses_in_one_line(serve: Any) -> None:
+    """``PUT /v1/dualpath/read_side``: policy, pe or de (the options' own list), else a 400
+    naming the field; an accepted side is what the flow reads from next."""
+    s, _ = serve()
+    url = s.url + "/v1/dualpath/read_side"
+    bad = httpx.put(url, json={"read_side": "both"})
+    assert bad.status_code == 400
+    err = bad.json()["error"]
+    assert err["message"] == "read_side='both' is invalid: must be policy, pe or de"
+    assert err["param"] == "read_side"
+    for side in ("de", "pe", "policy"):
+        r = httpx.put(url, json={"read_side": side})
+        assert r.status_code == 200 and r.json() == {"read_side": side}
+        assert s.flow.read_side == (None if side == "policy" else ReadSide(side))
