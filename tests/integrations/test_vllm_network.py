@@ -114,3 +114,34 @@ def test_a_prefill_node_persists_a_leases_slots_only_while_they_are_its(
         got = bytearray(block)
         store.read_block(key, memoryview(got))
         assert bytes(got) == bytes([40 + i]) * block
+
+
+def test_an_alloc_on_a_full_node_waits_until_another_process_frees_slots(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    """A networked node's side-car holds an ``alloc`` with ``wait_s`` while its buffer is
+    full, and answers it as soon as a process of the node frees slots (an instance after a
+    load rings the buffer's doorbell): its router, across the network, cannot hear that."""
+    import threading
+
+    de = RemoteSlots(nodes[1])
+    hog = de.alloc(12, owner=9)  # the buffer full
+    assert hog is not None
+    assert de.alloc(2, owner=7, wait_s=0.1) is None  # nothing freed within its wait
+    got: list[list[int] | None] = []
+    waiter = threading.Thread(target=lambda: got.append(de.alloc(2, owner=7, wait_s=25.0)))
+    waiter.start()
+    instance = attach_buffer(nodes[1])  # as a decode instance's worker attaches it
+    try:
+        waiter.join(0.3)
+        assert waiter.is_alive() and not got  # waiting in the side-car
+        assert instance.release(hog[:3], 9) == 3  # rings the doorbell
+        waiter.join(20)
+        assert got and got[0] is not None and sorted(got[0]) == sorted(hog[:2])
+    finally:
+        instance.close()
+    de.release(hog[3:], 9)
+    de.release(got[0] or [], 7)
+    assert de.num_free == 12
+    with pytest.raises(ValueError, match=r"wait_s=-1 is invalid"):
+        call(nodes[1].control, {"op": "alloc", "num_slots": 1, "owner": 7, "wait_s": -1})

@@ -67,3 +67,31 @@ def test_alloc_errors() -> None:
     finally:
         buf.close()
     assert _spec().stride_bytes % 4096 == 0
+
+
+def test_a_pinned_slot_released_by_its_holder_is_freed_when_its_pin_ends() -> None:
+    """The router (lease 7) releases slots a prefill instance (tag -1) still writes: they stay
+    in use, out of every allocation, until the instance unpins them (or dies)."""
+    buf = SlotBuffer.create(_spec(4), mp.get_context("spawn").Lock())
+    try:
+        slots = buf.alloc(3, owner=7)
+        assert slots == [0, 1, 2]
+        assert not buf.pin([0, 3], 7, -1)  # all or none: slot 3 is not the lease's
+        assert buf.pin([0, 1], 7, -1)
+        with pytest.raises(ValueError, match="pinner"):
+            buf.pin([2], 7, 0)
+        assert buf.release(slots, 7) == 3
+        assert buf.num_free == 2  # slot 2 free at once; 0 and 1 still written
+        assert buf.alloc(3) is None
+        assert buf.unpin([0, 1], -2) == 0  # another instance's unpin ends nothing
+        assert buf.unpin([0], -1) == 1
+        assert buf.num_free == 3 and buf.owner_of(1) is not None
+        assert buf.release_owner(-1) == 0  # the pinner died: its last pin ends with it
+        assert buf.num_free == 4
+        # a pin that ends before its holder releases: the holder frees the slot then
+        got = buf.alloc(1, owner=8)
+        assert got is not None and buf.pin(got, 8, -1)
+        assert buf.unpin(got, -1) == 1 and buf.num_free == 3
+        assert buf.release(got, 8) == 1 and buf.num_free == 4
+    finally:
+        buf.close()

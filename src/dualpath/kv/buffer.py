@@ -9,11 +9,19 @@ each other without a message in between (the vLLM router leases a request's slot
 decode instance claims them when it loads) move them with ``transfer``, all or nothing, and
 give back only what they still hold with ``release``: a slot can never be freed under its
 current holder, nor claimed by a request it was not leased to.
+
+A process that reads or writes slots it does not hold (a prefill instance loading a request's
+hits from, and saving its KV into, slots the router leased) *pins* them while it does
+(``pin``, under the lease, all or none): a holder that releases a pinned slot meanwhile (the
+router gave the request up) leaves it in use until the pin ends (``unpin``, or the pinner's
+``release_owner`` when it died), so that no later holder is given a slot still being written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -46,11 +54,15 @@ class BufferSpec:
 
 
 ANONYMOUS = 0  # the owner tag of slots allocated without one
+# the owner tag of a slot released while pinned: freed when its pin ends (no holder's tag is
+# this: routers' leases are > 0, instances' small negative numbers)
+UNPIN_FREES = -(2**62)
 
 
 class SlotBuffer:
     """A shared-memory buffer of ``num_slots`` slots; after the data, each slot's owner tag
-    (int64), then the used-bitmap (one byte a slot)."""
+    (int64), its pinner's tag (int64, 0: not pinned), then the used-bitmap (one byte a
+    slot)."""
 
     def __init__(self, spec: BufferSpec, lock: Any, shm: SharedMemory, owner: bool) -> None:
         self.spec = spec
@@ -61,12 +73,18 @@ class SlotBuffer:
         assert buf is not None
         self.data = buf[: spec.data_bytes]
         tags_end = spec.data_bytes + 8 * spec.num_slots
+        pins_end = tags_end + 8 * spec.num_slots
         self._owners = buf[spec.data_bytes : tags_end].cast("q")
-        self._used = buf[tags_end : tags_end + spec.num_slots]
+        self._pins = buf[tags_end:pins_end].cast("q")
+        self._used = buf[pins_end : pins_end + spec.num_slots]
+        # called (outside the lock) after a call of this process freed slots: the vLLM
+        # shell rings its node's doorbell (``kv.doorbell``) to wake whoever waits for them
+        self.on_free: Callable[[], None] | None = None
+        self._num_freed = 0  # (under the lock) slots freed by the call in progress
 
     @staticmethod
     def region_bytes(spec: BufferSpec) -> int:
-        return spec.data_bytes + 9 * spec.num_slots
+        return spec.data_bytes + 17 * spec.num_slots
 
     @classmethod
     def create(cls, spec: BufferSpec, lock: Any) -> SlotBuffer:
@@ -121,13 +139,36 @@ class SlotBuffer:
                 raise TimeoutError(f"buffer {self.spec.name}: no {num_slots} free slots")
             time.sleep(poll_s)
 
-    def free(self, slots: list[int]) -> None:
+    def _free_one(self, i: int) -> None:
+        """(Under the lock.)"""
+        self._used[i] = 0
+        self._owners[i] = ANONYMOUS
+        self._pins[i] = 0
+        self._num_freed += 1
+
+    @contextlib.contextmanager
+    def _freeing(self) -> Iterator[None]:
+        """The lock, for a call that may free slots; ``on_free`` after it if one did."""
         with self._lock:
+            self._num_freed = 0
+            yield
+            freed = self._num_freed
+        if freed and self.on_free is not None:
+            self.on_free()
+
+    def _let_go(self, i: int) -> None:
+        """(Under the lock.) Slot ``i``'s holder releases it: free, or once its pin ends."""
+        if self._pins[i]:
+            self._owners[i] = UNPIN_FREES
+        else:
+            self._free_one(i)
+
+    def free(self, slots: list[int]) -> None:
+        with self._freeing():
             for i in slots:
                 if not self._used[i]:
                     raise ValueError(f"buffer {self.spec.name}: slot {i} freed twice")
-                self._used[i] = 0
-                self._owners[i] = ANONYMOUS
+                self._free_one(i)
 
     def transfer(self, slots: list[int], from_owner: int, to_owner: int) -> bool:
         """Hand ``slots`` from ``from_owner`` to ``to_owner``, all or none: False (nothing
@@ -150,24 +191,51 @@ class SlotBuffer:
 
     def release(self, slots: list[int], owner: int) -> int:
         """Free those of ``slots`` that ``owner`` still holds (the others were handed on or
-        freed already); how many were freed."""
-        with self._lock:
+        freed already; a pinned one once its pin ends); how many it let go."""
+        with self._freeing():
             mine = [i for i in slots if self._used[i] and self._owners[i] == owner]
             for i in mine:
-                self._used[i] = 0
-                self._owners[i] = ANONYMOUS
+                self._let_go(i)
         return len(mine)
 
     def release_owner(self, owner: int) -> int:
-        """Free every slot ``owner`` holds (its process died); how many."""
-        with self._lock:
-            mine = [
-                i for i in range(self.spec.num_slots) if self._used[i] and self._owners[i] == owner
-            ]
+        """Free every slot ``owner`` holds, and end every pin it holds (its process died);
+        how many slots it held."""
+        with self._freeing():
+            n = self.spec.num_slots
+            mine = [i for i in range(n) if self._used[i] and self._owners[i] == owner]
             for i in mine:
-                self._used[i] = 0
-                self._owners[i] = ANONYMOUS
+                self._let_go(i)
+            pinned = [i for i in range(n) if self._used[i] and self._pins[i] == owner]
+            self._unpin(pinned)
         return len(mine)
+
+    def pin(self, slots: list[int], holder: int, pinner: int) -> bool:
+        """``pinner`` (not 0) reads or writes ``slots`` from now on, all or none: False
+        (nothing changed) unless every slot is in use and held by ``holder``."""
+        if pinner == ANONYMOUS:
+            raise ValueError(f"buffer {self.spec.name}: a pin needs a pinner's tag, not 0")
+        with self._lock:
+            if not all(self._used[i] and self._owners[i] == holder for i in slots):
+                return False
+            for i in slots:
+                self._pins[i] = pinner
+        return True
+
+    def unpin(self, slots: list[int], pinner: int) -> int:
+        """``pinner`` is done with ``slots``: its pins end, and a slot its holder released
+        meanwhile is freed; how many pins ended."""
+        with self._freeing():
+            mine = [i for i in slots if self._used[i] and self._pins[i] == pinner]
+            self._unpin(mine)
+        return len(mine)
+
+    def _unpin(self, slots: list[int]) -> None:
+        """(Under the lock.)"""
+        for i in slots:
+            self._pins[i] = 0
+            if self._owners[i] == UNPIN_FREES:
+                self._free_one(i)
 
     def owner_of(self, slot: int) -> int | None:
         """The owner tag of ``slot``, or None when it is free."""
@@ -183,6 +251,7 @@ class SlotBuffer:
         """Detach; the creator also unlinks the segment."""
         self.data.release()
         self._owners.release()
+        self._pins.release()
         self._used.release()
         self._shm.close()
         if self._owner:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
@@ -248,6 +249,9 @@ class DualPathConnector(KVConnectorBase_V1, SupportsHMA):
             if self._planner.knows(rid)
         ]
         return DualPathConnectorMetadata(self._planner.step(new, cached))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self._planner.step_done()  # once per step, in the order they were planned
 
     def request_finished(
         self, request: Request, block_ids: list[int]

@@ -22,6 +22,7 @@ from typing import Any
 
 from dualpath.integrations.vllm.token import TOKEN_FIELD, sidecar_token
 from dualpath.kv.buffer import BufferSpec, SlotBuffer
+from dualpath.kv.doorbell import Doorbell
 from dualpath.kv.pacer import LinkLock
 from dualpath.kv.store import BlockLayout
 from dualpath.types import EngineKind
@@ -77,6 +78,12 @@ class NodeSpec:
         return f"tcp://{self.host}:{self.control_port}" if self.host else self.socket_path
 
     @property
+    def doorbell_path(self) -> str:
+        """The buffer's doorbell (``kv.doorbell``: a FIFO beside its lock file, which the
+        side-car makes): rung by every process that frees slots of it."""
+        return self.lock_path + ".free"
+
+    @property
     def store(self) -> str:
         """The store its side-car reads and writes (``kv.stores.open_store``'s URL)."""
         return self.store_url or self.kv_root
@@ -110,13 +117,15 @@ def attach_buffer(spec: NodeSpec) -> SlotBuffer:
     it (under every other process) when this one exits."""
     buf = SlotBuffer.attach(spec.buffer, LinkLock(spec.lock_path))
     resource_tracker.unregister("/" + spec.buffer_name, "shared_memory")
+    buf.on_free = Doorbell(spec.doorbell_path).ring  # whoever waits for slots wakes
     return buf
 
 
 class BufferOwners:
     """``plan.SlotOwners`` over the node buffers, for instance ``owner`` (its tag): claims a
-    decode's leased slots, gives back a lease never claimed, allocates the slots its generated
-    blocks are persisted from. Attaches each buffer at first use."""
+    decode's leased slots, gives back a lease never claimed, pins a prefill's leased slots
+    while it loads and saves them, allocates the slots its generated blocks are persisted
+    from. Attaches each buffer at first use."""
 
     def __init__(self, nodes: dict[int, NodeSpec], owner: int) -> None:
         self.nodes = nodes
@@ -144,6 +153,18 @@ class BufferOwners:
     def release(self, node: int, slots: Sequence[int], lease: int) -> int:
         try:
             return self.buffer(node).release(list(slots), lease)
+        except (OSError, KeyError, IndexError):
+            return 0
+
+    def pin(self, node: int, slots: Sequence[int], lease: int) -> bool:
+        try:
+            return self.buffer(node).pin(list(slots), lease, self.owner)
+        except (OSError, KeyError, IndexError):  # no such node or buffer: nothing to pin
+            return False
+
+    def unpin(self, node: int, slots: Sequence[int]) -> int:
+        try:
+            return self.buffer(node).unpin(list(slots), self.owner)
         except (OSError, KeyError, IndexError):
             return 0
 
@@ -341,8 +362,13 @@ class RemoteSlots:
         answer: dict[str, Any] = self._sidecar(self.node.control, op, REMOTE_SLOTS_TIMEOUT_S)
         return answer
 
-    def alloc(self, n: int, owner: int = 0) -> list[int] | None:
-        slots = self._ask({"op": "alloc", "num_slots": n, "owner": owner})["slots"]
+    def alloc(self, n: int, owner: int = 0, wait_s: float = 0.0) -> list[int] | None:
+        """``n`` slots under ``owner``, or None; ``wait_s``: the side-car waits this long
+        for slots to be freed before it answers None (woken by its buffer's doorbell)."""
+        op: dict[str, Any] = {"op": "alloc", "num_slots": n, "owner": owner}
+        if wait_s > 0:
+            op["wait_s"] = wait_s
+        slots = self._ask(op)["slots"]
         return None if slots is None else [int(s) for s in slots]
 
     def release(self, slots: list[int], owner: int) -> int:

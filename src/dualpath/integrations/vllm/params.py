@@ -47,7 +47,7 @@ class BlockLoad:
     ``lease``: the owner tag the router allocated the slots under (0: anonymous). A decode's
     slots are handed over with its load: the instance claims them from that tag when it loads
     (``SlotBuffer.transfer``), and a request that ends before its load gives them back. A
-    prefill's stay the router's (it frees them once the prefill answered).
+    prefill's stay the router's; the instance pins them while it loads (``BlockSave``).
 
     ``shares``: the requests vLLM makes of it that load the same slots (``n`` choices: vLLM
     runs each as a request of its own, with these params); the slots are handed over once
@@ -90,14 +90,22 @@ class BlockLoad:
 @dataclass(frozen=True, slots=True)
 class BlockSave:
     """Write prompt blocks ``first_block``, ``first_block + 1``, … into node ``node``'s buffer
-    slots ``slots`` (``slots[i]`` holds block ``first_block + i``), each layer as it is computed."""
+    slots ``slots`` (``slots[i]`` holds block ``first_block + i``), each layer as it is computed.
+
+    ``lease``: the owner tag the router allocated the slots under (0: none). The instance pins
+    them under that lease while the request runs (``SlotBuffer.pin``), as it pins a prefill's
+    load: given back by the router meanwhile, they are free only once the instance is done."""
 
     node: int
     slots: tuple[int, ...]
     first_block: int
+    lease: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "slots": list(self.slots), "first_block": self.first_block}
+        out = {"node": self.node, "slots": list(self.slots), "first_block": self.first_block}
+        if self.lease:
+            out["lease"] = self.lease
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockSave:
@@ -105,6 +113,7 @@ class BlockSave:
             _int("save.node", d.get("node")),
             _ints("save.slots", d.get("slots")),
             _int("save.first_block", d.get("first_block")),
+            _int("save.lease", d.get("lease", 0)),
         )
 
 

@@ -24,7 +24,14 @@ a real vLLM ``Scheduler`` through each case):
 - after a preemption vLLM asks for the matched tokens again: a request that loaded reports
   none (its slots were persisted or freed), so vLLM recomputes, never reads stale pages;
 - a decode that finishes or is aborted before its load gives its lease back
-  (``SlotOwners.release``), so no slot outlives its request.
+  (``SlotOwners.release``), so no slot outlives its request;
+- a prefill pins the leased slots it loads from and saves into in the first step that
+  schedules it (``SlotOwners.pin``) and unpins them once it left vLLM and every step planned
+  before it left has run (``step_done``: with pipeline parallelism or asynchronous
+  scheduling a step that saves into them may still be running when vLLM aborts the
+  request): a router that gives the request up meanwhile releases them, and they are free
+  once no step writes them any more. A lease already gone makes the load ``lost`` and drops
+  the saves.
 """
 
 from __future__ import annotations
@@ -120,6 +127,15 @@ class SlotOwners(Protocol):
         """Free the ``slots`` of ``node`` still leased under ``lease``; how many."""
         ...
 
+    def pin(self, node: int, slots: Sequence[int], lease: int) -> bool:
+        """Pin ``slots`` of ``node``, all still under ``lease``, for this instance: a release
+        meanwhile frees them only once they are unpinned. All or none."""
+        ...
+
+    def unpin(self, node: int, slots: Sequence[int]) -> int:
+        """This instance is done with ``slots`` of ``node``; how many pins ended."""
+        ...
+
 
 @dataclass(slots=True)
 class _Req:
@@ -132,6 +148,8 @@ class _Req:
     saved_blocks: int = 0  # save: blocks before this one are done
     persisted_blocks: int = 0  # persist: blocks before this one are on their way to the store
     loaded: bool = False
+    pinned: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (node, slots)
+    unpinnable: bool = False  # a prefill whose lease was gone: no load, no saves
 
     @property
     def block_ids(self) -> list[int]:
@@ -201,6 +219,10 @@ class StepPlanner:
         self._num_jobs = 0
         self._shared: dict[tuple[int, int], _Shared] = {}  # shared loads: sharers to come
         self._due: list[SlotPersist] = []  # hand-overs for the next step
+        self._planned = 0  # steps planned (``step``) ...
+        self._ran = 0  # ... and those whose output came back (``step_done``)
+        # pins of requests that left, each kept until the steps planned before it left ran
+        self._leaving: list[tuple[int, list[tuple[int, tuple[int, ...]]]]] = []
 
     def _job(self) -> str:
         self._num_jobs += 1
@@ -245,6 +267,7 @@ class StepPlanner:
         ``cached``: (request id, blocks added this step or None, resumed after preemption,
         tokens computed before, tokens scheduled) of the others. Block ids: one group's list,
         or one list per KV cache group (vLLM's tuple)."""
+        self._planned += 1
         meta = StepMeta()
         meta.slot_persists.extend(self._due)  # shared loads whose last sharer left
         self._due = []
@@ -253,6 +276,7 @@ class StepPlanner:
             if req is None:
                 continue
             req.groups = _groups(block_ids)
+            self._pin(req)
             if req.load_tokens and not req.loaded:
                 self._load(rid, req, meta)
             self._after(rid, req, computed + scheduled, meta)
@@ -270,6 +294,51 @@ class StepPlanner:
                     req.groups[g].extend(more)
             self._after(rid, req, computed + scheduled, meta)
         return meta
+
+    def _pin(self, req: _Req) -> None:
+        """A prefill's leased slots (its load's and its save's), pinned once, all or none."""
+        load, save = req.params.load, req.params.save
+        if self._owners is None or req.params.persist is not None or req.pinned:
+            return
+        wanted = [
+            (part.node, part.slots, part.lease)
+            for part in (load, save)
+            if part is not None and part.lease and part.slots
+        ]
+        for node, slots, lease in wanted:
+            if not self._owners.pin(node, slots, lease):
+                req.unpinnable = True
+                self._unpin(req)
+                return
+            req.pinned.append((node, slots))
+
+    def _unpin(self, req: _Req) -> None:
+        """The request's pins end once every step planned so far has run."""
+        if req.pinned:
+            self._leaving.append((self._planned, req.pinned))
+        req.pinned = []
+        self._unpin_ran()
+
+    def _unpin_ran(self) -> None:
+        keep = []
+        for planned, pins in self._leaving:
+            if planned > self._ran:
+                keep.append((planned, pins))
+            elif self._owners is not None:
+                for node, slots in pins:
+                    self._owners.unpin(node, slots)
+        self._leaving = keep
+
+    def step_done(self) -> None:
+        """A step's output came back (vLLM's ``update_connector_output``): the steps run in
+        the order they were planned, so every step up to this many has run."""
+        self._ran = min(self._ran + 1, self._planned)
+        self._unpin_ran()
+
+    @property
+    def num_pinning(self) -> int:
+        """Requests that left whose pins wait for a step still running."""
+        return len(self._leaving)
 
     def _load(self, rid: str, req: _Req, meta: StepMeta) -> None:
         """A load of leased slots. Shared (``BlockLoad.shares``: vLLM's ``n`` choices, each a
@@ -294,7 +363,9 @@ class StepPlanner:
             req.persisted_blocks = min(req.prompt_tokens // self.block_tokens, end)
             self._left(_lease_key(load), meta.slot_persists)
             return
-        if handed and owners is not None and not owners.claim(load.node, load.slots, load.lease):
+        if req.unpinnable or (
+            handed and owners is not None and not owners.claim(load.node, load.slots, load.lease)
+        ):
             meta.lost.append(copy)  # the router took them back: vLLM recomputes
             return
         if end > first:
@@ -345,7 +416,7 @@ class StepPlanner:
         """Saves and persists due once the step has computed ``computed_after`` tokens."""
         bs = self.block_tokens
         save = req.params.save
-        if save is not None and req.saved_blocks * bs < req.prompt_tokens:
+        if save is not None and not req.unpinnable and req.saved_blocks * bs < req.prompt_tokens:
             done = min(computed_after, req.prompt_tokens)
             first = max(req.saved_blocks, save.first_block)
             end = min(_ceil_div(done, bs), save.first_block + len(save.slots), len(req.block_ids))
@@ -376,6 +447,8 @@ class StepPlanner:
         """The request left vLLM (finished, aborted; ``params``: its own, for one vLLM never
         asked about): a lease it never claimed goes back."""
         req = self._reqs.pop(request_id, None)
+        if req is not None:
+            self._unpin(req)  # (after its last step: vLLM frees a request once it ran)
         mine = req.params if req is not None else params
         load = mine.load if mine is not None else None
         unloaded = req is None or not req.loaded

@@ -7,8 +7,8 @@ prefill (``max_tokens`` 1) and the decode, whose answer is the client's as vLLM 
 for ``usage.prompt_tokens_details.cached_tokens``: the tokens the store served
 (``relay.py``). The caller's tenant namespaces the request's KV.
 
-A request lives in one ``_Held`` from arrival to its one exit (``_close``), which gives back
-what it still holds (``flow.release``) however it ends. Every wait is bounded by its deadline
+A request lives in one ``request.Request`` from arrival to its one exit (``Request.close``),
+which tells the core how the turn ended and gives back what it still holds, however it ends. Every wait is bounded by its deadline
 (``request_timeout_s``: a 504 naming what it waited for, or an error event in a stream) and
 ends at once when something it needs goes down (``lose``, from the supervisor: a 503 naming
 it). A field the router cannot honour (a client's own ``kv_transfer_params``) or a prompt no
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -35,8 +34,9 @@ import httpx
 from fastapi.responses import JSONResponse, Response
 
 from dualpath.integrations.vllm.fanout import StreamJoin, batch_prompts, join_whole
-from dualpath.integrations.vllm.flow import FlowError, Prepared, TurnFlow
+from dualpath.integrations.vllm.flow import FlowError, TurnFlow
 from dualpath.integrations.vllm.relay import EventRelay, with_cached_tokens
+from dualpath.integrations.vllm.request import Outcome, Request
 from dualpath.integrations.vllm.setup import Instance
 from dualpath.integrations.vllm.streams import Relay, joined, nothing
 
@@ -122,27 +122,6 @@ class _Answered(Exception):
         self.response = response
 
 
-@dataclass(slots=True, eq=False)
-class _Held:
-    """One request in the router, from arrival to its one exit: its deadline (loop time), its
-    route and the client's headers the instances get, the nodes it uses, the turn it holds,
-    why it must end now ('' while nothing it needs is down)."""
-
-    rid: int
-    deadline: float
-    path: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
-    nodes: frozenset[int] | None = None  # None: not placed yet (it may touch any node)
-    prep: Prepared | None = None
-    finished: bool = False  # the flow counted it answered: nothing to give back
-    ended: str = ""
-    timer: asyncio.Timeout | None = None
-    upstream: httpx.Response | None = None
-
-    def uses(self, nodes: Sequence[int]) -> bool:
-        return self.nodes is None or any(n in self.nodes for n in nodes)
-
-
 class Router:
     """Routes OpenAI requests through a ``TurnFlow`` to the deployment's instances."""
 
@@ -170,8 +149,7 @@ class Router:
             ),
         )
         self.down: dict[str, str] = {}  # process → why it is down (the supervisor's word)
-        self._held: dict[int, _Held] = {}
-        self._ids = itertools.count()
+        self._held: dict[int, Request] = {}
 
     # ------------------------------------------------------------ availability
     @property
@@ -201,29 +179,24 @@ class Router:
         return "the deployment is not ready: " + "; ".join(v for _, v in sorted(self.down.items()))
 
     # ------------------------------------------------------------ one request's life
-    def _open(self, path: str, headers: dict[str, str]) -> _Held:
-        loop = asyncio.get_running_loop()
-        held = _Held(next(self._ids), loop.time() + self.opts.request_timeout_s, path, headers)
+    def _open(self, path: str, headers: dict[str, str]) -> Request:
+        deadline = asyncio.get_running_loop().time() + self.opts.request_timeout_s
+        held = Request(self.flow, self.flow.next_rid(), deadline, path, headers)
         self._held[held.rid] = held
         return held
 
-    async def _close(self, held: _Held) -> None:
-        """The request's one exit: whatever it holds goes back (once)."""
+    async def _close(self, held: Request) -> None:
+        """The request leaves the router (once): aborted unless its answer went out
+        (``Request.close``), its upstream stream closed."""
         if self._held.pop(held.rid, None) is None:
             return
-        if held.prep is not None and not held.finished:
-            self.flow.release(held.prep)
+        held.close(Outcome.ABORTED)
         if held.upstream is not None:
             with contextlib.suppress(httpx.HTTPError):
                 await held.upstream.aclose()
 
-    def _finish(self, held: _Held) -> None:
-        if not held.finished and held.prep is not None:
-            held.finished = True
-            self.flow.finish(held.prep)
-
     @asynccontextmanager
-    async def _bounded(self, held: _Held, what: str) -> AsyncIterator[None]:
+    async def _bounded(self, held: Request, what: str) -> AsyncIterator[None]:
         """A wait that ends by the request's deadline (504 naming ``what``) or as soon as a
         process it needs goes down (503 naming it)."""
         if held.ended:
@@ -317,20 +290,20 @@ class Router:
         held = self._open(path, headers)
         handed_over = False  # to the stream's response, which closes it
         try:
-            prep = await self._place(held, kind, body, tenant)
-            await self._prefill(held, body, prep)
+            await self._place(held, kind, body, tenant)
+            await self._prefill(held, body)
             limit = body.get("max_completion_tokens") or body.get("max_tokens")
             n = body.get("n")
             choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-            params = self.flow.decode_params(prep, tenant, choices)
+            params = held.decode_params(tenant, choices)
             dbody = dict(body, kv_transfer_params=params)
             if limit is None:  # (a bad one is the decode's to refuse, as vLLM's)
                 dbody["max_tokens"] = self.opts.default_max_tokens
             if body.get("stream"):
-                response = await self._stream(held, dbody, prep)
+                response = await self._stream(held, dbody)
                 handed_over = True
                 return response
-            return await self._whole(held, dbody, prep)
+            return await self._whole(held, dbody)
         except FlowError as err:
             return error_response(err.status, err.message)
         except _Answered as err:
@@ -369,7 +342,7 @@ class Router:
             joined([a for a in answers if isinstance(a, Relay)], StreamJoin(n, usage)), nothing
         )
 
-    async def _place(self, held: _Held, kind: str, body: dict[str, Any], tenant: str) -> Prepared:
+    async def _place(self, held: Request, kind: str, body: dict[str, Any], tenant: str) -> None:
         stage = self.flow.stats.time_stage
         with stage("tokenize"):
             async with self._bounded(held, "the prompt's tokens (/tokenize on an instance)"):
@@ -379,25 +352,22 @@ class Router:
         what = "its placement: the policy's queue, DE buffer slots and the storage read"
         with stage("place_and_read"):
             async with self._bounded(held, what):
-                prep = held.prep = await self.flow.place(tokens, max_tokens, tenant)
-                topo = self.flow.topology
-                held.nodes = frozenset((topo.node_of(prep.assign.pe), topo.node_of(prep.assign.de)))
-        return prep
+                await held.place(tokens, max_tokens, tenant)
 
-    async def _prefill(self, held: _Held, body: dict[str, Any], prep: Prepared) -> None:
+    async def _prefill(self, held: Request, body: dict[str, Any]) -> None:
         pbody = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
         pbody["max_tokens"] = 1
-        pbody["kv_transfer_params"] = self.flow.prefill_params(prep)
-        self.flow.prefilling(prep)
+        pbody["kv_transfer_params"] = held.prefill_params()
+        held.prefilling()
         with self.flow.stats.time_stage("prefill"):
-            await self._post(held, prep.assign.pe, "prefill", pbody)
+            await self._post(held, held.placed.pe, "prefill", pbody)
         with self.flow.stats.time_stage("cnic_kv"):
             async with self._bounded(held, "the prefill's KV on its way to the decode node"):
-                await asyncio.gather(self.flow.hand_over(prep), self.flow.persist_prompt(prep))
-        self.flow.prefilled(prep)
+                await asyncio.gather(held.hand_over(), held.persist_prompt())
+        held.prefilled()
 
     async def _post(
-        self, held: _Held, engine: int, role: str, body: dict[str, Any]
+        self, held: Request, engine: int, role: str, body: dict[str, Any]
     ) -> httpx.Response:
         """A whole answer of engine ``engine``'s instance, within the request's deadline; an
         error status is passed on to the client as the instance gave it."""
@@ -415,30 +385,30 @@ class Router:
             raise _Answered(Response(r.content, r.status_code, media_type="application/json"))
         return r
 
-    def _cached_tokens(self, prep: Prepared) -> int:
-        return prep.hit_blocks * self.dep.block_tokens
+    def _cached_tokens(self, held: Request) -> int:
+        return held.hit_blocks * self.dep.block_tokens
 
-    async def _whole(self, held: _Held, dbody: dict[str, Any], prep: Prepared) -> Response:
+    async def _whole(self, held: Request, dbody: dict[str, Any]) -> Response:
         with self.flow.stats.time_stage("decode"):
-            r = await self._post(held, prep.assign.de, "decode", dbody)
-        self.flow.decoding(prep)
-        self._finish(held)
-        content = with_cached_tokens(r.content, self._cached_tokens(prep))
+            r = await self._post(held, held.placed.de, "decode", dbody)
+        held.decoding()
+        held.close(Outcome.ANSWERED)
+        content = with_cached_tokens(r.content, self._cached_tokens(held))
         return Response(content, 200, media_type="application/json")
 
-    async def _stream(self, held: _Held, dbody: dict[str, Any], prep: Prepared) -> Response:
+    async def _stream(self, held: Request, dbody: dict[str, Any]) -> Response:
         """The decode's answer as SSE, once its first bytes came (then the decode has loaded
         its slots: ``flow.decoding``). The decode is asked for a usage on every event (the
         exact tokens generated: ``EventRelay``), which the relay takes out again where the
         client did not ask for it."""
-        node = self.flow.topology.node_of(prep.assign.de)
+        node = self.flow.topology.node_of(held.placed.de)
         asked = dbody.get("stream_options")
         asked = asked if isinstance(asked, dict) else {}
         dbody = dict(
             dbody, stream_options={**asked, "include_usage": True, "continuous_usage_stats": True}
         )
         req = self.client.build_request(
-            "POST", self._url(prep.assign.de, held.path), json=dbody, headers=held.headers
+            "POST", self._url(held.placed.de, held.path), json=dbody, headers=held.headers
         )
         with self.flow.stats.time_stage("decode_first_byte"):
             async with self._bounded(held, f"the decode instance on node {node}"):
@@ -455,9 +425,9 @@ class Router:
                     raise FlowError(
                         503, f"decode instance failed: {type(err).__name__}: {err}"
                     ) from None
-        self.flow.decoding(prep)
+        held.decoding()
         relay = EventRelay(
-            self._cached_tokens(prep),
+            self._cached_tokens(held),
             bool(asked.get("include_usage")),
             bool(asked.get("continuous_usage_stats")),
         )
@@ -467,9 +437,9 @@ class Router:
             chunk: bytes | None = first
             while chunk is not None:
                 out = relay.feed(chunk)
-                self.flow.generated(prep, relay.take_tokens())  # the policy's tok_e
+                held.generated(relay.take_tokens())  # the policy's tok_e
                 if relay.done:  # the turn is counted finished before the client sees its end
-                    self._finish(held)
+                    held.close(Outcome.ANSWERED)
                 if out:
                     yield out
                 try:
@@ -482,7 +452,7 @@ class Router:
                     yield _sse_error(503, f"decode instance failed: {type(err).__name__}")
                     return
             rest = relay.flush()
-            self._finish(held)
+            held.close(Outcome.ANSWERED)
             if rest:
                 yield rest
 

@@ -63,6 +63,7 @@ from typing import Any
 
 from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec, call
 from dualpath.integrations.vllm.token import REFUSAL, TOKEN_FIELD, admits, sidecar_token
+from dualpath.kv import doorbell
 from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
 from dualpath.kv.pacer import LinkLock, Pacer
 from dualpath.kv.store import BlockCorrupt, BlockStore
@@ -82,6 +83,7 @@ WRITE_BATCH = 32  # blocks queued for the store written in one batched put, at m
 # a persist job whose parts have not all arrived within this is dropped: a worker of its
 # instance died (its slots are freed with the instance's owner tag)
 JOB_TIMEOUT_S = 60.0
+MAX_ALLOC_WAIT_S = 30.0  # an ``alloc`` waits for free slots at most this long per call
 
 
 @dataclass(slots=True)
@@ -131,6 +133,13 @@ class NodeSidecar:
         self.num_refused = 0  # requests refused for their token
         Path(spec.lock_path).touch(mode=0o600)
         self.buffer = SlotBuffer.create(spec.buffer, LinkLock(spec.lock_path))
+        doorbell.make(spec.doorbell_path)  # rung by every process that frees slots
+        self._bell = doorbell.Doorbell(spec.doorbell_path)
+        self.buffer.on_free = self._bell.ring
+        # a networked node's router waits for free slots here (``alloc`` with ``wait_s``):
+        # woken by the doorbell (``_listen``), which its router cannot hear across nodes
+        self._freed = threading.Condition()
+        self._stopping = False
         # the files at kv_root, or a store across the network (Mooncake Store: its client binds
         # the node's SNIC address, so that the blocks cross that interface)
         self.store = self._open_store()
@@ -454,6 +463,30 @@ class NodeSidecar:
                 )
             return {"waited": waited, "pending": sum(k in self._queued for k in keys)}
 
+    def alloc(self, num_slots: int, owner: int, wait_s: float = 0.0) -> list[int] | None:
+        """``num_slots`` slots under ``owner``; while the buffer is full, retried each time a
+        process frees slots, for ``wait_s`` at most (then None)."""
+        deadline = time.monotonic() + wait_s
+        with self._freed:
+            while (got := self.buffer.alloc(num_slots, owner=owner)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping:
+                    return None
+                self._freed.wait(left)
+        return got
+
+    def _listen(self) -> None:
+        """(A thread of a networked node's side-car.) Every ring of the doorbell wakes the
+        ``alloc`` calls waiting for slots."""
+        listener = doorbell.Listener(self.spec.doorbell_path, blocking=True)
+        try:
+            while not self._stopping:
+                listener.wait()
+                with self._freed:
+                    self._freed.notify_all()
+        finally:
+            listener.close()
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {
@@ -503,7 +536,13 @@ class NodeSidecar:
         if kind == "describe":
             return {"spec": json.loads(self.spec.to_json()), "facts": self.facts}
         if kind == "alloc":
-            return {"slots": self.buffer.alloc(int(op["num_slots"]), owner=int(op["owner"]))}
+            wait_s = op.get("wait_s", 0.0)
+            if not (isinstance(wait_s, int | float) and 0 <= wait_s <= MAX_ALLOC_WAIT_S):
+                raise ValueError(
+                    f"alloc: wait_s={wait_s!r} is invalid: must be a number in "
+                    f"[0, {MAX_ALLOC_WAIT_S:g}]"
+                )
+            return {"slots": self.alloc(int(op["num_slots"]), int(op["owner"]), float(wait_s))}
         if kind == "release":
             return {"released": self.buffer.release(list(op["slots"]), int(op["owner"]))}
         if kind == "release_owner":
@@ -566,6 +605,8 @@ class NodeSidecar:
             for i in range(readers)
         ]
         threads.append(threading.Thread(target=self._write_loop, name="writer", daemon=True))
+        if self.spec.networked:
+            threads.append(threading.Thread(target=self._listen, name="doorbell", daemon=True))
         for t in threads:
             t.start()
 
@@ -578,6 +619,10 @@ class NodeSidecar:
             server.serve_forever(poll_interval=0.2)
         finally:
             server.server_close()
+            with self._freed:  # waiting allocs answer None; the doorbell's thread ends
+                self._stopping = True
+                self._freed.notify_all()
+            self._bell.ring()
             for _ in range(readers):
                 self.reads.put(None)
             self.writes.put(None)  # writes queued before the stop still land (durability)
@@ -591,6 +636,7 @@ class NodeSidecar:
             self.buffer.close()
             Path(self.spec.socket_path).unlink(missing_ok=True)
             Path(self.spec.lock_path).unlink(missing_ok=True)
+            Path(self.spec.doorbell_path).unlink(missing_ok=True)
 
 
 class _TcpServer(socketserver.ThreadingTCPServer):

@@ -1,11 +1,15 @@
 """Requests waiting for a node buffer's slots, first come first served.
 
 Slots come back from other processes (the side-car once a block is durable, the instances
-when a decode's load is done), so a full buffer is polled; one task per node polls it for the
-request at the head of the queue, not every waiting request on its own (400 waiters polling
-every 5 ms took a seventh of the router's event loop), backing off while nothing frees and
-woken at once when the router itself gives slots back (``kick``). Owns no slots: ``try_alloc``
-and ``give_back`` are the flow's.
+when a decode's load is done or a prefill's pins end), each of which rings the buffer's
+doorbell (``kv.doorbell``): the flow listens to it and ``kick``s the node's queue, as it does
+when the router itself gives slots back. One task per node tries the request at the head of
+the queue, not every waiting request on its own (400 waiters polling every 5 ms took a
+seventh of the router's event loop); between kicks it retries on a slow backoff, a safety net
+only. A networked node's side-car waits for free slots itself (``alloc`` with ``wait_s``).
+Owns no slots: ``try_alloc`` is the flow's, and what it grants is the asking request's lease
+from that moment on, even when its waiter has left meanwhile (the request's one exit gives it
+back).
 """
 
 from __future__ import annotations
@@ -14,31 +18,30 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
-POLL_S = 0.005  # the first retry of a full buffer
-POLL_MAX_S = 0.05  # retries back off to this while nothing frees
+# retries of a full buffer with no kick in between (a kick, from the doorbell or the router's
+# own release, tries at once): a safety net, e.g. for a ring that came before the queue
+# listened
+POLL_S = 0.05
+POLL_MAX_S = 1.0
+L = TypeVar("L")  # a lease: what the slots are asked for under
 
 
-class SlotQueue:
-    """One node buffer's waiters. ``try_alloc(num_slots, lease)``: the slots, or None while
-    the buffer is full (an exception fails that waiter); ``give_back(slots, lease)``: slots a
-    waiter that left was granted."""
+class SlotQueue(Generic[L]):
+    """One node buffer's waiters. ``try_alloc(num_slots, lease)``: the slots (granted to
+    ``lease``), or None while the buffer is full (an exception fails that waiter)."""
 
-    def __init__(
-        self,
-        try_alloc: Callable[[int, int], Awaitable[list[int] | None]],
-        give_back: Callable[[list[int], int], object],
-    ) -> None:
+    def __init__(self, try_alloc: Callable[[int, L], Awaitable[list[int] | None]]) -> None:
         self._try = try_alloc
-        self._give_back = give_back
-        self._waiting: deque[tuple[int, int, asyncio.Future[list[int]]]] = deque()
+        self._waiting: deque[tuple[int, L, asyncio.Future[list[int]]]] = deque()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    async def alloc(self, num_slots: int, lease: int) -> list[int]:
+    async def alloc(self, num_slots: int, lease: L) -> list[int]:
         """``num_slots`` slots under ``lease``: at once when nobody waits and they fit, else
         in arrival order. Cancel it (a deadline, the client gone) to leave the queue."""
         if not self._waiting and (got := await self._try(num_slots, lease)) is not None:
@@ -49,9 +52,7 @@ class SlotQueue:
             self._task = asyncio.create_task(self._serve())
         try:
             return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._give_back(fut.result(), lease)  # granted as its waiter left
+        except asyncio.CancelledError:  # (granted as its waiter left: the lease has them)
             fut.cancel()
             raise
 
@@ -82,7 +83,5 @@ class SlotQueue:
                 continue
             self._waiting.popleft()
             wait = POLL_S
-            if fut.done():
-                self._give_back(got, lease)
-            else:
+            if not fut.done():  # (else its waiter left: the lease it asked for has them)
                 fut.set_result(got)
