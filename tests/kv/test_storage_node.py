@@ -172,25 +172,27 @@ def test_settle_waits_for_pending_keys_and_gives_up_at_its_timeout(
     store = GatedStore(tmp_path)
     node = StorageNode("node0", store, buffer)
     with running(node):
-        assert node.settle([_key(1)], 0.0) == node.settle([], 5.0)  # nothing pending
-        assert not node.settle([_key(1)], 0.0).waited
+        assert node.pending.settle([_key(1)], 0.0) == node.pending.settle(
+            [], 5.0
+        )  # nothing pending
+        assert not node.pending.settle([_key(1)], 0.0).waited
         store.writes_open.clear()
         buffer.slot(0)[:] = _payload(1)
         node.write([(_key(1), 0)])
-        node.add_pending([_key(2)])  # e.g. a persist job whose parts are still coming
-        held = node.settle([_key(1), _key(2), _key(3)], 0.05)
+        node.pending.add([_key(2)])  # e.g. a persist job whose parts are still coming
+        held = node.pending.settle([_key(1), _key(2), _key(3)], 0.05)
         assert held.waited and held.pending == 2  # timed out with both still pending
         assert node.counters()["unfinished_writes"] == 2
         store.writes_open.set()
-        done = node.settle([_key(1)], WAIT_S)
+        done = node.pending.settle([_key(1)], WAIT_S)
         assert done.waited and done.pending == 0
         assert store.has(_key(1))  # pending until durable
-        threading.Timer(0.05, node.drop_pending, args=([_key(2)],)).start()
-        assert node.settle([_key(2)], WAIT_S).pending == 0
+        threading.Timer(0.05, node.pending.drop, args=([_key(2)],)).start()
+        assert node.pending.settle([_key(2)], WAIT_S).pending == 0
         assert node.counters()["unfinished_writes"] == 0
         for bad in (-1.0, float("nan"), float("inf"), "1"):
             with pytest.raises(ValueError, match="timeout_s"):
-                node.settle([_key(1)], bad)  # type: ignore[arg-type]
+                node.pending.settle([_key(1)], bad)  # type: ignore[arg-type]
 
 
 def test_a_failing_write_is_counted_and_a_path_error_not_tried_again(
@@ -205,7 +207,7 @@ def test_a_failing_write_is_counted_and_a_path_error_not_tried_again(
         assert written.wait(_key(5)) is WriteOutcome.DROPPED
         assert fault.attempts == 1  # not retried
         node.write([(_key(5), 1)])
-        assert node.settle([_key(5)], WAIT_S).pending == 0
+        assert node.pending.settle([_key(5)], WAIT_S).pending == 0
     assert written.calls == [(_key(5), 0, WriteOutcome.DROPPED), (_key(5), 1, WriteOutcome.DROPPED)]
     assert fault.attempts == 1  # the second dropped unread: its path stayed in the way
     stats = node.counters()
@@ -336,7 +338,7 @@ def test_a_batched_store_reads_and_writes_through_clients_of_its_own(
         for i in (4, 5):
             buffer.slot(i)[:] = _payload(i)
         node.write([(_key(4), 4), (_key(5), 5), (_key(0), 6)])
-        assert node.settle([_key(4), _key(5), _key(0)], WAIT_S).pending == 0
+        assert node.pending.settle([_key(4), _key(5), _key(0)], WAIT_S).pending == 0
     assert not store.path(_key(2)).exists()  # corrupt: removed
     assert [c[2] for c in written.calls] == [
         WriteOutcome.STORED,

@@ -1,7 +1,8 @@
 """A storage node's I/O core, shared by the runtime's storage worker and the vLLM side-car: the
-read queue and its reader threads, the write queue and its writer thread, the writes ``settle``
-waits for, the node's byte and read-queue counters. It owns no process, socket or message: a
-shell hands it reads and writes and hears back through a Future (reads) and hooks (writes).
+read queue and its reader threads, the write queue and its writer thread, the writes it still
+owes (``pending.PendingWrites``: ``settle``), the node's byte and read-queue counters. It owns
+no process, socket or message: a shell hands it reads and writes and hears back through a
+Future (reads) and hooks (writes).
 
 Reads run FIFO on their own thread(s), writes on theirs, over the SNIC's two directions (design
 §13.5): the NIC is full duplex, so a block write never waits behind a read (a DualPath decode
@@ -14,12 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import math
 import queue
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 
 from dualpath.kv.buffer import SlotBuffer
 from dualpath.kv.pacer import Pacer, transfer_all
+from dualpath.kv.pending import PendingWrites
 from dualpath.kv.store import BlockCorrupt, BlockStore, bare
 from dualpath.kv.tier import DramTier
 from dualpath.kv.worker import WriteFailures, persist_with_retry, read_or_miss
@@ -59,14 +59,6 @@ class ReadDone:
     num_from_tier: int
     started_s: float
     done_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """``settle``'s answer: whether any key was pending, and how many still are."""
-
-    waited: bool
-    pending: int
 
 
 @dataclass(slots=True)
@@ -123,7 +115,7 @@ class StorageNode:
     by ``start`` for each extra reader and for the writer (one client carries out its calls
     one after the other). ``skip_stored``: a block the store holds already is not written
     again. ``on_written(key, slot, outcome)``: called once for every queued write, on the
-    writer thread, before ``settle`` stops waiting for it (the slot is the caller's to free).
+    writer thread, before ``pending`` lets it go (the slot is the caller's to free).
     ``on_read_started(tag)``: a reader takes a read. ``on_error(message)``: a bug (not a
     missing block, not an I/O error), stderr by default. ``clock``: seconds, the read-queue
     times and ``ReadDone``'s."""
@@ -167,9 +159,8 @@ class StorageNode:
         self._writes: queue.Queue[tuple[str, int] | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self.failures = WriteFailures(name)  # block writes dropped, and why
+        self.pending = PendingWrites()  # ``settle`` waits on it; a shell may hold keys there
         self._lock = threading.Lock()
-        self._settled = threading.Condition(self._lock)
-        self._pending: Counter[str] = Counter()  # keys queued for a write (or held), not done
         # the SNIC's read queue (the signal the paper's scheduler decides on, §4): requests and
         # bytes queued for a reader, and those a reader is moving now
         self.read_waiting = ReadStage()
@@ -311,8 +302,8 @@ class StorageNode:
     # ---------------------------------------------------------------- writes
     def write(self, pairs: Sequence[tuple[str, int]]) -> None:
         """Queue each (key, slot) for a write, in order; its keys are pending until
-        ``on_written`` has been called for it."""
-        self.add_pending([k for k, _ in pairs])
+        ``on_written`` has been called for it (``pending``)."""
+        self.pending.add([k for k, _ in pairs])
         for pair in pairs:
             self._writes.put(pair)
 
@@ -334,7 +325,7 @@ class StorageNode:
                 else:
                     self._write_one(*first)
             finally:
-                self.drop_pending([k for k, _ in batch])
+                self.pending.drop([k for k, _ in batch])
 
     def _write_batch(self, batch: list[tuple[str, int]]) -> None:
         """Several blocks in one batched put (``MooncakeBlockStore.write_blocks``); one that
@@ -383,34 +374,6 @@ class StorageNode:
             self.bytes_written += self.block_bytes
         return WriteOutcome.STORED
 
-    # ---------------------------------------------------------------- pending writes
-    def add_pending(self, keys: Sequence[str]) -> None:
-        """``keys`` count as pending writes (``settle`` waits for them) until ``drop_pending``:
-        e.g. a persist job whose parts are still arriving."""
-        with self._lock:
-            self._pending.update(keys)
-
-    def drop_pending(self, keys: Sequence[str]) -> None:
-        """``keys`` (once each) are no longer pending."""
-        with self._settled:
-            for k in keys:
-                self._pending[k] -= 1
-                if self._pending[k] <= 0:
-                    del self._pending[k]
-            self._settled.notify_all()
-
-    def settle(self, keys: Sequence[str], timeout_s: float) -> Settled:
-        """Wait until none of ``keys`` is pending (at most ``timeout_s``)."""
-        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s >= 0):
-            raise ValueError(f"settle: timeout_s={timeout_s!r} is invalid: must be a number >= 0")
-        with self._settled:
-            waited = any(k in self._pending for k in keys)
-            if waited:
-                self._settled.wait_for(
-                    lambda: not any(k in self._pending for k in keys), timeout=timeout_s
-                )
-            return Settled(waited, sum(k in self._pending for k in keys))
-
     # ---------------------------------------------------------------- counters
     def counters(self) -> dict[str, Any]:
         """The node's I/O counters, by the names the side-car's ``stats`` reports."""
@@ -420,7 +383,6 @@ class StorageNode:
                 "bytes_written": self.bytes_written,
                 "failed_writes": self.failures.num_failed,
                 "skipped_writes": self.num_skipped_writes,
-                "unfinished_writes": sum(self._pending.values()),  # queued or in hand
                 "read_requests_waiting": self.read_waiting.requests,
                 "read_bytes_waiting": self.read_waiting.bytes,
                 "read_requests_in_flight": self.read_in_flight.requests,
@@ -430,5 +392,6 @@ class StorageNode:
             }
         out["read_busy_s"] = self.snic[0].stats.busy_s if self.snic else 0.0
         out["write_busy_s"] = self.snic[1].stats.busy_s if self.snic else 0.0
+        out["unfinished_writes"] = self.pending.num_pending  # queued or in hand
         out["pending_writes"] = self._writes.qsize()
         return out

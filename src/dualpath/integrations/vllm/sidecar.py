@@ -244,13 +244,13 @@ class NodeSidecar:
                     int(op["owner"]),
                     now,
                 )
-                self.io.add_pending(keys)
+                self.io.pending.add(keys)
             job.seen.add(str(op["part"]))
             job.failed |= bool(op.get("failed"))
             if len(job.seen) < job.parts:
                 return False
             del self._jobs[str(op["job"])]
-            self.io.drop_pending(job.keys)
+            self.io.pending.drop(job.keys)
         if job.failed:  # a worker could not load what the slots hold: not to be trusted
             self.buffer.release([*job.slots, *job.free], job.owner)
             return True
@@ -265,12 +265,12 @@ class NodeSidecar:
     def _drop_stale(self, now: float) -> None:
         """(Under the lock) jobs whose parts stopped arriving: their instance died."""
         for name in [n for n, j in self._jobs.items() if now - j.since > JOB_TIMEOUT_S]:
-            self.io.drop_pending(self._jobs.pop(name).keys)
+            self.io.pending.drop(self._jobs.pop(name).keys)
 
     def settle(self, keys: list[str], timeout_s: float) -> dict[str, Any]:
         """Wait until none of ``keys`` is queued for a write (at most ``timeout_s``): how
         many still are, and whether any was (then the store may hold more than before)."""
-        settled = self.io.settle(keys, timeout_s)
+        settled = self.io.pending.settle(keys, timeout_s)
         return {"waited": settled.waited, "pending": settled.pending}
 
     def stats(self) -> dict[str, Any]:
