@@ -19,10 +19,11 @@ from tests.integrations.fake_vllm import sidecars
 from dualpath.config import config_for, preset
 from dualpath.config.systems import system_spec
 from dualpath.integrations.vllm.flow import TurnFlow
+from dualpath.integrations.vllm.lease import Lease
 from dualpath.integrations.vllm.node import BufferOwners, call, instance_owner
 from dualpath.integrations.vllm.params import TransferParams
 from dualpath.integrations.vllm.plan import StepPlanner
-from dualpath.integrations.vllm.request import Lease, Outcome, Request
+from dualpath.integrations.vllm.request import Outcome, Request
 from dualpath.kv.store import block_keys
 from dualpath.policy import make_policy
 from dualpath.types import ReadSide

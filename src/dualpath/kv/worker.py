@@ -1,10 +1,9 @@
-"""The storage-worker core that every shell's node process shares: a block read or a miss, a
-block write with bounded retries, the one write-failure policy, the SNIC's two pacers, and the
-write-fault hook.
+"""The pieces of a storage node's I/O: a block read or a miss, a block write with bounded
+retries, the one write-failure policy, the SNIC's two pacers, and the write-fault hook.
 
-The runtime's storage worker (``runtime/storage.py``) and the vLLM side-car
-(``integrations/vllm/sidecar.py``) are thin processes around these: each owns its node's
-buffer and queues, and both read, persist and pace through the functions here.
+``storage_node.StorageNode`` runs them on its reader and writer threads; the runtime's
+storage worker (``runtime/storage.py``) and the vLLM side-car (``integrations/vllm/sidecar.py``)
+are thin processes around that core.
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from dualpath.integrations.vllm.lease import Lease
 from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, SidecarPool, attach_buffer
 from dualpath.integrations.vllm.setup import Deployment
 from dualpath.integrations.vllm.slotqueue import SlotQueue
@@ -45,9 +46,6 @@ from dualpath.policy.base import Policy
 from dualpath.policy.core import PolicyCore
 from dualpath.policy.forced import ForcedSide
 from dualpath.types import EngineKind, KVPath, ReadSide
-
-if TYPE_CHECKING:
-    from dualpath.integrations.vllm.request import Lease
 
 SLOT_DEADLINE_S = 300.0  # and at most this long (the router passes its request timeout)
 # A new turn waits at most this long for writes of its prefix still queued at a DE node's

@@ -49,10 +49,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from dualpath.integrations.vllm.flow import FlowError, TurnFlow
+from dualpath.integrations.vllm.lease import Lease
 from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
 from dualpath.kv.store import block_keys
 from dualpath.ledger.core import Read
@@ -66,41 +67,6 @@ class Outcome(enum.Enum):
 
     ANSWERED = "answered"
     ABORTED = "aborted"
-
-
-class Lease:
-    """The slots one request holds in the node buffers under its owner tag (> 0: instances'
-    tags are < 0, anonymous slots 0). Every grant is recorded here the moment it lands, even
-    one that lands after its asker left (a deadline, the client gone); ``give_back`` is the
-    only way the router's side returns slots, and once the lease is ``closed`` a late grant
-    goes straight back."""
-
-    def __init__(self, tag: int, release: Callable[[int, list[int], int], None]) -> None:
-        self.tag = tag
-        self.held: dict[int, list[int]] = {}  # node → slots, in the order they were granted
-        self.closed = False
-        self._release = release
-
-    def took(self, node: int, slots: list[int]) -> None:
-        """``slots`` of ``node`` were granted under this lease."""
-        if not slots:
-            return
-        self.held.setdefault(node, []).extend(slots)
-        if self.closed:
-            self.give_back(node)
-
-    def give_back(self, node: int | None = None) -> None:
-        """What the lease still holds on ``node`` (None: on every node) back to its buffer.
-        Slots handed on meanwhile (the decode claimed them, a side-car adopted them to
-        persist) stay with their new holder: a buffer frees only what is still the lease's."""
-        for n in list(self.held) if node is None else [node]:
-            slots = self.held.pop(n, [])
-            if slots:
-                self._release(n, slots, self.tag)
-
-    def close(self) -> None:
-        self.closed = True
-        self.give_back()
 
 
 class Request:

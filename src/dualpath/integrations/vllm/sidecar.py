@@ -6,8 +6,8 @@ by an ``flock`` file so that any process of the node — the router, the vLLM wo
 by name and allocates), and serves a few operations as JSON lines on a Unix socket:
 
 - ``read``: Full Blocks from the store into given slots, through the SNIC's read direction
-  (FIFO: two blocks in flight, as the runtime's storage worker, or with a store across the
-  network ``READ_JOBS_IN_FLIGHT`` requests in batched calls); the answer says how many
+  (FIFO: two blocks in flight, or with a store across the network
+  ``kv.storage_node.READ_JOBS_IN_FLIGHT`` requests in batched calls); the answer says how many
   leading blocks arrived (a missing or corrupt block ends the readable prefix; a corrupt file is
   removed so that the recomputed block gets persisted again);
 - ``write``: slots written to the store through the SNIC's write direction, in order, each
@@ -37,7 +37,11 @@ through shared memory:
   slots), answered once every byte landed: the DE read path's hit KV (DE buffer → PE node)
   and the prefill's KV (PE node → DE buffer).
 
-The SNIC is emulated by ``kv.pacer.Pacer`` (both directions LOW: KV traffic), unpaced
+The reads, the writes, ``settle`` and the I/O counters are the storage-node core's
+(``kv.storage_node.StorageNode``: its reader and writer threads and queues, the one
+write-failure policy), shared with the runtime's storage worker; the side-car owns the buffer,
+the slots, the persist jobs and the compute network, and frees a slot once its block is
+durable. The SNIC is emulated by ``kv.pacer.Pacer`` (both directions LOW: KV traffic), unpaced
 (``snic_bytes_per_s`` 0), or, in a cluster made by ``dualpath cluster up``, shaped by the
 kernel on the node's ``snic`` interface. Owns no policy: what to read where is the router's.
 The TCP port is unauthenticated, like Mooncake's own: bind it to a private network only.
@@ -45,18 +49,13 @@ The TCP port is unauthenticated, like Mooncake's own: bind it to a private netwo
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
-import queue
 import signal
 import socketserver
 import sys
 import threading
 import time
-from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,21 +64,16 @@ from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec, call
 from dualpath.integrations.vllm.token import REFUSAL, TOKEN_FIELD, admits, sidecar_token
 from dualpath.kv import doorbell
 from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
-from dualpath.kv.pacer import LinkLock, Pacer
-from dualpath.kv.store import BlockCorrupt, BlockStore
+from dualpath.kv.pacer import LinkLock
+from dualpath.kv.storage_node import StorageNode, WriteOutcome
+from dualpath.kv.store import BlockStore
 from dualpath.kv.stores import open_store
 from dualpath.kv.transport.base import RegionHandle
-from dualpath.kv.worker import WriteFailures, persist_with_retry, read_or_miss, snic_pacers
-from dualpath.types import TrafficClass
+from dualpath.kv.worker import snic_pacers
 
-# requests a batched store reads at once: while one waits for the store's RPCs (a replica
-# list, ~ms) the others keep the SNIC busy (measured on the one-host cluster, 16 agents ×
-# 10 turns at 2 MB/s: DualPath's JCT 97.0 s with 2, 93.7 s with 3, its storage bound 78 s)
-READ_JOBS_IN_FLIGHT = 3
 # a store call across the network: a batch of 64 blocks on a slow SNIC takes seconds (the
 # router's request timeout bounds the request; this bounds a call stuck on a dead store)
 STORE_CALL_TIMEOUT_S = 120.0
-WRITE_BATCH = 32  # blocks queued for the store written in one batched put, at most
 # a persist job whose parts have not all arrived within this is dropped: a worker of its
 # instance died (its slots are freed with the instance's owner tag)
 JOB_TIMEOUT_S = 60.0
@@ -100,25 +94,8 @@ class _Job:
     failed: bool = False
 
 
-@dataclass(slots=True)
-class _Queued:
-    """Requests and their bytes in one stage of the SNIC's read queue (under the side-car's
-    lock)."""
-
-    requests: int = 0
-    bytes: int = 0
-
-    def add(self, nbytes: int) -> None:
-        self.requests += 1
-        self.bytes += nbytes
-
-    def take(self, nbytes: int) -> None:
-        self.requests -= 1
-        self.bytes -= nbytes
-
-
 class NodeSidecar:
-    """The node's buffer (owner), store, SNIC pacers and the read / write queues."""
+    """The node's buffer (owner), its slots and persist jobs; its store's I/O (``io``)."""
 
     def __init__(
         self, spec: NodeSpec, facts: dict[str, Any] | None = None, token: str | None = None
@@ -144,38 +121,16 @@ class NodeSidecar:
         # the node's SNIC address, so that the blocks cross that interface)
         self.store = self._open_store()
         rate = spec.snic_bytes_per_s
-        name = f"node{spec.node}.snic"
-        pacers = snic_pacers(rate, name) if rate else (None, None)
-        self.snic_read: Pacer | None = pacers[0]
-        self.snic_write: Pacer | None = pacers[1]
-        # a store across the network gets a client per reader and one for the writes: one
-        # client carries out its transfers one batch after the other, so a turn's few blocks
-        # to persist would wait behind seconds of another request's reads (measured: a put of
-        # 3 blocks 2.2 s instead of 0.3 s beside a 32-block read on a 2 MB/s SNIC)
-        separate = self._batched()
-        self.read_stores = [self.store] + [
-            self._open_store() if separate else self.store for _ in range(READ_JOBS_IN_FLIGHT - 1)
-        ]
-        self.write_store = self._open_store() if separate else self.store
-        self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read")
-        self.reads: queue.Queue[tuple[list[str], list[int], Future[int], float] | None] = (
-            queue.Queue()
+        self.io = StorageNode(
+            f"node{spec.node}",
+            self.store,
+            self.buffer,
+            snic=snic_pacers(rate, f"node{spec.node}.snic") if rate else None,
+            open_client=self._open_store,
+            skip_stored=True,
+            on_written=self._on_written,
         )
-        self.writes: queue.Queue[tuple[str, int] | None] = queue.Queue()
-        self.bytes_read = 0
-        # the SNIC's read queue (the signal the paper's scheduler decides on, §4): requests and
-        # bytes queued for a reader, and those a reader is moving now
-        self.read_waiting = _Queued()
-        self.read_in_flight = _Queued()
-        # seconds reads spent queued for a reader and in the store's calls, summed
-        self.read_queued_s = 0.0
-        self.read_store_s = 0.0
-        self.bytes_written = 0
-        self.failures = WriteFailures(f"node{self.spec.node}")  # block writes dropped, and why
-        self.num_skipped_writes = 0  # blocks another turn had persisted already
-        self._lock = threading.Lock()
-        self._queued: Counter[str] = Counter()  # keys handed to ``persist``, not done yet
-        self._write_done = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # the jobs and the side-car's own counters
         self.bytes_pushed = 0
         self.push_busy_s = 0.0
         self._engine: Any = None  # the transfer engine of a networked node (``start_engine``)
@@ -196,9 +151,6 @@ class NodeSidecar:
         )
         store.register(self.buffer.data)  # (a store across the network: zero-copy)
         return store
-
-    def _stores(self) -> list[BlockStore]:
-        return list({id(s): s for s in [*self.read_stores, self.write_store]}.values())
 
     # ---------------------------------------------------------------- compute network
     def start_engine(self) -> None:
@@ -255,125 +207,13 @@ class NodeSidecar:
             self.push_busy_s += time.perf_counter() - start
         return moved
 
-    # ---------------------------------------------------------------- reads
-    def _read_one(self, key: str, slot: int) -> bool:
-        if self.snic_read is not None:
-            self.snic_read.transfer(self.spec.layout.full_block_bytes, TrafficClass.LOW)
-        return read_or_miss(self.store, key, self.buffer.slot(slot))
-
-    def _read_loop(self, index: int = 0) -> None:
-        store = self.read_stores[index]
-        block = self.spec.layout.full_block_bytes
-        while (job := self.reads.get()) is not None:
-            keys, slots, done, since = job
-            start = time.perf_counter()
-            with self._lock:  # waiting → in flight
-                self.read_waiting.take(len(keys) * block)
-                self.read_in_flight.add(len(keys) * block)
-                self.read_queued_s += start - since
-            try:
-                oks = self._read_job(store, keys, slots)
-            except Exception as err:  # not a missing block: a bug or the disk; the reader lives on
-                with self._lock:
-                    self.read_in_flight.take(len(keys) * block)
-                done.set_exception(err)
-                continue
-            num_ok = oks.index(False) if False in oks else len(oks)
-            with self._lock:
-                self.bytes_read += num_ok * block
-                self.read_in_flight.take(len(keys) * block)
-                self.read_store_s += time.perf_counter() - start
-            done.set_result(num_ok)
-
-    def _batched(self) -> bool:
-        """Whether the store takes a request's blocks in one call (a store across the
-        network: its round trips once per batch, the link kept busy) and no software SNIC
-        paces them one by one."""
-        return self.store.batched and self.snic_read is None
-
-    def _read_job(self, store: BlockStore, keys: list[str], slots: list[int]) -> list[bool]:
-        if not self._batched():
-            return list(self.readers.map(self._read_one, keys, slots))
-        errs = store.read_blocks(keys, [self.buffer.slot(s) for s in slots])
-        for key, err in zip(keys, errs, strict=True):
-            if isinstance(err, BlockCorrupt):  # recomputed, then stored again
-                with contextlib.suppress(OSError):
-                    store.remove(key)
-        return [err is None for err in errs]
-
+    # ---------------------------------------------------------------- reads, writes
     def read(self, keys: list[str], slots: list[int]) -> int:
         """Queue a read of ``keys`` into ``slots``; blocks until done; leading blocks read."""
-        if len(keys) != len(slots):
-            raise ValueError(f"read: {len(keys)} keys for {len(slots)} slots")
-        done: Future[int] = Future()
-        with self._lock:
-            self.read_waiting.add(len(keys) * self.spec.layout.full_block_bytes)
-        self.reads.put((keys, slots, done, time.perf_counter()))
-        return done.result()
+        return self.io.read(keys, slots).result().num_ok
 
-    # ---------------------------------------------------------------- writes
-    def _write_loop(self) -> None:
-        while (job := self.writes.get()) is not None:
-            batch = [job]
-            while len(batch) < WRITE_BATCH and self._batched():  # what queued meanwhile
-                try:
-                    more = self.writes.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:  # the stop: after this batch
-                    self.writes.put(None)
-                    break
-                batch.append(more)
-            try:
-                if self._batched():  # one existence query and one put, even for one block
-                    self._write_batch(batch)
-                else:
-                    self._write_one(*job)
-            finally:
-                with self._write_done:
-                    for key, _ in batch:
-                        self._queued[key] -= 1
-                        if self._queued[key] <= 0:
-                            del self._queued[key]
-                    self._write_done.notify_all()
-
-    def _write_batch(self, batch: list[tuple[str, int]]) -> None:
-        """Several blocks in one batched put (``MooncakeBlockStore.write_blocks``); one that
-        failed is tried again alone, with ``persist_with_retry``'s backoff."""
-        keys, slots = [k for k, _ in batch], [s for _, s in batch]
-        results = self.write_store.write_blocks(keys, [self.buffer.slot(s) for s in slots])
-        for (key, slot), res in zip(batch, results, strict=True):
-            if isinstance(res, OSError):
-                self._write_one(key, slot)
-                continue
-            self.buffer.free([slot])
-            with self._lock:
-                if res:
-                    self.bytes_written += self.spec.layout.full_block_bytes
-                else:
-                    self.num_skipped_writes += 1
-
-    def _write_one(self, key: str, slot: int) -> None:
-        nbytes = self.spec.layout.full_block_bytes
-        if self.failures.skip(key):  # its path stayed in the way: not tried again
-            self.buffer.free([slot])
-            return
-        if self.write_store.has(key):  # content-addressed: a block stored is not resent
-            self.buffer.free([slot])
-            with self._lock:
-                self.num_skipped_writes += 1
-            return
-        if self.snic_write is not None:
-            self.snic_write.transfer(nbytes, TrafficClass.LOW)
-        try:
-            err = persist_with_retry(self.write_store, key, self.buffer.slot(slot))
-        finally:
-            self.buffer.free([slot])
-        if err is None:
-            with self._lock:
-                self.bytes_written += nbytes
-        else:  # e.g. a full disk: the tokens were served, the block is not cached
-            self.failures.failed(key, err)  # counted (``failed_writes`` in /metrics), named
+    def _on_written(self, key: str, slot: int, outcome: WriteOutcome) -> None:
+        self.buffer.free([slot])  # durable, present already, or dropped: the slot is done
 
     def persist(self, keys: list[str], slots: list[int], owner: int | None = None) -> int:
         """Queue ``slots`` for a write as blocks ``keys``; how many were queued. ``owner``
@@ -390,14 +230,8 @@ class NodeSidecar:
         else:
             held = set(self.buffer.adopt(slots, ANONYMOUS))
         pairs = [(k, s) for k, s in zip(keys, slots, strict=True) if s in held]
-        self._queue_writes(pairs)
+        self.io.write(pairs)
         return len(pairs)
-
-    def _queue_writes(self, pairs: list[tuple[str, int]]) -> None:
-        with self._lock:
-            self._queued.update(k for k, _ in pairs)
-        for pair in pairs:
-            self.writes.put(pair)
 
     def part(self, op: dict[str, Any]) -> bool:
         """One worker's part of persist job ``op["job"]`` (of ``op["parts"]``); whether the
@@ -407,7 +241,7 @@ class NodeSidecar:
         if len(keys) != len(slots):
             raise ValueError(f"parts: {len(keys)} keys for {len(slots)} slots")
         now = time.monotonic()
-        with self._write_done:
+        with self._lock:
             self._drop_stale(now)
             job = self._jobs.get(str(op["job"]))
             if job is None:
@@ -419,13 +253,13 @@ class NodeSidecar:
                     int(op["owner"]),
                     now,
                 )
-                self._queued.update(keys)
+                self.io.pending.add(keys)
             job.seen.add(str(op["part"]))
             job.failed |= bool(op.get("failed"))
             if len(job.seen) < job.parts:
                 return False
             del self._jobs[str(op["job"])]
-            self._unqueue(job.keys)
+            self.io.pending.drop(job.keys)
         if job.failed:  # a worker could not load what the slots hold: not to be trusted
             self.buffer.release([*job.slots, *job.free], job.owner)
             return True
@@ -434,34 +268,19 @@ class NodeSidecar:
         # the slots become the side-car's, all or none: slots the instance no longer holds
         # (it died and they were freed by its tag) may be someone else's by now
         if self.buffer.transfer(job.slots, job.owner, ANONYMOUS):
-            self._queue_writes(list(zip(job.keys, job.slots, strict=True)))
+            self.io.write(list(zip(job.keys, job.slots, strict=True)))
         return True
-
-    def _unqueue(self, keys: list[str]) -> None:
-        """(Under the lock) ``keys`` no longer pending for this job."""
-        for k in keys:
-            self._queued[k] -= 1
-            if self._queued[k] <= 0:
-                del self._queued[k]
-        self._write_done.notify_all()
 
     def _drop_stale(self, now: float) -> None:
         """(Under the lock) jobs whose parts stopped arriving: their instance died."""
         for name in [n for n, j in self._jobs.items() if now - j.since > JOB_TIMEOUT_S]:
-            self._unqueue(self._jobs.pop(name).keys)
+            self.io.pending.drop(self._jobs.pop(name).keys)
 
     def settle(self, keys: list[str], timeout_s: float) -> dict[str, Any]:
         """Wait until none of ``keys`` is queued for a write (at most ``timeout_s``): how
         many still are, and whether any was (then the store may hold more than before)."""
-        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s >= 0):
-            raise ValueError(f"settle: timeout_s={timeout_s!r} is invalid: must be a number >= 0")
-        with self._write_done:
-            waited = any(k in self._queued for k in keys)
-            if waited:
-                self._write_done.wait_for(
-                    lambda: not any(k in self._queued for k in keys), timeout=timeout_s
-                )
-            return {"waited": waited, "pending": sum(k in self._queued for k in keys)}
+        settled = self.io.pending.settle(keys, timeout_s)
+        return {"waited": settled.waited, "pending": settled.pending}
 
     def alloc(self, num_slots: int, owner: int, wait_s: float = 0.0) -> list[int] | None:
         """``num_slots`` slots under ``owner``; while the buffer is full, retried each time a
@@ -488,30 +307,14 @@ class NodeSidecar:
             listener.close()
 
     def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.spec.node, "kind": self.spec.kind}
+        out.update(self.io.counters())
         with self._lock:
-            out: dict[str, Any] = {
-                "node": self.spec.node,
-                "kind": self.spec.kind,
-                "bytes_read": self.bytes_read,
-                "bytes_written": self.bytes_written,
-                "failed_writes": self.failures.num_failed,
-                "skipped_writes": self.num_skipped_writes,
-                "unfinished_writes": sum(self._queued.values()),  # queued or in hand
-                "waiting_jobs": len(self._jobs),  # persist jobs with parts still to come
-                "read_requests_waiting": self.read_waiting.requests,
-                "read_bytes_waiting": self.read_waiting.bytes,
-                "read_requests_in_flight": self.read_in_flight.requests,
-                "read_bytes_in_flight": self.read_in_flight.bytes,
-                "read_queued_s": self.read_queued_s,
-                "read_store_s": self.read_store_s,
-            }
+            out["waiting_jobs"] = len(self._jobs)  # persist jobs with parts still to come
             out["bytes_pushed"] = self.bytes_pushed
             out["push_busy_s"] = self.push_busy_s
+            out["refused_requests"] = self.num_refused
         out["free_slots"] = self.buffer.num_free
-        out["read_busy_s"] = self.snic_read.stats.busy_s if self.snic_read else 0.0
-        out["write_busy_s"] = self.snic_write.stats.busy_s if self.snic_write else 0.0
-        out["pending_writes"] = self.writes.qsize()
-        out["refused_requests"] = self.num_refused
         return out
 
     def handle(self, op: dict[str, Any]) -> dict[str, Any]:
@@ -597,18 +400,11 @@ class NodeSidecar:
         else:
             Path(self.spec.socket_path).unlink(missing_ok=True)
             server = _UnixServer(self.spec.socket_path, Handler)
-        # batched reads: two requests' reads in flight, so that the SNIC is busy while the
-        # next request's batch starts (a store across the network: its round trips)
-        readers = READ_JOBS_IN_FLIGHT if self._batched() else 1
-        threads = [
-            threading.Thread(target=self._read_loop, args=(i,), name=f"reader{i}", daemon=True)
-            for i in range(readers)
-        ]
-        threads.append(threading.Thread(target=self._write_loop, name="writer", daemon=True))
-        if self.spec.networked:
-            threads.append(threading.Thread(target=self._listen, name="doorbell", daemon=True))
-        for t in threads:
-            t.start()
+        self.io.start()
+        listener = None
+        if self.spec.networked:  # its router waits for free slots here (``alloc``)
+            listener = threading.Thread(target=self._listen, name="doorbell", daemon=True)
+            listener.start()
 
         def stop(signum: int, frame: Any) -> None:
             threading.Thread(target=server.shutdown, daemon=True).start()
@@ -623,14 +419,11 @@ class NodeSidecar:
                 self._stopping = True
                 self._freed.notify_all()
             self._bell.ring()
-            for _ in range(readers):
-                self.reads.put(None)
-            self.writes.put(None)  # writes queued before the stop still land (durability)
-            for t in threads:
-                t.join(timeout=30)
-            self.readers.shutdown()
-            for store in self._stores():
-                store.close()
+            if listener is not None:
+                listener.join(timeout=5)
+            # reads queued are still answered; writes queued before the stop still land
+            self.io.stop(drop_reads=False, timeout_s=30)
+            self.store.close()
             if self._engine is not None:
                 self._engine.close()
             self.buffer.close()
