@@ -113,7 +113,8 @@ def test_a_prefill_cut_off_frees_its_slots_once_its_instance_is_done(tmp_path: P
                 assert params is not None and params.save is not None
                 assert params.save.lease == req.lease.tag
                 req.prefilling()
-                planner = StepPlanner(flow.dep.block_tokens, owners)
+                # (two steps at once: pipeline parallelism, as vLLM's batch queue runs them)
+                planner = StepPlanner(flow.dep.block_tokens, owners, steps_in_flight=2)
                 planner.matched_tokens("r", params, tokens, len(tokens), 0)
                 meta = planner.step([("r", list(range(1, 4)), 0, 32)], [])  # a step saves
                 assert meta.saves and not meta.lost

@@ -204,3 +204,78 @@ def test_choices_of_one_request_load_the_same_slots() -> None:
     (sp,) = plan.step([], []).slot_persists  # now the slots go: once
     assert sp.request_id == "0_r" and sp.slots == (30, 31) and sp.free == (32,)
     assert plan.step([], []).is_empty()
+
+
+class _Pins:
+    """``SlotOwners`` that records pins: leases 1 and 2 hold every slot."""
+
+    def __init__(self) -> None:
+        self.pinned: dict[tuple[int, int], int] = {}  # (node, slot) → lease
+
+    def alloc(self, node: int, n: int) -> list[int] | None:
+        return None
+
+    def claim(self, node: int, slots: object, lease: int) -> bool:
+        return True
+
+    def release(self, node: int, slots: object, lease: int) -> int:
+        return 0
+
+    def pin(self, node: int, slots: tuple[int, ...], lease: int) -> bool:
+        if lease not in (1, 2):
+            return False
+        self.pinned.update({(node, s): lease for s in slots})
+        return True
+
+    def unpin(self, node: int, slots: tuple[int, ...]) -> int:
+        return sum(self.pinned.pop((node, s), None) is not None for s in slots)
+
+
+def _prefill(lease: int) -> TransferParams:
+    return TransferParams(BlockLoad(0, (7, 8), 8, lease), BlockSave(1, (5, 6, 9), 0, lease))
+
+
+def test_a_prefill_pins_its_slots_until_the_steps_before_it_left_ran() -> None:
+    toks = list(range(10))
+    for in_flight in (1, 2):
+        owners = _Pins()
+        plan = StepPlanner(BS, owners, steps_in_flight=in_flight)  # type: ignore[arg-type]
+        assert plan.matched_tokens("p", _prefill(1), toks, 10, 0) == 8
+        plan.allocated("p", 8)
+        meta = plan.step([("p", [1, 2, 3], 0, 2)], [])
+        assert meta.loads and meta.saves and not meta.lost
+        assert set(owners.pinned) == {(0, 7), (0, 8), (1, 5), (1, 6), (1, 9)}
+        plan.finished("p", None)  # aborted: the step above may still be running
+        if in_flight == 1:  # one step at a time: it has run
+            assert owners.pinned == {} and plan.num_pinning == 0
+            continue
+        assert len(owners.pinned) == 5 and plan.num_pinning == 1
+        plan.step([], [])  # one more step planned: the first may still run beside it
+        assert len(owners.pinned) == 5
+        plan.step([], [])  # two more: vLLM runs at most two at once, so it ran
+        assert owners.pinned == {} and plan.num_pinning == 0
+        # or its output came back first
+        assert plan.matched_tokens("q", _prefill(2), toks, 10, 0) == 8
+        plan.allocated("q", 8)
+        plan.step([("q", [1, 2, 3], 0, 2)], [])
+        plan.finished("q", None)
+        assert len(owners.pinned) == 5
+        for _ in range(3):  # the outputs of the 3 steps before "q"'s
+            plan.step_done()
+        assert len(owners.pinned) == 5
+        plan.step_done()  # and of "q"'s own
+        assert owners.pinned == {}
+    with pytest.raises(ValueError, match="steps_in_flight=0"):
+        StepPlanner(BS, steps_in_flight=0)
+
+
+def test_a_prefill_whose_lease_is_gone_pins_nothing_loads_nothing_saves_nothing() -> None:
+    owners = _Pins()
+    plan = StepPlanner(BS, owners)  # type: ignore[arg-type]
+    toks = list(range(10))
+    plan.matched_tokens("p", _prefill(3), toks, 10, 0)  # lease 3: the router let it go
+    plan.allocated("p", 8)
+    meta = plan.step([("p", [1, 2, 3], 0, 2)], [])
+    assert meta.lost and not meta.loads and not meta.saves and owners.pinned == {}
+    meta = plan.step([], [("p", None, False, 8, 2)])
+    assert not meta.saves

@@ -185,7 +185,11 @@ class DualPathConnector(KVConnectorBase_V1, SupportsHMA):
         # persist jobs are named apart from any other instance or restart on the side-car
         job_prefix = f"n{self._node}-{os.getpid()}-{time.monotonic_ns()}"
         self._planner = StepPlanner(
-            self._block_tokens, self._owners, job_prefix, _windows(kv_cache_config)
+            self._block_tokens,
+            self._owners,
+            job_prefix,
+            _windows(kv_cache_config),
+            steps_in_flight=max(1, int(vllm_config.max_concurrent_batches)),
         )
         self._worker: WorkerSide | None = None
         self._bound: KVConnectorMetadata | None = None  # the step metadata the worker has

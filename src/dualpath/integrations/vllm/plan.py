@@ -27,9 +27,11 @@ a real vLLM ``Scheduler`` through each case):
   (``SlotOwners.release``), so no slot outlives its request;
 - a prefill pins the leased slots it loads from and saves into in the first step that
   schedules it (``SlotOwners.pin``) and unpins them once it left vLLM and every step planned
-  before it left has run (``step_done``: with pipeline parallelism or asynchronous
-  scheduling a step that saves into them may still be running when vLLM aborts the
-  request): a router that gives the request up meanwhile releases them, and they are free
+  before it left has run: at once when vLLM runs one step at a time, else (pipeline
+  parallelism, asynchronous scheduling: ``steps_in_flight`` > 1, and a step that saves into
+  them may still be running when vLLM aborts the request) once those steps' outputs came
+  back (``step_done``), or ``steps_in_flight`` steps later, when vLLM cannot have any of them
+  in flight. A router that gives the request up meanwhile releases them, and they are free
   once no step writes them any more. A lease already gone makes the load ``lost`` and drops
   the saves.
 """
@@ -200,15 +202,19 @@ class StepPlanner:
         owners: SlotOwners | None = None,
         job_prefix: str = "j",
         windows: Sequence[int] = (),
+        steps_in_flight: int = 1,
     ) -> None:
         """``owners``: claims leased slots and allocates the slots of generated blocks; None:
         leases are not checked and generated blocks get no slots (the planner's own tests of
         what it plans). ``job_prefix``: makes the persist jobs' names unique among the
         instances (and restarts) that share a side-car. ``windows``: each KV cache group's
         sliding window in tokens (0: full attention): a load skips the blocks of a window
-        group that no token computed after it can see, as vLLM's own manager skips them."""
+        group that no token computed after it can see, as vLLM's own manager skips them.
+        ``steps_in_flight``: how many steps vLLM runs at once (its ``max_concurrent_batches``)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens={block_tokens} is invalid: must be >= 1")
+        if steps_in_flight < 1:
+            raise ValueError(f"steps_in_flight={steps_in_flight} is invalid: must be >= 1")
         if any(w < 0 for w in windows):
             raise ValueError(f"windows={list(windows)} is invalid: each must be >= 0")
         self.block_tokens = block_tokens
@@ -219,6 +225,7 @@ class StepPlanner:
         self._num_jobs = 0
         self._shared: dict[tuple[int, int], _Shared] = {}  # shared loads: sharers to come
         self._due: list[SlotPersist] = []  # hand-overs for the next step
+        self.steps_in_flight = steps_in_flight
         self._planned = 0  # steps planned (``step``) ...
         self._ran = 0  # ... and those whose output came back (``step_done``)
         # pins of requests that left, each kept until the steps planned before it left ran
@@ -268,6 +275,7 @@ class StepPlanner:
         tokens computed before, tokens scheduled) of the others. Block ids: one group's list,
         or one list per KV cache group (vLLM's tuple)."""
         self._planned += 1
+        self._unpin_ran()
         meta = StepMeta()
         meta.slot_persists.extend(self._due)  # shared loads whose last sharer left
         self._due = []
@@ -320,9 +328,12 @@ class StepPlanner:
         self._unpin_ran()
 
     def _unpin_ran(self) -> None:
+        """End the pins whose steps all ran: their outputs came back, or vLLM runs one step
+        at a time, or enough steps were planned since (``steps_in_flight``)."""
         keep = []
+        ran = max(self._ran, self._planned - self.steps_in_flight)
         for planned, pins in self._leaving:
-            if planned > self._ran:
+            if planned > ran and self.steps_in_flight > 1:
                 keep.append((planned, pins))
             elif self._owners is not None:
                 for node, slots in pins:
