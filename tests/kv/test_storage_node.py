@@ -195,37 +195,6 @@ def test_settle_waits_for_pending_keys_and_gives_up_at_its_timeout(
                 node.pending.settle([_key(1)], bad)  # type: ignore[arg-type]
 
 
-def test_the_writes_a_turn_waits_for_go_ahead_of_the_others(
-    tmp_path: Path, buffer: SlotBuffer
-) -> None:
-    """``promote`` (the router's settle): the keys a new turn waits for are written before
-    the writes queued ahead of them, in their own order; a key promoted while its persist
-    job's parts still arrive goes ahead once it is queued; a key this node does not owe is not
-    remembered."""
-    store = GatedStore(tmp_path)
-    written = Written()
-    node = StorageNode("node0", store, buffer, on_written=written)
-    with running(node):
-        store.writes_open.clear()  # the first write holds the writer: the rest queue
-        for i in range(5):
-            buffer.slot(i)[:] = _payload(i)
-        node.write([(_key(0), 0)])
-        deadline = time.monotonic() + WAIT_S
-        while node.counters()["pending_writes"]:  # until the writer holds it, at the gate
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        node.write([(_key(i), i) for i in (1, 2, 3)])
-        node.pending.add([_key(4)])  # a persist job still arriving
-        assert node.promote([_key(3), _key(2), _key(4), _key(7)]) == 2
-        node.pending.drop([_key(4)])
-        node.write([(_key(4), 4)])  # queued now: goes ahead of key 1
-        store.writes_open.set()
-        for i in range(5):
-            written.wait(_key(i))
-    assert [k for k, _, _ in written.calls] == [_key(i) for i in (0, 2, 3, 4, 1)]
-    assert all(o is WriteOutcome.STORED for _, _, o in written.calls)
-
-
 def test_a_failing_write_is_counted_and_a_path_error_not_tried_again(
     tmp_path: Path, buffer: SlotBuffer
 ) -> None:

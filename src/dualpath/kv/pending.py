@@ -40,10 +40,6 @@ class PendingWrites:
                     del self._keys[k]
             self._done.notify_all()
 
-    def owes(self, key: str) -> bool:
-        with self._done:
-            return key in self._keys
-
     @property
     def num_pending(self) -> int:
         """Pending writes, a key queued twice counted twice."""

@@ -19,7 +19,6 @@ import queue
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,67 +93,6 @@ class _Keep:
     key: str
 
 
-class WriteQueue:
-    """The node's block writes, first in first out, but for the ones a turn waits for: the
-    router's ``settle`` names the keys of a new turn's prefix still owed, and those go ahead
-    of every other write (``promote``; a key promoted before it is queued, while its persist
-    job's parts still arrive, goes ahead once it is). The other writes are no one's wait yet:
-    under load a turn would otherwise wait for every write queued before its own (measured on
-    the one-host cluster: settle 0.84 s a request for DualPath, 1.46 s for Basic)."""
-
-    WANTED_MAX = 4096  # keys remembered as promoted before they were queued, at most
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._first: deque[tuple[str, int]] = deque()  # promoted, in the order they came
-        self._rest: deque[tuple[str, int]] = deque()
-        self._wanted: set[str] = set()
-        self._closed = False
-
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._first) + len(self._rest)
-
-    def put(self, pairs: Sequence[tuple[str, int]]) -> None:
-        with self._cond:
-            for pair in pairs:
-                (self._first if pair[0] in self._wanted else self._rest).append(pair)
-            self._cond.notify()
-
-    def promote(self, keys: Sequence[str], owed: Callable[[str], bool]) -> int:
-        """``keys`` ahead of the other writes (those ``owed``: queued here, or to be); how
-        many of them were queued."""
-        wanted = {k for k in keys if owed(k)}
-        with self._cond:
-            moved = [p for p in self._rest if p[0] in wanted]
-            if moved:
-                self._rest = deque(p for p in self._rest if p[0] not in wanted)
-                self._first.extend(moved)
-            if len(self._wanted) + len(wanted) > self.WANTED_MAX:
-                self._wanted.clear()
-            self._wanted |= wanted - {k for k, _ in moved}
-        return len(moved)
-
-    def get(self, block: bool = True) -> tuple[str, int] | None:
-        """The next write; None once closed and empty (``block``: wait for one, else None
-        at once when there is none)."""
-        with self._cond:
-            while block and not (self._first or self._rest or self._closed):
-                self._cond.wait()
-            queue_ = self._first or self._rest
-            if not queue_:
-                return None
-            pair = queue_.popleft()
-            self._wanted.discard(pair[0])
-            return pair
-
-    def close(self) -> None:
-        """No more writes come: ``get`` answers None once the queued ones are taken."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-
 def leading_ok(oks: Sequence[bool]) -> int:
     """How many leading entries are True: a read's usable prefix."""
     return oks.index(False) if False in oks else len(oks)
@@ -218,7 +156,7 @@ class StorageNode:
         self._clients: list[BlockStore] = []
         self._blocks = ThreadPoolExecutor(BLOCKS_IN_FLIGHT, thread_name_prefix="read")
         self._reads: queue.Queue[_ReadJob | _Keep | None] = queue.Queue()
-        self._writes = WriteQueue()
+        self._writes: queue.Queue[tuple[str, int] | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self.failures = WriteFailures(name)  # block writes dropped, and why
         self.pending = PendingWrites()  # ``settle`` waits on it; a shell may hold keys there
@@ -268,7 +206,7 @@ class StorageNode:
                 item.done.cancel()
         for _ in range(self.num_readers):
             self._reads.put(None)
-        self._writes.close()
+        self._writes.put(None)
         for t in self._threads:
             t.join(timeout_s)
         self._blocks.shutdown()
@@ -366,19 +304,19 @@ class StorageNode:
         """Queue each (key, slot) for a write, in order; its keys are pending until
         ``on_written`` has been called for it (``pending``)."""
         self.pending.add([k for k, _ in pairs])
-        self._writes.put(pairs)
-
-    def promote(self, keys: Sequence[str]) -> int:
-        """A turn waits for ``keys``: those this node still owes go ahead of its other writes
-        (``WriteQueue``); how many were queued."""
-        return self._writes.promote(keys, self.pending.owes)
+        for pair in pairs:
+            self._writes.put(pair)
 
     def _write_loop(self) -> None:
         while (first := self._writes.get()) is not None:
             batch = [first]
             while self.batched and len(batch) < WRITE_BATCH:  # what queued meanwhile
-                more = self._writes.get(block=False)
-                if more is None:
+                try:
+                    more = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:  # the stop: after this batch
+                    self._writes.put(None)
                     break
                 batch.append(more)
             try:
@@ -455,5 +393,5 @@ class StorageNode:
         out["read_busy_s"] = self.snic[0].stats.busy_s if self.snic else 0.0
         out["write_busy_s"] = self.snic[1].stats.busy_s if self.snic else 0.0
         out["unfinished_writes"] = self.pending.num_pending  # queued or in hand
-        out["pending_writes"] = len(self._writes)
+        out["pending_writes"] = self._writes.qsize()
         return out

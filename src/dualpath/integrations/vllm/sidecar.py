@@ -279,7 +279,6 @@ class NodeSidecar:
     def settle(self, keys: list[str], timeout_s: float) -> dict[str, Any]:
         """Wait until none of ``keys`` is queued for a write (at most ``timeout_s``): how
         many still are, and whether any was (then the store may hold more than before)."""
-        self.io.promote(keys)  # (the turn waits for them: ahead of the other writes)
         settled = self.io.pending.settle(keys, timeout_s)
         return {"waited": settled.waited, "pending": settled.pending}
 
