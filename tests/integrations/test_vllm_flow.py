@@ -24,6 +24,7 @@ from dualpath.integrations.vllm.node import BufferOwners, call, instance_owner
 from dualpath.integrations.vllm.params import TransferParams
 from dualpath.integrations.vllm.plan import StepPlanner
 from dualpath.integrations.vllm.request import Outcome, Request
+from dualpath.kv.buffer import UNPIN_FREES
 from dualpath.kv.store import block_keys
 from dualpath.policy import make_policy
 from dualpath.types import ReadSide
@@ -38,6 +39,16 @@ def _flow(launched: Any, kv_root: str, sidecar: Any = call) -> TurnFlow:
 
 def _request(flow: TurnFlow) -> Request:
     return Request(flow, flow.next_rid(), float("inf"))
+
+
+async def _released(buf: Any, slots: list[int]) -> None:
+    """Until the router's release of ``slots`` (off its event loop) has reached the buffer:
+    each is free, or marked to be freed when its pin ends."""
+    for _ in range(1000):
+        if all(buf.owner_of(s) in (None, UNPIN_FREES) for s in slots):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"slots {slots} not released within 10 s")
 
 
 def _seed_store(flow: TurnFlow, tokens: list[int]) -> None:
@@ -119,8 +130,9 @@ def test_a_prefill_cut_off_frees_its_slots_once_its_instance_is_done(tmp_path: P
                 meta = planner.step([("r", list(range(1, 4)), 0, 32)], [])  # a step saves
                 assert meta.saves and not meta.lost
                 planner.step([], [("r", None, False, 32, len(tokens) - 32)])  # and the next
+                slots = list(params.save.slots)
                 req.close(Outcome.ABORTED)  # then given up
-                await asyncio.sleep(0.2)  # (released off the event loop)
+                await _released(de, slots)  # (off the event loop): to be freed at the unpin
                 seen = [start - de.num_free]
                 planner.finished("r", params)  # vLLM aborted it: one step still running
                 seen.append(start - de.num_free)
@@ -151,8 +163,12 @@ def test_a_prefill_whose_lease_is_gone_loads_nothing_and_saves_nothing(tmp_path:
             async def too_late() -> TransferParams | None:
                 await req.place(tokens, 4, "")
                 params = TransferParams.from_request(req.prefill_params())
+                start = flow.buffers[1].num_free + len(req.de_slots)
                 req.close(Outcome.ABORTED)
-                await asyncio.sleep(0.2)
+                for _ in range(1000):  # (released off the event loop)
+                    if flow.buffers[1].num_free == start:
+                        break
+                    await asyncio.sleep(0.01)
                 return params
 
             params = asyncio.run(too_late())
