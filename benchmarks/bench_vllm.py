@@ -18,6 +18,10 @@ and full layers), each instance with vLLM's flags for ``--tp`` / ``--pp`` /
   router     serve --engine vllm --system dualpath with the SNICs unpaced: against `vllm` at
              concurrency 1, what the P/D split and the router add per request
 
+A variant with the suffix ``-after`` (dualpath-after, router-after) runs the router with
+``DUALPATH_HANDOVER=after``: across nodes, the prefill's KV goes to the decode node after the
+prefill answered instead of layer by layer while it runs (the before/after of one run).
+
 With --cluster, every deployment runs on the nodes of a cluster this script makes (`dualpath
 cluster up`: one network namespace per node, SNICs shaped by the kernel to --snic-mb-per-s, not
 by our pacer), its KV in Mooncake Store on the cluster's storage host, KV between nodes by
@@ -53,6 +57,7 @@ import httpx
 
 from dualpath.frontend.checkpoint import write_tiny_checkpoint
 from dualpath.frontend.loadgen import LoadGenerator, LoadgenOptions
+from dualpath.integrations.vllm.flow import HANDOVER_ENV
 from dualpath.integrations.vllm.launch import find_vllm_python
 from dualpath.net import free_port
 from dualpath.workload.scripts import chat_scripts
@@ -102,7 +107,9 @@ def _serve(
     log: Path,
     cluster: bool = False,
     vllm: tuple[list[str], list[str], list[str]] = ([], [], []),
+    handover: str = "",
 ) -> tuple[Any, str]:
+    """``handover``: the router's ``DUALPATH_HANDOVER`` ("": its default, layerwise)."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -131,8 +138,11 @@ def _serve(
         cmd += ["--cluster", CLUSTER, "--store", "mooncake"]
     elif snic:
         cmd += ["--snic-mb-per-s", str(snic)]
+    env = {**os.environ, HANDOVER_ENV: handover} if handover else None
     with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     url = f"http://127.0.0.1:{port}"
     _wait(url, proc, log)
     return proc, url
@@ -262,11 +272,15 @@ def _metrics(url: str) -> dict[str, dict[str, float]]:
 ROUTER_STAGES = ("tokenize", "place_and_read", "cnic_kv")  # every wait of the router's own
 
 
-def _router_own_s(m: dict[str, dict[str, float]], n: int, cluster: bool) -> tuple[float, float]:
+def _router_own_s(
+    m: dict[str, dict[str, float]], n: int, cluster: bool, layerwise: bool = True
+) -> tuple[float, float]:
     """Per request: the seconds the router's own stages took (``ROUTER_STAGES``: everything
     between the client's request and the decode's, but the prefill instance's answer), less
     the time the bytes they moved take at line rate (storage reads on the SNIC, KV between
-    nodes on the CNIC; on one host the links are unpaced: none); and that link time."""
+    nodes on the CNIC; on one host the links are unpaced: none); and that link time. With
+    the layerwise hand-over the KV toward the decode node moves while the prefill runs: none
+    of its link time is taken off (what the router still waits for counts as its own)."""
     waited = sum(m["stage_s"].get(k, 0.0) for k in ROUTER_STAGES) / n
     if not cluster:
         return waited, 0.0
@@ -276,7 +290,9 @@ def _router_own_s(m: dict[str, dict[str, float]], n: int, cluster: bool) -> tupl
     spec = ClusterState.load(CLUSTER).spec
     kv = m["kv_mb"]
     snic_mb = kv.get("storage_to_pe_buffer", 0.0) + kv.get("storage_to_de_buffer", 0.0)
-    cnic_mb = kv.get("de_buffer_to_pe_hbm", 0.0) + kv.get("pe_hbm_to_de_buffer", 0.0)
+    cnic_mb = kv.get("de_buffer_to_pe_hbm", 0.0)
+    if not layerwise:
+        cnic_mb += kv.get("pe_hbm_to_de_buffer", 0.0)
     link = (
         snic_mb * 1e6 / spec.rate_bytes_per_s(p0.name, "snic")
         + cnic_mb * 1e6 / spec.rate_bytes_per_s(p0.name, "cnic")
@@ -364,7 +380,12 @@ def _main(args: argparse.Namespace) -> None:
         )
         for name in [v for v in args.variants.split(",") if v]:
             log = Path(tmp) / f"{name}.log"
-            storage_bound = name in ("basic", "dualpath")
+            # "-after": the router's earlier hand-over across nodes (every block after the
+            # prefill, not layer by layer), for a before/after in one run
+            base, _, handover = name.partition("-")
+            if handover not in ("", "after"):
+                raise SystemExit(f"--variants: {name!r}: the only suffix is -after")
+            storage_bound = base in ("basic", "dualpath")
             if args.cluster:  # a fresh cluster per deployment: measured, a concurrency-1
                 # router's storage reads took 83 ms instead of 16 on the namespaces a plain
                 # vLLM instance had just left
@@ -374,16 +395,24 @@ def _main(args: argparse.Namespace) -> None:
                 proc, url = _serve(
                     ckpt,
                     Path(tmp) / f"kv-{name}",
-                    name,
+                    base,
                     args.snic_mb_per_s,
                     log,
                     args.cluster,
                     vllm,
+                    handover,
                 )
                 work, conc = scripts, args.agents
-            elif name == "router":
+            elif base == "router":
                 proc, url = _serve(
-                    ckpt, Path(tmp) / "kv-router", "dualpath", 0.0, log, args.cluster, vllm
+                    ckpt,
+                    Path(tmp) / f"kv-{name}",
+                    "dualpath",
+                    0.0,
+                    log,
+                    args.cluster,
+                    vllm,
+                    handover,
                 )
                 work, conc = solo, 1
             elif name == "vllm":
@@ -414,7 +443,7 @@ def _main(args: argparse.Namespace) -> None:
                 s["nic_bound_s"] = busiest / args.snic_mb_per_s
                 kv = s["metrics"]["kv_mb"]
                 hit_mb = kv.get("storage_to_pe_buffer", 0.0) + kv.get("storage_to_de_buffer", 0.0)
-                snics = 1 if name == "basic" else len(after)  # DualPath reads through every node's
+                snics = 1 if base == "basic" else len(after)  # DualPath reads through every node's
                 s["storage_bound_s"] = hit_mb / (snics * args.snic_mb_per_s)
                 print(
                     " " * 10
@@ -447,9 +476,9 @@ def _main(args: argparse.Namespace) -> None:
                         f"{k} {v / n * 1e3:.1f} ms" for k, v in sorted(m["stage_s"].items())
                     )
                 )
-                if name != "router":  # storage-bound: its reads wait for the SNIC's queue
+                if base != "router":  # storage-bound: its reads wait for the SNIC's queue
                     continue
-                own, link = _router_own_s(m, n, args.cluster)
+                own, link = _router_own_s(m, n, args.cluster, handover != "after")
                 s["router_own_ms"], s["link_ms"] = own * 1e3, link * 1e3
                 print(
                     " "
@@ -461,12 +490,14 @@ def _main(args: argparse.Namespace) -> None:
                     f"{m['sidecar_s'].get('store', 0.0) / n * 1e3:.1f} ms",
                     flush=True,
                 )
-    if "basic" in results and "dualpath" in results:
-        ratio = results["basic"]["job_jct_s"] / results["dualpath"]["job_jct_s"]
-        print(
-            f"DualPath / Basic job JCT speed-up: {ratio:.2f}x "
-            f"(SNIC {args.snic_mb_per_s} MB/s per node, {args.agents} agents × {args.turns} turns)"
-        )
+    for dualpath in ("dualpath", "dualpath-after"):
+        if "basic" in results and dualpath in results:
+            ratio = results["basic"]["job_jct_s"] / results[dualpath]["job_jct_s"]
+            print(
+                f"{'DualPath' if dualpath == 'dualpath' else 'DualPath (hand-over after)'} / "
+                f"Basic job JCT speed-up: {ratio:.2f}x (SNIC {args.snic_mb_per_s} MB/s per "
+                f"node, {args.agents} agents × {args.turns} turns)"
+            )
     if "vllm" in results and "router" in results:
         v, r = results["vllm"], results["router"]
         print(
@@ -481,13 +512,14 @@ def _main(args: argparse.Namespace) -> None:
             f"concurrency 1: vLLM's stock PD (NixlConnector) TTFT p50 "
             f"{p['ttft_s']['p50'] * 1e3:.1f} ms, TPOT p50 {p['tpot_s']['p50'] * 1e3:.1f} ms"
         )
-        if "router" in results:
-            r = results["router"]
-            print(
-                f"concurrency 1: TTFT p50 through the router ÷ stock PD's: "
-                f"{r['ttft_s']['p50'] / p['ttft_s']['p50']:.2f}; the router's own "
-                f"{r['router_own_ms']:.1f} ms/request"
-            )
+        for router in ("router", "router-after"):
+            if router in results:
+                r = results[router]
+                print(
+                    f"concurrency 1: TTFT p50 through the {router} ÷ stock PD's: "
+                    f"{r['ttft_s']['p50'] / p['ttft_s']['p50']:.2f}; the router's own "
+                    f"{r['router_own_ms']:.1f} ms/request"
+                )
     print(f"host: {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

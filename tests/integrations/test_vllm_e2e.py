@@ -533,6 +533,10 @@ def _over_ray(srv: Any, cluster_up: str, want: dict[str, Any], victims: set[str]
     assert grew(pe_path, de_path, "d0", "snic", "rx_bytes") >= de_hits
     assert grew(pe_path, de_path, "d0", "cnic", "tx_bytes") >= de_hits  # DE buffer → PE node
     assert grew(pe_path, de_path, "p0", "snic", "rx_bytes") < de_hits / 4
+    # each prefill's KV went to the decode node layer by layer, wholly: nothing pushed after
+    layerwise = srv.metric("dualpath:cnic_pushed_bytes_total", 'mode="layerwise",node="0"')
+    assert layerwise > 0
+    assert srv.metric("dualpath:handover_slots_pushed_after_total") == 0
     assert srv.metric("dualpath:sidecar_refused_requests_total") == 0  # all carry the token
     # what an operator watches: every node's SNIC read queue back at zero, and every query of
     # the Grafana dashboard naming a metric this deployment exports

@@ -284,3 +284,50 @@ def test_a_request_waiting_for_slots_is_woken_when_an_instance_frees_some(
         finally:
             instance.close()
             flow.close()
+
+
+def test_a_layerwise_hand_over_is_closed_before_its_slots_go_back(tmp_path: Path) -> None:
+    """Across nodes the prefill's PE node pushes each saved layer into the DE slots on its
+    own (no router call in between). A request given up on after its prefill began first
+    closes that hand-over at the PE node's side-car (``handed``: every transfer waited
+    for, later ones dropped), and only then are its DE slots free for another request."""
+    with sidecars(tmp_path, buffer_mib=4) as launched:
+        gate = threading.Event()
+        asked: list[dict[str, Any]] = []
+
+        def cnic(path: str, op: dict[str, Any]) -> dict[str, Any]:
+            if op["op"] == "handed":  # the PE node's side-car, its transfers still landing
+                asked.append(op)
+                gate.wait(30)
+                return {"missing": []}
+            return call(path, op)
+
+        flow = _flow(launched, str(tmp_path / "kv"), cnic)
+        flow.networked = flow.layerwise = True  # (the hand-over's calls, on these side-cars)
+        try:
+            tokens = list(range(3, 3 + 2 * flow.dep.block_tokens + 5))
+            de = flow.buffers[1]
+            start = de.num_free
+            req = _request(flow)
+
+            async def give_up() -> tuple[int, int]:
+                await req.place(tokens, 4, "")
+                params = TransferParams.from_request(req.prefill_params())
+                assert params is not None and params.save is not None
+                forward = params.save.forward
+                assert forward is not None and forward.slots == tuple(req.de_slots)
+                req.prefilling()
+                slots = list(req.de_slots)
+                req.close(Outcome.ABORTED)  # the client left while the prefill ran
+                await asyncio.sleep(0.3)
+                held = start - de.num_free  # not back: the hand-over is not closed yet
+                gate.set()
+                await _released(de, slots)
+                return held, len(asked)
+
+            held, num_asked = asyncio.run(give_up())
+            assert held == 3 and num_asked == 1
+            assert asked[0]["job"] == f"{flow.boot}:{req.lease.tag}"
+        finally:
+            gate.set()
+            flow.close()

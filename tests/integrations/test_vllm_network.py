@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from tests.integrations.nodes import running_sidecars
 
+from dualpath.integrations.vllm.cnic import _runs
 from dualpath.integrations.vllm.node import NodeSpec, RemoteSlots, attach_buffer, call
-from dualpath.integrations.vllm.sidecar import _runs
 
 pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda is not installed")
 
@@ -145,3 +145,67 @@ def test_an_alloc_on_a_full_node_waits_until_another_process_frees_slots(
     assert de.num_free == 12
     with pytest.raises(ValueError, match=r"wait_s=-1 is invalid"):
         call(nodes[1].control, {"op": "alloc", "num_slots": 1, "owner": 7, "wait_s": -1})
+
+
+def _layer_report(to: str, layer: int, part: str, parts: int, job: str, slots, to_slots):  # type: ignore[no-untyped-def]
+    entry = {"job": job, "slots": slots, "to": to, "to_slots": to_slots}
+    return {"op": "push_layer", "layer": layer, "part": part, "parts": parts, "jobs": [entry]}
+
+
+def test_a_layerwise_hand_over_pushes_each_layer_once_all_its_writers_reported(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    """The PE node's side-car pushes layer l of a prefill's slots to the DE buffer as soon as
+    every writer of l (two tensor-parallel ranks here) reported it; the router's ``handed``
+    waits for the transfers and names the slots not wholly there (a layer never reported),
+    and a report of a closed hand-over is dropped: it never writes into slots given back."""
+    pe, de = RemoteSlots(nodes[0]), RemoteSlots(nodes[1])
+    src, dst = pe.alloc(3, owner=7), de.alloc(3, owner=7)
+    assert src is not None and dst is not None
+    layout = nodes[0].layout
+    layer_bytes, block = layout.layer_block_bytes, layout.full_block_bytes
+    pe_buf, de_buf = attach_buffer(nodes[0]), attach_buffer(nodes[1])
+    to = nodes[1].control
+
+    def layer_of(buf, slot: int, layer: int) -> bytes:  # type: ignore[no-untyped-def]
+        at = slot * buf.spec.stride_bytes + layout.layer_offset(layer)
+        return bytes(buf.data[at : at + layer_bytes])
+
+    try:
+        stride = pe_buf.spec.stride_bytes
+        for i, s in enumerate(src):  # layer l of block i: bytes 10 * i + l + 1
+            for layer in range(LAYERS):
+                at = s * stride + layout.layer_offset(layer)
+                pe_buf.data[at : at + layer_bytes] = bytes([10 * i + layer + 1]) * layer_bytes
+        for d in dst:
+            de_buf.data[d * stride : d * stride + block] = bytes(block)
+        report = _layer_report(to, 0, "0.0", 2, "b:1", src, dst)
+        assert call(nodes[0].control, report)["submitted"] == 0  # one writer of two so far
+        assert call(nodes[0].control, {**report, "part": "0.1"})["submitted"] == 1
+        # layer 1 only for the first two slots: the third is missing that layer
+        for part in ("0.0", "0.1"):
+            r1 = _layer_report(to, 1, part, 2, "b:1", src[:2], dst[:2])
+            call(nodes[0].control, r1)
+        answer = call(nodes[0].control, {"op": "handed", "job": "b:1", "slots": src})
+        assert answer["missing"] == [2]
+        for i, d in enumerate(dst):
+            assert layer_of(de_buf, d, 0) == bytes([10 * i + 1]) * layer_bytes
+        for i, d in enumerate(dst[:2]):
+            assert layer_of(de_buf, d, 1) == bytes([10 * i + 2]) * layer_bytes
+        assert layer_of(de_buf, dst[2], 1) == bytes(layer_bytes)
+        # closed: a late report (a step still running) is dropped, nothing lands
+        late = _layer_report(to, 1, "0.0", 1, "b:1", src[2:], dst[2:])
+        assert call(nodes[0].control, late)["submitted"] == 0
+        assert layer_of(de_buf, dst[2], 1) == bytes(layer_bytes)
+        stats = call(nodes[0].control, {"op": "stats"})
+        assert stats["bytes_forwarded"] == 5 * layer_bytes
+        assert stats["forward_reports_dropped"] == 1 and stats["forwards_open"] == 0
+        # a hand-over nothing was reported for: every slot to be pushed whole
+        none = call(nodes[0].control, {"op": "handed", "job": "b:2", "slots": src})
+        assert none["missing"] == [0, 1, 2]
+        with pytest.raises(ValueError, match="layer=2 is invalid"):
+            call(nodes[0].control, _layer_report(to, 2, "0.0", 1, "b:3", src, dst))
+    finally:
+        pe_buf.close()
+        de_buf.close()
+    assert pe.release(src, owner=7) == 3 and de.release(dst, owner=7) == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dualpath.integrations.vllm.params import (
+    BlockForward,
     BlockLoad,
     BlockPersist,
     BlockSave,
@@ -73,6 +74,44 @@ def test_chunked_prefill_saves_a_partial_block_again_as_it_fills() -> None:
     assert [(j.block_ids, j.slots) for j in first.saves] == [((5, 6), (30, 31))]
     second = plan.step([], [("r", [7], False, 6, 4)])  # tokens 6..9: the rest of the prompt
     assert [(j.block_ids, j.slots) for j in second.saves] == [((6, 7), (31, 32))]
+
+
+def test_a_forwarded_save_sends_each_block_on_once_it_is_final() -> None:
+    """Across nodes, chunked: a block goes on to the DE slots only in the step that
+    completes it (a partial block is written again later), the last one with the prompt."""
+    forward = BlockForward(1, (40, 41, 42), "boot:7")
+    save = BlockSave(0, (30, 31, 32), 0, 7, forward)
+    assert BlockSave.from_dict(save.to_dict()) == save
+    plan = StepPlanner(BS)
+    assert plan.matched_tokens("r", TransferParams(None, save), list(range(10)), 10, 0) == 0
+    plan.allocated("r", 0)
+    first = plan.step([("r", [5, 6], 0, 6)], [])  # block 0 full, block 1 half
+    ((job,),) = [first.saves]
+    assert job.slots == (30, 31) and job.forward is not None
+    assert (job.forward.node, job.forward.slots, job.forward.job) == (1, (40,), "boot:7")
+    second = plan.step([], [("r", [7], False, 6, 4)])  # the rest: block 1 and partial 2
+    ((job,),) = [second.saves]
+    assert job.slots == (31, 32) and job.forward is not None and job.forward.slots == (41, 42)
+    # a step that completes no block forwards nothing
+    plan2 = StepPlanner(BS)
+    plan2.matched_tokens("q", TransferParams(None, save), list(range(10)), 10, 0)
+    plan2.allocated("q", 0)
+    ((job,),) = [plan2.step([("q", [5], 0, 3)], []).saves]
+    assert job.slots == (30,) and job.forward is None
+
+
+def test_a_forward_must_pair_with_the_saved_slots() -> None:
+    with pytest.raises(ValueError, match=r"forward\.slots has 1 slots for 2 saved blocks"):
+        BlockSave(0, (1, 2), 0, 0, BlockForward(1, (3,), "j"))
+    with pytest.raises(ValueError, match=r"forward\.job"):
+        BlockSave.from_dict(
+            {
+                "node": 0,
+                "slots": [1],
+                "first_block": 0,
+                "forward": {"node": 1, "slots": [2], "job": ""},
+            }
+        )
 
 
 def test_decode_loads_everything_persists_new_prompt_blocks_then_generated_ones() -> None:

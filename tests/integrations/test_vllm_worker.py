@@ -24,6 +24,7 @@ from dualpath.integrations.vllm.node import (  # noqa: E402
     wait_ready,
 )
 from dualpath.integrations.vllm.params import (  # noqa: E402
+    BlockForward,
     BlockLoad,
     BlockPersist,
     BlockSave,
@@ -294,6 +295,46 @@ def test_tensor_parallel_workers_write_and_read_the_canonical_block(
         owners.close()
     finally:
         de.close()
+
+
+def test_each_saved_layer_is_reported_for_the_layerwise_hand_over(
+    nodes: dict[int, NodeSpec],
+) -> None:
+    """Across nodes each TP rank reports every layer it saved of a forwarded save to its
+    node's side-car (``push_layer``: its part of the stage's 2 writers), with the blocks the
+    step completed and their DE slots, all before the step ends; a partial block waits."""
+    tokens = list(range(2 * BS + 5))  # 2 full blocks and a partial one
+    forward = BlockForward(1, (40, 41, 42), "boot:3")
+    params = TransferParams(save=BlockSave(0, (10, 11, 12), 0, 0, forward))
+    pe = attach_buffer(nodes[0])
+    try:
+        sent: list[tuple[str, dict]] = []  # type: ignore[type-arg]
+        for r in (0, 1):
+
+            def record(address: str, op: dict) -> dict:  # type: ignore[type-arg]
+                sent.append((address, op))
+                return {"submitted": 1}
+
+            worker = WorkerSide(nodes, 0, BS, sidecar=record, rank=Rank(r, 2, total_heads=HEADS))
+            caches = _half(_caches(6, seed=2), r)
+            worker.register(caches)
+            plan = StepPlanner(BS)
+            plan.matched_tokens("a", params, tokens, len(tokens), 0)
+            worker.start_step(plan.step([("a", [4, 2, 5], 0, 2 * BS + 1)], []))
+            _run_layers(worker, caches)
+            worker.close()
+        ops = [op for _, op in sent]
+        assert {a for a, _ in sent} == {nodes[0].control}
+        assert sorted((op["layer"], op["part"]) for op in ops) == sorted(
+            (layer, f"0.{r}") for layer in range(LAYERS) for r in (0, 1)
+        )
+        for op in ops:
+            assert op["op"] == "push_layer" and op["parts"] == 2
+            assert op["jobs"] == [
+                {"job": "boot:3", "slots": [10, 11], "to": nodes[1].control, "to_slots": [40, 41]}
+            ]
+    finally:
+        pe.close()
 
 
 def test_an_mla_latent_is_written_by_one_rank_and_loaded_by_all() -> None:

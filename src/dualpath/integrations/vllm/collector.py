@@ -80,6 +80,7 @@ class FlowCollector(Collector):
             busy.add_metric([str(n["node"]), "write"], n["write_busy_s"])
         yield busy
         yield from self._snic_queues()
+        yield from self._cnic()
         yield from self._slots()
         yield from self._writes()
         stage = CounterMetricFamily(
@@ -122,6 +123,29 @@ class FlowCollector(Collector):
             for stage, key in (("queued", "read_queued_s"), ("store", "read_store_s")):
                 spent.add_metric([str(n["node"]), str(n.get("kind", "")), stage], n.get(key, 0.0))
         yield spent
+
+    def _cnic(self) -> Iterator[Metric]:
+        """KV each node's side-car pushed over the compute network: layer by layer while a
+        prefill ran (the layerwise hand-over), or whole slots; and the slots a hand-over left
+        to be pushed whole after the prefill (a layer that did not arrive)."""
+        nodes = [n for n in self.snapshot.nodes if not n.get("down")]
+        pushed = CounterMetricFamily(
+            "dualpath:cnic_pushed_bytes",
+            "KV bytes each node's side-car pushed to another node over the compute network",
+            labels=["node", "mode"],
+        )
+        after = CounterMetricFamily(
+            "dualpath:handover_slots_pushed_after",
+            "Slots of layerwise hand-overs pushed whole after their prefill",
+            labels=["node"],
+        )
+        for n in nodes:
+            layerwise = n.get("bytes_forwarded", 0)
+            pushed.add_metric([str(n["node"]), "layerwise"], layerwise)
+            pushed.add_metric([str(n["node"]), "whole"], n.get("bytes_pushed", 0) - layerwise)
+            after.add_metric([str(n["node"])], n.get("slots_pushed_after", 0))
+        yield pushed
+        yield after
 
     def _slots(self) -> Iterator[Metric]:
         snap = self.snapshot

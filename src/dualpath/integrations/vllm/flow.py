@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +55,11 @@ SETTLE_WAIT_S = 10.0
 # Threads for side-car requests: one per request waiting on a side-car at most (a storage read
 # holds one for as long as its SNIC takes); beyond that, requests wait for a thread
 SIDECAR_THREADS = 256
+# across nodes, a prefill's KV to the decode node: "layerwise", each layer pushed by the PE
+# node's side-car as the prefill saved it (arXiv 2602.21548 §5), or "after" the prefill
+# answered, every block at once (the hand-over before the layerwise one: for comparisons)
+HANDOVER_ENV = "DUALPATH_HANDOVER"
+HANDOVERS = ("layerwise", "after")
 # a networked node's side-car waits this long for slots to be freed before it says its buffer
 # is full (then the node's slot queue asks again): one call per second at most while it is
 REMOTE_ALLOC_WAIT_S = 1.0
@@ -106,11 +112,13 @@ class TurnFlow:
         sidecar: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
         force_side: ReadSide | None = None,
         slot_deadline_s: float = SLOT_DEADLINE_S,
+        handover: str | None = None,
     ) -> None:
         """``sidecar``: how side-cars are asked (default: a ``SidecarPool``'s kept
         connections); ``force_side``: every read from that side, whatever the policy chose
         (``ForcedSide``); ``slot_deadline_s``: how long a request waits for buffer slots
-        (then a 503 naming the node)."""
+        (then a 503 naming the node); ``handover``: across nodes, how a prefill's KV goes
+        to the decode node (``HANDOVERS``; None: ``$DUALPATH_HANDOVER``, else layerwise)."""
         self.dep = dep
         self.policy = policy  # for its decision trace (the router's /v1/dualpath/decisions)
         self.topology = Topology(1, dep.num_prefill, dep.num_decode)
@@ -130,6 +138,13 @@ class TurnFlow:
             local_hostname=dep.router_store_host,
         )
         self.networked = any(n.networked for n in dep.nodes)
+        handover = handover or os.environ.get(HANDOVER_ENV) or "layerwise"
+        if handover not in HANDOVERS:
+            raise ValueError(
+                f"{HANDOVER_ENV}={handover!r} is invalid: must be one of {', '.join(HANDOVERS)}"
+            )
+        self.layerwise = self.networked and handover == "layerwise"
+        self.boot = os.urandom(4).hex()  # names this router's hand-overs (side-cars outlive it)
         self._pool = SidecarPool() if sidecar is None else None
         ask: Callable[[str, dict[str, Any]], dict[str, Any]] = (
             self._pool.call if self._pool is not None else sidecar  # type: ignore[assignment]

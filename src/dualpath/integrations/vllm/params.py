@@ -12,7 +12,9 @@ connector parses it, tests check both sides.
   prompt from its DE buffer.
 - ``save``: a prefill writes the KV of prompt blocks ``first_block`` on, layer by layer, into
   the DE buffer's slots ``slots`` (one slot per block; PE read path: every block, DE read path:
-  only the blocks after the hits, which the DE buffer already holds).
+  only the blocks after the hits, which the DE buffer already holds). Across nodes it writes
+  its own node's buffer, and each layer goes on to the DE buffer as it is saved
+  (``forward``: the layerwise hand-over).
 - ``store`` (``persist`` here): a decode persists the Full Blocks its generation fills (blocks ``first_block`` on)
   to the store, through its node's side-car, under the hash-chain namespace ``namespace``.
 """
@@ -88,32 +90,78 @@ class BlockLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockForward:
+    """Across nodes: each saved layer of each block also goes to node ``node``'s buffer slot
+    ``slots[i]`` (``slots`` pairs with ``BlockSave.slots``), pushed over the compute network
+    by the saving node's side-car as soon as the layer is saved (layerwise hand-over), as
+    the hand-over named ``job``; the router waits for the job, not for a push after the
+    prefill."""
+
+    node: int
+    slots: tuple[int, ...]
+    job: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "slots": list(self.slots), "job": self.job}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BlockForward:
+        job = d.get("job")
+        if not isinstance(job, str) or not job:
+            raise ValueError(f"dualpath.save.forward.job={job!r} is invalid: must be a name")
+        return cls(
+            _int("save.forward.node", d.get("node")),
+            _ints("save.forward.slots", d.get("slots")),
+            job,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class BlockSave:
     """Write prompt blocks ``first_block``, ``first_block + 1``, … into node ``node``'s buffer
     slots ``slots`` (``slots[i]`` holds block ``first_block + i``), each layer as it is computed.
 
     ``lease``: the owner tag the router allocated the slots under (0: none). The instance pins
     them under that lease while the request runs (``SlotBuffer.pin``), as it pins a prefill's
-    load: given back by the router meanwhile, they are free only once the instance is done."""
+    load: given back by the router meanwhile, they are free only once the instance is done.
+    ``forward``: where each saved layer goes on to, across nodes (``BlockForward``)."""
 
     node: int
     slots: tuple[int, ...]
     first_block: int
     lease: int = 0
+    forward: BlockForward | None = None
+
+    def __post_init__(self) -> None:
+        if self.forward is not None and len(self.forward.slots) != len(self.slots):
+            raise ValueError(
+                f"dualpath.save.forward.slots has {len(self.forward.slots)} slots for "
+                f"{len(self.slots)} saved blocks: must pair with save.slots"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"node": self.node, "slots": list(self.slots), "first_block": self.first_block}
+        out: dict[str, Any] = {
+            "node": self.node,
+            "slots": list(self.slots),
+            "first_block": self.first_block,
+        }
         if self.lease:
             out["lease"] = self.lease
+        if self.forward is not None:
+            out["forward"] = self.forward.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockSave:
+        forward = d.get("forward")
+        if forward is not None and not isinstance(forward, dict):
+            raise ValueError(f"dualpath.save.forward={forward!r} is invalid: must be an object")
         return cls(
             _int("save.node", d.get("node")),
             _ints("save.slots", d.get("slots")),
             _int("save.first_block", d.get("first_block")),
             _int("save.lease", d.get("lease", 0)),
+            BlockForward.from_dict(forward) if forward else None,
         )
 
 

@@ -10,6 +10,8 @@ for the metadata the worker half acts on (``step``). This module keeps that stat
   recomputes the last prompt token, so a full-prompt load reports ``prompt − 1`` tokens);
 - save: each prompt block from ``first_block`` on, once the step that computes its last token
   ran (a partial last block again at each step, until the prompt is done), layer by layer;
+  across nodes each layer of a block goes on to the DE buffer once the block is final (its
+  ``forward``), so that no bytes are sent twice and none overtake newer ones;
 - after a decode's load: its new prompt blocks (``persist.first_block`` on) are persisted from
   the slots they arrived in, and its other slots freed; then every block its generation fills is
   persisted in the step that fills it (design §4), copied from the paged KV to a fresh slot.
@@ -59,9 +61,21 @@ class BlockCopy:
     block_ids: tuple[int, ...]
     slots: tuple[int, ...]
     other_groups: tuple[tuple[int, ...], ...] = ()
+    forward: Forward | None = None  # a save's: where its final blocks' layers go on to
 
     def group(self, g: int) -> tuple[int, ...]:
         return self.block_ids if g == 0 else self.other_groups[g - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A save's first ``len(slots)`` blocks (those this step completes: a partial last block
+    waits for the step that fills it) go on to node ``node``'s slots ``slots``, layer by
+    layer as each is saved, as hand-over ``job`` (``params.BlockForward``)."""
+
+    node: int
+    slots: tuple[int, ...]
+    job: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +448,14 @@ class StepPlanner:
             if end > first:
                 ids, others = req.at(first, end)
                 slots = tuple(save.slots[i - save.first_block] for i in range(first, end))
-                meta.saves.append(BlockCopy(rid, save.node, ids, slots, others))
+                forward = None
+                if save.forward is not None:  # the blocks no later step writes again
+                    final = end if done == req.prompt_tokens else min(end, done // bs)
+                    to = tuple(
+                        save.forward.slots[i - save.first_block] for i in range(first, final)
+                    )
+                    forward = Forward(save.forward.node, to, save.forward.job) if to else None
+                meta.saves.append(BlockCopy(rid, save.node, ids, slots, others, forward))
             # a partial last block is saved again as it fills; the whole prompt ends the save
             req.saved_blocks = end if done == req.prompt_tokens else done // bs
         persist = req.params.persist

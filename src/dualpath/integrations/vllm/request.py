@@ -54,7 +54,13 @@ from typing import Any
 
 from dualpath.integrations.vllm.flow import FlowError, TurnFlow
 from dualpath.integrations.vllm.lease import Lease
-from dualpath.integrations.vllm.params import BlockLoad, BlockPersist, BlockSave, TransferParams
+from dualpath.integrations.vllm.params import (
+    BlockForward,
+    BlockLoad,
+    BlockPersist,
+    BlockSave,
+    TransferParams,
+)
 from dualpath.kv.store import block_keys
 from dualpath.ledger.core import Read
 from dualpath.ledger.turn import Turn, usable_hit_tokens
@@ -104,9 +110,13 @@ class Request:
         self.pe_slots: list[int] = []
         self.prompt_written = False  # its PE node persists the new prompt blocks (not the DE)
         self.num_generated = 0  # tokens its decode reported so far (the core counts per DE)
-        # a side-car's read or push that may still write into its slots after the router gave
-        # up on it: the lease goes back once that is over
-        self._writing: asyncio.Future[Any] | None = None
+        # side-car reads and pushes that may still write into its slots after the router gave
+        # up on it: the lease goes back once they are over
+        self._writes: set[asyncio.Future[Any]] = set()
+        # across nodes: the layerwise hand-over its prefill feeds, until the router closed it
+        # (``hand_over``; given up on: ``close``), and the PE read path's hits on their way
+        self._forward_open = False
+        self._hits: asyncio.Future[Any] | None = None
 
     def uses(self, nodes: Sequence[int]) -> bool:
         return self.nodes is None or any(n in self.nodes for n in nodes)
@@ -174,33 +184,48 @@ class Request:
             with flow.stats.time_stage("cnic_hits"):
                 await self._push(node, self.de_slots[:got], self._node(a.pe), self.pe_slots[:got])
 
+    def _write(self, node: int, op: dict[str, Any]) -> asyncio.Future[Any]:
+        """Node ``node``'s side-car starts ``op``, which writes into the request's slots (or
+        ends a hand-over that does); the lease goes back only once it is over."""
+        flow = self.flow
+        future = flow.off_loop(flow.ask_sidecar, flow.dep.nodes[node].control, op)
+        self._writes.add(future)
+        future.add_done_callback(self._written)
+        return future
+
+    def _written(self, future: asyncio.Future[Any]) -> None:
+        self._writes.discard(future)
+        if not future.cancelled():
+            future.exception()  # (its asker, if any, sees it: none may be left to)
+
     async def _side_car(self, node: int, op: dict[str, Any], failed: str) -> dict[str, Any]:
         """Node ``node``'s side-car carries out ``op``, which writes into the request's slots.
         Cancelled (the client left), it goes on: the lease goes back once it is over."""
-        flow = self.flow
-        self._writing = asyncio.ensure_future(
-            flow.off_loop(flow.ask_sidecar, flow.dep.nodes[node].control, op)
-        )
+        return await self._answer(self._write(node, op), failed)
+
+    @staticmethod
+    async def _answer(future: asyncio.Future[Any], failed: str) -> dict[str, Any]:
         try:
-            return await asyncio.shield(self._writing)
+            answer: dict[str, Any] = await asyncio.shield(future)
         except (OSError, ValueError) as err:
             raise FlowError(503, f"{failed}: {err}") from None
-        finally:
-            if self._writing.done():
-                self._writing = None
+        return answer
+
+    def _push_op(self, slots: list[int], to_node: int, to_slots: list[int]) -> dict[str, Any]:
+        to = self.flow.dep.nodes[to_node].control
+        return {"op": "push", "slots": slots, "to": to, "to_slots": to_slots}
 
     async def _push(self, node: int, slots: list[int], to_node: int, to_slots: list[int]) -> None:
         """Node ``node``'s side-car writes ``slots`` into node ``to_node``'s ``to_slots`` over
         the compute network."""
         if not slots:
             return
-        op = {
-            "op": "push",
-            "slots": slots,
-            "to": self.flow.dep.nodes[to_node].control,
-            "to_slots": to_slots,
-        }
+        op = self._push_op(slots, to_node, to_slots)
         await self._side_car(node, op, f"KV transfer node {node} → node {to_node} failed")
+
+    @property
+    def _handover_job(self) -> str:
+        return f"{self.flow.boot}:{self.lease.tag}"
 
     # ------------------------------------------------------------ 2. prefill
     def prefill_params(self) -> dict[str, Any]:
@@ -209,7 +234,11 @@ class Request:
         de_node, pe_node = self._node(a.de), self._node(a.pe)
         if flow.networked:  # only its own node's buffer: the hits are there, the rest goes there
             own = BlockLoad(pe_node, tuple(self.pe_slots[:hit]), hit * bs, lease) if hit else None
-            own_save = BlockSave(pe_node, tuple(self.pe_slots[hit:]), hit, lease)
+            forward = None
+            if flow.layerwise:  # each saved layer on to the DE buffer as it is saved
+                forward = BlockForward(de_node, tuple(self.de_slots[hit:]), self._handover_job)
+                self._forward_open = True
+            own_save = BlockSave(pe_node, tuple(self.pe_slots[hit:]), hit, lease, forward)
             return {"dualpath": TransferParams(load=own, save=own_save).to_dict()}
         load = None
         if hit:
@@ -223,23 +252,45 @@ class Request:
 
     def prefilling(self) -> None:
         """The request is on its way to the prefill instance (its pass, as the ledger sees
-        it: vLLM chunks the prompt itself)."""
+        it: vLLM chunks the prompt itself). Across nodes on the PE read path, with the
+        layerwise hand-over, the hits go on to the DE buffer meanwhile (they are in the PE
+        buffer since the read)."""
+        flow, a = self.flow, self.placed
         assert self.turn is not None
-        now = self.turn.prefill_start_s = self.flow.now()
-        self.flow.core.pass_started(self.turn, now)
+        now = self.turn.prefill_start_s = flow.now()
+        flow.core.pass_started(self.turn, now)
+        if flow.layerwise and a.read_side is ReadSide.PE and self.hit_blocks:
+            hit, de_node = self.hit_blocks, self._node(a.de)
+            op = self._push_op(self.pe_slots[:hit], de_node, self.de_slots[:hit])
+            self._hits = self._write(self._node(a.pe), op)
 
     # ------------------------------------------------------------ 3. the prefill's KV
     async def hand_over(self) -> None:
-        """Across nodes, after the prefill answered: its KV from the PE node's buffer into the
-        DE buffer over the compute network (the blocks the DE buffer lacks: on the DE read
-        path it holds the hits already). One host: nothing to do (the prefill saved there)."""
+        """Across nodes, after the prefill answered: its KV in the DE buffer (the blocks the
+        DE buffer lacks: on the DE read path it holds the hits already). Layerwise (the
+        default), the PE node's side-car pushed each layer as it was saved: the router
+        closes that hand-over (``cnic.ComputeNic.handed``), pushes whole what did not land,
+        and waits for the PE read path's hits, pushed while the prefill ran. Otherwise
+        every block goes now, over the compute network. One host: nothing to do (the
+        prefill saved into the DE buffer)."""
         if not self.flow.networked:
             return
-        a = self.placed
-        first = self.hit_blocks if a.read_side is ReadSide.DE else 0
-        await self._push(
-            self._node(a.pe), self.pe_slots[first:], self._node(a.de), self.de_slots[first:]
+        a, hit = self.placed, self.hit_blocks
+        pe_node, de_node = self._node(a.pe), self._node(a.de)
+        if not self._forward_open:
+            first = hit if a.read_side is ReadSide.DE else 0
+            await self._push(pe_node, self.pe_slots[first:], de_node, self.de_slots[first:])
+            return
+        self._forward_open = False
+        op = {"op": "handed", "job": self._handover_job, "slots": self.pe_slots[hit:]}
+        answer = await self._side_car(
+            pe_node, op, f"KV transfer node {pe_node} → node {de_node} failed"
         )
+        missing = [hit + int(i) for i in answer["missing"]]
+        src, dst = [self.pe_slots[i] for i in missing], [self.de_slots[i] for i in missing]
+        await self._push(pe_node, src, de_node, dst)
+        if self._hits is not None:
+            await self._answer(self._hits, f"KV transfer node {pe_node} → node {de_node} failed")
 
     async def persist_prompt(self) -> None:
         """Across nodes, once the prefill answered: the prompt's blocks the store lacks are
@@ -347,9 +398,14 @@ class Request:
                     flow.core.forget(turn.request_id)
                 flow.stats.num_aborted += 1
             self.num_generated = 0
-        writing = self._writing
-        if writing is not None and not writing.done():
-            writing.add_done_callback(lambda _: self.lease.close())
+        if self._forward_open:  # no transfer of its hand-over may land after its slots went
+            self._forward_open = False
+            pe_node = self._node(self.placed.pe)
+            self._write(pe_node, {"op": "handed", "job": self._handover_job, "slots": []})
+        writes = [w for w in self._writes if not w.done()]
+        if writes:
+            gathered = asyncio.gather(*writes, return_exceptions=True)
+            gathered.add_done_callback(lambda _: self.lease.close())
         else:
             self.lease.close()
         self.de_slots, self.pe_slots = [], []

@@ -34,8 +34,10 @@ through shared memory:
 - ``region``: its buffer as registered with its transfer engine (endpoint, address, size);
 - ``push``: given slots written into another node's buffer slots over the compute network
   (Mooncake Transfer Engine: TCP here, RDMA on clusters; one write per run of consecutive
-  slots), answered once every byte landed: the DE read path's hit KV (DE buffer → PE node)
-  and the prefill's KV (PE node → DE buffer).
+  slots), answered once every byte landed: the DE read path's hit KV (DE buffer → PE node),
+  the PE read path's (PE node → DE buffer);
+- ``push_layer`` / ``handed``: the prefill's KV, PE node → DE buffer, layer by layer while the
+  prefill computes, and the router's wait for it (``cnic.ComputeNic``).
 
 The reads, the writes, ``settle`` and the I/O counters are the storage-node core's
 (``kv.storage_node.StorageNode``: its reader and writer threads and queues, the one
@@ -60,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec, call
+from dualpath.integrations.vllm.cnic import ComputeNic
+from dualpath.integrations.vllm.node import LISTEN_BACKLOG, NodeSpec
 from dualpath.integrations.vllm.token import REFUSAL, TOKEN_FIELD, admits, sidecar_token
 from dualpath.kv import doorbell
 from dualpath.kv.buffer import ANONYMOUS, SlotBuffer
@@ -68,7 +71,6 @@ from dualpath.kv.pacer import LinkLock
 from dualpath.kv.storage_node import StorageNode, WriteOutcome
 from dualpath.kv.store import BlockStore
 from dualpath.kv.stores import open_store
-from dualpath.kv.transport.base import RegionHandle
 from dualpath.kv.worker import snic_pacers
 
 # a store call across the network: a batch of 64 blocks on a slow SNIC takes seconds (the
@@ -131,11 +133,7 @@ class NodeSidecar:
             on_written=self._on_written,
         )
         self._lock = threading.Lock()  # the jobs and the side-car's own counters
-        self.bytes_pushed = 0
-        self.push_busy_s = 0.0
-        self._engine: Any = None  # the transfer engine of a networked node (``start_engine``)
-        self._region: RegionHandle | None = None
-        self._peers: dict[str, RegionHandle] = {}  # control address → its registered buffer
+        self.cnic: ComputeNic | None = None  # a networked node's (``start_engine``)
         self._jobs: dict[str, _Job] = {}  # persist jobs some of whose parts arrived
 
     def _open_store(self) -> BlockStore:
@@ -157,55 +155,13 @@ class NodeSidecar:
         """A networked node's transfer engine on its CNIC address, its buffer registered."""
         from dualpath.kv.transport.mooncake import MooncakeTransport
 
-        self._engine = MooncakeTransport(hostname=self.spec.host)
-        self._region = self._engine.register(self.spec.buffer_name, self.buffer.data)
+        engine = MooncakeTransport(hostname=self.spec.host)
+        self.cnic = ComputeNic(engine, self.buffer, self.spec.layout, self.spec.buffer_name)
 
-    def region(self) -> dict[str, Any]:
-        if self._region is None:
-            raise ValueError("region: this node has no transfer engine (not networked)")
-        r = self._region
-        return {
-            "endpoint": r.endpoint,
-            "name": r.name,
-            "address": r.address,
-            "size_bytes": r.size_bytes,
-        }
-
-    def _peer(self, address: str, fresh: bool = False) -> RegionHandle:
-        if fresh or address not in self._peers:
-            self._peers[address] = RegionHandle(**call(address, {"op": "region"}, 10.0))
-        return self._peers[address]
-
-    def push(self, slots: list[int], to: str, to_slots: list[int]) -> int:
-        """Write ``slots`` into the slots ``to_slots`` of the node whose side-car is at ``to``
-        (its buffer as its transfer engine registered it); bytes moved."""
-        if self._engine is None or self._region is None:
-            raise ValueError("push: this node has no transfer engine (not networked)")
-        if len(slots) != len(to_slots):
-            raise ValueError(f"push: {len(slots)} slots for {len(to_slots)} peer slots")
-        stride, nbytes = self.buffer.spec.stride_bytes, self.spec.layout.full_block_bytes
-        runs = _runs(slots, to_slots)
-        start = time.perf_counter()
-        for attempt in (0, 1):  # a peer restarted since: its buffer registered anew
-            peer = self._peer(to, fresh=attempt > 0)
-            try:
-                moves = [
-                    self._engine.write(
-                        self._region, s * stride, peer, d * stride, (k - 1) * stride + nbytes
-                    )
-                    for s, d, k in runs
-                ]
-                for move in moves:
-                    move.wait()
-                break
-            except (RuntimeError, ValueError):
-                if attempt:
-                    raise
-        moved = len(slots) * nbytes
-        with self._lock:
-            self.bytes_pushed += moved
-            self.push_busy_s += time.perf_counter() - start
-        return moved
+    def _cnic(self, op: str) -> ComputeNic:
+        if self.cnic is None:
+            raise ValueError(f"{op}: this node has no transfer engine (not networked)")
+        return self.cnic
 
     # ---------------------------------------------------------------- reads, writes
     def read(self, keys: list[str], slots: list[int]) -> int:
@@ -311,9 +267,8 @@ class NodeSidecar:
         out.update(self.io.counters())
         with self._lock:
             out["waiting_jobs"] = len(self._jobs)  # persist jobs with parts still to come
-            out["bytes_pushed"] = self.bytes_pushed
-            out["push_busy_s"] = self.push_busy_s
             out["refused_requests"] = self.num_refused
+        out.update(self.cnic.stats() if self.cnic is not None else {"bytes_pushed": 0})
         out["free_slots"] = self.buffer.num_free
         return out
 
@@ -351,12 +306,23 @@ class NodeSidecar:
         if kind == "release_owner":
             return {"released": self.buffer.release_owner(int(op["owner"]))}
         if kind == "region":
-            return self.region()
+            return self._cnic("region").describe()
         if kind == "push":
-            return {"bytes": self.push(list(op["slots"]), str(op["to"]), list(op["to_slots"]))}
+            moved = self._cnic("push").push(list(op["slots"]), str(op["to"]), list(op["to_slots"]))
+            return {"bytes": moved}
+        if kind == "push_layer":
+            cnic = self._cnic("push_layer")
+            jobs = [dict(j) for j in op["jobs"]]
+            return {
+                "submitted": cnic.push_layer(
+                    int(op["layer"]), str(op["part"]), int(op["parts"]), jobs
+                )
+            }
+        if kind == "handed":
+            return {"missing": self._cnic("handed").handed(str(op["job"]), list(op["slots"]))}
         return {
             "error": f"op={kind!r} is invalid: must be read, write, parts, settle, stats, ping, "
-            "describe, alloc, release, release_owner, region or push"
+            "describe, alloc, release, release_owner, region, push, push_layer or handed"
         }
 
     # ---------------------------------------------------------------- serving
@@ -424,8 +390,8 @@ class NodeSidecar:
             # reads queued are still answered; writes queued before the stop still land
             self.io.stop(drop_reads=False, timeout_s=30)
             self.store.close()
-            if self._engine is not None:
-                self._engine.close()
+            if self.cnic is not None:
+                self.cnic.close()
             self.buffer.close()
             Path(self.spec.socket_path).unlink(missing_ok=True)
             Path(self.spec.lock_path).unlink(missing_ok=True)
@@ -444,17 +410,6 @@ class _TcpServer(socketserver.ThreadingTCPServer):
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
-
-
-def _runs(slots: list[int], to_slots: list[int]) -> list[tuple[int, int, int]]:
-    """(first slot, first peer slot, count) of each run consecutive on both sides."""
-    runs: list[tuple[int, int, int]] = []
-    for s, d in zip(slots, to_slots, strict=True):
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, d, 1))
-    return runs
 
 
 def main(argv: list[str] | None = None) -> int:

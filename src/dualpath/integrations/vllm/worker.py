@@ -4,7 +4,9 @@ Loads run layer by layer: ``wait_for_layer(l)`` copies layer ``l`` of every load
 from its node buffer's slots into the paged blocks right before layer ``l``'s attention runs
 (design §8: HBM needs only the layer being computed; a PE reading from the DE buffer reads over
 the compute network, here a copy out of the DE node's shared memory). Saves run as each
-layer's attention has written its KV (``save_layer``). At the end of the step (``end_step``)
+layer's attention has written its KV (``save_layer``); across nodes each saved layer is reported
+to the node's side-car, which pushes it on to the DE buffer while the next layers compute (the
+layerwise hand-over, ``cnic.py``). At the end of the step (``end_step``)
 the decode's loaded slots are handed to its side-car for persistence (or freed), and the blocks
 its generation filled are copied into fresh slots and persisted.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +114,8 @@ class WorkerSide:
         self._failed_loads: set[str] = set()
         self._load_errors: set[int] = set()
         self.counters = RunCounters.over(VLLM_PATHS)  # KV bytes per load path
+        self._reporter: ThreadPoolExecutor | None = None  # layer reports (``_report_layer``)
+        self._reports: list[Future[dict[str, Any]]] = []
 
     # ---------------------------------------------------------------- setup
     def register(
@@ -207,15 +212,63 @@ class WorkerSide:
             return
         kv = self.kv_caches[layer_name]  # as registered (MLA hands a view of other shape)
         group = self._group_of.get(layer_name, 0)
+        forwards: dict[int, list[dict[str, Any]]] = {}
         for job in self.meta.saves:
             nbytes = save_layer(kv, job.group(group), self._view(job.node), job.slots, layer)
             self._count(KVPath.PE_HBM_TO_DE_BUFFER, nbytes)
+            fw = job.forward
+            if fw is not None:
+                forwards.setdefault(job.node, []).append(
+                    {
+                        "job": fw.job,
+                        "slots": list(job.slots[: len(fw.slots)]),
+                        "to": self.nodes[fw.node].control,
+                        "to_slots": list(fw.slots),
+                    }
+                )
+        for node, jobs in forwards.items():
+            self._report_layer(node, layer, jobs)
+
+    def _report_layer(self, node: int, layer: int, jobs: list[dict[str, Any]]) -> None:
+        """Layer ``layer`` of ``jobs`` is in node ``node``'s buffer: its side-car pushes it on
+        once every writer of the layer reported (``cnic.ComputeNic.push_layer``). Sent by a
+        thread of the worker's own while the next layers compute; ``end_step`` waits for it."""
+        r = self.rank
+        op = {
+            "op": "push_layer",
+            "layer": layer,
+            "part": r.name,
+            "parts": r.num_writers // r.pp_size,  # this stage's writers of each of its layers
+            "jobs": jobs,
+        }
+        if self._reporter is None:
+            self._reporter = ThreadPoolExecutor(1, thread_name_prefix="dualpath-layers")
+        self._reports.append(self._reporter.submit(self._sidecar, self.nodes[node].control, op))
+
+    def _reported(self) -> None:
+        """Every layer report of the step has reached its side-car (or failed: the router
+        then finds those slots missing and pushes them whole)."""
+        reports, self._reports = self._reports, []
+        failed = 0
+        for report in reports:
+            try:
+                report.result()
+            except (OSError, ValueError):
+                failed += 1
+        if failed:
+            print(
+                f"dualpath connector: {failed} layer report(s) did not reach the side-car: "
+                "the router pushes those blocks after the prefill",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def end_step(self) -> None:
         """After every layer ran: this worker's parts of the step's persist jobs, handed to
         each node's side-car in one request (inside the step: the write must be queued there
         before the answer ends, so that the router's ``settle`` for the next turn sees it; a
         hand-over on a thread of its own lost that race: the next turn missed its hits)."""
+        self._reported()
         meta, r = self.meta, self.rank
         mine = instance_owner(self.node)
         parts: dict[int, list[dict[str, Any]]] = {}
@@ -284,6 +337,9 @@ class WorkerSide:
         return errors
 
     def close(self) -> None:
+        if self._reporter is not None:
+            self._reporter.shutdown(wait=True)
+            self._reporter = None
         self._views.clear()
         for buf in self._buffers.values():
             buf.close()

@@ -7,6 +7,7 @@ offsets, never bytes. Backends: shared memory (same host) and Mooncake Transfer 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -47,6 +48,20 @@ class FutureTransfer(Transfer):
         return self._future.done()
 
 
+class AllOf(Transfer):
+    """Several transfers as one: done when each is, failed when one failed."""
+
+    def __init__(self, parts: list[Transfer]) -> None:
+        self._parts = parts
+
+    def wait(self) -> None:
+        for part in self._parts:
+            part.wait()
+
+    def done(self) -> bool:
+        return all(part.done() for part in self._parts)
+
+
 class KVTransport(ABC):
     """Moves bytes between a local registered region and a peer's registered region."""
 
@@ -59,6 +74,14 @@ class KVTransport(ABC):
         self, src: RegionHandle, src_offset: int, dst: RegionHandle, dst_offset: int, nbytes: int
     ) -> Transfer:
         """Copy ``nbytes`` from local region ``src`` to peer region ``dst`` (async)."""
+
+    def write_many(
+        self, src: RegionHandle, dst: RegionHandle, ranges: Sequence[tuple[int, int, int]]
+    ) -> Transfer:
+        """Copy each ``(src_offset, dst_offset, nbytes)`` of ``ranges`` from local region
+        ``src`` to peer region ``dst`` (async), as one transfer (a backend with a batch API
+        submits them at once)."""
+        return AllOf([self.write(src, so, dst, do, n) for so, do, n in ranges])
 
     @abstractmethod
     def read(

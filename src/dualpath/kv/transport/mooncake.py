@@ -16,6 +16,7 @@ import ctypes
 import os
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from dualpath.kv.transport.base import KVTransport, RegionHandle, Transfer, check_range
@@ -134,6 +135,23 @@ class MooncakeTransport(KVTransport):
         bid = self._engine.transfer_submit_write(
             dst.endpoint, src.address + src_offset, dst.address + dst_offset, nbytes
         )
+        return _MooncakeTransfer(self._engine, bid, self._poll_s)
+
+    def write_many(
+        self, src: RegionHandle, dst: RegionHandle, ranges: Sequence[tuple[int, int, int]]
+    ) -> Transfer:
+        self._local(src)
+        for so, do, n in ranges:
+            check_range(src, so, n)
+            check_range(dst, do, n)
+        bid = self._engine.batch_transfer_async_write(
+            dst.endpoint,
+            [src.address + so for so, _, _ in ranges],
+            [dst.address + do for _, do, _ in ranges],
+            [n for _, _, n in ranges],
+        )
+        if bid < 0:
+            raise RuntimeError(f"Mooncake write to {dst.name!r} failed to submit ({bid})")
         return _MooncakeTransfer(self._engine, bid, self._poll_s)
 
     def read(
