@@ -6,7 +6,7 @@ clusters), one-sided, never through the router:
 
 - ``push``: whole slots, answered once every byte landed (the DE read path's hits before a
   prefill, the PE read path's hits while it runs, a fallback after it);
-- ``push_layer`` / ``handed``: the layerwise hand-over (arXiv 2602.21548 §5, layerwise
+- ``push_layer`` / ``handed``: the layerwise hand-over (arXiv 2602.21548 §4, layerwise
   prefill on the PE → DE hop). Each worker of the prefill instance reports each layer it
   saved into its node's buffer (its part: a tensor-parallel rank writes only its heads); once
   every writer of the layer reported, the layer's bytes of those slots are submitted to the

@@ -56,7 +56,7 @@ SETTLE_WAIT_S = 10.0
 # holds one for as long as its SNIC takes); beyond that, requests wait for a thread
 SIDECAR_THREADS = 256
 # across nodes, a prefill's KV to the decode node: "layerwise", each layer pushed by the PE
-# node's side-car as the prefill saved it (arXiv 2602.21548 §5), or "after" the prefill
+# node's side-car as the prefill saved it (arXiv 2602.21548 §4), or "after" the prefill
 # answered, every block at once (the hand-over before the layerwise one: for comparisons)
 HANDOVER_ENV = "DUALPATH_HANDOVER"
 HANDOVERS = ("layerwise", "after")

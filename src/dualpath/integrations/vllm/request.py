@@ -36,9 +36,11 @@ Across nodes (``NodeSpec.host``: machines, or the network namespaces of ``dualpa
 up``) no process touches another node's memory: slots are allocated through each node's
 side-car, the prefill loads and saves only its own node's buffer (the request also holds PE
 slots for its whole prompt there), and the side-cars move the KV over the compute network
-(``push``, Mooncake Transfer Engine): on the DE read path the hit blocks DE buffer → PE node
-before the prefill, and after it the new blocks PE node → DE buffer (on the PE read path
-every block: the hits too).
+(Mooncake Transfer Engine): on the DE read path the hit blocks DE buffer → PE node before the
+prefill (``push``); the new blocks PE node → DE buffer layer by layer while the prefill
+computes them (``push_layer``, from the prefill's workers: the layerwise hand-over,
+``cnic.py``), and on the PE read path the hits too, meanwhile. ``DUALPATH_HANDOVER=after``:
+every block after the prefill instead.
 
 A failed step ends the request with a clean error (nothing half-written is ever a hit: blocks
 become hits only once durable); the turn leaves every counter it was in.
