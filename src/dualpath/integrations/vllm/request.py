@@ -229,6 +229,11 @@ class Request:
     def _handover_job(self) -> str:
         return f"{self.flow.boot}:{self.lease.tag}"
 
+    def _handed_op(self, slots: list[int]) -> dict[str, Any]:
+        """Close the layerwise hand-over (``cnic.ComputeNic.handed``): which of ``slots``
+        did not land whole."""
+        return {"op": "handed", "job": self._handover_job, "slots": slots}
+
     # ------------------------------------------------------------ 2. prefill
     def prefill_params(self) -> dict[str, Any]:
         flow, a, hit = self.flow, self.placed, self.hit_blocks
@@ -284,15 +289,13 @@ class Request:
             await self._push(pe_node, self.pe_slots[first:], de_node, self.de_slots[first:])
             return
         self._forward_open = False
-        op = {"op": "handed", "job": self._handover_job, "slots": self.pe_slots[hit:]}
-        answer = await self._side_car(
-            pe_node, op, f"KV transfer node {pe_node} → node {de_node} failed"
-        )
+        failed = f"KV transfer node {pe_node} → node {de_node} failed"
+        answer = await self._side_car(pe_node, self._handed_op(self.pe_slots[hit:]), failed)
         missing = [hit + int(i) for i in answer["missing"]]
         src, dst = [self.pe_slots[i] for i in missing], [self.de_slots[i] for i in missing]
         await self._push(pe_node, src, de_node, dst)
         if self._hits is not None:
-            await self._answer(self._hits, f"KV transfer node {pe_node} → node {de_node} failed")
+            await self._answer(self._hits, failed)
 
     async def persist_prompt(self) -> None:
         """Across nodes, once the prefill answered: the prompt's blocks the store lacks are
@@ -403,7 +406,7 @@ class Request:
         if self._forward_open:  # no transfer of its hand-over may land after its slots went
             self._forward_open = False
             pe_node = self._node(self.placed.pe)
-            self._write(pe_node, {"op": "handed", "job": self._handover_job, "slots": []})
+            self._write(pe_node, self._handed_op([]))
         writes = [w for w in self._writes if not w.done()]
         if writes:
             gathered = asyncio.gather(*writes, return_exceptions=True)
