@@ -12,6 +12,12 @@ KV store, and --prompts prompts of --words random words each at concurrency 1, e
 run the time to first token (p50, mean), the router's prefill and hand-over stages (the wait
 after the prefill answered, ``cnic_kv``), and the KV bytes pushed per request and their time
 at the CNIC's rate; then the hand-over's mean wait and TTFT p50, layerwise ÷ after.
+
+With --shapes it checks the model shapes instead: for a tiny Llama (2 KV heads: each of two
+tensor-parallel ranks writes one) and a tiny DeepSeek-V3 (MLA: one rank writes the latent), a
+prefill instance of --prefill-tp ranks and a decode of one, each hand-over on a fresh cluster,
+4 prompts × 2 turns (the second hits), greedy, 8 tokens: the answers of both hand-overs must be
+equal and, layerwise, no slot may be left to push after the prefill (exit 1 otherwise).
 """
 
 from __future__ import annotations
@@ -103,17 +109,73 @@ def _run(ckpt: Path, root: Path, mode: str, prompts: list[str]) -> dict[str, Any
     }
 
 
+def _answers(ckpt: Path, root: Path, mode: str, prefill_tp: int) -> tuple[list[str], float]:
+    """The greedy answers of a fresh deployment and the slots it pushed after prefills."""
+    from dualpath.deploy import cluster
+
+    cluster.down(CLUSTER)
+    cluster.up(cluster.ClusterSpec.from_preset("tiny-1p1d", name=CLUSTER, snic_mbit=FAST_SNIC_MBIT))
+    vllm = ([], [f"--tensor-parallel-size={prefill_tp}"], ["--tensor-parallel-size=1"])
+    kv = root / f"kv-{mode}-{time.monotonic_ns()}"
+    proc, url = _serve(ckpt, kv, "dualpath", 0.0, root / f"{mode}.log", True, vllm, mode)
+    texts: list[str] = []
+    try:
+        for prompt in _prompts(4, 300, seed=5):
+            for _ in range(2):  # the second turn hits the first's blocks
+                body = {"model": ckpt.name, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+                r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+                if r.status_code != 200:
+                    raise SystemExit(f"{mode}: the router answered {r.status_code}: {r.text[:300]}")
+                texts.append(r.json()["choices"][0]["text"])
+                prompt += texts[-1] + " and then"
+        after = 0.0
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("dualpath:handover_slots_pushed_after_total"):
+                after += float(line.rsplit(" ", 1)[1])
+    finally:
+        _stop(proc)
+    return texts, after
+
+
+def _shapes(prefill_tp: int) -> int:
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for model in ("llama", "deepseek-v3"):
+            ckpt = _checkpoint(root, model)
+            ref, _ = _answers(ckpt, root, "after", prefill_tp)
+            got, left = _answers(ckpt, root, "layerwise", prefill_tp)
+            ok = got == ref and left == 0
+            bad += not ok
+            print(
+                f"{model} (prefill TP {prefill_tp}): {len(got)} answers, layerwise "
+                f"{'equal to' if got == ref else 'DIFFERENT from'} after; slots pushed after "
+                f"the prefill {left:g}: {'ok' if ok else 'FAILED'}",
+                flush=True,
+            )
+    return 1 if bad else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=12, help="prompts per run, one at a time")
     ap.add_argument("--words", type=int, default=900, help="random words per prompt")
     ap.add_argument("--cnic-mbit", type=float, default=640.0, help="each node's CNIC")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each hand-over, interleaved")
+    ap.add_argument("--shapes", action="store_true", help="check TP and MLA answers instead")
+    ap.add_argument("--prefill-tp", type=int, default=2, help="with --shapes: the prefill's TP")
     args = ap.parse_args()
     from dualpath.deploy.cluster import can_make_namespaces
 
     if (reason := can_make_namespaces()) is not None:
         raise SystemExit(f"bench_handover: {reason}")
+    if args.shapes:
+        try:
+            sys.exit(_shapes(args.prefill_tp))
+        finally:
+            from dualpath.deploy import cluster
+
+            cluster.down(CLUSTER)
     rate_mb = args.cnic_mbit / 8
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     try:
