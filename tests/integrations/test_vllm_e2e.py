@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +123,15 @@ def _turns(client: Any, model: str) -> dict[str, Any]:
     return out
 
 
-def _two_long_chats(client: Any, model: str) -> list[str]:
+def _two_long_chats(
+    client: Any, model: str, meanwhile: Callable[[], None] | None = None
+) -> list[str]:
     """Two prompts answered at once, 1,400 tokens each, on 64 usable KV blocks of 32 tokens:
     a ~550-token one (18 blocks, 62 at its end) and a ~100-token one (4 blocks, 48 at its end).
     Whichever reaches the decode second still fits until the other has decoded ~1,300
     tokens; from then on both cannot grow to their end (62 + 48 > 64): vLLM preempts one
-    of them whenever they overlap at all, whatever the order or lag between them."""
+    of them whenever they overlap at all, whatever the order or lag between them.
+    ``meanwhile`` runs once both are sent, while they are answered."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> str:
@@ -143,7 +146,10 @@ def _two_long_chats(client: Any, model: str) -> list[str]:
         return str(r.choices[0].text)
 
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(one, range(2)))
+        answers = [pool.submit(one, i) for i in range(2)]
+        if meanwhile is not None:
+            meanwhile()
+        return [a.result() for a in answers]
 
 
 class Reference:
@@ -343,22 +349,35 @@ def test_preempted_and_aborted_requests_through_the_router(
     )
     urls = json.loads((srv.logs / "processes.json").read_text())["urls"]
 
-    def preemptions() -> float:
+    def counter(url: str, name: str) -> float:
         total = 0.0
-        for url in urls.values():
-            for line in httpx.get(url + "/metrics").text.splitlines():
-                if line.startswith("vllm:num_preemptions_total"):
-                    total += float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(url + "/metrics").text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
         return total
 
-    # vLLM preempts only while both decodes run (one that reaches the decode after the
-    # other ended just waits for it): every try's answers must equal plain vLLM's, and one
-    # of at most three must preempt
-    for _ in range(3):
-        assert _two_long_chats(srv.client, MODEL) == reference["two"]
-        if preemptions() > 0:
-            break
-    assert preemptions() > 0, "the two chats never overlapped at the decode: " + "; ".join(
+    def preemptions() -> float:
+        return sum(counter(url, "vllm:num_preemptions_total") for url in urls.values())
+
+    # vLLM preempts only while both decodes run. Here the four instance processes share two
+    # cores: a decode that runs starves the other chat's prefill until it ends, and then
+    # they never overlap. So the decode instance is stopped (SIGSTOP) until both prefills
+    # have answered: both then reach the decode at once, and it must preempt one of them.
+    decode = srv.pids()["instances"]["1"]
+    prefilled = counter(urls["0"], "vllm:request_success_total")
+
+    def both_prefilled() -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while counter(urls["0"], "vllm:request_success_total") < prefilled + 2:
+                assert time.monotonic() < deadline, "the two prefills did not answer"
+                time.sleep(0.1)
+        finally:
+            os.killpg(decode, signal.SIGCONT)
+
+    os.killpg(decode, signal.SIGSTOP)
+    assert _two_long_chats(srv.client, MODEL, both_prefilled) == reference["two"]
+    assert preemptions() > 0, "the two chats did not overlap at the decode: " + "; ".join(
         line for line in (srv.logs / "serve.log").read_text().splitlines() if "POST" in line
     )
 
